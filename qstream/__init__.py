@@ -1,0 +1,42 @@
+"""qstream: exact, out-of-core quantization of arrays.
+
+``import qstream`` is cheap: NumPy-level functions and store functions are loaded on first use,
+and Numba only when a kernel first runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "quantize": "qstream.api.arrays",
+    "dequantize": "qstream.api.arrays",
+    "QType": "qstream.qtypes",
+    "QTYPES": "qstream.qtypes",
+    "ROUND_MODES": "qstream.rounding",
+    "QStreamError": "qstream.errors",
+    "InvalidParameterError": "qstream.errors",
+    "InvalidDTypeError": "qstream.errors",
+    "NonFiniteInputError": "qstream.errors",
+    "StoreError": "qstream.errors",
+}
+_SUBMODULES = ("compat",)
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"qstream.{name}")
+    else:
+        raise AttributeError(f"module 'qstream' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

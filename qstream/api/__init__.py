@@ -1,0 +1,1 @@
+"""Public functions: NumPy arrays (``arrays``) and Zarr stores."""

@@ -1,0 +1,21 @@
+"""Compatibility profiles: each reproduces one framework's quantize/dequantize exactly.
+
+``qstream.compat.onnx``, ``.tensorflow``, ``.onednn``, ``.ngraph`` and ``.torch`` turn their
+framework's attributes into core parameters; only the places where the arithmetic really differs
+(TensorFlow's range modes, torch's reciprocal) are written out here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch")
+__all__ = list(_PROFILES)
+
+
+def __getattr__(name: str):
+    if name in _PROFILES:
+        module = importlib.import_module(f"qstream.compat.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'qstream.compat' has no attribute {name!r}")

@@ -1,0 +1,23 @@
+"""Exception types. Each is also a builtin (ValueError, TypeError, ...) so callers can catch either."""
+
+from __future__ import annotations
+
+
+class QStreamError(Exception):
+    """Base class of every error qstream raises on purpose."""
+
+
+class InvalidParameterError(QStreamError, ValueError):
+    """A scale, zero point, axis, block size, round mode or other argument is not acceptable."""
+
+
+class InvalidDTypeError(QStreamError, TypeError):
+    """An array has a dtype the operation does not accept."""
+
+
+class NonFiniteInputError(QStreamError, ValueError):
+    """The input holds NaN or infinite values and the NaN policy is ``error``."""
+
+
+class StoreError(QStreamError, OSError):
+    """A store is missing, corrupt, incomplete, or cannot be written."""

@@ -1,0 +1,182 @@
+"""The affine quantize / dequantize kernels, one loop nest for every granularity.
+
+Arrays arrive as ``[O, C, I]`` views with parameters ``[Op, Cp, Ip]`` (see ``qstream.layout``).
+Work is split into tiles of at most ``TILE`` inner elements; each tile is independent, so the
+result does not depend on the thread count. Each round mode has its own kernel (the element
+operation is inlined), so inner loops are branch-free and vectorise, and a mode compiles only
+when first used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import rounding as r
+
+TILE = 16384
+
+
+@njit(inline="always", cache=True)
+def _quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
+    """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3."""
+    if sr.shape[0] == 1:
+        s = sr[0]
+        z = zr[0]
+        for i in range(i0, i1):
+            outr[i] = np.int32(min(max(lo, op(xr[i], s, z)), hi)) & mask
+    elif iblock == 1:
+        for i in range(i0, i1):
+            outr[i] = np.int32(min(max(lo, op(xr[i], sr[i], zr[i])), hi)) & mask
+    else:
+        i = i0
+        while i < i1:
+            b = i // iblock
+            end = min(i1, (b + 1) * iblock)
+            s = sr[b]
+            z = zr[b]
+            for j in range(i, end):
+                outr[j] = np.int32(min(max(lo, op(xr[j], s, z)), hi)) & mask
+            i = end
+
+
+@njit(inline="always", cache=True)
+def _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, op):
+    """The parallel loop over tiles, inlined into one kernel per element operation."""
+    n_outer, n_c, n_inner = x.shape
+    p_outer = scale.shape[0]
+    n_tiles = (n_inner + TILE - 1) // TILE
+    for t in prange(n_outer * n_c * n_tiles):
+        row = t // n_tiles
+        i0 = (t - row * n_tiles) * TILE
+        i1 = min(n_inner, i0 + TILE)
+        o = row // n_c
+        c = row - o * n_c
+        po = o if p_outer > 1 else 0
+        pc = c // cblock
+        _quantize_tile(
+            x[o, c],
+            scale[po, pc],
+            zero_point[po, pc],
+            out[o, c],
+            i0,
+            i1,
+            iblock,
+            lo,
+            hi,
+            mask,
+            op,
+        )
+
+
+# One kernel per element operation, so each compiles (and is cached) only when first used.
+# Arguments: x float [O, C, I]; scale, zero_point [Op, Cp, Ip] in the compute float type;
+# cblock, iblock (see qstream.layout); lo, hi saturation bounds (NaN -> lo, +inf -> hi);
+# mask: bits kept in the integer container; out: integer container [O, C, I].
+_kernel = njit(parallel=True, cache=True, nogil=True)
+
+
+@_kernel
+def q_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.half_to_even)
+
+
+@_kernel
+def q_half_away_from_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.half_away_from_zero)
+
+
+@_kernel
+def q_half_toward_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.half_toward_zero)
+
+
+@_kernel
+def q_half_up(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.half_up)
+
+
+@_kernel
+def q_half_down(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.half_down)
+
+
+@_kernel
+def q_up(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.up)
+
+
+@_kernel
+def q_down(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.down)
+
+
+@_kernel
+def q_toward_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.toward_zero)
+
+
+@_kernel
+def q_away_from_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.away_from_zero)
+
+
+@_kernel
+def q_mul_add_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.mul_add_half_to_even)
+
+
+@_kernel
+def q_fma_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.fma_half_to_even)
+
+
+# Indexed by qstream.rounding codes.
+QUANTIZE_KERNELS = (
+    q_half_to_even,
+    q_half_away_from_zero,
+    q_half_toward_zero,
+    q_half_up,
+    q_half_down,
+    q_up,
+    q_down,
+    q_toward_zero,
+    q_away_from_zero,
+    q_mul_add_half_to_even,
+    q_fma_half_to_even,
+)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
+    """``out = (float32(q) - zero_point) * scale``, computed in the parameters' float type.
+
+    q: integer ``[O, C, I]``; scale, zero_point: ``[Op, Cp, Ip]``; out: float ``[O, C, I]``.
+    """
+    n_outer, n_c, n_inner = q.shape
+    p_outer = scale.shape[0]
+    n_tiles = (n_inner + TILE - 1) // TILE
+    for t in prange(n_outer * n_c * n_tiles):
+        row = t // n_tiles
+        i0 = (t - row * n_tiles) * TILE
+        i1 = min(n_inner, i0 + TILE)
+        o = row // n_c
+        c = row - o * n_c
+        po = o if p_outer > 1 else 0
+        pc = c // cblock
+        qr = q[o, c]
+        outr = out[o, c]
+        sr = scale[po, pc]
+        zr = zero_point[po, pc]
+        if sr.shape[0] == 1:
+            s = sr[0]
+            z = zr[0]
+            for i in range(i0, i1):
+                outr[i] = (np.float32(qr[i]) - z) * s
+        elif iblock == 1:
+            for i in range(i0, i1):
+                outr[i] = (np.float32(qr[i]) - zr[i]) * sr[i]
+        else:
+            for i in range(i0, i1):
+                b = i // iblock
+                outr[i] = (np.float32(qr[i]) - zr[b]) * sr[b]

@@ -1,0 +1,88 @@
+"""Element operations of the quantizer: the value before saturation, one per round mode.
+
+Each takes ``(x, s, z)`` and returns ``round(x / s) + z`` in the float type of the operands
+(float32 or float64), or torch's reciprocal forms. All are exact: fractional parts are taken
+with ``floor``/``trunc`` (exact in binary floating point), never with ``x + 0.5``.
+NaN stays NaN and infinities stay infinite, so saturation decides them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_inline = njit(inline="always", cache=True)
+
+
+@_inline
+def half_to_even(x, s, z):
+    return np.rint(x / s) + z
+
+
+@_inline
+def half_away_from_zero(x, s, z):
+    v = x / s
+    a = np.abs(v)
+    t = np.floor(a)
+    r = t + (1.0 if a - t >= 0.5 else 0.0)
+    return np.copysign(r, v) + z
+
+
+@_inline
+def half_toward_zero(x, s, z):
+    v = x / s
+    a = np.abs(v)
+    t = np.floor(a)
+    r = t + (1.0 if a - t > 0.5 else 0.0)
+    return np.copysign(r, v) + z
+
+
+@_inline
+def half_up(x, s, z):
+    v = x / s
+    f = np.floor(v)
+    return f + (1.0 if v - f >= 0.5 else 0.0) + z
+
+
+@_inline
+def half_down(x, s, z):
+    v = x / s
+    f = np.floor(v)
+    return f + (1.0 if v - f > 0.5 else 0.0) + z
+
+
+@_inline
+def up(x, s, z):
+    return np.ceil(x / s) + z
+
+
+@_inline
+def down(x, s, z):
+    return np.floor(x / s) + z
+
+
+@_inline
+def toward_zero(x, s, z):
+    return np.trunc(x / s) + z
+
+
+@_inline
+def away_from_zero(x, s, z):
+    v = x / s
+    return np.copysign(np.ceil(np.abs(v)), v) + z
+
+
+@_inline
+def mul_add_half_to_even(x, inv, z):
+    """torch per-channel / qint32: ``nearbyint(x * inv_scale + zp)``, unfused, in float32."""
+    return np.rint(x * inv + z)
+
+
+@_inline
+def fma_half_to_even(x, inv, z):
+    """torch per-tensor 8-bit (fbgemm): ``nearbyint(fma(x, inv_scale, zp))``.
+
+    The fused multiply-add is formed in float64, where the product of two float32 values is
+    exact, and rounded once to float32.
+    """
+    return np.rint(np.float32(np.float64(x) * np.float64(inv) + np.float64(z)))
