@@ -1,4 +1,4 @@
-"""Exception types. Each is also a builtin (ValueError, TypeError, ...) so callers can catch either."""
+"""Exception types; each also derives from a builtin (ValueError, TypeError, OSError)."""
 
 from __future__ import annotations
 

@@ -119,7 +119,7 @@ def _blocked(shape, param_shape, axis, block_size) -> Layout:
     k = normalize_axis(axis, len(shape))
     c = shape[k]
     nblocks = -(-c // block_size)
-    expected = shape[:k] + (nblocks,) + shape[k + 1 :]
+    expected = (*shape[:k], nblocks, *shape[k + 1 :])
     if param_shape != expected:
         raise InvalidParameterError(
             f"blocked parameters for shape {shape}, axis {k}, block_size {block_size} must have"

@@ -129,10 +129,7 @@ def affine_quantize(
     out = _check_out(out, x.shape, qt.dtype)
     if x.size == 0:
         return out
-    if code >= OP_MUL_ADD:
-        div = F32
-    else:
-        div = np.result_type(x.dtype, scale.dtype)
+    div = F32 if code >= OP_MUL_ADD else np.result_type(x.dtype, scale.dtype)
     if qt.is_float:
         out[...] = _quantize_float(x, scale, zero_point, layout, qt, div, saturate)
         return out
