@@ -1,0 +1,14 @@
+import os
+import tempfile
+
+# Kernels compile into a test-only cache (kept between runs on one machine), never the user's.
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "qstream-test-numba"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "qstream", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("ci", parent=settings.get_profile("qstream"), max_examples=40)
+settings.load_profile("ci" if os.environ.get("CI") else "qstream")
