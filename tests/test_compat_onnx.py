@@ -15,11 +15,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from onnx.backend.test.case.node import collect_testcases
 
-    CASES = [
-        c
-        for c in collect_testcases(None)
-        if any(k in c.name for k in ("quantizelinear",))
-    ]
+    CASES = [c for c in collect_testcases(None) if any(k in c.name for k in ("quantizelinear",))]
 
 
 def _arr(v):
@@ -59,8 +55,25 @@ def test_backend_node_case_is_bit_exact(case):
 
 
 SPECIAL = np.array(
-    [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 127.5, 128.5, -128.5, -129.5, 3.4e38, -3.4e38, 0.0, -0.0,
-     0.49999997, -0.49999997, 1e-30],
+    [
+        0.5,
+        1.5,
+        2.5,
+        -0.5,
+        -1.5,
+        -2.5,
+        127.5,
+        128.5,
+        -128.5,
+        -129.5,
+        3.4e38,
+        -3.4e38,
+        0.0,
+        -0.0,
+        0.49999997,
+        -0.49999997,
+        1e-30,
+    ],
     np.float32,
 )
 
@@ -90,7 +103,9 @@ def test_per_tensor_matches_reference_and_ort_on_finite_inputs(dtype, zp_val):
 def test_non_finite_inputs_follow_onnx_runtime(dtype):
     x = np.array([np.nan, np.inf, -np.inf, 1e10, -1e10], np.float32)
     zp = np.array(0, dtype)
-    model = node_model("QuantizeLinear", {"x": x, "s": np.float32(1), "z": zp}, {}, NP_TO_ONNX[dtype])
+    model = node_model(
+        "QuantizeLinear", {"x": x, "s": np.float32(1), "z": zp}, {}, NP_TO_ONNX[dtype]
+    )
     np.testing.assert_array_equal(qonnx.quantize_linear(x, np.float32(1), zp), run_ort(model, x))
 
 
@@ -113,7 +128,9 @@ def test_per_axis_matches_reference_and_ort(axis):
     got = qonnx.quantize_linear(x, s, z, axis=axis)
     np.testing.assert_array_equal(got, run_reference(model, x))
     np.testing.assert_array_equal(got, run_ort(model, x))
-    dq = node_model("DequantizeLinear", {"x": got, "s": s, "z": z}, {"axis": axis}, TensorProto.FLOAT)
+    dq = node_model(
+        "DequantizeLinear", {"x": got, "s": s, "z": z}, {"axis": axis}, TensorProto.FLOAT
+    )
     y = qonnx.dequantize_linear(got, s, z, axis=axis)
     np.testing.assert_array_equal(y, run_reference(dq, got))
     np.testing.assert_array_equal(y, run_ort(dq, got))
@@ -146,16 +163,43 @@ def test_float16_divides_in_float16_like_the_reference_and_float32_on_request():
     np.testing.assert_array_equal(ort_style, run_ort(model, x))
 
 
-@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"])
+@pytest.mark.parametrize(
+    "name", ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz"]
+)
 @pytest.mark.parametrize("saturate", [0, 1])
 def test_float8_matches_reference(name, saturate):
-    x = np.array([0, 1, -1, 448, 449, 464, 480, 500, 57344, 60000, 61440, 1e6, -1e6, 1e-9, np.nan,
-                  np.inf, -np.inf, 2**-10, 1.5 * 2**-10], np.float32)
-    x = np.concatenate([x, (np.random.default_rng(0).standard_normal(3000) * 300).astype(np.float32)])
+    x = np.array(
+        [
+            0,
+            1,
+            -1,
+            448,
+            449,
+            464,
+            480,
+            500,
+            57344,
+            60000,
+            61440,
+            1e6,
+            -1e6,
+            1e-9,
+            np.nan,
+            np.inf,
+            -np.inf,
+            2**-10,
+            1.5 * 2**-10,
+        ],
+        np.float32,
+    )
+    x = np.concatenate(
+        [x, (np.random.default_rng(0).standard_normal(3000) * 300).astype(np.float32)]
+    )
     zp = np.zeros((), getattr(ml_dtypes, name))
     elem = getattr(TensorProto, name.upper().replace("FLOAT8_", "FLOAT8"))
-    model = node_model("QuantizeLinear", {"x": x, "s": np.float32(1.25), "z": zp},
-                       {"saturate": saturate}, elem)
+    model = node_model(
+        "QuantizeLinear", {"x": x, "s": np.float32(1.25), "z": zp}, {"saturate": saturate}, elem
+    )
     got = qonnx.quantize_linear(x, np.float32(1.25), zp, saturate=saturate)
     want = run_reference(model, x)
     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
@@ -173,17 +217,30 @@ def test_contrib_ops_match_onnx_runtime():
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((3, 8)) * 30).astype(np.float32)
     s, z = np.float32(0.2), np.uint8(100)
-    model = node_model("QuantizeLinear", {"x": x, "s": s, "z": z}, {}, TensorProto.UINT8,
-                       domain="com.microsoft")
+    model = node_model(
+        "QuantizeLinear", {"x": x, "s": s, "z": z}, {}, TensorProto.UINT8, domain="com.microsoft"
+    )
     got = qonnx.contrib_quantize_linear(x, s, z)
     np.testing.assert_array_equal(got, run_ort(model, x))
     sv = rng.uniform(0.1, 1, 8).astype(np.float32)
     zv = rng.integers(0, 255, 8).astype(np.uint8)
-    model = node_model("QuantizeLinear", {"x": x, "s": sv, "z": zv}, {"axis": -1}, TensorProto.UINT8,
-                       domain="com.microsoft")
-    np.testing.assert_array_equal(qonnx.contrib_quantize_linear(x, sv, zv, axis=-1), run_ort(model, x))
-    dq = node_model("DequantizeLinear", {"x": got, "s": s, "z": z}, {}, TensorProto.FLOAT,
-                    domain="com.microsoft")
+    model = node_model(
+        "QuantizeLinear",
+        {"x": x, "s": sv, "z": zv},
+        {"axis": -1},
+        TensorProto.UINT8,
+        domain="com.microsoft",
+    )
+    np.testing.assert_array_equal(
+        qonnx.contrib_quantize_linear(x, sv, zv, axis=-1), run_ort(model, x)
+    )
+    dq = node_model(
+        "DequantizeLinear",
+        {"x": got, "s": s, "z": z},
+        {},
+        TensorProto.FLOAT,
+        domain="com.microsoft",
+    )
     np.testing.assert_array_equal(qonnx.contrib_dequantize_linear(got, s, z), run_ort(dq, got))
 
 
@@ -200,5 +257,8 @@ def test_onnx_profile_rejects_what_onnx_rejects():
     with pytest.raises(TypeError, match="Type mismatch"):
         qonnx.dequantize_linear(np.zeros(3, np.int8), np.float32(1), np.uint8(0))
     with pytest.raises(ValueError, match="should be zero for float8"):
-        qonnx.dequantize_linear(np.zeros(3, ml_dtypes.float8_e4m3fn), np.float32(1),
-                                np.ones((), ml_dtypes.float8_e4m3fn))
+        qonnx.dequantize_linear(
+            np.zeros(3, ml_dtypes.float8_e4m3fn),
+            np.float32(1),
+            np.ones((), ml_dtypes.float8_e4m3fn),
+        )

@@ -212,7 +212,9 @@ def contrib_quantize_linear(x, y_scale, y_zero_point=None, *, axis: int | None =
         raise InvalidParameterError("without axis, y_scale and y_zero_point must be scalars")
     x = np.asarray(x)
     if x.dtype.name not in ("float32", "float16"):
-        raise InvalidDTypeError(f"com.microsoft QuantizeLinear takes float or float16, got {x.dtype}")
+        raise InvalidDTypeError(
+            f"com.microsoft QuantizeLinear takes float or float16, got {x.dtype}"
+        )
     return quantize_linear(x, y_scale, y_zero_point, axis=1 if axis is None else axis)
 
 
