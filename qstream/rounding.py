@@ -20,9 +20,10 @@ ROUND_MODES: tuple[str, ...] = (
     "away_from_zero",
 )
 
-# Element operations beyond "round(x / scale) + zero_point": torch's reciprocal forms.
+# Element operations beyond "round(x / scale) + zero_point": torch's and oneDNN's forms.
 OP_MUL_ADD = len(ROUND_MODES)  # rint(x * inv_scale + zp), unfused (torch per-channel, qint32)
 OP_FMA = OP_MUL_ADD + 1  # rint(fma(x, inv_scale, zp))          (torch per-tensor 8-bit)
+OP_DIV_ADD = OP_FMA + 1  # rint(x / scale + zp), zp added before rounding (oneDNN)
 
 
 def round_code(mode: str | int) -> int:

@@ -71,8 +71,9 @@ def quantize(x, scale, zero_point, qmin, qmax, *, axis=None, block_size=None, mo
     x = np.asarray(x)
     scale = np.asarray(scale)
     s = expand_params(scale, x.shape, axis, block_size)
-    z = expand_params(np.zeros(scale.shape) if zero_point is None else zero_point, x.shape, axis,
-                      block_size)
+    z = expand_params(
+        np.zeros(scale.shape) if zero_point is None else zero_point, x.shape, axis, block_size
+    )
     div = np.result_type(x.dtype, scale.dtype)
     v = x.astype(div) / s.astype(div)
     out = np.empty(x.shape, np.int64)
@@ -92,7 +93,19 @@ def dequantize(q, scale, zero_point, *, axis=None, block_size=None):
     """``(q - zp) * s`` with the subtraction exact and one float32 rounding of the product."""
     q = np.asarray(q).astype(np.int64)
     s = expand_params(scale, q.shape, axis, block_size).astype(np.float32)
-    z = expand_params(np.zeros(np.shape(scale)) if zero_point is None else zero_point, q.shape,
-                      axis, block_size).astype(np.int64)
+    z = expand_params(
+        np.zeros(np.shape(scale)) if zero_point is None else zero_point, q.shape, axis, block_size
+    ).astype(np.int64)
     d = (q - z).astype(np.float32)  # exact for |q - z| < 2**24
     return (d.astype(np.float64) * s.astype(np.float64)).astype(np.float32)
+
+
+def expand_dequant(q, scale, zero_point, axes):
+    """nGraph-style dequantize with parameters projected on a set of axes (float32)."""
+    axes = sorted(axes)
+    out = np.empty(q.shape, np.float32)
+    for idx in np.ndindex(*q.shape):
+        p = tuple(idx[a] for a in axes)
+        d = np.float32(int(q[idx]) - int(zero_point[p]))
+        out[idx] = np.float32(np.float64(d) * np.float64(scale[p]))
+    return out

@@ -10,8 +10,8 @@ and its kernels differ in where the zero point is added (measured against torch 
 
 Dequantize is ``float(q - zp) * float(scale)`` per tensor (the subtraction wraps in int32, as
 torch's does), and ``(q - zp) * scale`` in float64 rounded once to float32 per channel (exact
-match for ``|q - zp| < 2**24``; beyond that torch's qint32 vector path rounds differently). ``dtype`` is a string: "qint8",
-"quint8" or "qint32"; results are plain NumPy integer arrays.
+match for ``|q - zp| < 2**24``; beyond that torch's qint32 vector path rounds differently).
+``dtype`` is a string: "qint8", "quint8" or "qint32"; results are plain NumPy integer arrays.
 """
 
 from __future__ import annotations

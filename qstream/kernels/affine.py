@@ -131,6 +131,11 @@ def q_fma_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
     _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.fma_half_to_even)
 
 
+@_kernel
+def q_div_add_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.div_add_half_to_even)
+
+
 # Indexed by qstream.rounding codes.
 QUANTIZE_KERNELS = (
     q_half_to_even,
@@ -144,6 +149,7 @@ QUANTIZE_KERNELS = (
     q_away_from_zero,
     q_mul_add_half_to_even,
     q_fma_half_to_even,
+    q_div_add_half_to_even,
 )
 
 

@@ -86,3 +86,9 @@ def fma_half_to_even(x, inv, z):
     exact, and rounded once to float32.
     """
     return np.rint(np.float32(np.float64(x) * np.float64(inv) + np.float64(z)))
+
+
+@_inline
+def div_add_half_to_even(x, s, z):
+    """oneDNN: ``round(x / scale + zp)``, the zero point added before rounding."""
+    return np.rint(x / s + z)

@@ -1,0 +1,100 @@
+"""oneDNN Graph ``Quantize`` / ``Dequantize`` (``qtype`` per_tensor | per_channel).
+
+From the oneDNN Graph operation docs and its reference helpers: ``dst = round(src / scale +
+zp)``, with the zero point added *before* rounding (in float32), saturation in float, then
+round-half-to-even (``cvtss2si`` under the default MXCSR mode). Dequantize is
+``(src - zp) * scale`` in float32. f8_e4m3 / f8_e5m2 destinations are saturating
+round-to-nearest-even casts and take no zero points. NaN is not documented by oneDNN; this
+profile gives the type's minimum, as the ONNX profile does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..api.arrays import affine_dequantize, affine_quantize
+from ..errors import InvalidDTypeError, InvalidParameterError
+from ..layout import plan_layout
+from ..qtypes import qtype
+from ..rounding import OP_DIV_ADD
+
+_DST = {
+    "s8": "int8",
+    "int8": "int8",
+    "u8": "uint8",
+    "uint8": "uint8",
+    "f8_e4m3": "float8_e4m3fn",
+    "f8_e5m2": "float8_e5m2",
+}
+
+
+def _params(shape, scales, zps, qtype_: str, axis: int):
+    scales = np.asarray(scales, dtype=np.float32).reshape(-1)
+    if qtype_ == "per_tensor":
+        if scales.size != 1:
+            raise InvalidParameterError("per_tensor quantization takes exactly one scale")
+        layout = plan_layout(shape, (), None, None)
+        scales = scales.reshape(())
+    elif qtype_ == "per_channel":
+        if not -len(shape) <= axis < len(shape):
+            raise InvalidParameterError(
+                f"axis {axis} is out of range [{-len(shape)}, {len(shape) - 1}]"
+            )
+        layout = plan_layout(shape, scales.shape, axis, None)
+    else:
+        raise InvalidParameterError(f"qtype must be 'per_tensor' or 'per_channel', got {qtype_!r}")
+    if zps is None:
+        return layout, scales, None
+    z = np.asarray(zps, dtype=np.int64).reshape(-1)
+    if z.size != scales.size:
+        raise InvalidParameterError(f"zps has {z.size} elements, scales has {scales.size}")
+    return layout, scales, z.reshape(scales.shape).astype(np.float64)
+
+
+def quantize(
+    src,
+    *,
+    scales: Sequence[float],
+    zps: Sequence[int] | None = None,
+    qtype: str = "per_tensor",
+    axis: int = 1,
+    dst_dtype: str = "int8",
+) -> np.ndarray:
+    """oneDNN Graph ``Quantize``: ``dst = saturate(round_half_even(src / scale + zp))``."""
+    src = np.asarray(src)
+    if src.dtype != np.float32:
+        raise InvalidDTypeError(f"Quantize takes f32 src, got {src.dtype}")
+    if dst_dtype not in _DST:
+        raise InvalidDTypeError(f"dst_dtype must be one of {', '.join(_DST)}, got {dst_dtype!r}")
+    qt = _qtype(_DST[dst_dtype])
+    layout, s, z = _params(src.shape, scales, zps, qtype, axis)
+    if qt.is_float:
+        if z is not None and np.any(z != 0):
+            raise InvalidParameterError("zps are not supported for f8 destinations")
+        return affine_quantize(src, s, None, layout, qt, saturate=True)
+    if z is not None and (z.min() < qt.qmin or z.max() > qt.qmax):
+        raise InvalidParameterError(f"zps must lie in the {qt.name} range")
+    return affine_quantize(src, s, z, layout, qt, code=OP_DIV_ADD)
+
+
+def dequantize(
+    src,
+    *,
+    scales: Sequence[float],
+    zps: Sequence[int] | None = None,
+    qtype: str = "per_tensor",
+    axis: int = 1,
+) -> np.ndarray:
+    """oneDNN Graph ``Dequantize``: ``dst = (src - zp) * scale`` in f32."""
+    src = np.asarray(src)
+    names = {"int8", "uint8", "float8_e4m3fn", "float8_e5m2"}
+    qt = _qtype(src.dtype)
+    if qt.name not in names:
+        raise InvalidDTypeError(f"Dequantize takes s8, u8, f8_e4m3 or f8_e5m2 src, got {src.dtype}")
+    layout, s, z = _params(src.shape, scales, zps, qtype, axis)
+    return affine_dequantize(src, s, z, layout, qt, np.dtype(np.float32))
+
+
+_qtype = qtype
