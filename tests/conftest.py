@@ -5,7 +5,7 @@ import tempfile
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(tempfile.gettempdir(), "qstream-test-numba"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "qstream", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow]

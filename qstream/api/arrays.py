@@ -84,8 +84,9 @@ def dequantize(
     """Dequantize ``q``: ``y = (q - zero_point) * scale``, computed in float32.
 
     ``q`` must have a quantized dtype (see :func:`quantize`); ``scale``/``zero_point``/``axis``/
-    ``block_size`` are as in :func:`quantize` (zero points must lie in ``q``'s range). ``dtype``: float32 (default), float16 or bfloat16 (computed in float32, then
-    rounded, as ONNX), or float64 (computed in float64). int32 inputs are computed in float64
+    ``block_size`` are as in :func:`quantize` (zero points must lie in ``q``'s range).
+    ``dtype``: float32 (default), float16 or bfloat16 (computed in float32, then rounded, as
+    ONNX), or float64 (computed in float64). int32 inputs are computed in float64
     and rounded once, as the ONNX reference does.
     """
     q = np.asarray(q)

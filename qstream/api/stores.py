@@ -1,0 +1,707 @@
+"""Quantize, dequantize and calibrate Zarr stores out of core; read quantized arrays lazily.
+
+Layout of a quantized array (a Zarr v3 group)::
+
+    dst/            attrs["qstream"] = {"version", "spec", "source", "calibration", "error",
+      data                             "complete", "fingerprint", ...}
+      scale         float32, the parameter shape ([] per tensor, [C] per axis, blocked shape)
+      zero_point    the type's integer container (float types: float32 zeros)
+      _progress     uint8 [n_blocks]: 1 once a block has landed (resume)
+
+Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8;
+float8/float4 as their uint8 bit patterns. Per-tensor arrays also carry CF ``scale_factor``/
+``add_offset`` on ``data`` so xarray decodes them without qstream. ``complete`` is written last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..engine import pipeline
+from ..engine.blockmath import block_errors, block_ranges, block_slot_ranges
+from ..engine.plan import Block, default_chunks, plan_blocks
+from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
+from ..io.stores import open_group, open_source
+from ..layout import normalize_axis, plan_layout
+from ..qtypes import QType, float_dtype, is_float_dtype, qtype
+from ..rounding import round_code
+from ..spec import Calibration, ErrorStats, QuantParams, QuantReport, QuantSpec, RangeStats
+from .arrays import affine_dequantize, affine_quantize, check_scale
+
+FORMAT_VERSION = 1
+DEFAULT_BLOCK_BYTES = 16 << 20
+INFLIGHT = 3
+# bytes of working memory per source byte of a block (x, q, dequantized copy, float64 error
+# temporaries), used to turn max_memory into a block size
+_WORK_FACTOR = 14
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def calibrate(
+    src,
+    spec: QuantSpec | None = None,
+    *,
+    max_memory: int | None = None,
+    progress: Callable | None = None,
+    storage_options: dict | None = None,
+) -> Calibration:
+    """Gather statistics from ``src`` and derive the scale/zero point ``spec`` asks for."""
+    spec = spec or QuantSpec()
+    job = _Job(src, spec, max_memory, storage_options)
+    return job.calibration(progress)
+
+
+def quantize_store(
+    src,
+    dst,
+    spec: QuantSpec | None = None,
+    *,
+    max_memory: int | None = None,
+    progress: Callable | None = None,
+    overwrite: bool = False,
+    resume: bool = True,
+    storage_options: dict | None = None,
+) -> QuantReport:
+    """Quantize the array ``src`` into the quantized group ``dst`` (see module docstring).
+
+    ``src``: a path/URL of a Zarr array (v2 or v3), a ``zarr.Array`` or a NumPy array.
+    ``dst``: a local directory, a ``.zip`` path, ``memory://name`` or an fsspec URL.
+    ``max_memory`` bounds the working memory (bytes); ``progress(done, total)`` is called as
+    blocks land. An interrupted job re-run with the same spec and source resumes (unless
+    ``resume=False``); a different job refuses an existing ``dst`` unless ``overwrite=True``.
+    """
+    spec = spec or QuantSpec()
+    job = _Job(src, spec, max_memory, storage_options)
+    return job.quantize(dst, progress=progress, overwrite=overwrite, resume=resume)
+
+
+def dequantize_store(
+    src,
+    dst,
+    *,
+    dtype="float32",
+    max_memory: int | None = None,
+    progress: Callable | None = None,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+) -> dict:
+    """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``."""
+    t0 = time.perf_counter()
+    arr = open_quantized(src, storage_options=storage_options)
+    out_dtype = float_dtype(dtype)
+    budget = _block_budget(max_memory)
+    blocks = plan_blocks(arr.shape, arr.data.chunks, 4, budget)
+    import zarr
+
+    out = _create_plain_array(
+        dst, arr.shape, arr.data.chunks, out_dtype, overwrite, storage_options
+    )
+    done = [0]
+
+    def read(b: Block):
+        return arr[b.key]
+
+    def write(b: Block, y):
+        out[b.key] = y.astype(out_dtype) if y.dtype != out_dtype else y
+        done[0] += 1
+        if progress:
+            progress(done[0], len(blocks))
+
+    pipeline.run(blocks, read, lambda b, y: y, write, inflight=INFLIGHT)
+    out.attrs["qstream"] = {"dequantized_from": str(src), "complete": True}
+    assert isinstance(out, zarr.Array)
+    return {
+        "source": str(src),
+        "destination": str(dst),
+        "dtype": out_dtype.name,
+        "shape": list(arr.shape),
+        "seconds": time.perf_counter() - t0,
+        "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize),
+    }
+
+
+def open_quantized(
+    path, *, allow_incomplete: bool = False, storage_options: dict | None = None
+) -> QuantizedArray:
+    """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab."""
+    group = open_group(path, mode="r", storage_options=storage_options)
+    meta = group.attrs.get("qstream")
+    if not meta:
+        raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
+    if not meta.get("complete") and not allow_incomplete:
+        raise StoreError(
+            f"{path} is incomplete (an interrupted or failed job); re-run the job to resume it,"
+            " or pass allow_incomplete=True to read it anyway"
+        )
+    return QuantizedArray(group, meta)
+
+
+class QuantizedArray:
+    """A quantized array on disk, dequantized on indexing (float32)."""
+
+    def __init__(self, group, meta: dict):
+        self.group = group
+        self.meta = meta
+        self.data = group["data"]
+        self.spec = QuantSpec.from_dict(meta["spec"])
+        self.qtype = qtype(self.spec.dtype)
+        self.scale = np.asarray(group["scale"][...], np.float32)
+        self.zero_point = np.asarray(group["zero_point"][...])
+        self.axis = meta.get("axis")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def report(self) -> dict:
+        return {k: self.meta.get(k) for k in ("source", "calibration", "error", "report")}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedArray(shape={self.shape}, dtype={self.spec.dtype},"
+            f" granularity={self.spec.granularity})"
+        )
+
+    def quantized(self, key=...) -> np.ndarray:
+        """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
+        raw = np.asarray(self.data[key])
+        return raw.view(self.qtype.dtype) if raw.dtype != self.qtype.dtype else raw
+
+    def __array__(self, dtype=None, copy=None):
+        y = self[...]
+        return y if dtype is None else y.astype(dtype)
+
+    def __getitem__(self, key) -> np.ndarray:
+        key, squeeze = _normalize_key(key, self.shape)
+        q = self.quantized(key)
+        if self.axis is None:
+            s, z = self.scale.reshape(()), self.zero_point.reshape(()).astype(np.float64)
+            layout = plan_layout(q.shape, (), None, None)
+        else:
+            bs = self.spec.block_size
+            k = self.axis
+            idx = np.arange(key[k].start, key[k].stop)
+            if bs:
+                pk = tuple(slice(None) if d == k else key[d] for d in range(self.ndim))
+                s = np.take(self.scale[pk], idx // bs, axis=k)
+                z = np.take(self.zero_point[pk], idx // bs, axis=k)
+            else:
+                s, z = self.scale[idx], self.zero_point[idx]
+            if bs:
+                y = (q.astype(np.float32) - z.astype(np.float32)) * s
+                return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
+            layout = plan_layout(q.shape, s.shape, k, None)
+            z = z.astype(np.float64)
+        y = affine_dequantize(q, s, z, layout, self.qtype)
+        return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
+
+
+# --------------------------------------------------------------------------- the job
+
+
+class _Job:
+    """One conversion: source, spec, plan, parameters."""
+
+    def __init__(self, src, spec: QuantSpec, max_memory, storage_options):
+        self.spec = spec
+        self.source = open_source(src, storage_options=storage_options)
+        self.name = str(self.source.description.get("path", "array"))
+        if not is_float_dtype(self.source.dtype):
+            raise InvalidDTypeError(
+                f"{self.name}: source dtype {self.source.dtype} is not floating point"
+                " (float16, bfloat16, float32, float64)"
+            )
+        self.shape = self.source.shape
+        self.qt: QType = spec.qtype
+        self.axis = None if spec.axis is None else normalize_axis(spec.axis, len(self.shape))
+        self.block_size = spec.block_size
+        if self.block_size and self.shape[self.axis] and self.block_size > self.shape[self.axis]:
+            self.block_size = int(self.block_size)
+        if self.axis is None:
+            self.param_shape: tuple[int, ...] = ()
+        elif not self.block_size:
+            self.param_shape = (self.shape[self.axis],)
+        else:
+            ps = list(self.shape)
+            ps[self.axis] = -(-ps[self.axis] // self.block_size)
+            self.param_shape = tuple(ps)
+        self.channels = 1 if self.axis is None else self.shape[self.axis]
+        self.chunks = default_chunks(
+            self.shape,
+            self.source.dtype.itemsize,
+            None if isinstance(self.source.array, np.ndarray) else self.source.chunks,
+            axis=self.axis,
+            block_size=self.block_size,
+        )
+        itemsize = max(4, self.source.dtype.itemsize)
+        self.blocks = plan_blocks(self.shape, self.chunks, itemsize, _block_budget(max_memory))
+        self.dynamic = self.spec.scale is None and (
+            spec.method == "dynamic" or (self.block_size is not None)
+        )
+        if self.block_size and spec.scale is None and spec.method not in ("minmax", "dynamic"):
+            raise InvalidParameterError(
+                f"method {spec.method!r} is not available for blocked quantization; blocks take"
+                " their own range (method 'dynamic' or 'minmax')"
+            )
+        if spec.method in ("entropy", "mse", "l2") and spec.scale is None:
+            raise InvalidParameterError(
+                f"method {spec.method!r} is not implemented yet; use minmax, percentile or dynamic"
+            )
+        self.bytes_read = 0
+        self.passes = 0
+
+    # ---- statistics and parameters
+
+    def _read(self, b: Block) -> np.ndarray:
+        x = self.source.read(b.key)
+        self.bytes_read += x.nbytes
+        return x
+
+    def stats(self, progress=None) -> RangeStats:
+        """Pass 1: exact per-channel ranges, merged in block order."""
+        parts: dict[int, RangeStats] = {}
+
+        def compute(b: Block, x):
+            off = b.start[self.axis] if self.axis is not None else 0
+            st = block_ranges(x, self.axis, self.channels, off)
+            if st.first_nonfinite >= 0:
+                flat = np.ravel_multi_index(
+                    tuple(
+                        s + i
+                        for s, i in zip(
+                            b.start, np.unravel_index(st.first_nonfinite, x.shape), strict=True
+                        )
+                    ),
+                    self.shape,
+                )
+                st = RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, int(flat))
+            parts[b.index] = st
+
+        pipeline.run(
+            self.blocks,
+            self._read,
+            compute,
+            inflight=INFLIGHT,
+            progress=_counter(progress, len(self.blocks)),
+        )
+        self.passes += 1
+        total = RangeStats.empty(self.channels)
+        for i in sorted(parts):
+            total = total.merge(parts[i])
+        return total
+
+    def _check_nonfinite(self, st: RangeStats) -> None:
+        if self.spec.nan_policy == "error" and st.nonfinite:
+            idx = (
+                np.unravel_index(st.first_nonfinite, self.shape) if st.first_nonfinite >= 0 else "?"
+            )
+            raise NonFiniteInputError(
+                f"{self.name}: {st.nonfinite} non-finite values ({int(st.nan.sum())} NaN,"
+                f" {int(st.posinf.sum())} +inf, {int(st.neginf.sum())} -inf); first at index"
+                f" {tuple(int(i) for i in idx) if idx != '?' else idx}. Use nan_policy="
+                "'zero_point' or 'min' to quantize them anyway"
+            )
+
+    def calibration(self, progress=None) -> Calibration:
+        spec = self.spec
+        if spec.scale is not None:
+            return Calibration(spec, None, {}, self._explicit_params())
+        if self.dynamic:  # one pass: each block takes its own range while quantizing
+            return Calibration(spec, None, {"method": "per-block ranges"}, None)
+        st = self.stats(progress)
+        self._check_nonfinite(st)
+        lo, hi = np.where(st.count > 0, st.min, 0.0), np.where(st.count > 0, st.max, 0.0)
+        thresholds = {"min": lo, "max": hi}
+        if spec.method == "percentile":
+            lo, hi = self._percentile(st, lo, hi, progress)
+            thresholds = {"min": lo, "max": hi, "percentile": spec.percentile}
+        from ..calibration.params import params_from_range
+
+        scale, zp = params_from_range(
+            lo, hi, self.qt, symmetric=spec.symmetric, narrow_range=spec.narrow_range
+        )
+        params = QuantParams(
+            scale.reshape(self.param_shape), zp.reshape(self.param_shape), self.axis, None
+        )
+        return Calibration(spec, st, thresholds, params)
+
+    def _percentile(self, st: RangeStats, lo, hi, progress):
+        """Pass 2: fixed-edge histograms (edges from pass 1), then the percentile cut."""
+        from ..calibration.histogram import percentile_range
+
+        hist = self._histograms(st, progress)
+        return percentile_range(hist, lo, hi, self.spec.percentile, symmetric=self.spec.symmetric)
+
+    def _histograms(self, st: RangeStats, progress):
+        from ..engine.blockmath import channel_view
+        from ..kernels.runtime import run
+        from ..kernels.stats import channel_histograms
+
+        sym = self.spec.symmetric
+        lo = np.where(st.count > 0, st.min, 0.0)
+        hi = np.where(st.count > 0, st.max, 0.0)
+        edges_lo = np.zeros(self.channels) if sym else lo
+        edges_hi = np.maximum(-lo, hi) if sym else hi
+        parts: dict[int, np.ndarray] = {}
+
+        def compute(b: Block, x):
+            v = channel_view(x, self.axis)
+            off = b.start[self.axis] if self.axis is not None else 0
+            sl = slice(off, off + v.shape[1])
+            h = np.zeros((v.shape[1], self.spec.num_bins), np.int64)
+            run(
+                channel_histograms,
+                v,
+                np.ascontiguousarray(edges_lo[sl]),
+                np.ascontiguousarray(edges_hi[sl]),
+                sym,
+                h,
+            )
+            parts[b.index] = (sl, h)
+
+        pipeline.run(
+            self.blocks,
+            self._read,
+            compute,
+            inflight=INFLIGHT,
+            progress=_counter(progress, len(self.blocks)),
+        )
+        self.passes += 1
+        hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
+        for i in sorted(parts):
+            sl, h = parts[i]
+            hist[sl] += h
+        return {"counts": hist, "lo": edges_lo, "hi": edges_hi, "abs": sym}
+
+    def _explicit_params(self) -> QuantParams:
+        s = np.asarray(self.spec.scale, np.float32)
+        z = np.asarray(0 if self.spec.zero_point is None else self.spec.zero_point, np.float64)
+        try:
+            s = np.broadcast_to(s, self.param_shape).copy()
+            z = np.broadcast_to(z, self.param_shape).copy()
+        except ValueError:
+            raise InvalidParameterError(
+                f"scale/zero_point shapes {s.shape}/{z.shape} do not fit the parameter shape"
+                f" {self.param_shape} of {self.spec.granularity} quantization"
+            ) from None
+        check_scale(s)
+        if not self.qt.is_float and z.size and (z.min() < self.qt.qmin or z.max() > self.qt.qmax):
+            raise InvalidParameterError(f"zero_point is outside the {self.qt.name} range")
+        return QuantParams(s, z, self.axis, self.block_size)
+
+    # ---- the quantize pass
+
+    def fingerprint(self, cal: Calibration) -> str:
+        h = hashlib.sha256()
+        h.update(json.dumps(self.spec.to_dict(), sort_keys=True).encode())
+        h.update(json.dumps(self.source.description, sort_keys=True, default=str).encode())
+        h.update(json.dumps(list(self.chunks)).encode())
+        if cal.params is not None:
+            h.update(np.ascontiguousarray(cal.params.scale).tobytes())
+            h.update(np.ascontiguousarray(cal.params.zero_point).tobytes())
+        return h.hexdigest()[:32]
+
+    def quantize(self, dst, *, progress=None, overwrite=False, resume=True) -> QuantReport:
+        t0 = time.perf_counter()
+        cal = self.calibration(progress)
+        fp = self.fingerprint(cal)
+        zip_target = isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip")
+        work = tempfile.mkdtemp(prefix="qstream-", suffix=".zarr") if zip_target else dst
+        try:
+            group, todo, resumed = self._open_destination(work, fp, cal, overwrite, resume)
+            if group is None:  # already complete with this fingerprint
+                return QuantReport.from_dict(todo)
+            errors = self._quantize_pass(group, cal, todo, progress)
+            report = self._finish(group, cal, errors, dst, t0, resumed)
+            if zip_target:
+                _pack_zip(work, os.fspath(dst), overwrite=True)
+            return report
+        finally:
+            if zip_target:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _open_destination(self, dst, fp, cal, overwrite, resume):
+        try:
+            existing = open_group(dst, mode="r")
+            meta = existing.attrs.get("qstream")
+        except StoreError:
+            existing, meta = None, None
+        if existing is not None and not overwrite:
+            if meta is None:
+                raise StoreError(f"{dst} exists and is not a qstream array; pass overwrite=True")
+            if meta.get("fingerprint") != fp:
+                raise StoreError(
+                    f"{dst} holds a different job (other spec, source or parameters);"
+                    " pass overwrite=True to replace it"
+                )
+            if meta.get("complete"):
+                return None, meta["report"], len(self.blocks)
+            if resume:
+                group = open_group(dst, mode="a")
+                done = np.asarray(group["_progress"][...])
+                todo = [b for b in self.blocks if not done[b.index]]
+                return group, todo, len(self.blocks) - len(todo)
+        group = open_group(dst, mode="w")
+        self._create_arrays(group, cal, fp)
+        return group, self.blocks, 0
+
+    def _create_arrays(self, group, cal, fp):
+        qt = self.qt
+        store_dtype = qt.widened if not qt.is_float else np.dtype(np.uint8)
+        zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
+        group.create_array(
+            "data", shape=self.shape, chunks=self.chunks, dtype=store_dtype, fill_value=0
+        )
+        if self.axis is None:
+            pchunks: tuple[int, ...] = ()
+        elif not self.block_size:
+            pchunks = (self.chunks[self.axis],)
+        else:
+            pc = list(self.chunks)
+            pc[self.axis] = max(1, pc[self.axis] // self.block_size)
+            pchunks = tuple(pc)
+        kw = {"shape": self.param_shape, "chunks": pchunks or None, "fill_value": 0}
+        if not pchunks:
+            kw.pop("chunks")
+        group.create_array("scale", dtype=np.float32, **kw)
+        group.create_array("zero_point", dtype=zp_dtype, **kw)
+        if cal.params is not None:
+            group["scale"][...] = cal.params.scale
+            group["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
+        group.create_array(
+            "_progress", shape=(len(self.blocks),), chunks=(1,), dtype=np.uint8, fill_value=0
+        )
+        group.attrs["qstream"] = {
+            "version": FORMAT_VERSION,
+            "complete": False,
+            "fingerprint": fp,
+            "spec": self.spec.to_dict(),
+            "source": self.source.description,
+            "dtype": qt.name,
+            "axis": self.axis,
+            "storage": "one element per byte"
+            if qt.bits < 8
+            else ("uint8 bit patterns" if qt.is_float else "native"),
+        }
+
+    def _block_params(self, b: Block, x: np.ndarray, cal: Calibration):
+        """(scale, zero_point, layout) for one block."""
+        if self.dynamic:
+            if self.block_size:
+                lo, hi = block_slot_ranges(x, self.axis, self.block_size)
+            else:
+                lo, hi = (
+                    np.array(np.nanmin(np.where(np.isfinite(x), x, np.nan))),
+                    np.array(np.nanmax(np.where(np.isfinite(x), x, np.nan))),
+                )
+            lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
+            from ..calibration.params import params_from_range
+
+            s, z = params_from_range(
+                lo, hi, self.qt, symmetric=self.spec.symmetric, narrow_range=self.spec.narrow_range
+            )
+            layout = plan_layout(
+                x.shape, s.shape, self.axis if self.block_size else None, self.block_size
+            )
+            return s, z, layout
+        p = cal.params
+        if self.axis is None:
+            return (
+                p.scale.reshape(()),
+                p.zero_point.reshape(()),
+                plan_layout(x.shape, (), None, None),
+            )
+        sl = b.key[self.axis]
+        if self.block_size:
+            bs = self.block_size
+            pk = tuple(
+                slice(s.start // bs, -(-s.stop // bs)) if d == self.axis else s
+                for d, s in enumerate(b.key)
+            )
+            s, z = p.scale[pk], p.zero_point[pk]
+            return s, z, plan_layout(x.shape, s.shape, self.axis, bs)
+        s, z = p.scale[sl], p.zero_point[sl]
+        return s, z, plan_layout(x.shape, s.shape, self.axis, None)
+
+    def _quantize_pass(self, group, cal, todo, progress):
+        data, prog = group["data"], group["_progress"]
+        qt = self.qt
+        code = round_code(self.spec.round_mode)
+        lo_q = qt.qmin + (1 if self.spec.narrow_range and not qt.is_float else 0)
+        errors: dict[int, ErrorStats] = {}
+        done = [len(self.blocks) - len(todo)]
+
+        def compute(b: Block, x):
+            bad = ~np.isfinite(x)
+            if self.spec.nan_policy == "error" and bad.any():
+                st = self.stats()
+                self._check_nonfinite(st)
+            s, z, layout = self._block_params(b, x, cal)
+            q = affine_quantize(x, s, z, layout, qt, code=code)
+            if not qt.is_float:
+                if self.spec.narrow_range:
+                    np.maximum(q, qt.dtype.type(lo_q), out=q) if qt.bits >= 8 else None
+                if self.spec.nan_policy == "zero_point" and bad.any():
+                    zp_e = np.broadcast_to(layout.expand(z), x.shape)
+                    q[np.isnan(x)] = zp_e[np.isnan(x)].astype(qt.widened).astype(qt.dtype)
+            xhat = affine_dequantize(q, s, z if not qt.is_float else None, layout, qt)
+            s_e = layout.expand(s).astype(np.float64)
+            z_e = layout.expand(z).astype(np.float64)
+            off = b.start[self.axis] if self.axis is not None else 0
+            errors[b.index] = block_errors(
+                x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis, self.channels, off
+            )
+            return q, s, z
+
+        def write(b: Block, result):
+            q, s, z = result
+            data[b.key] = q.view(data.dtype) if q.dtype != data.dtype else q
+            if self.dynamic:
+                bs = self.block_size
+                if bs:
+                    pk = tuple(
+                        slice(k.start // bs, -(-k.stop // bs)) if d == self.axis else k
+                        for d, k in enumerate(b.key)
+                    )
+                    group["scale"][pk] = s
+                    group["zero_point"][pk] = z.astype(group["zero_point"].dtype)
+            prog[b.index] = 1
+            done[0] += 1
+            if progress:
+                progress(done[0], len(self.blocks))
+
+        pipeline.run(todo, self._read, compute, write, inflight=INFLIGHT)
+        self.passes += 1
+        total = ErrorStats.empty(self.channels)
+        for i in sorted(errors):
+            total = total.merge(errors[i])
+        return total
+
+    def _finish(self, group, cal, errors, dst, t0, resumed) -> QuantReport:
+        qt = self.qt
+        meta = dict(group.attrs["qstream"])
+        err = errors.summary()
+        report = QuantReport(
+            spec=self.spec,
+            source=self.source.description,
+            destination=str(dst),
+            calibration=cal.to_dict(with_params=False),
+            error=err,
+            passes=self.passes,
+            seconds=time.perf_counter() - t0,
+            bytes_read=self.bytes_read,
+            bytes_written=int(math.prod(self.shape) * max(1, qt.dtype.itemsize)),
+            resumed_blocks=resumed,
+        )
+        if self.axis is None and not qt.is_float:
+            s = float(group["scale"][...])
+            z = float(group["zero_point"][...])
+            group["data"].attrs.update({"scale_factor": s, "add_offset": -z * s})
+        meta.update({"calibration": report.calibration, "error": err, "report": report.to_dict()})
+        group.attrs["qstream"] = meta
+        meta["complete"] = True
+        group.attrs["qstream"] = meta  # written last
+        return report
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _block_budget(max_memory: int | None) -> int:
+    if max_memory is None:
+        return DEFAULT_BLOCK_BYTES
+    if max_memory < 1 << 20:
+        raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
+    return max(1 << 16, int(max_memory) // (_WORK_FACTOR * (INFLIGHT + 1)) * 4)
+
+
+def _counter(progress, total):
+    if progress is None:
+        return None
+    n = [0]
+
+    def tick(_b):
+        n[0] += 1
+        progress(n[0], total)
+
+    return tick
+
+
+def _normalize_key(key, shape):
+    """Basic indexing (ints, slices with step 1, Ellipsis) as full slices + dims to squeeze."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1 :]
+    key = key + (slice(None),) * (len(shape) - len(key))
+    if len(key) != len(shape):
+        raise IndexError(f"too many indices for an array of rank {len(shape)}")
+    out, squeeze = [], []
+    for k, d in zip(key, shape, strict=True):
+        if isinstance(k, (int, np.integer)):
+            k = int(k) + (d if k < 0 else 0)
+            if not 0 <= k < d:
+                raise IndexError(f"index {k} is out of bounds for size {d}")
+            out.append(slice(k, k + 1))
+            squeeze.append(True)
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(d)
+            if step != 1:
+                raise IndexError("only step-1 slices are supported")
+            out.append(slice(start, max(start, stop)))
+            squeeze.append(False)
+        else:
+            raise IndexError(f"unsupported index {k!r}")
+    return tuple(out), squeeze
+
+
+def _create_plain_array(dst, shape, chunks, dtype, overwrite, storage_options):
+    import zarr
+
+    from ..io.stores import _store
+
+    store = _store(dst, mode="w", storage_options=storage_options)
+    try:
+        return zarr.create_array(
+            store, shape=shape, chunks=chunks, dtype=dtype, overwrite=overwrite, fill_value=0
+        )
+    except zarr.errors.ContainsArrayError:
+        raise StoreError(f"{dst} already exists; pass overwrite=True") from None
+    except (PermissionError, OSError) as e:
+        raise StoreError(f"cannot write {dst}: {e}") from None
+
+
+def _pack_zip(directory: str, target: str, *, overwrite: bool) -> None:
+    import zipfile
+
+    tmp = target + ".partial"
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        for root, _, files in os.walk(directory):
+            for f in files:
+                full = os.path.join(root, f)
+                zf.write(full, os.path.relpath(full, directory))
+    os.replace(tmp, target)

@@ -1,0 +1,1 @@
+"""Calibration: merged statistics -> ranges -> scale / zero point."""

@@ -1,0 +1,50 @@
+"""Turn ranges into scale / zero point (symmetric or asymmetric, any integer or float8 type).
+
+Conventions (stated because the peers differ):
+
+- symmetric, signed: ``scale = absmax / qmax`` (int8: /127, as ONNX Runtime and quanto), zero
+  point 0; with ``narrow_range`` the type's lowest value is never produced.
+- symmetric, unsigned: zero point at mid-range (uint8: 128), ``scale = absmax / (qmax - zp)``.
+- asymmetric: the range is widened to contain 0 (so 0 is exact), ``scale = (hi - lo) /
+  (qmax - qmin)``, ``zero_point = round_half_even(qmin - lo / scale)`` clipped to the type.
+- a zero range (all values 0) gives scale 1.
+- float8/float4: ``scale = absmax / max_finite``, zero point 0.
+
+Arithmetic is in float64; the scale is stored as float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..qtypes import QType
+
+
+def qrange(qt: QType, narrow_range: bool) -> tuple[float, float]:
+    """The integer range used: ``[qmin (+1 if narrow), qmax]``."""
+    return (qt.qmin + (1 if narrow_range and not qt.is_float else 0), qt.qmax)
+
+
+def params_from_range(lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False):
+    """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays."""
+    lo = np.minimum(np.asarray(lo, np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, np.float64), 0.0)
+    qmin, qmax = qrange(qt, narrow_range)
+    if qt.is_float:
+        amax = np.maximum(-lo, hi)
+        scale = np.where(amax > 0, amax / qt.qmax, 1.0)
+        return scale.astype(np.float32), np.zeros(scale.shape)
+    if symmetric:
+        amax = np.maximum(-lo, hi)
+        if qt.signed:
+            zp = 0.0
+            steps = min(qmax, -qmin)
+        else:
+            zp = float((qmin + qmax + 1) // 2)
+            steps = min(qmax - zp, zp - qmin)
+        scale = np.where(amax > 0, amax / steps, 1.0)
+        return scale.astype(np.float32), np.full(scale.shape, zp)
+    span = hi - lo
+    scale = np.where(span > 0, span / (qmax - qmin), 1.0).astype(np.float32)
+    zp = np.clip(np.rint(qmin - lo / scale.astype(np.float64)), qmin, qmax)
+    return scale, zp

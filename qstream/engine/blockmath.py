@@ -1,0 +1,114 @@
+"""Per-block computations of a job: channel views, statistics, dynamic parameters, errors.
+
+Everything here works on one in-memory block; the pipeline decides which blocks and when.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..spec import ErrorStats, RangeStats
+
+
+def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
+    """``x`` as ``[O, C, I]`` with the channel axis in the middle (C = 1 per tensor)."""
+    if axis is None:
+        return x.reshape(1, 1, -1)
+    return x.reshape(math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1 :]))
+
+
+def block_ranges(x: np.ndarray, axis: int | None, channels: int, offset: int = 0) -> RangeStats:
+    """Exact per-channel ranges of a block (channels ``offset ..`` along ``axis``)."""
+    from ..kernels.runtime import run
+    from ..kernels.stats import channel_ranges
+
+    v = channel_view(x, axis)
+    c = v.shape[1]
+    stats = RangeStats.empty(c)
+    run(channel_ranges, v, stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf)
+    first = -1
+    if stats.nonfinite:
+        first = int(np.argmax(~np.isfinite(x.reshape(-1))))
+    if c == channels:
+        return RangeStats(
+            stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf, first
+        )
+    full = RangeStats.empty(channels)
+    sl = slice(offset, offset + c)
+    for name in ("min", "max", "count", "nan", "posinf", "neginf"):
+        getattr(full, name)[sl] = getattr(stats, name)
+    return RangeStats(full.min, full.max, full.count, full.nan, full.posinf, full.neginf, first)
+
+
+def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Finite min/max of each parameter block of a blocked layout (NaN where none is finite).
+
+    Returns arrays shaped like ``x`` with ``x.shape[axis]`` -> ``ceil(/block_size)``.
+    """
+    m = np.moveaxis(x, axis, -1).astype(np.float64)
+    m = np.where(np.isfinite(m), m, np.nan)
+    n = m.shape[-1]
+    nb = -(-n // block_size)
+    pad = nb * block_size - n
+    if pad:
+        m = np.concatenate([m, np.full((*m.shape[:-1], pad), np.nan)], axis=-1)
+    m = m.reshape(*m.shape[:-1], nb, block_size)
+    with np.errstate(all="ignore"), _quiet():
+        lo = np.nanmin(m, axis=-1)
+        hi = np.nanmax(m, axis=-1)
+    return np.moveaxis(lo, -1, axis), np.moveaxis(hi, -1, axis)
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis, channels, offset) -> ErrorStats:
+    """Error statistics of one block; ``scale_e``/``zp_e`` broadcast against ``x``."""
+    finite = np.isfinite(x)
+    xf = np.where(finite, x, 0).astype(np.float64)
+    yf = np.where(finite, xhat, 0).astype(np.float64)
+    e = xf - yf
+    beyond = finite & ((x > (hi_q - zp_e + 0.5) * scale_e) | (x < (lo_q - zp_e - 0.5) * scale_e))
+    red = tuple(d for d in range(x.ndim) if d != axis) if axis is not None else None
+
+    def s(a):
+        return np.atleast_1d(a.sum(axis=red))
+
+    c = 1 if axis is None else x.shape[axis]
+    stats = ErrorStats(
+        s(finite.astype(np.int64)),
+        s(xf * xf),
+        s(e * e),
+        s(xf * yf),
+        s(yf * yf),
+        np.atleast_1d(np.abs(e).max(axis=red)) if x.size else np.zeros(c),
+        s(beyond.astype(np.int64)),
+        s((~finite).astype(np.int64)),
+    )
+    if c == channels:
+        return stats
+    full = ErrorStats.empty(channels)
+    sl = slice(offset, offset + c)
+    for name in (
+        "count",
+        "sum_x2",
+        "sum_e2",
+        "sum_xy",
+        "sum_y2",
+        "max_abs",
+        "clipped",
+        "nonfinite",
+    ):
+        getattr(full, name)[sl] = getattr(stats, name)
+    return full

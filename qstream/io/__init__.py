@@ -1,0 +1,1 @@
+"""Stores and sources: opening inputs, creating outputs, the on-disk layout."""

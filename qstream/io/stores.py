@@ -1,0 +1,118 @@
+"""Open Zarr sources and destinations from paths, URLs, store objects or arrays.
+
+Paths: a local directory, a ``.zip`` file, ``memory://name`` (a process-wide in-memory store,
+handy in notebooks and tests), or any fsspec URL (``s3://...``) with ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+
+_MEMORY_STORES: dict[str, Any] = {}
+
+
+def _store(path, *, mode: str, storage_options: dict | None):
+    import zarr
+
+    if not isinstance(path, (str, os.PathLike)):
+        return path  # a zarr store object already
+    p = os.fspath(path)
+    if p.startswith("memory://"):
+        name = p[len("memory://") :]
+        if mode == "r" and name not in _MEMORY_STORES:
+            raise StoreError(f"no in-memory store named {p!r}")
+        return _MEMORY_STORES.setdefault(name, zarr.storage.MemoryStore())
+    if "://" in p and not p.startswith("file://"):
+        return zarr.storage.FsspecStore.from_url(
+            p, storage_options=storage_options, read_only=mode == "r"
+        )
+    p = p.removeprefix("file://")
+    if p.endswith(".zip"):
+        if mode == "r" and not os.path.exists(p):
+            raise StoreError(f"no such file: {p}")
+        return zarr.storage.ZipStore(p, mode="r" if mode == "r" else "a")
+    if mode == "r" and not os.path.exists(p):
+        raise StoreError(f"no such Zarr store: {p}")
+    return zarr.storage.LocalStore(p, read_only=mode == "r")
+
+
+@dataclass
+class Source:
+    """A readable array: a Zarr array or an in-memory NumPy array / memmap."""
+
+    array: Any  # zarr.Array or np.ndarray
+    description: dict
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        if isinstance(self.array, np.ndarray):
+            return self.shape
+        shards = getattr(self.array, "shards", None)
+        return tuple(shards or self.array.chunks)
+
+    def read(self, key: tuple[slice, ...]) -> np.ndarray:
+        return np.ascontiguousarray(self.array[key])
+
+
+def open_source(src, *, storage_options: dict | None = None, path: str | None = None) -> Source:
+    """Open ``src`` (path/URL of a Zarr v2 or v3 array, a ``zarr.Array``, or a NumPy array)."""
+    import zarr
+
+    if isinstance(src, np.ndarray):
+        desc = {"kind": "numpy", "shape": list(src.shape), "dtype": src.dtype.name}
+        return Source(src, desc)
+    if isinstance(src, zarr.Array):
+        return Source(src, _describe(src, str(src.store_path)))
+    try:
+        store = _store(src, mode="r", storage_options=storage_options)
+        node = zarr.open(store=store, mode="r", path=path or "")
+    except StoreError:
+        raise
+    except FileNotFoundError as e:
+        raise StoreError(f"no Zarr array at {src}: {e}") from None
+    except Exception as e:  # corrupt metadata, unreadable zip, ...
+        raise StoreError(f"cannot open {src} as Zarr: {type(e).__name__}: {e}") from None
+    if not isinstance(node, zarr.Array):
+        raise StoreError(f"{src} is a Zarr group, not an array (pass the array's path)")
+    return Source(node, _describe(node, os.fspath(src) if not hasattr(src, "root") else str(src)))
+
+
+def _describe(a, where: str) -> dict:
+    return {
+        "kind": "zarr",
+        "path": where,
+        "shape": list(a.shape),
+        "dtype": np.dtype(a.dtype).name,
+        "chunks": list(a.chunks),
+        "shards": list(a.shards) if getattr(a, "shards", None) else None,
+        "zarr_format": a.metadata.zarr_format,
+    }
+
+
+def open_group(dst, *, mode: str, storage_options: dict | None = None):
+    """Open (``mode="r"``/``"a"``) or create (``"w"``) a Zarr v3 group."""
+    import zarr
+
+    store = _store(dst, mode="r" if mode == "r" else "w", storage_options=storage_options)
+    try:
+        return zarr.open_group(store=store, mode=mode, zarr_format=3 if mode == "w" else None)
+    except FileNotFoundError as e:
+        raise StoreError(f"no Zarr group at {dst}: {e}") from None
+    except PermissionError as e:
+        raise StoreError(f"cannot write {dst}: {e}") from None
+    except Exception as e:
+        raise StoreError(f"cannot open {dst} as a Zarr group: {type(e).__name__}: {e}") from None

@@ -1,0 +1,158 @@
+"""Statistics kernels: exact per-channel ranges and fixed-edge histograms.
+
+Arrays arrive as ``[O, C, I]`` with the channel on the middle axis (C = 1 per tensor).
+Partial results are kept per work unit and combined in a fixed order, so every result is the
+same whatever the thread count; min/max and integer counts are exact whatever the order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+TILE = 16384
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
+    """Per channel c: min/max of the finite values, and counts of finite/NaN/+inf/-inf.
+
+    Outputs are ``[C]`` arrays, updated in place (merged with what they hold).
+    """
+    n_outer, n_c, n_inner = x.shape
+    if n_inner == 1:
+        # channel on the fast axis: split the outer axis into parts, one row of partials each
+        parts = min(n_outer, 64)
+        pmin = np.full((parts, n_c), np.inf)
+        pmax = np.full((parts, n_c), -np.inf)
+        pcnt = np.zeros((parts, 4, n_c), np.int64)
+        for p in prange(parts):
+            o0 = p * n_outer // parts
+            o1 = (p + 1) * n_outer // parts
+            for o in range(o0, o1):
+                for c in range(n_c):
+                    _update(x[o, c, 0], pmin, pmax, pcnt, p, c)
+        for p in range(parts):
+            _fold(pmin[p], pmax[p], pcnt[p], mins, maxs, counts, nans, posinf, neginf)
+        return
+    n_tiles = (n_inner + TILE - 1) // TILE
+    total = n_outer * n_c * n_tiles
+    pmin = np.full((total, 1), np.inf)
+    pmax = np.full((total, 1), -np.inf)
+    pcnt = np.zeros((total, 4, 1), np.int64)
+    for t in prange(total):
+        row = t // n_tiles
+        i0 = (t - row * n_tiles) * TILE
+        i1 = min(n_inner, i0 + TILE)
+        o = row // n_c
+        c = row - o * n_c
+        xr = x[o, c]
+        mn = np.inf
+        mx = -np.inf
+        bad = 0
+        for i in range(i0, i1):
+            v = xr[i]
+            mn = min(mn, v)
+            mx = max(mx, v)
+            bad += 0 if v - v == 0 else 1  # NaN and +-inf give NaN
+        if bad == 0:
+            pmin[t, 0] = mn
+            pmax[t, 0] = mx
+            pcnt[t, 0, 0] = i1 - i0
+        else:  # rare: NaN or infinities in this tile, count them one by one
+            for i in range(i0, i1):
+                _update(xr[i], pmin, pmax, pcnt, t, 0)
+    for t in range(total):
+        c = (t // n_tiles) % n_c
+        _fold_one(
+            pmin[t, 0], pmax[t, 0], pcnt[t, :, 0], c, mins, maxs, counts, nans, posinf, neginf
+        )
+
+
+@njit(inline="always", cache=True)
+def _update(v, pmin, pmax, pcnt, p, c):
+    if np.isfinite(v):
+        if v < pmin[p, c]:
+            pmin[p, c] = v
+        if v > pmax[p, c]:
+            pmax[p, c] = v
+        pcnt[p, 0, c] += 1
+    elif np.isnan(v):
+        pcnt[p, 1, c] += 1
+    elif v > 0:
+        pcnt[p, 2, c] += 1
+    else:
+        pcnt[p, 3, c] += 1
+
+
+@njit(inline="always", cache=True)
+def _fold_one(mn, mx, cnt, c, mins, maxs, counts, nans, posinf, neginf):
+    if mn < mins[c]:
+        mins[c] = mn
+    if mx > maxs[c]:
+        maxs[c] = mx
+    counts[c] += cnt[0]
+    nans[c] += cnt[1]
+    posinf[c] += cnt[2]
+    neginf[c] += cnt[3]
+
+
+@njit(inline="always", cache=True)
+def _fold(pmin, pmax, pcnt, mins, maxs, counts, nans, posinf, neginf):
+    for c in range(pmin.shape[0]):
+        _fold_one(pmin[c], pmax[c], pcnt[:, c], c, mins, maxs, counts, nans, posinf, neginf)
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def channel_histograms(x, lo, hi, use_abs, hist):
+    """Add x's finite values to fixed-edge histograms ``hist[C, nbins]`` over ``[lo[c], hi[c]]``.
+
+    ``use_abs``: histogram ``|x|`` (edges over ``[0, hi]``). Bin ``k`` holds values in
+    ``[lo + k*w, lo + (k+1)*w)``, the last bin also ``hi``; values outside are clamped into the
+    end bins (the edges come from an exact min/max pass, so none are). Counts are integers:
+    merging histograms of any chunking in any order gives the same result.
+    """
+    n_outer, n_c, n_inner = x.shape
+    nbins = hist.shape[1]
+    if n_c >= 8:
+        for c in prange(n_c):  # each channel owns its histogram row
+            for o in range(n_outer):
+                for i in range(n_inner):
+                    _bin(x[o, c, i], lo[c], hi[c], use_abs, nbins, hist, c)
+        return
+    n = n_outer * n_inner
+    parts = min(64, max(1, n // 4096))
+    partial = np.zeros((parts, nbins), np.int64)
+    for c in range(n_c):
+        partial[:] = 0
+        for p in prange(parts):
+            k = p * n // parts
+            k1 = (p + 1) * n // parts
+            while k < k1:  # contiguous runs within one outer row
+                o = k // n_inner
+                i0 = k - o * n_inner
+                i1 = min(n_inner, i0 + (k1 - k))
+                xr = x[o, c]
+                for i in range(i0, i1):
+                    _bin(xr[i], lo[c], hi[c], use_abs, nbins, partial, p)
+                k += i1 - i0
+        for p in range(parts):
+            hist[c] += partial[p]
+
+
+@njit(inline="always", cache=True)
+def _bin(v, lo, hi, use_abs, nbins, h, row):
+    if not np.isfinite(v):
+        return
+    if use_abs:
+        v = abs(v)
+    w = hi - lo
+    if w > 0:
+        k = int((v - lo) / w * nbins)
+        if k >= nbins:
+            k = nbins - 1
+        elif k < 0:
+            k = 0
+    else:
+        k = 0
+    h[row, k] += 1

@@ -1,0 +1,369 @@
+"""Specs and metadata: frozen dataclasses, each with an explicit JSON round-trip.
+
+``QuantSpec`` says what to do; ``QuantParams`` holds the scale/zero point it resolved to;
+``RangeStats``/``ErrorStats`` are the mergeable statistics gathered while streaming;
+``Calibration`` and ``QuantReport`` are what the store functions return.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidParameterError
+from .qtypes import qtype
+from .rounding import ROUND_MODES
+
+METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
+HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")
+NAN_POLICIES = ("error", "zero_point", "min")
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf literals
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def _unjson_float(v: Any) -> Any:
+    return float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What a store conversion does.
+
+    Args:
+        dtype: the quantized type (see ``qstream.QTYPES``).
+        axis: None for per-tensor; an axis (negative allowed) for per-axis or blocked.
+        block_size: with ``axis``, blocks of this many elements along it share parameters.
+        symmetric: zero point 0 (signed types) / mid-range (unsigned) and a range symmetric
+            about 0; else an asymmetric min/max range.
+        method: how ranges are found: minmax, percentile, entropy, mse, l2, or dynamic (each
+            block's own range, needs ``block_size``). Ignored when ``scale`` is given.
+        percentile: for ``method="percentile"``, the share of values kept (in percent).
+        round_mode: one of ``qstream.ROUND_MODES``.
+        narrow_range: drop the type's lowest value (int8 [-127, 127]).
+        nan_policy: ``error`` (refuse NaN/inf, naming the first), ``zero_point`` (NaN -> zero
+            point), or ``min`` (NaN -> the type's minimum, as ONNX Runtime).
+        scale, zero_point: explicit parameters (a number, or a list shaped like the parameter
+            array); they skip calibration.
+        num_bins: histogram bins for the histogram methods.
+    """
+
+    dtype: str = "int8"
+    axis: int | None = None
+    block_size: int | None = None
+    symmetric: bool = True
+    method: str = "minmax"
+    percentile: float = 99.99
+    round_mode: str = "half_to_even"
+    narrow_range: bool = False
+    nan_policy: str = "error"
+    scale: Any = None
+    zero_point: Any = None
+    num_bins: int = 2048
+
+    def __post_init__(self) -> None:
+        qt = qtype(self.dtype)
+        object.__setattr__(self, "dtype", qt.name)
+        if self.method not in METHODS:
+            raise InvalidParameterError(
+                f"unknown method {self.method!r}; expected one of: {', '.join(METHODS)}"
+            )
+        if self.round_mode not in ROUND_MODES:
+            raise InvalidParameterError(
+                f"unknown round_mode {self.round_mode!r}; expected one of: {', '.join(ROUND_MODES)}"
+            )
+        if self.nan_policy not in NAN_POLICIES:
+            raise InvalidParameterError(
+                f"unknown nan_policy {self.nan_policy!r};"
+                f" expected one of: {', '.join(NAN_POLICIES)}"
+            )
+        if not 0 < float(self.percentile) <= 100:
+            raise InvalidParameterError(f"percentile must be in (0, 100], got {self.percentile}")
+        if self.block_size is not None:
+            if self.axis is None:
+                raise InvalidParameterError("block_size needs an axis")
+            if int(self.block_size) <= 0:
+                raise InvalidParameterError(f"block_size must be > 0, got {self.block_size}")
+        if self.method == "dynamic" and self.block_size is None and self.scale is None:
+            raise InvalidParameterError("method 'dynamic' needs block_size (one range per block)")
+        if self.num_bins < 16:
+            raise InvalidParameterError(f"num_bins must be >= 16, got {self.num_bins}")
+        if qt.is_float and self.method not in ("minmax", "dynamic") and self.scale is None:
+            raise InvalidParameterError(f"{qt.name} supports the minmax and dynamic methods only")
+        for name in ("scale", "zero_point"):
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray | np.generic):
+                object.__setattr__(self, name, v.tolist())
+        if self.zero_point is not None and self.scale is None:
+            raise InvalidParameterError("zero_point is given without scale")
+
+    @property
+    def qtype(self):
+        return qtype(self.dtype)
+
+    @property
+    def granularity(self) -> str:
+        if self.axis is None:
+            return "per_tensor"
+        return "per_axis" if self.block_size is None else "blocked"
+
+    def to_dict(self) -> dict:
+        return _jsonable(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> QuantSpec:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class RangeStats:
+    """Exact, mergeable per-channel statistics (one entry per parameter slot; [1] per tensor).
+
+    NaN and infinities are counted, not included in min/max/absmax.
+    """
+
+    min: np.ndarray
+    max: np.ndarray
+    count: np.ndarray  # finite values
+    nan: np.ndarray
+    posinf: np.ndarray
+    neginf: np.ndarray
+    first_nonfinite: int = -1  # flat index of the first NaN/inf seen, -1 if none
+
+    @property
+    def absmax(self) -> np.ndarray:
+        return np.maximum(np.abs(self.min), np.abs(self.max))
+
+    @property
+    def nonfinite(self) -> int:
+        return int(self.nan.sum() + self.posinf.sum() + self.neginf.sum())
+
+    def merge(self, other: RangeStats) -> RangeStats:
+        firsts = [f for f in (self.first_nonfinite, other.first_nonfinite) if f >= 0]
+        return RangeStats(
+            np.minimum(self.min, other.min),
+            np.maximum(self.max, other.max),
+            self.count + other.count,
+            self.nan + other.nan,
+            self.posinf + other.posinf,
+            self.neginf + other.neginf,
+            min(firsts) if firsts else -1,
+        )
+
+    @classmethod
+    def empty(cls, channels: int) -> RangeStats:
+        z = np.zeros(channels, np.int64)
+        return cls(
+            np.full(channels, np.inf), np.full(channels, -np.inf), z, z.copy(), z.copy(), z.copy()
+        )
+
+    def to_dict(self) -> dict:
+        d = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RangeStats:
+        arr = {
+            k: np.asarray(
+                [_unjson_float(v) for v in d[k]],
+                dtype=np.float64 if k in ("min", "max") else np.int64,
+            )
+            for k in ("min", "max", "count", "nan", "posinf", "neginf")
+        }
+        return cls(**arr, first_nonfinite=int(d.get("first_nonfinite", -1)))
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Quantization error, accumulated exactly enough to merge across blocks (float64 sums).
+
+    All arrays have one entry per channel (one for per-tensor).
+    """
+
+    count: np.ndarray
+    sum_x2: np.ndarray  # sum of x^2
+    sum_e2: np.ndarray  # sum of (x - x_hat)^2
+    sum_xy: np.ndarray  # sum of x * x_hat
+    sum_y2: np.ndarray  # sum of x_hat^2
+    max_abs: np.ndarray  # max |x - x_hat|
+    clipped: np.ndarray  # values that saturated
+    nonfinite: np.ndarray
+
+    def merge(self, other: ErrorStats) -> ErrorStats:
+        return ErrorStats(
+            self.count + other.count,
+            self.sum_x2 + other.sum_x2,
+            self.sum_e2 + other.sum_e2,
+            self.sum_xy + other.sum_xy,
+            self.sum_y2 + other.sum_y2,
+            np.maximum(self.max_abs, other.max_abs),
+            self.clipped + other.clipped,
+            self.nonfinite + other.nonfinite,
+        )
+
+    @classmethod
+    def empty(cls, channels: int) -> ErrorStats:
+        f = np.zeros(channels, np.float64)
+        i = np.zeros(channels, np.int64)
+        return cls(i, f, f.copy(), f.copy(), f.copy(), f.copy(), i.copy(), i.copy())
+
+    def summary(self, worst: int = 5) -> dict:
+        """SQNR (dB), MSE, max abs error, cosine similarity, clip fraction, non-finite count;
+        per channel the ``worst`` channels by SQNR when there is more than one."""
+        tot = {
+            k: getattr(self, k).sum()
+            for k in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2", "clipped", "nonfinite")
+        }
+        out = _metrics(tot["count"], tot["sum_x2"], tot["sum_e2"], tot["sum_xy"], tot["sum_y2"])
+        out["max_abs"] = float(self.max_abs.max()) if self.max_abs.size else 0.0
+        out["clipped"] = int(tot["clipped"])
+        out["clip_fraction"] = float(tot["clipped"] / tot["count"]) if tot["count"] else 0.0
+        out["nonfinite"] = int(tot["nonfinite"])
+        if self.count.size > 1:
+            sq = np.array(
+                [
+                    _metrics(
+                        *(
+                            getattr(self, k)[c]
+                            for k in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2")
+                        )
+                    )["sqnr_db"]
+                    for c in range(self.count.size)
+                ]
+            )
+            order = np.argsort(sq, kind="stable")[:worst]
+            out["worst_channels"] = [
+                {"channel": int(c), "sqnr_db": float(sq[c]), "max_abs": float(self.max_abs[c])}
+                for c in order
+            ]
+        return _jsonable(out)
+
+    def to_dict(self) -> dict:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ErrorStats:
+        ints = ("count", "clipped", "nonfinite")
+        return cls(
+            **{
+                f.name: np.asarray(d[f.name], np.int64 if f.name in ints else np.float64)
+                for f in fields(cls)
+            }
+        )
+
+
+def _metrics(n, sx2, se2, sxy, sy2) -> dict:
+    n = int(n)
+    mse = float(se2 / n) if n else 0.0
+    if se2 == 0:
+        sqnr = math.inf
+    elif sx2 == 0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10.0 * math.log10(sx2 / se2)
+    denom = math.sqrt(sx2 * sy2)
+    cosine = float(sxy / denom) if denom > 0 else (1.0 if sx2 == sy2 == 0 else 0.0)
+    return {"sqnr_db": sqnr, "mse": mse, "cosine": cosine, "count": n}
+
+
+@dataclass(frozen=True)
+class QuantParams:
+    """Resolved parameters: ``scale``/``zero_point`` shaped for ``qstream.quantize``."""
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None
+    block_size: int | None
+
+    def to_dict(self) -> dict:
+        return {
+            "scale": _jsonable(self.scale),
+            "zero_point": _jsonable(self.zero_point),
+            "axis": self.axis,
+            "block_size": self.block_size,
+        }
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Statistics gathered from a source and the parameters they give under a spec."""
+
+    spec: QuantSpec
+    stats: RangeStats | None
+    thresholds: dict = field(default_factory=dict)  # method detail: chosen lo/hi per channel
+    params: QuantParams | None = None
+
+    @property
+    def scale(self) -> np.ndarray:
+        return self.params.scale
+
+    @property
+    def zero_point(self) -> np.ndarray:
+        return self.params.zero_point
+
+    def to_dict(self, *, with_params: bool = True) -> dict:
+        d = {
+            "spec": self.spec.to_dict(),
+            "stats": self.stats.to_dict() if self.stats is not None else None,
+            "thresholds": _jsonable(self.thresholds),
+        }
+        if with_params and self.params is not None:
+            d["params"] = self.params.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Calibration:
+        spec = QuantSpec.from_dict(d["spec"])
+        params = None
+        if d.get("params"):
+            p = d["params"]
+            params = QuantParams(
+                np.asarray(p["scale"], np.float32),
+                np.asarray(p["zero_point"], np.float64),
+                p["axis"],
+                p["block_size"],
+            )
+        stats = RangeStats.from_dict(d["stats"]) if d.get("stats") else None
+        return cls(spec, stats, d.get("thresholds", {}), params)
+
+
+@dataclass(frozen=True)
+class QuantReport:
+    """What a store conversion did: spec, source, calibration, error and cost."""
+
+    spec: QuantSpec
+    source: dict
+    destination: str
+    calibration: dict | None
+    error: dict | None
+    passes: int
+    seconds: float
+    bytes_read: int
+    bytes_written: int
+    resumed_blocks: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["spec"] = self.spec.to_dict()
+        return _jsonable(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> QuantReport:
+        d = dict(d)
+        d["spec"] = QuantSpec.from_dict(d["spec"])
+        return cls(**d)
