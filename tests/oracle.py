@@ -90,14 +90,17 @@ def quantize(x, scale, zero_point, qmin, qmax, *, axis=None, block_size=None, mo
 
 
 def dequantize(q, scale, zero_point, *, axis=None, block_size=None):
-    """``(q - zp) * s`` with the subtraction exact and one float32 rounding of the product."""
-    q = np.asarray(q).astype(np.int64)
+    """``(float32(q) - zp) * s`` evaluated exactly, rounded once to float32.
+
+    ``float32(q)`` is exact below 2**24; int32 values beyond are rounded first, as the ONNX
+    reference does (``x.astype(float32) - zero_point``).
+    """
+    q = np.asarray(q)
     s = expand_params(scale, q.shape, axis, block_size).astype(np.float32)
-    z = expand_params(
-        np.zeros(np.shape(scale)) if zero_point is None else zero_point, q.shape, axis, block_size
-    ).astype(np.int64)
-    d = (q - z).astype(np.float32)  # exact for |q - z| < 2**24
-    return (d.astype(np.float64) * s.astype(np.float64)).astype(np.float32)
+    zeros = np.zeros(np.shape(scale))
+    z = expand_params(zeros if zero_point is None else zero_point, q.shape, axis, block_size)
+    d = q.astype(np.float32).astype(np.float64) - z.astype(np.float64)  # exact
+    return (d * s.astype(np.float64)).astype(np.float32)
 
 
 def expand_dequant(q, scale, zero_point, axes):

@@ -34,7 +34,15 @@ from ..io.stores import open_group, open_source
 from ..layout import normalize_axis, plan_layout
 from ..qtypes import QType, float_dtype, is_float_dtype, qtype
 from ..rounding import round_code
-from ..spec import Calibration, ErrorStats, QuantParams, QuantReport, QuantSpec, RangeStats
+from ..spec import (
+    HISTOGRAM_METHODS,
+    Calibration,
+    ErrorStats,
+    QuantParams,
+    QuantReport,
+    QuantSpec,
+    RangeStats,
+)
 from .arrays import affine_dequantize, affine_quantize, check_scale
 
 FORMAT_VERSION = 1
@@ -266,10 +274,6 @@ class _Job:
                 f"method {spec.method!r} is not available for blocked quantization; blocks take"
                 " their own range (method 'dynamic' or 'minmax')"
             )
-        if spec.method in ("entropy", "mse", "l2") and spec.scale is None:
-            raise InvalidParameterError(
-                f"method {spec.method!r} is not implemented yet; use minmax, percentile or dynamic"
-            )
         self.bytes_read = 0
         self.passes = 0
 
@@ -335,9 +339,20 @@ class _Job:
         self._check_nonfinite(st)
         lo, hi = np.where(st.count > 0, st.min, 0.0), np.where(st.count > 0, st.max, 0.0)
         thresholds = {"min": lo, "max": hi}
-        if spec.method == "percentile":
-            lo, hi = self._percentile(st, lo, hi, progress)
-            thresholds = {"min": lo, "max": hi, "percentile": spec.percentile}
+        if spec.method in HISTOGRAM_METHODS:
+            from ..calibration.histogram import percentile_range, search_range
+
+            use_abs = spec.method in ("entropy", "mse") or (
+                spec.method == "percentile" and spec.symmetric
+            )
+            hist = self._histograms(st, use_abs, progress)
+            if spec.method == "percentile":
+                lo, hi = percentile_range(hist, lo, hi, spec.percentile, symmetric=spec.symmetric)
+            else:
+                lo, hi = search_range(
+                    hist, lo, hi, spec.method, self.qt.bits, symmetric=spec.symmetric
+                )
+            thresholds = {"min": lo, "max": hi, "num_bins": spec.num_bins}
         from ..calibration.params import params_from_range
 
         scale, zp = params_from_range(
@@ -348,19 +363,13 @@ class _Job:
         )
         return Calibration(spec, st, thresholds, params)
 
-    def _percentile(self, st: RangeStats, lo, hi, progress):
-        """Pass 2: fixed-edge histograms (edges from pass 1), then the percentile cut."""
-        from ..calibration.histogram import percentile_range
-
-        hist = self._histograms(st, progress)
-        return percentile_range(hist, lo, hi, self.spec.percentile, symmetric=self.spec.symmetric)
-
-    def _histograms(self, st: RangeStats, progress):
+    def _histograms(self, st: RangeStats, sym: bool, progress):
+        """Pass 2: fixed-edge histograms per channel, edges from the exact pass-1 range
+        (``|x|`` over ``[0, absmax]`` when ``sym``, else ``x`` over ``[min, max]``)."""
         from ..engine.blockmath import channel_view
         from ..kernels.runtime import run
         from ..kernels.stats import channel_histograms
 
-        sym = self.spec.symmetric
         lo = np.where(st.count > 0, st.min, 0.0)
         hi = np.where(st.count > 0, st.max, 0.0)
         edges_lo = np.zeros(self.channels) if sym else lo

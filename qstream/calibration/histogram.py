@@ -6,30 +6,64 @@ import numpy as np
 
 
 def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool):
-    """Per-channel range keeping ``percentile`` percent of the values (ORT PercentileCalibrater).
+    """Per-channel range keeping ``percentile`` percent of the values.
 
-    Symmetric: the threshold T is the upper edge of the first bin of the ``|x|`` histogram
-    whose cumulative share reaches ``percentile``; the range is ``[-T, T]`` clamped to the
-    observed range. Asymmetric: ``(100 - percentile) / 2`` percent is cut from each side.
+    As ONNX Runtime's PercentileCalibrater and NVIDIA's ``_compute_amax_percentile``:
+    ``cdf = cumsum(hist / total)``; symmetric (``|x|`` histogram): ``T = edges[searchsorted(cdf,
+    p / 100)]`` and the range ``[-T, T]``; asymmetric: ``(100 - p) / 200`` is cut from each side,
+    ``[edges[searchsorted(cdf, cut)], edges[searchsorted(cdf, 1 - cut)]]``. The range is then
+    clamped to the observed one.
     """
     counts = hist["counts"]
     nb = counts.shape[1]
-    width = (hist["hi"] - hist["lo"]) / nb
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
     for c in range(counts.shape[0]):
         total = counts[c].sum()
         if total == 0:
             continue
-        cdf = np.cumsum(counts[c]) / total
+        edges = np.linspace(hist["lo"][c], hist["hi"][c], nb + 1)
+        cdf = np.cumsum(counts[c] / total)
         if symmetric:
-            k = int(np.searchsorted(cdf, percentile / 100.0))
-            t = hist["lo"][c] + min(k + 1, nb) * width[c]
-            out_lo[c] = max(lo[c], -t)
-            out_hi[c] = min(hi[c], t)
+            t = edges[np.searchsorted(cdf, percentile / 100.0)]
+            out_lo[c], out_hi[c] = max(lo[c], -t), min(hi[c], t)
         else:
             cut = (100.0 - percentile) / 200.0
-            k_lo = int(np.searchsorted(cdf, cut))
-            k_hi = int(np.searchsorted(cdf, 1.0 - cut))
-            out_lo[c] = max(lo[c], hist["lo"][c] + k_lo * width[c])
-            out_hi[c] = min(hi[c], hist["lo"][c] + min(k_hi + 1, nb) * width[c])
+            out_lo[c] = max(lo[c], edges[np.searchsorted(cdf, cut)])
+            out_hi[c] = min(hi[c], edges[np.searchsorted(cdf, 1.0 - cut)])
+    return out_lo, out_hi
+
+
+def search_range(hist: dict, lo, hi, method: str, bits: int, *, symmetric: bool):
+    """Per-channel range from a threshold search (entropy, mse over ``|x|``; l2 signed).
+
+    entropy: TensorRT KL over ``2**(bits-1)`` levels, candidates from bin 128; mse: NVIDIA's
+    bin-centre MSE with ``max_bound = 2**(bits-1) - 1``; l2: PyTorch HistogramObserver's walk
+    with ``2**bits`` destination bins (its min/max arithmetic in float32).
+    """
+    from ..kernels.search import entropy_search, l2_search, mse_search
+
+    counts = hist["counts"]
+    nb = counts.shape[1]
+    out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+    start = min(128, nb)
+    for c in range(counts.shape[0]):
+        if counts[c].sum() == 0:
+            continue
+        top = float(hist["hi"][c])
+        if method == "l2":
+            s, e = l2_search(counts[c], float(hist["lo"][c]), top, 2**bits)
+            lo32, hi32 = np.float32(hist["lo"][c]), np.float32(top)
+            width = (hi32 - lo32) / np.float32(nb)
+            out_lo[c] = float(lo32 + width * np.float32(s))
+            out_hi[c] = float(lo32 + width * np.float32(e + 1))
+            continue
+        if method == "entropy":
+            t = entropy_search(counts[c], 2 ** (bits - 1), start, 1) * (top / nb)
+        else:
+            i = mse_search(counts[c], top, float(2 ** (bits - 1) - 1), start, 1)
+            t = (i + 0.5) * (top / nb)
+        if symmetric:
+            out_lo[c], out_hi[c] = -t, t
+        else:
+            out_lo[c], out_hi[c] = max(lo[c], -t), min(hi[c], t)
     return out_lo, out_hi

@@ -61,6 +61,7 @@ def run(
                 if progress:
                     progress(b)
         except BaseException:
-            for _, f in list(pending_reads) + list(pending_writes):
+            # blocks already computed still land (a resume then skips them); reads are dropped
+            for _, f in pending_reads:
                 f.cancel()
             raise

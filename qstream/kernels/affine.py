@@ -19,15 +19,24 @@ TILE = 16384
 
 @njit(inline="always", cache=True)
 def _quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
-    """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3."""
+    """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3.
+
+    Loops run over zero-based slices: with a runtime start index Numba keeps negative-index
+    handling in the loop, which stops LLVM from emitting packed stores.
+    """
+    xs = xr[i0:i1]
+    os = outr[i0:i1]
+    n = xs.shape[0]
     if sr.shape[0] == 1:
         s = sr[0]
         z = zr[0]
-        for i in range(i0, i1):
-            outr[i] = np.int32(min(max(lo, op(xr[i], s, z)), hi)) & mask
+        for i in range(n):
+            os[i] = np.int32(min(max(lo, op(xs[i], s, z)), hi)) & mask
     elif iblock == 1:
-        for i in range(i0, i1):
-            outr[i] = np.int32(min(max(lo, op(xr[i], sr[i], zr[i])), hi)) & mask
+        ss = sr[i0:i1]
+        zs = zr[i0:i1]
+        for i in range(n):
+            os[i] = np.int32(min(max(lo, op(xs[i], ss[i], zs[i])), hi)) & mask
     else:
         i = i0
         while i < i1:
@@ -35,8 +44,10 @@ def _quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
             end = min(i1, (b + 1) * iblock)
             s = sr[b]
             z = zr[b]
-            for j in range(i, end):
-                outr[j] = np.int32(min(max(lo, op(xr[j], s, z)), hi)) & mask
+            xb = xr[i:end]
+            ob = outr[i:end]
+            for j in range(end - i):
+                ob[j] = np.int32(min(max(lo, op(xb[j], s, z)), hi)) & mask
             i = end
 
 
@@ -170,19 +181,22 @@ def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
         c = row - o * n_c
         po = o if p_outer > 1 else 0
         pc = c // cblock
-        qr = q[o, c]
-        outr = out[o, c]
+        qs = q[o, c][i0:i1]
+        os = out[o, c][i0:i1]
         sr = scale[po, pc]
         zr = zero_point[po, pc]
+        n = qs.shape[0]
         if sr.shape[0] == 1:
             s = sr[0]
             z = zr[0]
-            for i in range(i0, i1):
-                outr[i] = (np.float32(qr[i]) - z) * s
+            for i in range(n):
+                os[i] = (np.float32(qs[i]) - z) * s
         elif iblock == 1:
-            for i in range(i0, i1):
-                outr[i] = (np.float32(qr[i]) - zr[i]) * sr[i]
+            ss = sr[i0:i1]
+            zs = zr[i0:i1]
+            for i in range(n):
+                os[i] = (np.float32(qs[i]) - zs[i]) * ss[i]
         else:
-            for i in range(i0, i1):
-                b = i // iblock
-                outr[i] = (np.float32(qr[i]) - zr[b]) * sr[b]
+            for i in range(n):
+                b = (i0 + i) // iblock
+                os[i] = (np.float32(qs[i]) - zr[b]) * sr[b]
