@@ -112,3 +112,55 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis, channels, offset)
     ):
         getattr(full, name)[sl] = getattr(stats, name)
     return full
+
+
+def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, channels, offset) -> ErrorStats:
+    """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
+    from ..kernels.errors import N_SUMS, error_sums
+    from ..kernels.runtime import run
+
+    compute = np.float64 if qt.bits > 16 else np.float32
+    chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
+    c = 1 if axis is None else x.shape[axis]
+    sums = np.zeros((c, N_SUMS))
+    xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
+    run(
+        error_sums,
+        layout.view(xk),
+        layout.view(qk),
+        layout.params(np.asarray(s, compute)),
+        layout.params(np.asarray(z, compute)),
+        layout.cblock,
+        layout.iblock,
+        float(lo_q),
+        float(qt.qmax),
+        chan_inner,
+        sums,
+    )
+    stats = ErrorStats(
+        sums[:, 0].astype(np.int64),
+        sums[:, 1],
+        sums[:, 2],
+        sums[:, 3],
+        sums[:, 4],
+        sums[:, 5],
+        sums[:, 6].astype(np.int64),
+        sums[:, 7].astype(np.int64),
+    )
+    if c == channels:
+        return stats
+    full = ErrorStats.empty(channels)
+    sl = slice(offset, offset + c)
+    for name in (
+        "count",
+        "sum_x2",
+        "sum_e2",
+        "sum_xy",
+        "sum_y2",
+        "max_abs",
+        "clipped",
+        "nonfinite",
+    ):
+        getattr(full, name)[sl] = getattr(stats, name)
+    return full

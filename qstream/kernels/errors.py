@@ -1,0 +1,107 @@
+"""Quantization error sums, fused: read x and q once, never materialise the dequantized block.
+
+Arrays use the quantize layout (``qstream.layout``): x and q ``[O, C, I]``, parameters
+``[Op, Cp, Ip]``. The channel of an element is its ``c`` index, or its ``i`` index when the
+quantized axis was moved to the inner position (``chan_inner``); per tensor there is one.
+Sums are taken per tile (a partition that does not depend on the thread count) and folded in
+tile order, so results are identical at every thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+TILE = 16384
+# columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
+N_SUMS = 8
+
+
+@njit(inline="always", cache=True)
+def _accumulate(acc, k, xv, qv, s, z, lo_x, hi_x):
+    if xv - xv != 0:  # NaN or +-inf
+        acc[k, 7] += 1.0
+        return
+    y = np.float32((np.float32(qv) - z) * s)  # the dequantized value, as dequantize gives it
+    x = np.float64(xv)
+    yd = np.float64(y)
+    e = x - yd
+    acc[k, 0] += 1.0
+    acc[k, 1] += x * x
+    acc[k, 2] += e * e
+    acc[k, 3] += x * yd
+    acc[k, 4] += yd * yd
+    ae = abs(e)
+    if ae > acc[k, 5]:
+        acc[k, 5] = ae
+    if x > hi_x * s or x < lo_x * s:
+        acc[k, 6] += 1.0
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out):
+    """Add the error sums of one block to ``out[channels, N_SUMS]``.
+
+    An element counts as clipped when it lies beyond the representable range by more than
+    half a step: ``x > (qmax - zp + 0.5) * s`` or ``x < (qmin - zp - 0.5) * s``.
+    """
+    n_outer, n_c, n_inner = x.shape
+    p_outer = scale.shape[0]
+    p_inner = scale.shape[2]
+    if chan_inner:
+        groups = (n_inner + 63) // 64
+        for g in prange(groups):
+            i0 = g * 64
+            i1 = min(n_inner, i0 + 64)
+            for o in range(n_outer):
+                po = o if p_outer > 1 else 0
+                for c in range(n_c):
+                    sr = scale[po, c // cblock]
+                    zr = zero_point[po, c // cblock]
+                    for i in range(i0, i1):
+                        pi = i // iblock if p_inner > 1 else 0
+                        z = zr[pi]
+                        _accumulate(
+                            out,
+                            i,
+                            x[o, c, i],
+                            q[o, c, i],
+                            sr[pi],
+                            z,
+                            qmin - z - 0.5,
+                            qmax - z + 0.5,
+                        )
+        return
+    n_tiles = (n_inner + TILE - 1) // TILE
+    total = n_outer * n_c * n_tiles
+    partial = np.zeros((total, N_SUMS))
+    for t in prange(total):
+        row = t // n_tiles
+        i0 = (t - row * n_tiles) * TILE
+        i1 = min(n_inner, i0 + TILE)
+        o = row // n_c
+        c = row - o * n_c
+        po = o if p_outer > 1 else 0
+        sr = scale[po, c // cblock]
+        zr = zero_point[po, c // cblock]
+        xs = x[o, c][i0:i1]
+        qs = q[o, c][i0:i1]
+        if p_inner == 1:
+            s = sr[0]
+            z = zr[0]
+            lo_x = qmin - z - 0.5
+            hi_x = qmax - z + 0.5
+            for i in range(xs.shape[0]):
+                _accumulate(partial, t, xs[i], qs[i], s, z, lo_x, hi_x)
+        else:
+            for i in range(xs.shape[0]):
+                pi = (i0 + i) // iblock
+                z = zr[pi]
+                _accumulate(partial, t, xs[i], qs[i], sr[pi], z, qmin - z - 0.5, qmax - z + 0.5)
+    for t in range(total):
+        ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
+        for k in range(N_SUMS):
+            if k == 5:
+                out[ch, k] = max(out[ch, k], partial[t, k])
+            else:
+                out[ch, k] += partial[t, k]
