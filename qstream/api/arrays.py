@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidDTypeError, InvalidParameterError
+from . import buffers
 from ..layout import Layout, plan_layout
 from ..qtypes import QType, float_dtype, is_float_dtype, is_qtype_dtype, qtype
 from ..rounding import OP_MUL_ADD, round_code
@@ -294,7 +295,7 @@ def _zeros_like(zp: np.ndarray | None, scale: np.ndarray) -> np.ndarray:
 
 def _check_out(out, shape, dtype) -> np.ndarray:
     if out is None:
-        return np.empty(shape, dtype)
+        return buffers.empty(shape, dtype)
     if not isinstance(out, np.ndarray) or out.shape != tuple(shape) or out.dtype != dtype:
         got = (out.shape, out.dtype) if isinstance(out, np.ndarray) else type(out).__name__
         raise InvalidParameterError(

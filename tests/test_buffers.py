@@ -1,0 +1,30 @@
+"""The output buffer pool never hands out memory a live view still uses."""
+
+import gc
+
+import numpy as np
+
+from qstream.api import buffers
+
+
+def test_views_keep_pooled_memory_alive_and_freed_buffers_are_reused():
+    buffers.clear()
+    a = buffers.empty((1024, 4096), np.float32)  # 16 MiB: pooled
+    a[...] = 1.0
+    view = a[::2, 5]
+    del a
+    gc.collect()
+    b = buffers.empty((1024, 4096), np.float32)
+    b[...] = 2.0
+    assert np.all(view == 1.0)  # the view's memory was not handed out again
+    addr = b.__array_interface__["data"][0]
+    del b
+    gc.collect()
+    c = buffers.empty((1024, 4096), np.float32)
+    assert c.__array_interface__["data"][0] == addr  # reused
+    assert c.flags.writeable and c.flags.c_contiguous
+
+
+def test_small_arrays_are_plain_numpy():
+    x = buffers.empty((10,), np.int8)
+    assert x.base is None
