@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import InvalidDTypeError, InvalidParameterError
-from . import buffers
 from ..layout import Layout, plan_layout
 from ..qtypes import QType, float_dtype, is_float_dtype, is_qtype_dtype, qtype
 from ..rounding import OP_MUL_ADD, round_code
+from . import buffers
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)

@@ -58,9 +58,10 @@ class Source:
         return np.dtype(self.array.dtype)
 
     @property
-    def chunks(self) -> tuple[int, ...]:
-        if isinstance(self.array, np.ndarray):
-            return self.shape
+    def chunks(self) -> tuple[int, ...] | None:
+        """The stored chunks (shards if sharded), or None for in-memory / lazy arrays."""
+        if self.description.get("kind") != "zarr":
+            return None
         shards = getattr(self.array, "shards", None)
         return tuple(shards or self.array.chunks)
 
@@ -73,10 +74,21 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
     import zarr
 
     if isinstance(src, np.ndarray):
-        desc = {"kind": "numpy", "shape": list(src.shape), "dtype": src.dtype.name}
+        desc = {"kind": "numpy", "path": "array", "shape": list(src.shape), "dtype": src.dtype.name}
         return Source(src, desc)
     if isinstance(src, zarr.Array):
         return Source(src, _describe(src, str(src.store_path)))
+    if all(hasattr(src, a) for a in ("shape", "dtype", "__getitem__")) and not isinstance(
+        src, (str, os.PathLike)
+    ):  # a lazy array-like, e.g. a checkpoint tensor read by slices
+        name = getattr(src, "name", type(src).__name__)
+        desc = {
+            "kind": "array",
+            "path": str(name),
+            "shape": list(src.shape),
+            "dtype": np.dtype(src.dtype).name,
+        }
+        return Source(src, desc)
     try:
         store = _store(src, mode="r", storage_options=storage_options)
         node = zarr.open(store=store, mode="r", path=path or "")
@@ -110,6 +122,10 @@ def open_group(dst, *, mode: str, storage_options: dict | None = None):
     store = _store(dst, mode="r" if mode == "r" else "w", storage_options=storage_options)
     try:
         return zarr.open_group(store=store, mode=mode, zarr_format=3 if mode == "w" else None)
+    except zarr.errors.ContainsArrayError:
+        raise StoreError(
+            f"{dst} is a plain Zarr array, not a qstream quantized array (a group)"
+        ) from None
     except FileNotFoundError as e:
         raise StoreError(f"no Zarr group at {dst}: {e}") from None
     except PermissionError as e:

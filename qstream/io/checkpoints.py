@@ -1,0 +1,485 @@
+"""Read model checkpoints tensor by tensor, by slices, without loading whole files.
+
+:func:`open_checkpoint` maps every tensor of a checkpoint to a :class:`CheckpointTensor` whose
+``t[key]`` reads just that region. Supported inputs:
+
+- safetensors: one ``.safetensors`` file, a ``*.safetensors.index.json`` (sharded), or a
+  directory holding either (the header is parsed here; data is memory-mapped, bf16 included);
+- ``.npy`` (memory-mapped) and ``.npz`` (stored members memory-mapped inside the zip;
+  compressed members are decompressed whole on first access);
+- a Zarr group (directory or ``.zip``): every floating-point array, recursively;
+- torch ``.pt`` / ``.pth`` / ``.bin`` state dicts (``torch.load(..., mmap=True)``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import StoreError
+
+SUPPORTED_FORMATS = (
+    ".safetensors, *.safetensors.index.json, a safetensors directory, .npy, .npz, "
+    "a Zarr group (directory or .zip), torch .pt/.pth/.bin"
+)
+
+_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_TORCH_EXTS = (".pt", ".pth", ".bin")
+
+
+@dataclass
+class CheckpointTensor:
+    """One tensor of a checkpoint; ``t[key]`` reads just the region ``key`` selects.
+
+    ``dtype`` is the element type stored in the file (native byte order). ``source`` is the lazy
+    backing object (an ``np.memmap`` view, a ``zarr.Array``, a ``torch.Tensor`` or a loader);
+    nothing is read until the tensor is indexed.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    nbytes: int
+    source: Any = field(repr=False, compare=False)
+    _convert: Callable[[Any], np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """Read the region selected by basic indexing (ints, slices, ``...``) as a new
+        C-contiguous array of ``dtype``."""
+        key, flip = _forward_key(_normalize_key(key, self.shape), self.shape)
+        part = self._convert(key) if self._convert is not None else self.source[key]
+        if flip:
+            part = np.flip(part, axis=flip)
+        return np.array(part, dtype=self.dtype, order="C", copy=True)
+
+
+def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
+    """Open a checkpoint and return its tensors by name, in the order of the file(s).
+
+    Nothing but headers is read here. Raises :class:`~qstream.errors.StoreError` for missing,
+    truncated, corrupt or unsupported inputs.
+    """
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise StoreError(f"no such file or directory: {p}")
+    if os.path.isdir(p):
+        return _open_directory(p)
+    low = p.lower()
+    if low.endswith(".index.json"):
+        return _open_safetensors_index(p)
+    if low.endswith(".safetensors"):
+        return _open_safetensors(p)
+    if low.endswith(".npy"):
+        return _open_npy(p)
+    if low.endswith(".npz"):
+        return _open_npz(p)
+    if low.endswith(".zip"):
+        return _open_zarr(p)
+    if low.endswith(_TORCH_EXTS):
+        return _open_torch(p)
+    raise StoreError(f"unsupported checkpoint {p}: supported formats are {SUPPORTED_FORMATS}")
+
+
+# -- indexing ------------------------------------------------------------------------------------
+
+
+def _normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[int | slice, ...]:
+    """Expand a basic-indexing key to one int or slice per dimension (ints made non-negative)."""
+    key = key if isinstance(key, tuple) else (key,)
+    n_ellipsis = sum(k is Ellipsis for k in key)
+    if n_ellipsis > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    n_given = len(key) - n_ellipsis
+    if n_given > len(shape):
+        raise IndexError(f"too many indices: {n_given} for a {len(shape)}-d tensor")
+    if not n_ellipsis:
+        key = (*key, Ellipsis)
+    at = next(i for i, k in enumerate(key) if k is Ellipsis)
+    key = (*key[:at], *(slice(None),) * (len(shape) - n_given), *key[at + 1 :])
+    out: list[int | slice] = []
+    for k, n in zip(key, shape, strict=True):
+        if isinstance(k, slice):
+            out.append(k)
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+            i = int(k) + n if k < 0 else int(k)
+            if not 0 <= i < n:
+                raise IndexError(f"index {int(k)} is out of bounds for an axis of size {n}")
+            out.append(i)
+        else:
+            raise TypeError(f"only ints, slices and '...' are supported as indices, not {k!r}")
+    return tuple(out)
+
+
+def _forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):
+    """Rewrite negative-step slices (torch and Zarr reject them) as forward ones; return the
+    new key and the output axes to flip afterwards."""
+    fwd: list[int | slice] = []
+    flip: list[int] = []
+    for k, n in zip(key, shape, strict=True):
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            if step < 0:
+                r = range(start, stop, step)
+                k = slice(r[-1], r[0] + 1, -step) if r else slice(0, 0)
+                flip.append(sum(isinstance(f, slice) for f in fwd))
+        fwd.append(k)
+    return tuple(fwd), flip
+
+
+# -- memory maps ---------------------------------------------------------------------------------
+
+
+class _FileMap:
+    """One read-only memory map per file (shared by all its tensors), created on first use."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._map: np.ndarray | None = None
+
+    def view(self, offset: int, dtype: np.dtype, shape: tuple[int, ...], fortran: bool = False):
+        """The bytes at ``offset`` as an array of ``dtype`` and ``shape`` (a memmap view)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        if self._map is None:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        raw = self._map[offset : offset + nbytes]
+        # bf16: the raw uint16 words reinterpreted
+        a = raw.view(np.uint16).view(_BF16) if dtype == _BF16 else raw.view(dtype)
+        return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
+
+
+def _memmap_tensor(name: str, fmap: _FileMap, offset: int, dtype, shape, fortran=False):
+    dtype = np.dtype(dtype)
+    shape = tuple(int(s) for s in shape)
+    src = fmap.view(offset, dtype, shape, fortran)
+    return CheckpointTensor(name, shape, _native(dtype), math.prod(shape) * dtype.itemsize, src)
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in native byte order (file arrays may be big-endian)."""
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+# -- safetensors ---------------------------------------------------------------------------------
+
+
+def _open_safetensors(path: str, only: set[str] | None = None) -> dict[str, CheckpointTensor]:
+    """Parse and validate a safetensors header; map the tensors (all, or those in ``only``)."""
+    where = f"safetensors file {path}"
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise StoreError(f"{where} is truncated: {size} bytes, no header length")
+            (n,) = struct.unpack("<Q", head)
+            if 8 + n > size:
+                raise StoreError(f"{where}: header length {n} is beyond the file size {size}")
+            raw = f.read(n)
+    except FileNotFoundError:
+        raise StoreError(f"no such file: {path}") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StoreError(f"{where}: invalid JSON header ({e})") from None
+    if not isinstance(header, dict):
+        raise StoreError(f"{where}: invalid header (a JSON object is expected)")
+    data_start, data_size = 8 + n, size - 8 - n
+    fmap = _FileMap(path)
+    out: dict[str, CheckpointTensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__" or (only is not None and name not in only):
+            continue
+        dtype, shape, start = _check_safetensors_entry(where, name, info, data_size)
+        out[name] = _memmap_tensor(name, fmap, data_start + start, dtype, shape)
+    return out
+
+
+def _check_safetensors_entry(where: str, name: str, info: Any, data_size: int):
+    """Validate one header entry; return (dtype, shape, start offset within the data region)."""
+    at = f"{where}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise StoreError(f"{at}: header entry is not an object")
+    code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if code not in _SAFETENSORS_DTYPES:
+        raise StoreError(f"{at}: unknown dtype {code!r}")
+    if not isinstance(shape, list) or not all(_is_uint(s) for s in shape):
+        raise StoreError(f"{at}: invalid shape {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))):
+        raise StoreError(f"{at}: invalid data_offsets {offsets!r}")
+    start, end = offsets
+    dtype = _SAFETENSORS_DTYPES[code]
+    expected = math.prod(shape) * dtype.itemsize
+    if start > end:
+        raise StoreError(f"{at}: data_offsets {offsets} are out of range (start > end)")
+    if end - start != expected:
+        raise StoreError(
+            f"{at}: data_offsets {offsets} span {end - start} bytes, "
+            f"but shape {shape} of {code} needs {expected}"
+        )
+    if end > data_size:
+        raise StoreError(
+            f"{at}: data_offsets {offsets} are out of range: the file is truncated "
+            f"(data region holds {data_size} bytes)"
+        )
+    return dtype, shape, start
+
+
+def _is_uint(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _open_safetensors_index(path: str) -> dict[str, CheckpointTensor]:
+    """A sharded safetensors checkpoint: ``weight_map`` maps tensor names to shard files."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            index = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StoreError(f"safetensors index {path}: invalid JSON ({e})") from None
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+        raise StoreError(f"safetensors index {path}: no valid 'weight_map' object")
+    base = os.path.dirname(path)
+    shards: dict[str, dict[str, CheckpointTensor]] = {}
+    for shard in dict.fromkeys(wmap.values()):
+        shard_path = os.path.join(base, shard)
+        if not os.path.isfile(shard_path):
+            raise StoreError(f"safetensors index {path} names a missing shard: {shard_path}")
+        shards[shard] = _open_safetensors(shard_path, {k for k, v in wmap.items() if v == shard})
+    out: dict[str, CheckpointTensor] = {}
+    for name, shard in wmap.items():
+        if name not in shards[shard]:
+            raise StoreError(
+                f"safetensors index {path}: tensor {name!r} is not in shard "
+                f"{os.path.join(base, shard)}"
+            )
+        out[name] = shards[shard][name]
+    return out
+
+
+def _open_directory(path: str) -> dict[str, CheckpointTensor]:
+    names = os.listdir(path)
+    if any(n in names for n in ("zarr.json", ".zgroup", ".zarray")):
+        return _open_zarr(path)
+    if "model.safetensors.index.json" in names:
+        return _open_safetensors_index(os.path.join(path, "model.safetensors.index.json"))
+    indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
+    if len(indexes) == 1:
+        return _open_safetensors_index(os.path.join(path, indexes[0]))
+    files = sorted(n for n in names if n.endswith(".safetensors"))
+    if not files or indexes:
+        raise StoreError(
+            f"directory {path} is neither a Zarr group nor a safetensors checkpoint with "
+            f"one index (supported formats: {SUPPORTED_FORMATS})"
+        )
+    out: dict[str, CheckpointTensor] = {}
+    for fname in files:
+        out.update(_open_safetensors(os.path.join(path, fname)))
+    return out
+
+
+# -- NumPy ---------------------------------------------------------------------------------------
+
+
+def _open_npy(path: str) -> dict[str, CheckpointTensor]:
+    """A single ``.npy`` file, memory-mapped; its tensor is named after the file."""
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise StoreError(f"npy file {path}: cannot read ({_one_line(e)})") from None
+    name = os.path.splitext(os.path.basename(path))[0]
+    return {name: CheckpointTensor(name, tuple(a.shape), _native(a.dtype), a.nbytes, a)}
+
+
+def _open_npz(path: str) -> dict[str, CheckpointTensor]:
+    """An ``.npz`` archive: stored members are memory-mapped at their offset in the zip;
+    a compressed member is decompressed (that member only, whole) on its first access."""
+    fmap = _FileMap(path)
+    out: dict[str, CheckpointTensor] = {}
+    try:
+        with zipfile.ZipFile(path) as zf, open(path, "rb") as raw:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[: -len(".npy")]
+                if info.compress_type == zipfile.ZIP_STORED:
+                    raw.seek(info.header_offset)
+                    local = raw.read(30)
+                    if local[:4] != b"PK\x03\x04":
+                        raise StoreError(f"npz file {path}: member {name!r}: bad local header")
+                    fn_len, extra_len = struct.unpack("<HH", local[26:30])
+                    raw.seek(info.header_offset + 30 + fn_len + extra_len)
+                    dtype, shape, fortran = _npy_header(raw, path, name)
+                    offset = raw.tell()
+                    if offset + math.prod(shape) * dtype.itemsize > os.path.getsize(path):
+                        raise StoreError(f"npz file {path}: member {name!r} is truncated")
+                    out[name] = _memmap_tensor(name, fmap, offset, dtype, shape, fortran)
+                else:
+                    with zf.open(info) as member:
+                        dtype, shape, _ = _npy_header(member, path, name)
+                    nbytes = math.prod(shape) * dtype.itemsize
+                    src = _CompressedMember(path, name)
+                    out[name] = CheckpointTensor(name, shape, _native(dtype), nbytes, src)
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        if isinstance(e, StoreError):
+            raise
+        raise StoreError(f"npz file {path}: cannot read ({_one_line(e)})") from None
+    return out
+
+
+def _npy_header(f, path: str, name: str) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """Parse an .npy header from ``f`` (left positioned at the data)."""
+    fmt = np.lib.format
+    try:
+        major, _ = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+    except ValueError as e:
+        raise StoreError(f"npz file {path}: member {name!r}: bad .npy header ({e})") from None
+    if dtype.hasobject or dtype.names is not None:
+        raise StoreError(f"npz file {path}: member {name!r}: unsupported dtype {dtype}")
+    return dtype, tuple(shape), fortran
+
+
+class _CompressedMember:
+    """A compressed ``.npz`` member: decompressed whole on first indexing, then cached."""
+
+    def __init__(self, path: str, name: str) -> None:
+        self.path, self.name = path, name
+        self._array: np.ndarray | None = None
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if self._array is None:
+            with np.load(self.path, allow_pickle=False) as z:
+                self._array = z[self.name]
+        return self._array[key]
+
+
+# -- Zarr ----------------------------------------------------------------------------------------
+
+
+def _open_zarr(path: str) -> dict[str, CheckpointTensor]:
+    """Every floating-point array of a Zarr group (names relative to it, joined by '/')."""
+    import zarr
+
+    try:
+        store = zarr.storage.ZipStore(path, mode="r") if path.endswith(".zip") else path
+        node = zarr.open(store, mode="r")
+        if isinstance(node, zarr.Array):
+            members = [(os.path.splitext(os.path.basename(path.rstrip("/")))[0], node)]
+        else:
+            members = sorted(
+                (n, a) for n, a in node.members(max_depth=None) if isinstance(a, zarr.Array)
+            )
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise StoreError(f"Zarr store {path}: cannot open ({_one_line(e)})") from None
+    out: dict[str, CheckpointTensor] = {}
+    for name, a in members:
+        dtype = np.dtype(a.dtype)
+        if dtype.kind == "f" or dtype == _BF16:
+            shape = tuple(a.shape)
+            out[name] = CheckpointTensor(name, shape, dtype, math.prod(shape) * dtype.itemsize, a)
+    return out
+
+
+# -- torch ---------------------------------------------------------------------------------------
+
+
+def _open_torch(path: str) -> dict[str, CheckpointTensor]:
+    """A torch state dict (nested dicts flattened with '.'; non-tensor values skipped)."""
+    try:
+        import torch
+    except ImportError:
+        raise StoreError("reading .pt/.bin needs torch: pip install 'qstream[torch]'") from None
+    try:
+        obj = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+    except Exception as e:  # torch raises many types (RuntimeError, UnpicklingError, ...)
+        raise StoreError(f"torch checkpoint {path}: cannot load ({_one_line(e)})") from None
+    dtypes = {
+        torch.float64: np.dtype("f8"),
+        torch.float32: np.dtype("f4"),
+        torch.float16: np.dtype("f2"),
+        torch.bfloat16: _BF16,
+        torch.int64: np.dtype("i8"),
+        torch.int32: np.dtype("i4"),
+        torch.int16: np.dtype("i2"),
+        torch.int8: np.dtype("i1"),
+        torch.uint8: np.dtype("u1"),
+        torch.bool: np.dtype("?"),
+    }
+    if isinstance(obj, torch.Tensor):
+        obj = {os.path.splitext(os.path.basename(path))[0]: obj}
+    if not isinstance(obj, dict):
+        raise StoreError(f"torch checkpoint {path}: not a state dict ({type(obj).__name__})")
+    out: dict[str, CheckpointTensor] = {}
+    for name, t in _flatten(obj):
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.dtype not in dtypes:
+            raise StoreError(f"torch checkpoint {path}: tensor {name!r}: unsupported {t.dtype}")
+        dtype = dtypes[t.dtype]
+        shape = tuple(t.shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        out[name] = CheckpointTensor(
+            name, shape, dtype, nbytes, t, lambda key, t=t: _torch_read(t, key)
+        )
+    return out
+
+
+def _flatten(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flatten(v, name + ".")
+        else:
+            yield name, v
+
+
+def _torch_read(t: Any, key: tuple[int | slice, ...]) -> np.ndarray:
+    """Slice a tensor (a view of the memory-mapped storage) and view it as NumPy."""
+    import torch
+
+    part = t[key]
+    if part.dtype == torch.bfloat16:
+        return part.view(torch.int16).numpy().view(_BF16)
+    return part.numpy()
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__

@@ -1,0 +1,105 @@
+"""Conversion recipes: which tensors of a checkpoint to quantize, and how.
+
+A recipe is TOML::
+
+    [defaults]                 # the spec for tensors no rule names (QuantSpec fields)
+    dtype = "int8"
+    axis = 0
+
+    [[rules]]                  # first matching rule wins; patterns are fnmatch globs on names
+    pattern = "*norm*"
+    action = "keep"            # store unquantized
+
+    [[rules]]
+    pattern = "*embed*"
+    spec = { dtype = "int8", axis = 0, method = "percentile", percentile = 99.99 }
+
+Tensors that are not floating point, or have rank < ``min_rank`` (default 2), are kept.
+The default recipe quantizes every float tensor of rank >= 2 to int8, symmetric, per channel
+on axis 0.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InvalidParameterError
+from .qtypes import is_float_dtype
+from .spec import QuantSpec, _jsonable
+
+DEFAULT_SPEC = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: str
+    spec: QuantSpec | None  # None: keep the tensor as it is
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Rules from tensor-name patterns to a spec or ``keep``."""
+
+    defaults: QuantSpec = field(default_factory=lambda: QuantSpec(**DEFAULT_SPEC))
+    rules: tuple[Rule, ...] = ()
+    min_rank: int = 2
+
+    def spec_for(self, name: str, shape, dtype) -> QuantSpec | None:
+        """The spec for a tensor, or None to keep it."""
+        if not is_float_dtype(np.dtype(dtype)) or len(shape) < self.min_rank:
+            return None
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(name, rule.pattern):
+                return rule.spec
+        return self.defaults
+
+    def to_dict(self) -> dict:
+        return _jsonable(
+            {
+                "defaults": self.defaults.to_dict(),
+                "min_rank": self.min_rank,
+                "rules": [
+                    {
+                        "pattern": r.pattern,
+                        **({"spec": r.spec.to_dict()} if r.spec else {"action": "keep"}),
+                    }
+                    for r in self.rules
+                ],
+            }
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Recipe:
+        unknown = set(d) - {"defaults", "rules", "min_rank"}
+        if unknown:
+            raise InvalidParameterError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+        defaults = QuantSpec.from_dict({**DEFAULT_SPEC, **d.get("defaults", {})})
+        rules = []
+        for i, r in enumerate(d.get("rules", [])):
+            if "pattern" not in r:
+                raise InvalidParameterError(f"recipe rule {i + 1} has no pattern")
+            if r.get("action") == "keep":
+                rules.append(Rule(r["pattern"], None))
+            elif "spec" in r:
+                rules.append(
+                    Rule(r["pattern"], QuantSpec.from_dict({**defaults.to_dict(), **r["spec"]}))
+                )
+            else:
+                raise InvalidParameterError(
+                    f'recipe rule {i + 1} ({r["pattern"]!r}) needs action = "keep" or a spec'
+                )
+        return cls(defaults, tuple(rules), int(d.get("min_rank", 2)))
+
+    @classmethod
+    def load(cls, path) -> Recipe:
+        try:
+            return cls.from_dict(tomllib.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise InvalidParameterError(f"recipe file not found: {path}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidParameterError(f"recipe {path} is not valid TOML: {e}") from None
