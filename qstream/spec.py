@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -130,6 +130,21 @@ class QuantSpec:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+def _placed(stats, channels: int, offset: int):
+    """``stats`` of channels ``offset ..`` placed among ``channels`` channels (others empty)."""
+    n = stats.count.size
+    if n == channels:
+        return stats
+    full = type(stats).empty(channels)
+    arrays = {}
+    for f in fields(stats):
+        value = getattr(stats, f.name)
+        if isinstance(value, np.ndarray):
+            arrays[f.name] = getattr(full, f.name)
+            arrays[f.name][offset : offset + n] = value
+    return replace(stats, **arrays)
+
+
 @dataclass(frozen=True)
 class RangeStats:
     """Exact, mergeable per-channel statistics (one entry per parameter slot; [1] per tensor).
@@ -144,6 +159,10 @@ class RangeStats:
     posinf: np.ndarray
     neginf: np.ndarray
     first_nonfinite: int = -1  # flat index of the first NaN/inf seen, -1 if none
+
+    def placed(self, channels: int, offset: int) -> RangeStats:
+        """These channels placed at ``offset`` among ``channels`` (the rest empty)."""
+        return _placed(self, channels, offset)
 
     @property
     def absmax(self) -> np.ndarray:
@@ -203,6 +222,10 @@ class ErrorStats:
     max_abs: np.ndarray  # max |x - x_hat|
     clipped: np.ndarray  # values that saturated
     nonfinite: np.ndarray
+
+    def placed(self, channels: int, offset: int) -> ErrorStats:
+        """These channels placed at ``offset`` among ``channels`` (the rest empty)."""
+        return _placed(self, channels, offset)
 
     def merge(self, other: ErrorStats) -> ErrorStats:
         return ErrorStats(

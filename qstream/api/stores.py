@@ -313,6 +313,17 @@ class _Job:
             x = x.astype(np.float32)
         return x
 
+    def _scan(self, compute, progress) -> None:
+        """One read-only pass over every block."""
+        pipeline.run(
+            self.blocks,
+            self._read,
+            compute,
+            inflight=INFLIGHT,
+            progress=_counter(progress, len(self.blocks)),
+        )
+        self.passes += 1
+
     def stats(self, progress=None) -> RangeStats:
         """Pass 1: exact per-channel ranges, merged in block order."""
         parts: dict[int, RangeStats] = {}
@@ -333,14 +344,7 @@ class _Job:
                 st = RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, int(flat))
             parts[b.index] = st
 
-        pipeline.run(
-            self.blocks,
-            self._read,
-            compute,
-            inflight=INFLIGHT,
-            progress=_counter(progress, len(self.blocks)),
-        )
-        self.passes += 1
+        self._scan(compute, progress)
         total = RangeStats.empty(self.channels)
         for i in sorted(parts):
             total = total.merge(parts[i])
@@ -420,14 +424,7 @@ class _Job:
             )
             parts[b.index] = (sl, h)
 
-        pipeline.run(
-            self.blocks,
-            self._read,
-            compute,
-            inflight=INFLIGHT,
-            progress=_counter(progress, len(self.blocks)),
-        )
-        self.passes += 1
+        self._scan(compute, progress)
         hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
         for i in sorted(parts):
             sl, h = parts[i]

@@ -31,15 +31,10 @@ def block_ranges(x: np.ndarray, axis: int | None, channels: int, offset: int = 0
     first = -1
     if stats.nonfinite:
         first = int(np.argmax(~np.isfinite(x.reshape(-1))))
-    if c == channels:
-        return RangeStats(
-            stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf, first
-        )
-    full = RangeStats.empty(channels)
-    sl = slice(offset, offset + c)
-    for name in ("min", "max", "count", "nan", "posinf", "neginf"):
-        getattr(full, name)[sl] = getattr(stats, name)
-    return RangeStats(full.min, full.max, full.count, full.nan, full.posinf, full.neginf, first)
+    stats = RangeStats(
+        stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf, first
+    )
+    return stats.placed(channels, offset)
 
 
 def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -96,22 +91,7 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis, channels, offset)
         s(beyond.astype(np.int64)),
         s((~finite).astype(np.int64)),
     )
-    if c == channels:
-        return stats
-    full = ErrorStats.empty(channels)
-    sl = slice(offset, offset + c)
-    for name in (
-        "count",
-        "sum_x2",
-        "sum_e2",
-        "sum_xy",
-        "sum_y2",
-        "max_abs",
-        "clipped",
-        "nonfinite",
-    ):
-        getattr(full, name)[sl] = getattr(stats, name)
-    return full
+    return stats.placed(channels, offset)
 
 
 def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, channels, offset) -> ErrorStats:
@@ -148,19 +128,4 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, channels, offset) -> 
         sums[:, 6].astype(np.int64),
         sums[:, 7].astype(np.int64),
     )
-    if c == channels:
-        return stats
-    full = ErrorStats.empty(channels)
-    sl = slice(offset, offset + c)
-    for name in (
-        "count",
-        "sum_x2",
-        "sum_e2",
-        "sum_xy",
-        "sum_y2",
-        "max_abs",
-        "clipped",
-        "nonfinite",
-    ):
-        getattr(full, name)[sl] = getattr(stats, name)
-    return full
+    return stats.placed(channels, offset)

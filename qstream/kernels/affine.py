@@ -18,6 +18,18 @@ TILE = 16384
 
 
 @njit(inline="always", cache=True)
+def tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock):
+    """Work unit ``t`` of an ``[O, C, I]`` view cut in tiles of ``TILE`` inner elements:
+    ``(o, c, po, pc, i0, i1)`` with ``po``/``pc`` the parameter row it uses."""
+    row = t // n_tiles
+    i0 = (t - row * n_tiles) * TILE
+    i1 = min(n_inner, i0 + TILE)
+    o = row // n_c
+    c = row - o * n_c
+    return o, c, (o if p_outer > 1 else 0), c // cblock, i0, i1
+
+
+@njit(inline="always", cache=True)
 def _quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
     """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3.
 
@@ -58,13 +70,7 @@ def _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, op):
     p_outer = scale.shape[0]
     n_tiles = (n_inner + TILE - 1) // TILE
     for t in prange(n_outer * n_c * n_tiles):
-        row = t // n_tiles
-        i0 = (t - row * n_tiles) * TILE
-        i1 = min(n_inner, i0 + TILE)
-        o = row // n_c
-        c = row - o * n_c
-        po = o if p_outer > 1 else 0
-        pc = c // cblock
+        o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
         _quantize_tile(
             x[o, c],
             scale[po, pc],
@@ -174,13 +180,7 @@ def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
     p_outer = scale.shape[0]
     n_tiles = (n_inner + TILE - 1) // TILE
     for t in prange(n_outer * n_c * n_tiles):
-        row = t // n_tiles
-        i0 = (t - row * n_tiles) * TILE
-        i1 = min(n_inner, i0 + TILE)
-        o = row // n_c
-        c = row - o * n_c
-        po = o if p_outer > 1 else 0
-        pc = c // cblock
+        o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
         qs = q[o, c][i0:i1]
         os = out[o, c][i0:i1]
         sr = scale[po, pc]

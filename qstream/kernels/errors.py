@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-TILE = 16384
+from .affine import TILE, tile_coords
+
 # columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
 N_SUMS = 8
 
@@ -76,14 +77,9 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     total = n_outer * n_c * n_tiles
     partial = np.zeros((total, N_SUMS))
     for t in prange(total):
-        row = t // n_tiles
-        i0 = (t - row * n_tiles) * TILE
-        i1 = min(n_inner, i0 + TILE)
-        o = row // n_c
-        c = row - o * n_c
-        po = o if p_outer > 1 else 0
-        sr = scale[po, c // cblock]
-        zr = zero_point[po, c // cblock]
+        o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
+        sr = scale[po, pc]
+        zr = zero_point[po, pc]
         xs = x[o, c][i0:i1]
         qs = q[o, c][i0:i1]
         if p_inner == 1:

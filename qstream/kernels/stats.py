@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-TILE = 16384
+from .affine import TILE, tile_coords
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -41,11 +41,7 @@ def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
     pmax = np.full((total, 1), -np.inf)
     pcnt = np.zeros((total, 4, 1), np.int64)
     for t in prange(total):
-        row = t // n_tiles
-        i0 = (t - row * n_tiles) * TILE
-        i1 = min(n_inner, i0 + TILE)
-        o = row // n_c
-        c = row - o * n_c
+        o, c, _, _, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, 1, 1)
         xr = x[o, c]
         mn = np.inf
         mx = -np.inf
