@@ -116,12 +116,14 @@ def affine_quantize(
     saturate: bool = True,
     out: np.ndarray | None = None,
     zp_dtype: np.dtype | None = None,
+    narrow_range: bool = False,
 ) -> np.ndarray:
     """Quantize without validating values: the shared core of every profile.
 
     ``scale``/``zero_point`` have ``layout.param_shape`` (or one element); ``code`` is a round
     mode code or a torch op code (``qstream.rounding``), for which ``scale`` is the reciprocal.
-    ``zp_dtype`` forces the float type the zero point is added in (torch adds in float32).
+    ``zp_dtype`` forces the float type the zero point is added in (torch adds in float32);
+    ``narrow_range`` saturates at ``qmin + 1`` (integer types).
     """
     out = _check_out(out, x.shape, qt.dtype)
     if x.size == 0:
@@ -154,7 +156,7 @@ def affine_quantize(
         zk,
         layout.cblock,
         layout.iblock,
-        bound.type(qt.qmin),
+        bound.type(qt.qmin + (1 if narrow_range else 0)),
         bound.type(qt.qmax),
         np.int32(qt.mask),
         layout.view(out.view(qt.container)),

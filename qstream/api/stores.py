@@ -27,7 +27,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ..engine import pipeline
-from ..engine.blockmath import block_errors, block_ranges, block_slot_ranges
+from ..engine.blockmath import (
+    block_errors,
+    block_errors_fused,
+    block_ranges,
+    block_slot_ranges,
+)
 from ..engine.plan import Block, default_chunks, plan_blocks
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ..io.stores import open_group, open_source
@@ -590,25 +595,28 @@ class _Job:
         done = [len(self.blocks) - len(todo)]
 
         def compute(b: Block, x):
-            bad = ~np.isfinite(x)
-            if self.spec.nan_policy == "error" and bad.any():
-                st = self.stats()
-                self._check_nonfinite(st)
             s, z, layout = self._block_params(b, x, cal)
-            q = affine_quantize(x, s, z, layout, qt, code=code)
-            if not qt.is_float:
-                if self.spec.narrow_range:
-                    np.maximum(q, qt.dtype.type(lo_q), out=q) if qt.bits >= 8 else None
-                if self.spec.nan_policy == "zero_point" and bad.any():
-                    zp_e = np.broadcast_to(layout.expand(z), x.shape)
-                    q[np.isnan(x)] = zp_e[np.isnan(x)].astype(qt.widened).astype(qt.dtype)
-            xhat = affine_dequantize(q, s, z if not qt.is_float else None, layout, qt)
-            s_e = layout.expand(s).astype(np.float64)
-            z_e = layout.expand(z).astype(np.float64)
+            q = affine_quantize(x, s, z, layout, qt, code=code, narrow_range=self.spec.narrow_range)
             off = b.start[self.axis] if self.axis is not None else 0
-            errors[b.index] = block_errors(
-                x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis, self.channels, off
-            )
+            if qt.is_float:
+                xhat = affine_dequantize(q, s, None, layout, qt)
+                s_e = layout.expand(s).astype(np.float64)
+                z_e = layout.expand(z).astype(np.float64)
+                err = block_errors(
+                    x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis, self.channels, off
+                )
+            else:
+                err = block_errors_fused(
+                    x, q, s, z, layout, qt, lo_q, self.axis, self.channels, off
+                )
+            if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
+                if self.spec.nan_policy == "error":
+                    self._check_nonfinite(self.stats())
+                if self.spec.nan_policy == "zero_point" and not qt.is_float:
+                    nan = np.isnan(x)
+                    zp_e = np.broadcast_to(layout.expand(z), x.shape)
+                    q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+            errors[b.index] = err
             return q, s, z
 
         def write(b: Block, result):

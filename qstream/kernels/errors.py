@@ -20,23 +20,58 @@ N_SUMS = 8
 
 @njit(inline="always", cache=True)
 def _accumulate(acc, k, xv, qv, s, z, lo_x, hi_x):
+    """Add one element to row ``k`` of ``acc`` (used where channels change per element)."""
     if xv - xv != 0:  # NaN or +-inf
         acc[k, 7] += 1.0
         return
-    y = np.float32((np.float32(qv) - z) * s)  # the dequantized value, as dequantize gives it
+    y = np.float64(np.float32((np.float32(qv) - z) * s))  # the dequantized value
     x = np.float64(xv)
-    yd = np.float64(y)
-    e = x - yd
+    e = x - y
     acc[k, 0] += 1.0
     acc[k, 1] += x * x
     acc[k, 2] += e * e
-    acc[k, 3] += x * yd
-    acc[k, 4] += yd * yd
-    ae = abs(e)
-    if ae > acc[k, 5]:
-        acc[k, 5] = ae
+    acc[k, 3] += x * y
+    acc[k, 4] += y * y
+    acc[k, 5] = max(acc[k, 5], abs(e))
     if x > hi_x * s or x < lo_x * s:
         acc[k, 6] += 1.0
+
+
+@njit(inline="always", cache=True)
+def _tile_sums(xs, qs, s, z, lo_x, hi_x, acc, t):
+    """Sums of a run of elements sharing one scale/zero point, in registers, branch-free."""
+    n = 0.0
+    sx2 = 0.0
+    se2 = 0.0
+    sxy = 0.0
+    sy2 = 0.0
+    emax = 0.0
+    clip = 0.0
+    bad = 0.0
+    lo = lo_x * s
+    hi = hi_x * s
+    for i in range(xs.shape[0]):
+        xv = xs[i]
+        fin = xv - xv == 0  # False for NaN and +-inf
+        y = np.float64(np.float32((np.float32(qs[i]) - z) * s)) if fin else 0.0
+        x = np.float64(xv) if fin else 0.0
+        e = x - y
+        n += 1.0 if fin else 0.0
+        bad += 0.0 if fin else 1.0
+        sx2 += x * x
+        se2 += e * e
+        sxy += x * y
+        sy2 += y * y
+        emax = max(emax, abs(e))
+        clip += 1.0 if (x > hi or x < lo) else 0.0
+    acc[t, 0] += n
+    acc[t, 1] += sx2
+    acc[t, 2] += se2
+    acc[t, 3] += sxy
+    acc[t, 4] += sy2
+    acc[t, 5] = max(acc[t, 5], emax)
+    acc[t, 6] += clip
+    acc[t, 7] += bad
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -83,17 +118,25 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
         xs = x[o, c][i0:i1]
         qs = q[o, c][i0:i1]
         if p_inner == 1:
-            s = sr[0]
             z = zr[0]
-            lo_x = qmin - z - 0.5
-            hi_x = qmax - z + 0.5
-            for i in range(xs.shape[0]):
-                _accumulate(partial, t, xs[i], qs[i], s, z, lo_x, hi_x)
+            _tile_sums(xs, qs, sr[0], z, qmin - z - 0.5, qmax - z + 0.5, partial, t)
         else:
-            for i in range(xs.shape[0]):
-                pi = (i0 + i) // iblock
+            i = i0
+            while i < i1:  # runs that share a parameter
+                pi = i // iblock
+                end = min(i1, (pi + 1) * iblock)
                 z = zr[pi]
-                _accumulate(partial, t, xs[i], qs[i], sr[pi], z, qmin - z - 0.5, qmax - z + 0.5)
+                _tile_sums(
+                    x[o, c][i:end],
+                    q[o, c][i:end],
+                    sr[pi],
+                    z,
+                    qmin - z - 0.5,
+                    qmax - z + 0.5,
+                    partial,
+                    t,
+                )
+                i = end
     for t in range(total):
         ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
         for k in range(N_SUMS):
