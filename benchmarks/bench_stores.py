@@ -9,11 +9,13 @@ Builds (once, cached under ``--workdir``) a float32 Zarr v3 array shaped (N, 409
 * baselines: (a) zarr-python reading chunk by chunk ``a[i:i+256]``; (b) the same chunk files
   read with ``open().read()`` (+ ``numcodecs.Zstd`` decode); (c) (a) on a 4-worker
   ThreadPoolExecutor; (d) zarr reading 16 MiB slabs ``a[i:i+1024]`` (qstream's block size);
-* qstream: ``quantize_store`` with explicit parameters (1 pass), minmax (2), per-axis minmax,
-  percentile and entropy (3), blocked dynamic (1), and ``dequantize_store``; the explicit case
-  also with 4 MiB and 64 MiB blocks (``max_memory``);
+  (e) (b) on a 4-worker ThreadPoolExecutor;
+* qstream (uncompressed source; explicit and minmax also zstd): ``quantize_store`` with
+  explicit parameters (1 pass), minmax (2), per-axis minmax, percentile and entropy (3),
+  blocked dynamic (1), and ``dequantize_store``; the explicit case also with 4 MiB and 64 MiB
+  blocks (``max_memory``); with ``--rss-size 8GiB`` explicit and minmax again at 8 GiB;
 * a read matrix: qstream's own reader (``pipeline.run`` + ``Source.read``) for block budgets of
-  4/16/64 MiB and 1/3/8 blocks in flight;
+  4/16/64 MiB and 0 (a plain loop)/1/3/8 blocks in flight;
 * a profile of the explicit case: cProfile of the compute thread, a stack sampler over every
   thread (``sys._current_frames``, observation only) and per-thread CPU time from /proc;
 * the entropy threshold search: ``qstream.kernels.search.entropy_search`` on a 2048-bin |x|
@@ -56,7 +58,7 @@ QSPECS = {  # case -> (QuantSpec kwargs, quantize_store kwargs)
     "q_explicit_b4": ({"dtype": "int8", "scale": 0.001}, {"max_memory": 14 * 4 * MiB}),
     "q_explicit_b64": ({"dtype": "int8", "scale": 0.001}, {"max_memory": 14 * 64 * MiB}),
 }
-BASELINES = ("zarr_chunks", "files", "zarr_threads4", "zarr_slab16")
+BASELINES = ("zarr_chunks", "files", "zarr_threads4", "zarr_slab16", "files_threads4")
 ALL_CASES = (
     *BASELINES,
     *[c for c in QSPECS if not c.startswith("q_explicit_b")],
@@ -70,9 +72,10 @@ ALL_CASES = (
 PER_VARIANT = (*BASELINES, *QSPECS, "dequant", "read_matrix")
 DESCRIPTIONS = {
     "zarr_chunks": "(a) zarr a[i:i+256], chunk by chunk",
-    "files": "(b) open().read() of the chunk files" ,
+    "files": "(b) open().read() of the chunk files",
     "zarr_threads4": "(c) (a) on 4 threads",
     "zarr_slab16": "(d) zarr a[i:i+1024] (16 MiB slabs)",
+    "files_threads4": "(e) (b) on 4 threads",
     "q_explicit": "quantize, explicit scale",
     "q_minmax": "quantize, minmax",
     "q_axis0": "quantize, minmax axis=0",
@@ -100,8 +103,16 @@ TARGETS = {
 def parse_bytes(text: str) -> int:
     t = text.strip()
     for suf, mult in (
-        ("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10), ("Gi", GiB), ("Mi", MiB), ("Ki", 1 << 10),
-        ("GB", 10**9), ("MB", 10**6), ("G", GiB), ("M", MiB),
+        ("GiB", GiB),
+        ("MiB", MiB),
+        ("KiB", 1 << 10),
+        ("Gi", GiB),
+        ("Mi", MiB),
+        ("Ki", 1 << 10),
+        ("GB", 10**9),
+        ("MB", 10**6),
+        ("G", GiB),
+        ("M", MiB),
     ):
         if t.endswith(suf):
             return int(float(t[: -len(suf)]) * mult)
@@ -138,10 +149,15 @@ def proc_status(key: str) -> float | None:
 def git_state() -> dict:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "qstream"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--", "qstream"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return {"commit": head, "qstream_dirty": bool(dirty)}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "qstream_dirty": None}
@@ -185,8 +201,13 @@ def child_build(a: dict) -> dict:
     for variant in a["variants"]:
         comp = None if variant == "raw" else ZstdCodec(level=3)
         arrays[variant] = zarr.create_array(
-            a["paths"][variant], shape=(rows, COLS), chunks=(CHUNK_ROWS, COLS), dtype="float32",
-            compressors=comp, fill_value=0.0, overwrite=True,
+            a["paths"][variant],
+            shape=(rows, COLS),
+            chunks=(CHUNK_ROWS, COLS),
+            dtype="float32",
+            compressors=comp,
+            fill_value=0.0,
+            overwrite=True,
         )
     t0 = time.perf_counter()
     for k in range(rows // CHUNK_ROWS):
@@ -194,13 +215,18 @@ def child_build(a: dict) -> dict:
         x = rng.standard_normal((CHUNK_ROWS, COLS), dtype=np.float32)
         x *= np.float32(SCALE_STD)
         for arr in arrays.values():
-            arr[k * CHUNK_ROWS:(k + 1) * CHUNK_ROWS] = x
+            arr[k * CHUNK_ROWS : (k + 1) * CHUNK_ROWS] = x
     out["seconds"] = time.perf_counter() - t0
     for variant in a["variants"]:
         p = a["paths"][variant]
         du = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(p) for f in fs)
-        info = {"rows": rows, "cols": COLS, "bytes_on_disk": du, "seed": SEED,
-                "codec": "none" if variant == "raw" else "zstd level 3"}
+        info = {
+            "rows": rows,
+            "cols": COLS,
+            "bytes_on_disk": du,
+            "seed": SEED,
+            "codec": "none" if variant == "raw" else "zstd level 3",
+        }
         with open(os.path.join(p, ".bench-complete"), "w") as f:
             json.dump(info, f)
         out[variant] = info
@@ -217,15 +243,15 @@ def child_zarr_read(a: dict) -> dict:
     t0 = time.perf_counter()
     if case == "zarr_chunks":
         for i in range(0, rows, CHUNK_ROWS):
-            n += arr[i:i + CHUNK_ROWS].nbytes
+            n += arr[i : i + CHUNK_ROWS].nbytes
     elif case == "zarr_slab16":
         for i in range(0, rows, 4 * CHUNK_ROWS):
-            n += arr[i:i + 4 * CHUNK_ROWS].nbytes
+            n += arr[i : i + 4 * CHUNK_ROWS].nbytes
     elif case == "zarr_threads4":
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(4) as ex:
-            for x in ex.map(lambda i: arr[i:i + CHUNK_ROWS], range(0, rows, CHUNK_ROWS)):
+            for x in ex.map(lambda i: arr[i : i + CHUNK_ROWS], range(0, rows, CHUNK_ROWS)):
                 n += x.nbytes
     else:
         raise ValueError(case)
@@ -240,7 +266,9 @@ def child_files(a: dict) -> dict:
     arr = zarr.open_array(a["src"], mode="r")
     rows = arr.shape[0]
     enc = arr.metadata.chunk_key_encoding
-    paths = [os.path.join(a["src"], enc.encode_chunk_key((k, 0))) for k in range(rows // CHUNK_ROWS)]
+    paths = [
+        os.path.join(a["src"], enc.encode_chunk_key((k, 0))) for k in range(rows // CHUNK_ROWS)
+    ]
     zstd = a["variant"] == "zstd"
     if zstd:
         import numcodecs
@@ -255,12 +283,19 @@ def child_files(a: dict) -> dict:
         return np.frombuffer(buf, np.float32).reshape(CHUNK_ROWS, COLS)
 
     # the files hold exactly what zarr returns (checked once, untimed)
-    if not np.array_equal(load(paths[-1]), arr[rows - CHUNK_ROWS:]):
+    if not np.array_equal(load(paths[-1]), arr[rows - CHUNK_ROWS :]):
         raise AssertionError("chunk file contents differ from zarr's read")
     n = 0
     t0 = time.perf_counter()
-    for p in paths:
-        n += load(p).nbytes
+    if a["case"] == "files_threads4":
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(4) as ex:
+            for x in ex.map(load, paths):
+                n += x.nbytes
+    else:
+        for p in paths:
+            n += load(p).nbytes
     dt = time.perf_counter() - t0
     return {"seconds": dt, "bytes": n}
 
@@ -270,15 +305,23 @@ def child_quantize(a: dict) -> dict:
 
     spec_kwargs, kw = QSPECS[a["case"]]
     warm = _warm_qstream(spec_kwargs)
+    rss_warm = proc_status("VmRSS")
     dst = a["dst"]
     shutil.rmtree(dst, ignore_errors=True)
     t0 = time.perf_counter()
     rep = qs.quantize_store(a["src"], dst, qs.QuantSpec(**spec_kwargs), **kw)
     dt = time.perf_counter() - t0
     err = rep.error or {}
-    out = {"seconds": dt, "passes": rep.passes, "bytes_read": rep.bytes_read,
-           "bytes": a["src_bytes"], "warmup_s": warm, "sqnr_db": err.get("sqnr_db"),
-           "report_seconds": rep.seconds}
+    out = {
+        "seconds": dt,
+        "passes": rep.passes,
+        "bytes_read": rep.bytes_read,
+        "bytes": a["src_bytes"],
+        "warmup_s": warm,
+        "sqnr_db": err.get("sqnr_db"),
+        "report_seconds": rep.seconds,
+        "rss_after_warmup_mb": rss_warm,
+    }
     shutil.rmtree(dst, ignore_errors=True)
     return out
 
@@ -305,17 +348,25 @@ def child_dequant(a: dict) -> dict:
 
     t = time.perf_counter()
     x = np.random.default_rng(1).standard_normal((2 * CHUNK_ROWS, COLS), np.float32) * 0.02
-    qs.quantize_store(x, "memory://bench-wq", qs.QuantSpec(**QSPECS["q_explicit"][0]),
-                      overwrite=True)
+    qs.quantize_store(
+        x, "memory://bench-wq", qs.QuantSpec(**QSPECS["q_explicit"][0]), overwrite=True
+    )
     qs.dequantize_store("memory://bench-wq", "memory://bench-wd", overwrite=True)
     warm = time.perf_counter() - t
+    rss_warm = proc_status("VmRSS")
     dst = a["dst"]
     shutil.rmtree(dst, ignore_errors=True)
     t0 = time.perf_counter()
     info = qs.dequantize_store(a["q"], dst)
     dt = time.perf_counter() - t0
     shutil.rmtree(dst, ignore_errors=True)
-    return {"seconds": dt, "passes": 1, "bytes": info["bytes_written"], "warmup_s": warm}
+    return {
+        "seconds": dt,
+        "passes": 1,
+        "bytes": info["bytes_written"],
+        "warmup_s": warm,
+        "rss_after_warmup_mb": rss_warm,
+    }
 
 
 def child_read_matrix(a: dict) -> dict:
@@ -337,12 +388,20 @@ def child_read_matrix(a: dict) -> dict:
                     for b in blocks:
                         src.read(b.key)
                 else:
-                    pipeline.run(blocks, lambda b: src.read(b.key), lambda b, x: None,
-                                 inflight=inflight)
+                    pipeline.run(
+                        blocks, lambda b: src.read(b.key), lambda b, x: None, inflight=inflight
+                    )
                 times.append(time.perf_counter() - t0)
-            rows.append({"budget_mib": budget // MiB, "block_rows": blocks[0].shape[0],
-                         "inflight": inflight, "first_s": times[0], "seconds": times[-1],
-                         "gbps": a["src_bytes"] / times[-1] / 1e9})
+            rows.append(
+                {
+                    "budget_mib": budget // MiB,
+                    "block_rows": blocks[0].shape[0],
+                    "inflight": inflight,
+                    "first_s": times[0],
+                    "seconds": times[-1],
+                    "gbps": a["src_bytes"] / times[-1] / 1e9,
+                }
+            )
     return {"matrix": rows, "seconds": sum(r["seconds"] for r in rows)}
 
 
@@ -352,8 +411,12 @@ class StackSampler:
     only: nothing in qstream or zarr is patched."""
 
     MAIN_STAGES = (  # innermost first match wins, searched from the innermost frame outward
-        "block_errors_fused", "block_errors", "affine_quantize", "affine_dequantize",
-        "_block_params", "_check_nonfinite",
+        "block_errors_fused",
+        "block_errors",
+        "affine_quantize",
+        "affine_dequantize",
+        "_block_params",
+        "_check_nonfinite",
     )
 
     def __init__(self, interval: float = 0.004):
@@ -375,6 +438,8 @@ class StackSampler:
             return "zarr_io (event loop)"
         if name.startswith(("asyncio_", "zarr_pool")):
             return "zarr executor (file I/O, codecs)"
+        if name == "bench-sampler":
+            return "bench sampler"
         return "other"
 
     @staticmethod
@@ -390,9 +455,14 @@ class StackSampler:
     def _idle(fn: str, name: str) -> bool:
         base = os.path.basename(fn)
         return (base, name) in {
-            ("threading.py", "wait"), ("threading.py", "_wait_for_tstate_lock"),
-            ("thread.py", "_worker"), ("selectors.py", "select"), ("queue.py", "get"),
-            ("_base.py", "result"), ("_base.py", "wait"), ("threading.py", "join"),
+            ("threading.py", "wait"),
+            ("threading.py", "_wait_for_tstate_lock"),
+            ("thread.py", "_worker"),
+            ("selectors.py", "select"),
+            ("queue.py", "get"),
+            ("_base.py", "result"),
+            ("_base.py", "wait"),
+            ("threading.py", "join"),
         }
 
     def classify(self, role: str, frames) -> str:
@@ -405,8 +475,9 @@ class StackSampler:
                     return stage
             if "compute" in names:
                 return "compute (other numpy)"
-            if "run" in names and any(f.endswith(os.path.join("engine", "pipeline.py"))
-                                      for f, _ in qs_frames):
+            if "run" in names and any(
+                f.endswith(os.path.join("engine", "pipeline.py")) for f, _ in qs_frames
+            ):
                 return "waiting for a read/write"
             return "outside the pipeline (setup, calibration, finish)"
         if role.startswith("qstream-io"):
@@ -415,23 +486,33 @@ class StackSampler:
             if "write" in names:
                 return "write (waiting for zarr)" if waiting else "write (own CPU)"
             return "idle"
-        if waiting:
+        if waiting or role == "bench sampler":
             return "idle"
         fn, name = frames[0] if frames else ("?", "?")
         return f"busy in {os.path.basename(fn)}:{name}"
 
     def _cpu_snapshot(self):
+        """CPU seconds of every thread of the process; threads unknown to Python (Numba's
+        OpenMP / workqueue workers) count as native."""
         tck = os.sysconf("SC_CLK_TCK")
-        for t in threading.enumerate():
-            nid = getattr(t, "native_id", None)
-            if nid is None:
-                continue
+        roles = {
+            t.native_id: self.role(t.name)
+            for t in threading.enumerate()
+            if getattr(t, "native_id", None) is not None
+        }
+        try:
+            tids = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for tid in tids:
             try:
-                with open(f"/proc/self/task/{nid}/stat") as f:
+                with open(f"/proc/self/task/{tid}/stat") as f:
                     v = f.read().rsplit(")", 1)[1].split()
-                self.cpu[nid] = (self.role(t.name), (int(v[11]) + int(v[12])) / tck)
-            except (OSError, IndexError, ValueError):
-                pass
+            except OSError:
+                continue
+            nid = int(tid)
+            role = roles.get(nid) or self.cpu.get(nid, ("native (Numba workers)", 0))[0]
+            self.cpu[nid] = (role, (int(v[11]) + int(v[12])) / tck)
 
     def _loop(self):
         me = threading.get_ident()
@@ -450,29 +531,40 @@ class StackSampler:
                 self._cpu_snapshot()
 
     def __enter__(self):
+        self._t0 = time.perf_counter()
         self._t.start()
+        self._cpu_snapshot()
+        self.cpu0 = dict(self.cpu)
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
         self._cpu_snapshot()
+        self.wall = time.perf_counter() - self._t0
 
     def summary(self) -> dict:
+        """Thread-seconds per (role, state): samples x (wall / ticks); a role with several
+        threads (pools) can exceed the wall time."""
+        per_tick = self.wall / max(1, self.ticks)
         by_role: dict[str, dict] = collections.defaultdict(dict)
         for (role, state), n in sorted(self.counts.items(), key=lambda kv: -kv[1]):
-            by_role[role][state] = round(100.0 * n / max(1, self.ticks), 1)
+            by_role[role][state] = round(n * per_tick, 3)
         cpu: dict[str, float] = collections.defaultdict(float)
-        for role, s in self.cpu.values():
-            cpu[role] += s
+        for nid, (role, s) in self.cpu.items():
+            cpu[role] += s - self.cpu0.get(nid, (role, 0.0))[1]
         hot = collections.defaultdict(dict)
-        for (role, where), n in self.innermost.most_common(40):
+        for (role, where), n in self.innermost.most_common(60):
             if len(hot[role]) < 5:
-                hot[role][where] = round(100.0 * n / max(1, self.ticks), 1)
-        return {"ticks": self.ticks, "interval_s": self.interval,
-                "percent_of_wall_by_thread_role": dict(by_role),
-                "cpu_seconds_by_thread_role": {k: round(v, 2) for k, v in cpu.items()},
-                "hottest_innermost_frames_percent": dict(hot)}
+                hot[role][where] = round(n * per_tick, 3)
+        return {
+            "ticks": self.ticks,
+            "interval_s": self.interval,
+            "wall_s": self.wall,
+            "thread_seconds_by_role_and_state": dict(by_role),
+            "cpu_seconds_by_thread_role": {k: round(v, 2) for k, v in cpu.items()},
+            "hottest_innermost_frames_thread_seconds": dict(hot),
+        }
 
 
 def child_profile(a: dict) -> dict:
@@ -506,9 +598,15 @@ def child_profile(a: dict) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     st = pstats.Stats(prof)
     funcs = []
-    for (fn, line, name), (cc, nc, tt, ct, _) in st.stats.items():
-        funcs.append({"function": f"{os.path.relpath(fn) if fn.startswith('/') else fn}:{line}"
-                      f"({name})", "calls": nc, "tottime": tt, "cumtime": ct})
+    for (fn, line, name), (_cc, nc, tt, ct, _) in st.stats.items():
+        funcs.append(
+            {
+                "function": f"{os.path.relpath(fn) if fn.startswith('/') else fn}:{line}({name})",
+                "calls": nc,
+                "tottime": tt,
+                "cumtime": ct,
+            }
+        )
     top_cum = sorted(funcs, key=lambda r: -r["cumtime"])[:25]
     top_tot = sorted(funcs, key=lambda r: -r["tottime"])[:15]
 
@@ -566,10 +664,16 @@ def child_profile(a: dict) -> dict:
     shutil.rmtree(wdst, ignore_errors=True)
     phases["blocks"] = nblk
     phases["block_shape"] = list(blocks[0].shape)
-    return {"seconds": wall, "warmup_s": warm, "bytes": a["src_bytes"],
-            "cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
-            "sampler": sampler.summary(), "cprofile_main_thread_top_cumtime": top_cum,
-            "cprofile_main_thread_top_tottime": top_tot, "phases": phases}
+    return {
+        "seconds": wall,
+        "warmup_s": warm,
+        "bytes": a["src_bytes"],
+        "cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
+        "sampler": sampler.summary(),
+        "cprofile_main_thread_top_cumtime": top_cum,
+        "cprofile_main_thread_top_tottime": top_tot,
+        "phases": phases,
+    }
 
 
 def child_entropy(a: dict) -> dict:
@@ -590,8 +694,14 @@ def child_entropy(a: dict) -> dict:
         t = time.perf_counter()
         i = entropy_search(hist, 128, 128, 1)
         tq.append(time.perf_counter() - t)
-    coll = HistogramCollector(method="entropy", symmetric=False, num_bins=2048,
-                              num_quantized_bins=128, percentile=99.999, scenario="same")
+    coll = HistogramCollector(
+        method="entropy",
+        symmetric=False,
+        num_bins=2048,
+        num_quantized_bins=128,
+        percentile=99.999,
+        scenario="same",
+    )
     with contextlib.redirect_stdout(io.StringIO()):
         coll.collect({"x": x})
     h = coll.histogram_dict["x"]
@@ -607,14 +717,25 @@ def child_entropy(a: dict) -> dict:
     cand_o = len(range(128 // 2, n_bins_ort // 2 + 1))
     return {
         "seconds": mq + mo,
-        "qstream": {"call": "entropy_search(hist, 128, 128, 1)", "median_s": mq, "min_s": min(tq),
-                    "histogram": "2048 bins of |x| over [0, max|x|]", "candidates": cand_q,
-                    "threshold": float(edges[i]), "bin": int(i)},
-        "onnxruntime": {"call": "HistogramCollector(method='entropy', num_bins=2048, "
-                        "num_quantized_bins=128).get_entropy_threshold(hist, 128)",
-                        "median_s": mo, "min_s": min(to), "times": to,
-                        "histogram": f"{n_bins_ort} bins of x over [-max|x|, max|x|]",
-                        "candidates": cand_o, "threshold": [float(thr[0]), float(thr[1])]},
+        "qstream": {
+            "call": "entropy_search(hist, 128, 128, 1)",
+            "median_s": mq,
+            "min_s": min(tq),
+            "histogram": "2048 bins of |x| over [0, max|x|]",
+            "candidates": cand_q,
+            "threshold": float(edges[i]),
+            "bin": int(i),
+        },
+        "onnxruntime": {
+            "call": "HistogramCollector(method='entropy', num_bins=2048, "
+            "num_quantized_bins=128).get_entropy_threshold(hist, 128)",
+            "median_s": mo,
+            "min_s": min(to),
+            "times": to,
+            "histogram": f"{n_bins_ort} bins of x over [-max|x|, max|x|]",
+            "candidates": cand_o,
+            "threshold": [float(thr[0]), float(thr[1])],
+        },
         "speedup_median": mo / mq,
         "speedup_per_candidate": (mo / cand_o) / (mq / cand_q),
     }
@@ -627,6 +748,7 @@ CHILDREN = {
     "zarr_slab16": child_zarr_read,
     "zarr_threads4": child_zarr_read,
     "files": child_files,
+    "files_threads4": child_files,
     "dequant": child_dequant,
     "read_matrix": child_read_matrix,
     "profile": child_profile,
@@ -642,8 +764,14 @@ def child_main(arg: str) -> int:
     rss_start = proc_status("VmRSS")
     res = CHILDREN[a["case"]](a)
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    res.update({"rss_start_mb": rss_start, "vmhwm_mb": proc_status("VmHWM"),
-                "ru_maxrss_mb": ru.ru_maxrss / 1024, "cpu_total_s": ru.ru_utime + ru.ru_stime})
+    res.update(
+        {
+            "rss_start_mb": rss_start,
+            "vmhwm_mb": proc_status("VmHWM"),
+            "ru_maxrss_mb": ru.ru_maxrss / 1024,
+            "cpu_total_s": ru.ru_utime + ru.ru_stime,
+        }
+    )
     sys.stdout.write("\n@@RESULT " + json.dumps(res, default=float) + "\n")
     sys.stdout.flush()
     return 0
@@ -652,26 +780,64 @@ def child_main(arg: str) -> int:
 # --------------------------------------------------------------------------- parent
 
 
+def cpu_busy_s() -> float | None:
+    """Whole-machine busy CPU seconds (all but idle and iowait) from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(t) for t in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+WAIT_IDLE = [0.0]  # --wait-idle: seconds to wait (at most) for an idle machine before each run
+
+
+def wait_idle(max_s: float) -> float:
+    """Wait (at most ``max_s``) until other processes use < BUSY of the CPUs over 1 s."""
+    t0 = time.perf_counter()
+    while max_s > 0:
+        b0 = cpu_busy_s()
+        time.sleep(1.0)
+        b1 = cpu_busy_s()
+        if b0 is None or b1 is None or (b1 - b0) / (os.cpu_count() or 1) < BUSY:
+            break
+        if time.perf_counter() - t0 > max_s:
+            break
+    return time.perf_counter() - t0
+
+
 def run_child(args: dict, *, retries: int = 1) -> dict:
-    """Run one case in a fresh interpreter; peak RSS from os.wait4 (that child only)."""
+    """Run one case in a fresh interpreter; peak RSS from os.wait4 (that child only); CPU used
+    meanwhile by other processes from /proc/stat minus the child's own CPU time."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(args)]
     for attempt in range(retries + 1):
         os.sync()  # flush earlier cases' writes so their write-back does not land in this one
+        waited = wait_idle(WAIT_IDLE[0])
+        b0 = cpu_busy_s()
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = _read_both(p)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
+        b1 = cpu_busy_s()
         line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("@@RESULT ")), None)
         if p.returncode == 0 and line:
-            res = json.loads(line[len("@@RESULT "):])
+            res = json.loads(line[len("@@RESULT ") :])
             res["peak_rss_mb"] = ru.ru_maxrss / 1024
             res["process_wall_s"] = wall
+            res["waited_for_idle_s"] = waited
+            if b0 is not None and b1 is not None:
+                foreign = max(0.0, (b1 - b0) - (ru.ru_utime + ru.ru_stime))
+                res["other_cpu_frac"] = foreign / (wall * (os.cpu_count() or 1))
             return res
         msg = (err or out).strip().splitlines()[-12:]
-        print(f"  ! case {args['case']} failed (exit {p.returncode}), attempt {attempt + 1}:\n    "
-              + "\n    ".join(msg), flush=True)
+        print(
+            f"  ! case {args['case']} failed (exit {p.returncode}), attempt {attempt + 1}:\n    "
+            + "\n    ".join(msg),
+            flush=True,
+        )
         if attempt < retries:
             time.sleep(30)  # qstream is edited concurrently: a half-written module, re-run later
     return {"error": "\n".join(msg), "seconds": None}
@@ -685,8 +851,10 @@ def _read_both(p):
         for line in stream:
             sink.append(line)
 
-    ts = [threading.Thread(target=pump, args=(p.stdout, out_chunks)),
-          threading.Thread(target=pump, args=(p.stderr, err_chunks))]
+    ts = [
+        threading.Thread(target=pump, args=(p.stdout, out_chunks)),
+        threading.Thread(target=pump, args=(p.stderr, err_chunks)),
+    ]
     for t in ts:
         t.start()
     for t in ts:
@@ -710,32 +878,63 @@ def ensure_data(workdir: str, nbytes: int, variants: list[str]) -> dict:
     info = {"paths": paths, "rows": rows, "built": None}
     if missing:
         os.makedirs(paths["dir"], exist_ok=True)
-        print(f"# building {', '.join(missing)} ({rows} x {COLS} float32, "
-              f"{size_label(rows * COLS * 4)}) under {paths['dir']} ...", flush=True)
-        res = run_child({"case": "build", "rows": rows, "variants": missing, "paths": paths},
-                        retries=0)
+        print(
+            f"# building {', '.join(missing)} ({rows} x {COLS} float32, "
+            f"{size_label(rows * COLS * 4)}) under {paths['dir']} ...",
+            flush=True,
+        )
+        res = run_child(
+            {"case": "build", "rows": rows, "variants": missing, "paths": paths}, retries=0
+        )
         if res.get("error"):
             raise SystemExit("building the data failed:\n" + res["error"])
         info["built"] = res
-        print(f"#   built in {res['seconds']:.1f} s (peak RSS {res['peak_rss_mb']:.0f} MB)",
-              flush=True)
+        print(
+            f"#   built in {res['seconds']:.1f} s (peak RSS {res['peak_rss_mb']:.0f} MB)",
+            flush=True,
+        )
     for v in variants:
         with open(os.path.join(paths[v], ".bench-complete")) as f:
             info[v] = json.load(f)
     return info
 
 
-def measure(case: str, variant: str, data: dict, workdir: str, repeat: int) -> dict:
+BUSY = 0.10  # other processes used more than this share of the CPUs during a run: disturbed
+
+
+def measure(
+    case: str, variant: str, data: dict, workdir: str, repeat: int, retry_busy: int = 1
+) -> dict:
+    """``repeat`` runs of a case; the reported run is the last one, or, when that was disturbed
+    by other processes, the least disturbed of up to ``retry_busy`` extra warm runs."""
     paths = data["paths"]
     src_bytes = data["rows"] * COLS * 4
-    a = {"case": case, "variant": variant, "src": paths[variant], "src_bytes": src_bytes,
-         "dst": os.path.join(workdir, "out", f"{case}-{variant}.zarr"), "q": paths[f"q_{variant}"]}
+    a = {
+        "case": case,
+        "variant": variant,
+        "src": paths[variant],
+        "src_bytes": src_bytes,
+        "dst": os.path.join(workdir, "out", f"{case}-{variant}.zarr"),
+        "q": paths[f"q_{variant}"],
+    }
     runs = []
-    for _ in range(repeat if case not in ("read_matrix", "profile", "entropy_search") else 1):
+    n = repeat if case not in ("read_matrix", "profile", "entropy_search") else 1
+    while True:
         runs.append(run_child(a))
         if runs[-1].get("error"):
             break
-    last = dict(runs[-1])
+        if len(runs) < n:
+            continue
+        if runs[-1].get("other_cpu_frac", 0) <= BUSY or len(runs) >= n + retry_busy:
+            break
+        print(
+            f"#   disturbed ({100 * runs[-1]['other_cpu_frac']:.0f}% CPU used by other "
+            "processes): re-run",
+            flush=True,
+        )
+    warm = runs[n - 1 :] if len(runs) >= n else runs[-1:]
+    best = min(warm, key=lambda r: (r.get("error") is not None, r.get("other_cpu_frac", 0)))
+    last = dict(best)
     last["case"], last["variant"], last["size_bytes"] = case, variant, src_bytes
     last["first_s"] = runs[0].get("seconds")
     last["all_s"] = [r.get("seconds") for r in runs]
@@ -748,8 +947,10 @@ def fmt(v, spec=".2f", dash="–"):
 
 
 def print_table(rows: list[dict], base: dict) -> None:
-    hdr = (f"{'case':<15} {'variant':<5} {'size':>6} {'passes':>6} {'warm s':>8} {'1st s':>8} "
-           f"{'GB/s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7}  what")
+    hdr = (
+        f"{'case':<15} {'variant':<5} {'size':>6} {'passes':>6} {'warm s':>8} {'1st s':>8} "
+        f"{'GB/s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7} {'busy':>5}  what"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -760,43 +961,61 @@ def print_table(rows: list[dict], base: dict) -> None:
         ratio = s / b if (s and b) else None
         gbps = r["size_bytes"] / s / 1e9 if s else None
         r["gbps"], r["ratio_to_zarr_chunks"] = gbps, ratio
-        print(f"{r['case']:<15} {r['variant']:<5} {size_label(r['size_bytes']):>6} "
-              f"{fmt(r.get('passes'), 'd'):>6} {fmt(s, '.3f'):>8} {fmt(r.get('first_s'), '.3f'):>8} "
-              f"{fmt(gbps):>6} {fmt(ratio):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>7} "
-              f"{fmt(r.get('cpu_total_s'), '.1f'):>7}  {DESCRIPTIONS.get(r['case'], '')}"
-              + (f"  ERROR: {r['error'].splitlines()[-1]}" if r.get("error") else ""))
+        busy = None if r.get("other_cpu_frac") is None else 100 * r["other_cpu_frac"]
+        print(
+            f"{r['case']:<15} {r['variant']:<5} {size_label(r['size_bytes']):>6} "
+            f"{fmt(r.get('passes'), 'd'):>6} {fmt(s, '.3f'):>8} {fmt(r.get('first_s'), '.3f'):>8} "
+            f"{fmt(gbps):>6} {fmt(ratio):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>7} "
+            f"{fmt(r.get('cpu_total_s'), '.1f'):>7} {fmt(busy, '.0f'):>4}%"
+            f"{'!' if (busy or 0) > 100 * BUSY else ' '} {DESCRIPTIONS.get(r['case'], '')}"
+            + (f"  ERROR: {r['error'].splitlines()[-1]}" if r.get("error") else "")
+        )
 
 
 def print_profile(p: dict) -> None:
-    print(f"\n## where the explicit-params case spends its time ({fmt(p['seconds'])} s wall, "
-          f"{fmt(p['cpu_s'])} s CPU on {os.cpu_count()} cores; sampler every "
-          f"{p['sampler']['interval_s'] * 1e3:.0f} ms, {p['sampler']['ticks']} ticks)")
-    for role, states in p["sampler"]["percent_of_wall_by_thread_role"].items():
-        items = ", ".join(f"{k} {v:.0f}%" for k, v in list(states.items())[:7])
-        print(f"  {role:<34} {items}")
-    print("  CPU seconds by thread role (/proc/self/task): "
-          + ", ".join(f"{k} {v:.1f}" for k, v in p["sampler"]["cpu_seconds_by_thread_role"].items()))
-    for role, frames in p["sampler"]["hottest_innermost_frames_percent"].items():
-        print(f"  hottest frames, {role}: " + ", ".join(f"{k} {v:.0f}%" for k, v in frames.items()))
+    print(
+        f"\n## where the explicit-params case spends its time ({fmt(p['seconds'])} s wall, "
+        f"{fmt(p['cpu_s'])} s CPU on {os.cpu_count()} cores; sampler every "
+        f"{p['sampler']['interval_s'] * 1e3:.0f} ms, {p['sampler']['ticks']} ticks)"
+    )
+    print("  thread-seconds by thread role and state (stack samples):")
+    for role, states in p["sampler"]["thread_seconds_by_role_and_state"].items():
+        items = ", ".join(f"{k} {v:.2f}" for k, v in list(states.items())[:7])
+        print(f"    {role:<34} {items}")
+    print(
+        "  CPU seconds by thread role (/proc/self/task): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in p["sampler"]["cpu_seconds_by_thread_role"].items())
+    )
+    for role, frames in p["sampler"]["hottest_innermost_frames_thread_seconds"].items():
+        print(
+            f"  busiest innermost frames, {role}: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in frames.items())
+        )
     print("  cProfile (main thread, compute), top tottime:")
     for r in p["cprofile_main_thread_top_tottime"][:8]:
         print(f"    {r['tottime']:8.2f} s  {r['calls']:>6}  {r['function']}")
     ph = p["phases"]
-    print(f"  standalone phases (same plan: {ph['blocks']} blocks of {ph['block_shape']}): "
-          f"read-only {ph['read_only_sequential_s']:.2f} s, write-only int8 "
-          f"{ph['write_only_sequential_s']:.2f} s, compute extrapolated: "
-          + ", ".join(f"{k} {v:.2f} s" for k, v in ph["compute_extrapolated_s"].items()))
+    print(
+        f"  standalone phases (same plan: {ph['blocks']} blocks of {ph['block_shape']}): "
+        f"read-only {ph['read_only_sequential_s']:.2f} s, write-only int8 "
+        f"{ph['write_only_sequential_s']:.2f} s, compute extrapolated: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in ph["compute_extrapolated_s"].items())
+    )
 
 
 def print_matrix(r: dict) -> None:
-    print(f"\n## qstream reader only ({r['variant']}): Source.read via pipeline.run, no-op compute"
-          " (inflight 0 = plain loop), warm second run")
+    print(
+        f"\n## qstream reader only ({r['variant']}): Source.read via pipeline.run, no-op compute"
+        " (inflight 0 = plain loop), warm second run"
+    )
     print(f"  {'budget':>7} {'rows':>5} " + " ".join(f"{'if=' + str(i):>12}" for i in (0, 1, 3, 8)))
     rows = r["matrix"]
     for budget in sorted({m["budget_mib"] for m in rows}):
         ms = [m for m in rows if m["budget_mib"] == budget]
-        print(f"  {str(budget) + ' MiB':>7} {ms[0]['block_rows']:>5} "
-              + " ".join(f"{m['seconds']:6.2f}s {m['gbps']:4.1f}" for m in ms))
+        print(
+            f"  {str(budget) + ' MiB':>7} {ms[0]['block_rows']:>5} "
+            + " ".join(f"{m['seconds']:6.2f}s {m['gbps']:4.1f}" for m in ms)
+        )
 
 
 def main(argv=None) -> int:
@@ -804,19 +1023,52 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="2GiB", help="source array size (default 2GiB; 8GiB, 256MiB)")
     ap.add_argument("--quick", action="store_true", help="--size 256MiB")
     ap.add_argument("--workdir", default="/tmp/qstream-bench", help="data cache + scratch dir")
-    ap.add_argument("--cases", default=",".join(ALL_CASES),
-                    help="comma list of: " + ", ".join(ALL_CASES))
+    ap.add_argument(
+        "--cases", default=",".join(ALL_CASES), help="comma list of: " + ", ".join(ALL_CASES)
+    )
     ap.add_argument("--variants", default="raw,zstd", help="raw,zstd (default both)")
-    ap.add_argument("--qstream-variants", default=None,
-                    help="variants for the q_*/dequant cases (default: --variants)")
+    ap.add_argument(
+        "--qstream-variants",
+        default="raw",
+        help="variants every q_*/dequant case runs on (default raw)",
+    )
+    ap.add_argument(
+        "--zstd-qcases",
+        default="q_explicit,q_minmax",
+        help="q_* cases also run on the zstd variant (default q_explicit,q_minmax)",
+    )
     ap.add_argument("--repeat", type=int, default=2, help="runs per case, the last reported")
-    ap.add_argument("--rss-size", default=None, metavar="SIZE",
-                    help="also run zarr_chunks, q_explicit and q_minmax at SIZE (e.g. 8GiB, "
-                    "uncompressed) to compare peak RSS; that data is deleted afterwards unless "
-                    "--keep-rss-data")
+    ap.add_argument(
+        "--retry-busy",
+        type=int,
+        default=1,
+        metavar="N",
+        help="extra runs when other processes used > 10%% of the CPUs (default 1)",
+    )
+    ap.add_argument(
+        "--rss-size",
+        default=None,
+        metavar="SIZE",
+        help="also run zarr_chunks, q_explicit and q_minmax at SIZE (e.g. 8GiB, "
+        "uncompressed) to compare peak RSS; that data is deleted afterwards unless "
+        "--keep-rss-data",
+    )
     ap.add_argument("--rss-cases", default="zarr_chunks,q_explicit,q_minmax")
-    ap.add_argument("--rss-repeat", type=int, default=None, help="runs per case at --rss-size")
+    ap.add_argument(
+        "--rss-repeat",
+        type=int,
+        default=1,
+        help="runs per q_* case at --rss-size (default 1; baselines use --repeat)",
+    )
     ap.add_argument("--keep-rss-data", action="store_true")
+    ap.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each run wait up to SECONDS for other processes to use < 10%% "
+        "of the CPUs (default 0: do not wait)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -829,11 +1081,12 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown cases {bad}; choose from {ALL_CASES}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    qvariants = ([v.strip() for v in args.qstream_variants.split(",")]
-                 if args.qstream_variants else variants)
+    qvariants = [v.strip() for v in args.qstream_variants.split(",") if v.strip()]
+    zstd_q = {c.strip() for c in args.zstd_qcases.split(",") if c.strip()}
     if any(v not in ("raw", "zstd") for v in variants + qvariants):
         ap.error("variants are raw and zstd")
     os.makedirs(os.path.join(args.workdir, "out"), exist_ok=True)
+    WAIT_IDLE[0] = args.wait_idle
 
     import numcodecs
     import numpy
@@ -843,22 +1096,33 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     meta = {
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "cpus": os.cpu_count(), "zarr": zarr.__version__, "numcodecs": numcodecs.__version__,
-        "numpy": numpy.__version__, "qstream": getattr(qstream, "__version__", None),
-        "git": git_state(), "size_bytes": nbytes, "workdir": args.workdir,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "zarr": zarr.__version__,
+        "numcodecs": numcodecs.__version__,
+        "numpy": numpy.__version__,
+        "qstream": getattr(qstream, "__version__", None),
+        "git": git_state(),
+        "size_bytes": nbytes,
+        "workdir": args.workdir,
         "zarr_config": {k: zarr.config.get(k) for k in ("async", "threading", "codec_pipeline")},
         "zstd_note": "ZstdCodec(level=3); zarr's default ZstdCodec() is level=0, which libzstd "
-                     "maps to its default level 3 (identical bytes)",
+        "maps to its default level 3 (identical bytes)",
         "argv": sys.argv[1:],
     }
-    print(f"# bench_stores: {size_label(nbytes)} float32 (N, {COLS}), chunks ({CHUNK_ROWS}, {COLS});"
-          f" zarr {zarr.__version__}, {os.cpu_count()} CPUs, repeat {args.repeat}", flush=True)
+    print(
+        f"# bench_stores: {size_label(nbytes)} float32 (N, {COLS}), chunks ({CHUNK_ROWS}, {COLS});"
+        f" zarr {zarr.__version__}, {os.cpu_count()} CPUs, repeat {args.repeat}",
+        flush=True,
+    )
     all_variants = sorted(set(variants) | set(qvariants), key=["raw", "zstd"].index)
     data = ensure_data(args.workdir, nbytes, all_variants)
     if "dequant" in cases:
-        for v in qvariants:
-            r = run_child({"case": "prep_q", "src": data["paths"][v], "dst": data["paths"][f"q_{v}"]})
+        for v in qvariants + (["zstd"] if "dequant" in zstd_q and "zstd" in variants else []):
+            r = run_child(
+                {"case": "prep_q", "src": data["paths"][v], "dst": data["paths"][f"q_{v}"]}
+            )
             if r.get("error"):
                 print(f"  ! preparing the dequantize input failed: {r['error']}")
 
@@ -869,13 +1133,20 @@ def main(argv=None) -> int:
         if case in ("profile", "entropy_search"):
             continue
         vs = variants if case in BASELINES else qvariants
+        if case in zstd_q and "zstd" in variants and "zstd" not in vs:
+            vs = [*vs, "zstd"]
         if case in ("q_explicit_b4", "q_explicit_b64"):
             vs = qvariants[:1]
+        if case == "read_matrix":
+            vs = variants
         for v in vs:
             print(f"# {case} [{v}] ...", flush=True)
-            r = measure(case, v, data, args.workdir, args.repeat)
-            print(f"#   {fmt(r.get('seconds'), '.3f')} s (first {fmt(r.get('first_s'), '.3f')} s), "
-                  f"peak RSS {fmt(r.get('peak_rss_mb'), '.0f')} MB", flush=True)
+            r = measure(case, v, data, args.workdir, args.repeat, args.retry_busy)
+            print(
+                f"#   {fmt(r.get('seconds'), '.3f')} s (first {fmt(r.get('first_s'), '.3f')} s), "
+                f"peak RSS {fmt(r.get('peak_rss_mb'), '.0f')} MB",
+                flush=True,
+            )
             if case == "zarr_chunks" and r.get("seconds"):
                 base[(v, nbytes)] = r["seconds"]
             if case == "read_matrix":
@@ -895,11 +1166,14 @@ def main(argv=None) -> int:
         big = parse_bytes(args.rss_size)
         bdata = ensure_data(args.workdir, big, ["raw"])
         for case in [c.strip() for c in args.rss_cases.split(",") if c.strip()]:
-            rep = args.repeat if (case in BASELINES or args.rss_repeat is None) else args.rss_repeat
+            rep = args.repeat if case in BASELINES else args.rss_repeat
             print(f"# {case} [raw, {size_label(big)}] ...", flush=True)
-            r = measure(case, "raw", bdata, args.workdir, rep)
-            print(f"#   {fmt(r.get('seconds'), '.3f')} s, peak RSS "
-                  f"{fmt(r.get('peak_rss_mb'), '.0f')} MB", flush=True)
+            r = measure(case, "raw", bdata, args.workdir, rep, args.retry_busy)
+            print(
+                f"#   {fmt(r.get('seconds'), '.3f')} s, peak RSS "
+                f"{fmt(r.get('peak_rss_mb'), '.0f')} MB",
+                flush=True,
+            )
             if case == "zarr_chunks" and r.get("seconds"):
                 base[("raw", big)] = r["seconds"]
             rss_rows.append(r)
@@ -909,9 +1183,11 @@ def main(argv=None) -> int:
     shutil.rmtree(os.path.join(args.workdir, "out"), ignore_errors=True)
 
     # ------------------------------------------------------------------ report
-    print(f"\n## results ({size_label(nbytes)}; warm = last of {args.repeat} runs, each in a fresh "
-          "process; x (a) = time / zarr chunk-by-chunk read time of the same variant and size; "
-          "GB/s = source bytes / time; RSS = peak of that process)")
+    print(
+        f"\n## results ({size_label(nbytes)}; warm = last of {args.repeat} runs, each in a fresh "
+        "process; x (a) = time / zarr chunk-by-chunk read time of the same variant and size; "
+        "GB/s = source bytes / time; RSS = peak of that process)"
+    )
     print_table(results + rss_rows, base)
     for r in extras.get("read_matrix", []):
         print_matrix(r)
@@ -919,33 +1195,47 @@ def main(argv=None) -> int:
         print_profile(extras["profile"])
     ent = extras.get("entropy")
     if ent and not ent.get("error"):
-        print(f"\n## entropy threshold search (4 Mi Student-t(4) float32 values)\n"
-              f"  qstream entropy_search: {ent['qstream']['median_s'] * 1e3:.1f} ms "
-              f"({ent['qstream']['candidates']} candidates, |x| histogram, threshold "
-              f"{ent['qstream']['threshold']:.4f})\n"
-              f"  ORT get_entropy_threshold: {ent['onnxruntime']['median_s'] * 1e3:.0f} ms "
-              f"({ent['onnxruntime']['candidates']} candidates, signed histogram, threshold "
-              f"{ent['onnxruntime']['threshold'][1]:.4f})\n"
-              f"  speed-up {ent['speedup_median']:.0f}x (per candidate "
-              f"{ent['speedup_per_candidate']:.0f}x)")
+        print(
+            f"\n## entropy threshold search (4 Mi Student-t(4) float32 values)\n"
+            f"  qstream entropy_search: {ent['qstream']['median_s'] * 1e3:.1f} ms "
+            f"({ent['qstream']['candidates']} candidates, |x| histogram, threshold "
+            f"{ent['qstream']['threshold']:.4f})\n"
+            f"  ORT get_entropy_threshold: {ent['onnxruntime']['median_s'] * 1e3:.0f} ms "
+            f"({ent['onnxruntime']['candidates']} candidates, signed histogram, threshold "
+            f"{ent['onnxruntime']['threshold'][1]:.4f})\n"
+            f"  speed-up {ent['speedup_median']:.0f}x (per candidate "
+            f"{ent['speedup_per_candidate']:.0f}x)"
+        )
 
     targets = []
     by = {(r["case"], r["variant"], r["size_bytes"]): r for r in results + rss_rows}
     for case in ("q_explicit", "q_minmax", "q_percentile", "q_entropy"):
         for (c, v, sz), r in by.items():
             if c == case and r.get("ratio_to_zarr_chunks") is not None:
-                targets.append({"target": f"{case} [{v}, {size_label(sz)}] <= {TARGETS[case]}x (a)",
-                                "value": r["ratio_to_zarr_chunks"],
-                                "met": r["ratio_to_zarr_chunks"] <= TARGETS[case]})
+                targets.append(
+                    {
+                        "target": f"{case} [{v}, {size_label(sz)}] <= {TARGETS[case]}x (a)",
+                        "value": r["ratio_to_zarr_chunks"],
+                        "met": r["ratio_to_zarr_chunks"] <= TARGETS[case],
+                    }
+                )
     for (c, v, sz), r in by.items():
         if c in ("q_explicit", "q_minmax") and r.get("peak_rss_mb") and sz in (nbytes, big):
-            targets.append({"target": f"peak RSS {c} [{v}, {size_label(sz)}] <= "
-                            f"{TARGETS['rss_mb']:.0f} MB", "value": r["peak_rss_mb"],
-                            "met": r["peak_rss_mb"] <= TARGETS["rss_mb"]})
+            targets.append(
+                {
+                    "target": f"peak RSS {c} [{v}, {size_label(sz)}] <= {TARGETS['rss_mb']:.0f} MB",
+                    "value": r["peak_rss_mb"],
+                    "met": r["peak_rss_mb"] <= TARGETS["rss_mb"],
+                }
+            )
     if ent and not ent.get("error"):
-        targets.append({"target": f"entropy search >= {TARGETS['entropy_speedup']:.0f}x ORT",
-                        "value": ent["speedup_median"],
-                        "met": ent["speedup_median"] >= TARGETS["entropy_speedup"]})
+        targets.append(
+            {
+                "target": f"entropy search >= {TARGETS['entropy_speedup']:.0f}x ORT",
+                "value": ent["speedup_median"],
+                "met": ent["speedup_median"] >= TARGETS["entropy_speedup"],
+            }
+        )
     print("\n## targets (reported, not asserted)")
     for t in targets:
         print(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']:.2f}")
@@ -953,9 +1243,20 @@ def main(argv=None) -> int:
     print(f"\n# total {total / 60:.1f} min")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "data": {k: v for k, v in data.items() if k != "paths"},
-                       "results": results, "rss_check": rss_rows, "extras": extras,
-                       "targets": targets, "total_seconds": total}, f, indent=1, default=float)
+            json.dump(
+                {
+                    "meta": meta,
+                    "data": {k: v for k, v in data.items() if k != "paths"},
+                    "results": results,
+                    "rss_check": rss_rows,
+                    "extras": extras,
+                    "targets": targets,
+                    "total_seconds": total,
+                },
+                f,
+                indent=1,
+                default=float,
+            )
         print(f"# wrote {args.json}")
     return 0
 

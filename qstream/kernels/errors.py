@@ -37,7 +37,7 @@ def _accumulate(acc, k, xv, qv, s, z, lo_x, hi_x):
         acc[k, 6] += 1.0
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always", cache=True, fastmath={"reassoc"})
 def _tile_sums(xs, qs, s, z, lo_x, hi_x, acc, t):
     """Sums of a run of elements sharing one scale/zero point, in registers, branch-free."""
     n = 0.0
@@ -74,7 +74,9 @@ def _tile_sums(xs, qs, s, z, lo_x, hi_x, acc, t):
     acc[t, 7] += bad
 
 
-@njit(parallel=True, cache=True, nogil=True)
+# reassoc only: lets LLVM vectorise the float64 reductions; NaN/inf semantics are untouched,
+# and the tile partition keeps the sums identical at every thread count.
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc"})
 def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out):
     """Add the error sums of one block to ``out[channels, N_SUMS]``.
 
