@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -130,19 +130,29 @@ class QuantSpec:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def _placed(stats, channels: int, offset: int):
-    """``stats`` of channels ``offset ..`` placed among ``channels`` channels (others empty)."""
-    n = stats.count.size
-    if n == channels:
-        return stats
-    full = type(stats).empty(channels)
-    arrays = {}
-    for f in fields(stats):
-        value = getattr(stats, f.name)
-        if isinstance(value, np.ndarray):
-            arrays[f.name] = getattr(full, f.name)
-            arrays[f.name][offset : offset + n] = value
-    return replace(stats, **arrays)
+_MERGE_MIN = ("min",)
+_MERGE_MAX = ("max", "max_abs")
+
+
+def merge_into(total, part, offset: int = 0) -> None:
+    """Merge the statistics ``part`` of channels ``offset ..`` into ``total``, in place.
+
+    min/max fields take the minimum/maximum, every other array field is summed (exact for the
+    integer counts, order-fixed for the float sums).
+    """
+    n = part.count.size
+    sl = slice(offset, offset + n)
+    for f in fields(part):
+        value = getattr(part, f.name)
+        if not isinstance(value, np.ndarray):
+            continue
+        target = getattr(total, f.name)[sl]
+        if f.name in _MERGE_MIN:
+            np.minimum(target, value, out=target)
+        elif f.name in _MERGE_MAX:
+            np.maximum(target, value, out=target)
+        else:
+            target += value
 
 
 @dataclass(frozen=True)
@@ -160,10 +170,6 @@ class RangeStats:
     neginf: np.ndarray
     first_nonfinite: int = -1  # flat index of the first NaN/inf seen, -1 if none
 
-    def placed(self, channels: int, offset: int) -> RangeStats:
-        """These channels placed at ``offset`` among ``channels`` (the rest empty)."""
-        return _placed(self, channels, offset)
-
     @property
     def absmax(self) -> np.ndarray:
         return np.maximum(np.abs(self.min), np.abs(self.max))
@@ -171,18 +177,6 @@ class RangeStats:
     @property
     def nonfinite(self) -> int:
         return int(self.nan.sum() + self.posinf.sum() + self.neginf.sum())
-
-    def merge(self, other: RangeStats) -> RangeStats:
-        firsts = [f for f in (self.first_nonfinite, other.first_nonfinite) if f >= 0]
-        return RangeStats(
-            np.minimum(self.min, other.min),
-            np.maximum(self.max, other.max),
-            self.count + other.count,
-            self.nan + other.nan,
-            self.posinf + other.posinf,
-            self.neginf + other.neginf,
-            min(firsts) if firsts else -1,
-        )
 
     @classmethod
     def empty(cls, channels: int) -> RangeStats:
@@ -222,22 +216,6 @@ class ErrorStats:
     max_abs: np.ndarray  # max |x - x_hat|
     clipped: np.ndarray  # values that saturated
     nonfinite: np.ndarray
-
-    def placed(self, channels: int, offset: int) -> ErrorStats:
-        """These channels placed at ``offset`` among ``channels`` (the rest empty)."""
-        return _placed(self, channels, offset)
-
-    def merge(self, other: ErrorStats) -> ErrorStats:
-        return ErrorStats(
-            self.count + other.count,
-            self.sum_x2 + other.sum_x2,
-            self.sum_e2 + other.sum_e2,
-            self.sum_xy + other.sum_xy,
-            self.sum_y2 + other.sum_y2,
-            np.maximum(self.max_abs, other.max_abs),
-            self.clipped + other.clipped,
-            self.nonfinite + other.nonfinite,
-        )
 
     @classmethod
     def empty(cls, channels: int) -> ErrorStats:

@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from ..spec import (
     QuantReport,
     QuantSpec,
     RangeStats,
+    merge_into,
 )
 from .arrays import affine_dequantize, affine_quantize, check_scale
 
@@ -330,30 +332,26 @@ class _Job:
         self.passes += 1
 
     def stats(self, progress=None) -> RangeStats:
-        """Pass 1: exact per-channel ranges, merged in block order."""
-        parts: dict[int, RangeStats] = {}
+        """Pass 1: exact per-channel ranges, merged in place block by block (blocks are
+        computed in order, so the result never depends on how the work was cut)."""
+        total = RangeStats.empty(self.channels)
+        first = []
 
         def compute(b: Block, x):
-            off = b.start[self.axis] if self.axis is not None else 0
-            st = block_ranges(x, self.axis, self.channels, off)
+            st = block_ranges(x, self.axis)
+            merge_into(total, st, b.start[self.axis] if self.axis is not None else 0)
             if st.first_nonfinite >= 0:
-                flat = np.ravel_multi_index(
-                    tuple(
-                        s + i
-                        for s, i in zip(
-                            b.start, np.unravel_index(st.first_nonfinite, x.shape), strict=True
+                local = np.unravel_index(st.first_nonfinite, x.shape)
+                first.append(
+                    int(
+                        np.ravel_multi_index(
+                            tuple(s + i for s, i in zip(b.start, local, strict=True)), self.shape
                         )
-                    ),
-                    self.shape,
+                    )
                 )
-                st = RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, int(flat))
-            parts[b.index] = st
 
         self._scan(compute, progress)
-        total = RangeStats.empty(self.channels)
-        for i in sorted(parts):
-            total = total.merge(parts[i])
-        return total
+        return replace(total, first_nonfinite=min(first) if first else -1)
 
     def _check_nonfinite(self, st: RangeStats) -> None:
         if self.spec.nan_policy == "error" and st.nonfinite:
@@ -412,7 +410,7 @@ class _Job:
         hi = np.where(st.count > 0, st.max, 0.0)
         edges_lo = np.zeros(self.channels) if sym else lo
         edges_hi = np.maximum(-lo, hi) if sym else hi
-        parts: dict[int, np.ndarray] = {}
+        hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
 
         def compute(b: Block, x):
             v = channel_view(x, self.axis)
@@ -427,13 +425,9 @@ class _Job:
                 sym,
                 h,
             )
-            parts[b.index] = (sl, h)
+            hist[sl] += h
 
         self._scan(compute, progress)
-        hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
-        for i in sorted(parts):
-            sl, h = parts[i]
-            hist[sl] += h
         return {"counts": hist, "lo": edges_lo, "hi": edges_hi, "abs": sym}
 
     def _explicit_params(self) -> QuantParams:
@@ -591,7 +585,7 @@ class _Job:
         qt = self.qt
         code = round_code(self.spec.round_mode)
         lo_q = qt.qmin + (1 if self.spec.narrow_range and not qt.is_float else 0)
-        errors: dict[int, ErrorStats] = {}
+        errors = ErrorStats.empty(self.channels)
         done = [len(self.blocks) - len(todo)]
 
         def compute(b: Block, x):
@@ -602,13 +596,9 @@ class _Job:
                 xhat = affine_dequantize(q, s, None, layout, qt)
                 s_e = layout.expand(s).astype(np.float64)
                 z_e = layout.expand(z).astype(np.float64)
-                err = block_errors(
-                    x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis, self.channels, off
-                )
+                err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis)
             else:
-                err = block_errors_fused(
-                    x, q, s, z, layout, qt, lo_q, self.axis, self.channels, off
-                )
+                err = block_errors_fused(x, q, s, z, layout, qt, lo_q, self.axis)
             if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
                 if self.spec.nan_policy == "error":
                     self._check_nonfinite(self.stats())
@@ -616,7 +606,7 @@ class _Job:
                     nan = np.isnan(x)
                     zp_e = np.broadcast_to(layout.expand(z), x.shape)
                     q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
-            errors[b.index] = err
+            merge_into(errors, err, off)  # in block order: deterministic
             return q, s, z
 
         def write(b: Block, result):
@@ -638,10 +628,7 @@ class _Job:
 
         pipeline.run(todo, self._read, compute, write, inflight=INFLIGHT)
         self.passes += 1
-        total = ErrorStats.empty(self.channels)
-        for i in sorted(errors):
-            total = total.merge(errors[i])
-        return total
+        return errors
 
     def _finish(self, group, cal, errors, dst, t0, resumed) -> QuantReport:
         qt = self.qt

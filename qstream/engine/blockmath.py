@@ -19,8 +19,8 @@ def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
     return x.reshape(math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1 :]))
 
 
-def block_ranges(x: np.ndarray, axis: int | None, channels: int, offset: int = 0) -> RangeStats:
-    """Exact per-channel ranges of a block (channels ``offset ..`` along ``axis``)."""
+def block_ranges(x: np.ndarray, axis: int | None) -> RangeStats:
+    """Exact per-channel ranges of a block (its own channels along ``axis``)."""
     from ..kernels.runtime import run
     from ..kernels.stats import channel_ranges
 
@@ -34,7 +34,7 @@ def block_ranges(x: np.ndarray, axis: int | None, channels: int, offset: int = 0
     stats = RangeStats(
         stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf, first
     )
-    return stats.placed(channels, offset)
+    return stats
 
 
 def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +68,7 @@ class _quiet:
         return self._w.__exit__(*exc)
 
 
-def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis, channels, offset) -> ErrorStats:
+def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
     """Error statistics of one block; ``scale_e``/``zp_e`` broadcast against ``x``."""
     finite = np.isfinite(x)
     xf = np.where(finite, x, 0).astype(np.float64)
@@ -91,10 +91,10 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis, channels, offset)
         s(beyond.astype(np.int64)),
         s((~finite).astype(np.int64)),
     )
-    return stats.placed(channels, offset)
+    return stats
 
 
-def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, channels, offset) -> ErrorStats:
+def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
     from ..kernels.runtime import run
@@ -128,4 +128,4 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, channels, offset) -> 
         sums[:, 6].astype(np.int64),
         sums[:, 7].astype(np.int64),
     )
-    return stats.placed(channels, offset)
+    return stats
