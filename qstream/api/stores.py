@@ -280,8 +280,6 @@ class _Job:
         self.qt: QType = spec.qtype
         self.axis = None if spec.axis is None else normalize_axis(spec.axis, len(self.shape))
         self.block_size = spec.block_size
-        if self.block_size and self.shape[self.axis] and self.block_size > self.shape[self.axis]:
-            self.block_size = int(self.block_size)
         if self.axis is None:
             self.param_shape: tuple[int, ...] = ()
         elif not self.block_size:
