@@ -327,6 +327,32 @@ class Calibration:
             d["params"] = self.params.to_dict()
         return d
 
+    def summary(self, limit: int = 16) -> dict:
+        """``to_dict`` without parameters, per-channel arrays longer than ``limit`` reduced to
+        ``{"size", "min", "max"}`` (for metadata: the per-channel results are the stored
+        scale / zero point arrays)."""
+
+        def shrink(v):
+            if not (isinstance(v, np.ndarray) and v.ndim == 1 and v.size > limit):
+                return v
+            finite = v[np.isfinite(v)] if v.dtype.kind == "f" else v
+            return {
+                "size": int(v.size),
+                "min": finite.min() if finite.size else None,
+                "max": finite.max() if finite.size else None,
+            }
+
+        stats = None
+        if self.stats is not None:
+            stats = {f.name: shrink(getattr(self.stats, f.name)) for f in fields(self.stats)}
+        return _jsonable(
+            {
+                "spec": self.spec.to_dict(),
+                "stats": stats,
+                "thresholds": {k: shrink(v) for k, v in self.thresholds.items()},
+            }
+        )
+
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
         spec = QuantSpec.from_dict(d["spec"])

@@ -20,7 +20,7 @@ CHILD = r"""
 import json, resource, sys
 import qstream as qs
 spec = qs.QuantSpec.from_dict(json.loads(sys.argv[3]))
-report = qs.quantize_store(sys.argv[1], sys.argv[2], spec, max_memory=512 << 20)
+report = qs.quantize_store(sys.argv[1], sys.argv[2], spec)
 peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"peak_mb": peak_mb, "passes": report.passes, "seconds": report.seconds}))
 """

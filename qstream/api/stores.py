@@ -636,7 +636,7 @@ class _Job:
             spec=self.spec,
             source=self.source.description,
             destination=str(dst),
-            calibration=cal.to_dict(with_params=False),
+            calibration=cal.summary(),
             error=err,
             passes=self.passes,
             seconds=time.perf_counter() - t0,
