@@ -120,7 +120,15 @@ def dequantize_store(
     # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
     # the logical dtype recorded in attrs["qstream"]["dtype"].
     stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
-    out = _create_plain_array(dst, arr.shape, arr.data.chunks, stored, overwrite, storage_options)
+    out = _create_plain_array(
+        dst,
+        arr.shape,
+        arr.data.chunks,
+        stored,
+        overwrite,
+        storage_options,
+        compressors=arr.data.compressors,
+    )
     done = [0]
 
     def read(b: Block):
@@ -505,7 +513,12 @@ class _Job:
         store_dtype = qt.widened if not qt.is_float else np.dtype(np.uint8)
         zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
         group.create_array(
-            "data", shape=self.shape, chunks=self.chunks, dtype=store_dtype, fill_value=0
+            "data",
+            shape=self.shape,
+            chunks=self.chunks,
+            dtype=store_dtype,
+            fill_value=0,
+            compressors=self.source.compressors,
         )
         if self.axis is None:
             pchunks: tuple[int, ...] = ()
@@ -707,7 +720,7 @@ def _normalize_key(key, shape):
     return tuple(out), squeeze
 
 
-def _create_plain_array(dst, shape, chunks, dtype, overwrite, storage_options):
+def _create_plain_array(dst, shape, chunks, dtype, overwrite, storage_options, compressors="auto"):
     import zarr
 
     from ..io.stores import _store
@@ -715,7 +728,13 @@ def _create_plain_array(dst, shape, chunks, dtype, overwrite, storage_options):
     store = _store(dst, mode="w", storage_options=storage_options)
     try:
         return zarr.create_array(
-            store, shape=shape, chunks=chunks, dtype=dtype, overwrite=overwrite, fill_value=0
+            store,
+            shape=shape,
+            chunks=chunks,
+            dtype=dtype,
+            overwrite=overwrite,
+            fill_value=0,
+            compressors=compressors,
         )
     except zarr.errors.ContainsArrayError:
         raise StoreError(f"{dst} already exists; pass overwrite=True") from None

@@ -65,6 +65,13 @@ class Source:
         shards = getattr(self.array, "shards", None)
         return tuple(shards or self.array.chunks)
 
+    @property
+    def compressors(self):
+        """The source's compressors for a Zarr v3 source (outputs reuse them), else "auto"."""
+        if self.description.get("kind") == "zarr" and self.description.get("zarr_format") == 3:
+            return self.array.compressors
+        return "auto"
+
     def read(self, key: tuple[slice, ...]) -> np.ndarray:
         return np.ascontiguousarray(self.array[key])
 
