@@ -67,6 +67,7 @@ ALL_CASES = (
     "q_explicit_b64",
     "read_matrix",
     "profile",
+    "profile_dequant",
     "entropy_search",
 )
 PER_VARIANT = (*BASELINES, *QSPECS, "dequant", "read_matrix")
@@ -481,11 +482,20 @@ class StackSampler:
                 return "waiting for a read/write"
             return "outside the pipeline (setup, calibration, finish)"
         if role.startswith("qstream-io"):
-            if "_read" in names or "read" in names:
-                return "read (waiting for zarr)" if waiting else "read (own CPU)"
-            if "write" in names:
-                return "write (waiting for zarr)" if waiting else "write (own CPU)"
-            return "idle"
+            stage = (
+                "read"
+                if ("_read" in names or "read" in names)
+                else "write"
+                if "write" in names
+                else None
+            )
+            if stage is None:
+                return "idle"
+            if waiting:
+                return f"{stage} (waiting for zarr)"
+            if qs_frames and frames[0] == qs_frames[0]:  # a qstream kernel or qstream's numpy
+                return f"{stage} (in qstream {qs_frames[0][1]})"
+            return f"{stage} (own CPU)"
         if waiting or role == "bench sampler":
             return "idle"
         fn, name = frames[0] if frames else ("?", "?")
@@ -567,10 +577,29 @@ class StackSampler:
         }
 
 
+def _time_writes(path, shape, chunks, dtype, compressors, blocks, block, config=None) -> float:
+    """Write ``block`` (cut to each block's shape) into a fresh array: the write cost alone."""
+    import zarr
+
+    shutil.rmtree(path, ignore_errors=True)
+    kw = {"config": config} if config else {}
+    arr = zarr.create_array(
+        path, shape=shape, chunks=chunks, dtype=dtype, fill_value=0, compressors=compressors, **kw
+    )
+    t = time.perf_counter()
+    for b in blocks:
+        arr[b.key] = block[: b.shape[0]]
+    dt = time.perf_counter() - t
+    shutil.rmtree(path, ignore_errors=True)
+    return dt
+
+
 def child_profile(a: dict) -> dict:
-    """The explicit-params quantize under a stack sampler + cProfile of the compute thread,
-    then the standalone phases with the same block plan: read-only, compute-only on one
-    in-memory block, write-only of int8 blocks."""
+    """``a["target"]`` (q_explicit or dequant) under a stack sampler over every thread and
+    cProfile of the calling thread; then standalone phases with the same block plan: read
+    only, write only (as qstream writes: same chunks and compressors; with
+    ``write_empty_chunks``; with one chunk per block), the compute without file I/O, and the
+    public kernels on one in-memory block. Observation only."""
     import cProfile
     import pstats
     import resource
@@ -579,11 +608,14 @@ def child_profile(a: dict) -> dict:
     import zarr
 
     import qstream as qs
-    from qstream.engine.plan import default_chunks, plan_blocks
-    from qstream.io.stores import open_source
+    from qstream.engine.plan import plan_blocks
 
+    target = "dequant" if a["case"] == "profile_dequant" else "q_explicit"
     spec_kwargs = QSPECS["q_explicit"][0]
+    spec = qs.QuantSpec(**spec_kwargs)
     warm = _warm_qstream(spec_kwargs)
+    if target == "dequant":
+        qs.dequantize_store("memory://bench-warm", "memory://bench-warm-d", overwrite=True)
     dst = a["dst"]
     shutil.rmtree(dst, ignore_errors=True)
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -591,10 +623,16 @@ def child_profile(a: dict) -> dict:
     t0 = time.perf_counter()
     with StackSampler() as sampler:
         prof.enable()
-        qs.quantize_store(a["src"], dst, qs.QuantSpec(**spec_kwargs))
+        if target == "dequant":
+            qs.dequantize_store(a["q"], dst)
+        else:
+            qs.quantize_store(a["src"], dst, spec)
         prof.disable()
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    out_arr = zarr.open_array(dst if target == "dequant" else os.path.join(dst, "data"), mode="r")
+    out_chunks, out_dtype = tuple(out_arr.chunks), np.dtype(out_arr.dtype)
+    out_comp = tuple(out_arr.compressors)
     shutil.rmtree(dst, ignore_errors=True)
     st = pstats.Stats(prof)
     funcs = []
@@ -610,61 +648,92 @@ def child_profile(a: dict) -> dict:
     top_cum = sorted(funcs, key=lambda r: -r["cumtime"])[:25]
     top_tot = sorted(funcs, key=lambda r: -r["tottime"])[:15]
 
-    # standalone phases, same plan as quantize_store's default (16 MiB blocks)
-    src = open_source(a["src"])
-    chunks = default_chunks(src.shape, 4, src.chunks)
-    blocks = plan_blocks(src.shape, chunks, 4, 16 * MiB)
-    phases = {}
+    # standalone phases over the same blocks (quantize_store's default 16 MiB budget)
+    src_arr = zarr.open_array(a["src"], mode="r")
+    shape = tuple(src_arr.shape)
+    blocks = plan_blocks(shape, out_chunks, 4, 16 * MiB)
+    nblk = len(blocks)
+    phases: dict = {
+        "blocks": nblk,
+        "block_shape": list(blocks[0].shape),
+        "output": {
+            "chunks": list(out_chunks),
+            "dtype": out_dtype.name,
+            "compressors": [repr(c) for c in out_comp],
+        },
+    }
+    read_arr = (
+        src_arr if target != "dequant" else zarr.open_array(os.path.join(a["q"], "data"), mode="r")
+    )
     t = time.perf_counter()
     for b in blocks:
-        src.read(b.key)
-    phases["read_only_sequential_s"] = time.perf_counter() - t
-
-    from qstream.api.arrays import affine_dequantize, affine_quantize
-    from qstream.engine.blockmath import block_errors
-    from qstream.layout import plan_layout
-    from qstream.qtypes import qtype
-    from qstream.rounding import round_code
-
-    x = src.read(blocks[0].key)
-    qt = qtype("int8")
-    s = np.float32(0.001).reshape(())
-    z = np.float64(0.0).reshape(())
-    layout = plan_layout(x.shape, (), None, None)
-    code = round_code("half_to_even")
+        np.ascontiguousarray(read_arr[b.key])
+    phases["read_only_s"] = time.perf_counter() - t
+    x = np.ascontiguousarray(src_arr[blocks[0].key])
+    q = np.asarray(qs.quantize(x, 0.001, dtype="int8"))
+    block = q if target != "dequant" else np.asarray(qs.dequantize(q, 0.001))
+    wpath = dst + "-write-only"
+    writes = {}
+    writes["as qstream writes"] = _time_writes(
+        wpath, shape, out_chunks, out_dtype, out_comp, blocks, block.view(out_dtype)
+    )
+    writes["write_empty_chunks=True"] = _time_writes(
+        wpath,
+        shape,
+        out_chunks,
+        out_dtype,
+        out_comp,
+        blocks,
+        block.view(out_dtype),
+        config={"write_empty_chunks": True},
+    )
+    writes["one chunk per block"] = _time_writes(
+        wpath, shape, tuple(blocks[0].shape), out_dtype, out_comp, blocks, block.view(out_dtype)
+    )
+    if out_comp:
+        writes["uncompressed"] = _time_writes(
+            wpath, shape, out_chunks, out_dtype, None, blocks, block.view(out_dtype)
+        )
+    phases["write_only_s"] = writes
     reps = 5
     per = collections.defaultdict(float)
     for _ in range(reps):
         t = time.perf_counter()
-        bad = ~np.isfinite(x)
-        bad.any()
-        per["isfinite check"] += time.perf_counter() - t
+        qk = qs.quantize(x, 0.001, dtype="int8")
+        per["qstream.quantize"] += time.perf_counter() - t
         t = time.perf_counter()
-        q = affine_quantize(x, s, z, layout, qt, code=code)
-        per["affine_quantize (kernel)"] += time.perf_counter() - t
+        qs.dequantize(qk, 0.001)
+        per["qstream.dequantize"] += time.perf_counter() - t
+    phases["kernels_alone_extrapolated_s"] = {k: v / reps * nblk for k, v in per.items()}
+    if target != "dequant":
+        # the whole quantize pass without file I/O: a NumPy source of 16 blocks into memory://
+        k = min(16, nblk)
+        xs = np.ascontiguousarray(src_arr[0 : k * blocks[0].shape[0]])
+        qs.quantize_store(xs, "memory://bench-nofile", spec, overwrite=True)  # warm
         t = time.perf_counter()
-        xhat = affine_dequantize(q, s, z, layout, qt)
-        per["affine_dequantize (kernel)"] += time.perf_counter() - t
-        t = time.perf_counter()
-        s_e = layout.expand(s).astype(np.float64)
-        z_e = layout.expand(z).astype(np.float64)
-        block_errors(x, xhat, s_e, z_e, qt, qt.qmin, qt.qmax, None, 1, 0)
-        per["block_errors (numpy float64)"] += time.perf_counter() - t
-    nblk = len(blocks)
-    phases["compute_per_block_s"] = {k: v / reps for k, v in per.items()}
-    phases["compute_extrapolated_s"] = {k: v / reps * nblk for k, v in per.items()}
-    wdst = dst + "-write-only"
-    shutil.rmtree(wdst, ignore_errors=True)
-    out_arr = zarr.create_array(wdst, shape=src.shape, chunks=chunks, dtype="int8", fill_value=0)
-    qb = np.asarray(q)
-    t = time.perf_counter()
-    for b in blocks:
-        out_arr[b.key] = qb[: b.shape[0]]
-    phases["write_only_sequential_s"] = time.perf_counter() - t
-    shutil.rmtree(wdst, ignore_errors=True)
-    phases["blocks"] = nblk
-    phases["block_shape"] = list(blocks[0].shape)
+        qs.quantize_store(xs, "memory://bench-nofile", spec, overwrite=True)
+        phases["pass_without_file_io_extrapolated_s"] = (time.perf_counter() - t) * nblk / k
+        del xs
+    # what compute() spent its time in (cProfile callees, calling thread)
+    ckeys = [
+        k for k in st.stats if k[2] == "compute" and k[0].endswith(os.path.join("api", "stores.py"))
+    ]
+    callees = []
+    for (fn, line, name), v in st.stats.items():
+        for ck in ckeys:
+            if ck in v[4]:
+                edge = v[4][ck]
+                callees.append(
+                    {
+                        "function": f"{os.path.basename(fn)}:{line}({name})",
+                        "calls": edge[0],
+                        "cumtime": edge[3],
+                    }
+                )
+    phases["compute_total_s"] = sum(st.stats[k][3] for k in ckeys)
+    phases["compute_callees"] = sorted(callees, key=lambda r: -r["cumtime"])[:10]
     return {
+        "target": target,
         "seconds": wall,
         "warmup_s": warm,
         "bytes": a["src_bytes"],
@@ -752,9 +821,30 @@ CHILDREN = {
     "dequant": child_dequant,
     "read_matrix": child_read_matrix,
     "profile": child_profile,
+    "profile_dequant": child_profile,
     "entropy_search": child_entropy,
     **{c: child_quantize for c in QSPECS},
 }
+
+
+def qstream_fingerprint() -> str:
+    """sha256 (12 hex) of the qstream package's .py sources, to tell runs on different code
+    apart (qstream may change between cases)."""
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("qstream")
+    root = os.path.dirname(spec.origin) if spec and spec.origin else None
+    h = hashlib.sha256()
+    if root:
+        for d, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    h.update(os.path.relpath(os.path.join(d, f), root).encode())
+                    with open(os.path.join(d, f), "rb") as fh:
+                        h.update(fh.read())
+    return h.hexdigest()[:12]
 
 
 def child_main(arg: str) -> int:
@@ -762,11 +852,16 @@ def child_main(arg: str) -> int:
 
     a = json.loads(arg)
     rss_start = proc_status("VmRSS")
+    code = qstream_fingerprint()
+    head = git_state()["commit"]
     res = CHILDREN[a["case"]](a)
+    code_after = qstream_fingerprint()
     ru = resource.getrusage(resource.RUSAGE_SELF)
     res.update(
         {
             "rss_start_mb": rss_start,
+            "qstream_code": code if code == code_after else f"{code}->{code_after}",
+            "git_head": head,
             "vmhwm_mb": proc_status("VmHWM"),
             "ru_maxrss_mb": ru.ru_maxrss / 1024,
             "cpu_total_s": ru.ru_utime + ru.ru_stime,
@@ -918,7 +1013,7 @@ def measure(
         "q": paths[f"q_{variant}"],
     }
     runs = []
-    n = repeat if case not in ("read_matrix", "profile", "entropy_search") else 1
+    n = repeat if case not in ("read_matrix", "profile", "profile_dequant", "entropy_search") else 1
     while True:
         runs.append(run_child(a))
         if runs[-1].get("error"):
@@ -946,15 +1041,25 @@ def fmt(v, spec=".2f", dash="–"):
     return dash if v is None else format(v, spec)
 
 
-def print_table(rows: list[dict], base: dict) -> None:
+def code_letters(rows: list[dict]) -> dict:
+    """One letter per distinct qstream source fingerprint seen by the qstream cases."""
+    seen: dict[str, str] = {}
+    for r in rows:
+        c = r.get("qstream_code")
+        if c and not r["case"].startswith(("zarr_", "files")) and c not in seen:
+            seen[c] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[min(len(seen), 25)]
+    return seen
+
+
+def print_table(rows: list[dict], base: dict, letters: dict) -> None:
     hdr = (
         f"{'case':<15} {'variant':<5} {'size':>6} {'passes':>6} {'warm s':>8} {'1st s':>8} "
-        f"{'GB/s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7} {'busy':>5}  what"
+        f"{'GB/s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7} {'busy':>5} {'code':>4}  what"
     )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        if r["case"] in ("read_matrix", "profile", "entropy_search"):
+        if r["case"] in ("read_matrix", "profile", "profile_dequant", "entropy_search"):
             continue
         s = r.get("seconds")
         b = base.get((r["variant"], r["size_bytes"]))
@@ -967,15 +1072,19 @@ def print_table(rows: list[dict], base: dict) -> None:
             f"{fmt(r.get('passes'), 'd'):>6} {fmt(s, '.3f'):>8} {fmt(r.get('first_s'), '.3f'):>8} "
             f"{fmt(gbps):>6} {fmt(ratio):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>7} "
             f"{fmt(r.get('cpu_total_s'), '.1f'):>7} {fmt(busy, '.0f'):>4}%"
-            f"{'!' if (busy or 0) > 100 * BUSY else ' '} {DESCRIPTIONS.get(r['case'], '')}"
+            f"{'!' if (busy or 0) > 100 * BUSY else ' '} "
+            f"{letters.get(r.get('qstream_code'), '') if r['case'][:1] in 'qdp' else '':>4}"
+            f"  {DESCRIPTIONS.get(r['case'], '')}"
             + (f"  ERROR: {r['error'].splitlines()[-1]}" if r.get("error") else "")
         )
 
 
-def print_profile(p: dict) -> None:
+def print_profile(p: dict, letters: dict) -> None:
+    what = "dequantize_store" if p.get("target") == "dequant" else "the explicit-params quantize"
     print(
-        f"\n## where the explicit-params case spends its time ({fmt(p['seconds'])} s wall, "
-        f"{fmt(p['cpu_s'])} s CPU on {os.cpu_count()} cores; sampler every "
+        f"\n## where {what} spends its time ({p['variant']}, code "
+        f"{letters.get(p.get('qstream_code'), '?')}: {fmt(p['seconds'])} s wall, "
+        f"{fmt(p['cpu_s'])} s CPU on {os.cpu_count()} cores; stack samples every "
         f"{p['sampler']['interval_s'] * 1e3:.0f} ms, {p['sampler']['ticks']} ticks)"
     )
     print("  thread-seconds by thread role and state (stack samples):")
@@ -991,16 +1100,30 @@ def print_profile(p: dict) -> None:
             f"  busiest innermost frames, {role}: "
             + ", ".join(f"{k} {v:.2f} s" for k, v in frames.items())
         )
-    print("  cProfile (main thread, compute), top tottime:")
+    print("  cProfile (calling thread), top tottime:")
     for r in p["cprofile_main_thread_top_tottime"][:8]:
         print(f"    {r['tottime']:8.2f} s  {r['calls']:>6}  {r['function']}")
     ph = p["phases"]
+    if ph["compute_callees"]:
+        print(
+            f"  compute() total {ph['compute_total_s']:.2f} s; its callees: "
+            + ", ".join(f"{c['function']} {c['cumtime']:.2f} s" for c in ph["compute_callees"][:6])
+        )
+    o = ph["output"]
     print(
-        f"  standalone phases (same plan: {ph['blocks']} blocks of {ph['block_shape']}): "
-        f"read-only {ph['read_only_sequential_s']:.2f} s, write-only int8 "
-        f"{ph['write_only_sequential_s']:.2f} s, compute extrapolated: "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in ph["compute_extrapolated_s"].items())
+        f"  standalone phases, same plan ({ph['blocks']} blocks of {ph['block_shape']}; output "
+        f"{o['dtype']} chunks {o['chunks']}, compressors {o['compressors'] or 'none'}):"
     )
+    print(f"    {'read only (sequential)':<36}{ph['read_only_s']:6.2f} s")
+    for k, v in ph["write_only_s"].items():
+        print(f"    write only, {k:<24}{v:6.2f} s")
+    for k, v in ph["kernels_alone_extrapolated_s"].items():
+        print(f"    {k + ' alone, x' + str(ph['blocks']) + ' blocks':<36}{v:6.2f} s")
+    if "pass_without_file_io_extrapolated_s" in ph:
+        print(
+            "    the quantize pass without file I/O (NumPy source -> memory://), "
+            f"extrapolated {ph['pass_without_file_io_extrapolated_s']:.2f} s"
+        )
 
 
 def print_matrix(r: dict) -> None:
@@ -1118,7 +1241,7 @@ def main(argv=None) -> int:
     )
     all_variants = sorted(set(variants) | set(qvariants), key=["raw", "zstd"].index)
     data = ensure_data(args.workdir, nbytes, all_variants)
-    if "dequant" in cases:
+    if "dequant" in cases or "profile_dequant" in cases:
         for v in qvariants + (["zstd"] if "dequant" in zstd_q and "zstd" in variants else []):
             r = run_child(
                 {"case": "prep_q", "src": data["paths"][v], "dst": data["paths"][f"q_{v}"]}
@@ -1130,7 +1253,7 @@ def main(argv=None) -> int:
     base: dict = {}
     extras: dict = {}
     for case in cases:
-        if case in ("profile", "entropy_search"):
+        if case in ("profile", "profile_dequant", "entropy_search"):
             continue
         vs = variants if case in BASELINES else qvariants
         if case in zstd_q and "zstd" in variants and "zstd" not in vs:
@@ -1153,9 +1276,10 @@ def main(argv=None) -> int:
                 extras.setdefault("read_matrix", []).append(r)
             else:
                 results.append(r)
-    if "profile" in cases:
-        print("# profile [q_explicit, raw] ...", flush=True)
-        extras["profile"] = measure("profile", qvariants[0], data, args.workdir, 1)
+    for case in ("profile", "profile_dequant"):
+        if case in cases:
+            print(f"# {case} [{qvariants[0]}] ...", flush=True)
+            extras[case] = measure(case, qvariants[0], data, args.workdir, 1)
     if "entropy_search" in cases:
         print("# entropy_search ...", flush=True)
         extras["entropy"] = measure("entropy_search", "raw", data, args.workdir, 1)
@@ -1188,11 +1312,25 @@ def main(argv=None) -> int:
         "process; x (a) = time / zarr chunk-by-chunk read time of the same variant and size; "
         "GB/s = source bytes / time; RSS = peak of that process)"
     )
-    print_table(results + rss_rows, base)
+    letters = code_letters(results + rss_rows + [v for v in extras.values() if isinstance(v, dict)])
+    print_table(results + rss_rows, base, letters)
+    allr = results + rss_rows + [v for v in extras.values() if isinstance(v, dict)]
+    for code, letter in letters.items():
+        heads = sorted(
+            {(r.get("git_head") or "?")[:9] for r in allr if r.get("qstream_code") == code}
+        )
+        cases = [r["case"] for r in allr if r.get("qstream_code") == code]
+        print(
+            f"  code {letter}: qstream sources sha256 {code} (git HEAD {', '.join(heads)};"
+            f" {len(cases)} cases)"
+        )
+    if len(letters) > 1:
+        print("  ! qstream changed during the run: compare only rows with the same code letter")
     for r in extras.get("read_matrix", []):
         print_matrix(r)
-    if extras.get("profile") and not extras["profile"].get("error"):
-        print_profile(extras["profile"])
+    for case in ("profile", "profile_dequant"):
+        if extras.get(case) and not extras[case].get("error"):
+            print_profile(extras[case], letters)
     ent = extras.get("entropy")
     if ent and not ent.get("error"):
         print(
