@@ -328,18 +328,22 @@ def child_quantize(a: dict) -> dict:
 
 
 def child_prep_q(a: dict) -> dict:
-    """The quantized input of the dequantize case (explicit int8); qstream itself skips the
-    work when a complete output with the same fingerprint exists."""
+    """The quantized input of the dequantize cases (explicit int8), rewritten on every run so
+    that it is what the current qstream writes (its chunks and compressors: the dequantized
+    output inherits them)."""
+    import zarr
+
     import qstream as qs
-    from qstream.errors import StoreError
 
     spec = qs.QuantSpec(**QSPECS["q_explicit"][0])
     t0 = time.perf_counter()
-    try:
-        qs.quantize_store(a["src"], a["dst"], spec)
-    except StoreError:
-        qs.quantize_store(a["src"], a["dst"], spec, overwrite=True)
-    return {"seconds": time.perf_counter() - t0}
+    qs.quantize_store(a["src"], a["dst"], spec, overwrite=True)
+    data = zarr.open_array(os.path.join(a["dst"], "data"), mode="r")
+    return {
+        "seconds": time.perf_counter() - t0,
+        "chunks": list(data.chunks),
+        "compressors": [repr(c) for c in data.compressors],
+    }
 
 
 def child_dequant(a: dict) -> dict:
@@ -1248,6 +1252,13 @@ def main(argv=None) -> int:
             )
             if r.get("error"):
                 print(f"  ! preparing the dequantize input failed: {r['error']}")
+            else:
+                data.setdefault("dequant_input", {})[v] = r
+                print(
+                    f"# dequantize input [{v}]: int8 chunks {r['chunks']}, compressors "
+                    f"{r['compressors'] or 'none'} ({r['seconds']:.1f} s)",
+                    flush=True,
+                )
 
     results: list[dict] = []
     base: dict = {}
