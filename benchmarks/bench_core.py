@@ -34,6 +34,8 @@ import sys
 import tempfile
 import time
 
+from _common import git_state
+
 THREADS = 2
 BUSY = 0.05  # other processes using more than this fraction of the CPUs: timings are disturbed
 SCALE = 0.37
@@ -170,23 +172,6 @@ class CpuMonitor:
             out["foreign_cpu_frac"] = foreign / (wall * (os.cpu_count() or 1))
             out["steal_s"] = st1 - st0
         return out
-
-
-def git_state() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(
-            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--", "qstream"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return {"commit": head, "qstream_dirty": bool(dirty)}
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "qstream_dirty": None}
 
 
 def cpu_model() -> str:

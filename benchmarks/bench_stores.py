@@ -40,6 +40,8 @@ import sys
 import threading
 import time
 
+from _common import git_state
+
 COLS = 4096
 CHUNK_ROWS = 256
 SCALE_STD = 0.02
@@ -145,23 +147,6 @@ def proc_status(key: str) -> float | None:
     except OSError:
         pass
     return None
-
-
-def git_state() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(
-            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--", "qstream"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        return {"commit": head, "qstream_dirty": bool(dirty)}
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "qstream_dirty": None}
 
 
 def data_paths(workdir: str, nbytes: int) -> dict:

@@ -177,34 +177,6 @@ def _print_error_table(title: str, error: dict | None):
         Console().print(w)
 
 
-def _spec(
-    dtype,
-    axis,
-    block_size,
-    symmetric,
-    method,
-    percentile,
-    round_mode,
-    scale,
-    zero_point,
-    nan_policy,
-):
-    from qstream.spec import QuantSpec
-
-    return QuantSpec(
-        dtype=dtype,
-        axis=axis,
-        block_size=block_size,
-        symmetric=symmetric,
-        method=method,
-        percentile=percentile,
-        round_mode=round_mode,
-        nan_policy=nan_policy,
-        scale=scale,
-        zero_point=zero_point,
-    )
-
-
 # --------------------------------------------------------------------------- commands
 
 _DTYPE = typer.Option("int8", "--dtype", help=f"Quantized type: {', '.join(DTYPES)}.")
@@ -247,17 +219,17 @@ def quantize(
     with _errors():
         import qstream as qs
 
-        spec = _spec(
-            dtype,
-            axis,
-            block_size,
-            symmetric,
-            method,
-            percentile,
-            round_mode,
-            scale,
-            zero_point,
-            nan_policy,
+        spec = qs.QuantSpec(
+            dtype=dtype,
+            axis=axis,
+            block_size=block_size,
+            symmetric=symmetric,
+            method=method,
+            percentile=percentile,
+            round_mode=round_mode,
+            nan_policy=nan_policy,
+            scale=scale,
+            zero_point=zero_point,
         )
         with _progress("quantize", quiet or as_json) as cb:
             report = qs.quantize_store(
@@ -324,17 +296,13 @@ def calibrate(
     with _errors():
         import qstream as qs
 
-        spec = _spec(
-            dtype,
-            axis,
-            block_size,
-            symmetric,
-            method,
-            percentile,
-            "half_to_even",
-            None,
-            None,
-            "error",
+        spec = qs.QuantSpec(
+            dtype=dtype,
+            axis=axis,
+            block_size=block_size,
+            symmetric=symmetric,
+            method=method,
+            percentile=percentile,
         )
         with _progress("calibrate", quiet or as_json) as cb:
             cal = qs.calibrate(src, spec, max_memory=_size(max_memory), progress=cb)

@@ -1,4 +1,4 @@
-"""Calling kernels safely: Numba's threading layer and thread counts.
+"""Calling kernels safely: Numba's threading layer.
 
 Numba's ``workqueue`` layer aborts the process when two Python threads run parallel kernels at
 once. qstream prefers ``omp`` then ``tbb``; if Numba still ends up on ``workqueue``, kernel
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
 
 import numba
 
@@ -38,17 +37,3 @@ def threading_layer() -> str | None:
         return numba.threading_layer()
     except ValueError:
         return None
-
-
-@contextmanager
-def num_threads(n: int | None):
-    """Limit Numba's threads for kernels called from this thread (``None``: leave as is)."""
-    if n is None:
-        yield
-        return
-    old = numba.get_num_threads()
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
-    try:
-        yield
-    finally:
-        numba.set_num_threads(old)
