@@ -40,6 +40,13 @@ Documented choices:
   blocks that depend on the machine's thread count, and each block has its own scalar tail.
   For those tensors, NaN outputs near block ends cannot be predicted, and this module may
   differ there. Finite inputs are unaffected.
+- **oneDNN.** These are TF's own kernels. TensorFlow builds for x86-64 enable "oneDNN custom
+  operations" by default on CPUs with AVX512_VNNI, AVX512_BF16 or AMX, and then run qint8/quint8
+  QuantizeV2 with SCALED + HALF_TO_EVEN, and MIN_FIRST, through ``_MklQuantizeV2``, which scales
+  differently (observed on such a CPU: qint8 SCALED over [-1, 1] maps -1 to -128 and returns the
+  range [-1, 1] instead of [-1.0078740, 1]; quint8 MIN_FIRST matches MIN_COMBINED; qint32 SCALED
+  HALF_TO_EVEN raises "No registered '_MklQuantizeV2' OpKernel"). Run TF with
+  ``TF_ENABLE_ONEDNN_OPTS=0`` to get the results this module reproduces on every CPU.
 - ``input`` must be float32. A NumPy array of another dtype raises ``InvalidDTypeError``;
   TF's eager wrapper would cast it silently, but the op itself only takes float32. Python
   scalars and lists are converted to float32, as TF converts them. ``min_range`` and
