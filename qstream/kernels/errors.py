@@ -1,82 +1,147 @@
-"""Quantization error sums, fused: read x and q once, never materialise the dequantized block.
+"""Quantization error sums: read x and q, never materialise the dequantized block.
 
 Arrays use the quantize layout (``qstream.layout``): x and q ``[O, C, I]``, parameters
 ``[Op, Cp, Ip]``. The channel of an element is its ``c`` index, or its ``i`` index when the
 quantized axis was moved to the inner position (``chan_inner``); per tensor there is one.
 Sums are taken per tile (a partition that does not depend on the thread count) and folded in
 tile order, so results are identical at every thread count.
+
+Speed: the inner loops are branch-free and vectorise. The largest error is an integer max
+over the float64 bit patterns of ``|e|`` (non-negative floats order like their bits), because
+Numba's float ``max`` is a compare-and-select that LLVM does not vectorise. A run is summed
+as if every value were finite while non-finite values are counted by their exponent bits;
+only a run that holds some is summed again, skipping them.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from .affine import TILE, tile_coords
 
 # columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
 N_SUMS = 8
+# reassoc: lets LLVM vectorise the float64 reductions (the order is fixed per tile, so results
+# still do not depend on the thread count). NaN/inf semantics stay exact: no nnan/ninf.
+_FAST = {"reassoc", "nsz"}
+
+
+@intrinsic
+def _bits(typingctx, v):
+    """The bit pattern of a float64 as an int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _from_bits(typingctx, v):
+    """The float64 whose bit pattern is the int64 ``v``."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+_EXP = np.int64(0x7FF0000000000000)
 
 
 @njit(inline="always", cache=True)
-def _accumulate(acc, k, xv, qv, s, z, lo_x, hi_x):
-    """Add one element to row ``k`` of ``acc`` (used where channels change per element)."""
-    if xv - xv != 0:  # NaN or +-inf
-        acc[k, 7] += 1.0
-        return
-    y = np.float64(np.float32((np.float32(qv) - z) * s))  # the dequantized value
-    x = np.float64(xv)
-    e = x - y
-    acc[k, 0] += 1.0
-    acc[k, 1] += x * x
-    acc[k, 2] += e * e
-    acc[k, 3] += x * y
-    acc[k, 4] += y * y
-    acc[k, 5] = max(acc[k, 5], abs(e))
-    if x > hi_x * s or x < lo_x * s:
-        acc[k, 6] += 1.0
+def _nonfinite(x):
+    """1 if the float64 ``x`` is NaN or +-inf, else 0: an integer test on its exponent bits,
+    immune to fast-math flags (Numba's parallel loops may compile with all of them)."""
+    return np.int32((_bits(x) & _EXP) == _EXP)
 
 
-@njit(inline="always", cache=True, fastmath={"reassoc"})
-def _tile_sums(xs, qs, s, z, lo_x, hi_x, acc, t):
-    """Sums of a run of elements sharing one scale/zero point, in registers, branch-free."""
-    n = 0.0
+@njit(inline="always", cache=True)
+def _dequantized(qv, s, z):
+    # (q - zp) * scale in the parameters' float type (float64 for 32-bit q), rounded to
+    # float32 as dequantize stores it
+    return np.float64(np.float32((qv - z) * s))
+
+
+@njit(inline="always", cache=True, fastmath=_FAST)
+def _run_sums(xs, qs, s, z, lo, hi, acc, t):
+    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``."""
+    n = xs.shape[0]
     sx2 = 0.0
     se2 = 0.0
     sxy = 0.0
     sy2 = 0.0
-    emax = 0.0
-    clip = 0.0
-    bad = 0.0
-    lo = lo_x * s
-    hi = hi_x * s
-    for i in range(xs.shape[0]):
-        xv = xs[i]
-        fin = xv - xv == 0  # False for NaN and +-inf
-        y = np.float64(np.float32((np.float32(qs[i]) - z) * s)) if fin else 0.0
-        x = np.float64(xv) if fin else 0.0
+    emax = np.int64(0)
+    clip = np.int32(0)
+    bad = np.int32(0)
+    for i in range(n):  # fast path: assumes every value finite, counts those that are not
+        x = np.float64(xs[i])
+        y = _dequantized(qs[i], s, z)
         e = x - y
-        n += 1.0 if fin else 0.0
-        bad += 0.0 if fin else 1.0
         sx2 += x * x
         se2 += e * e
         sxy += x * y
         sy2 += y * y
-        emax = max(emax, abs(e))
-        clip += 1.0 if (x > hi or x < lo) else 0.0
-    acc[t, 0] += n
+        emax = max(emax, _bits(abs(e)))
+        clip += np.int32((x > hi) | (x < lo))
+        bad += _nonfinite(x)
+    if bad:  # rare: sum again, skipping NaN and +-inf
+        sx2 = 0.0
+        se2 = 0.0
+        sxy = 0.0
+        sy2 = 0.0
+        emax = np.int64(0)
+        clip = np.int32(0)
+        for i in range(n):
+            x = np.float64(xs[i])
+            if _nonfinite(x):
+                continue
+            y = _dequantized(qs[i], s, z)
+            e = x - y
+            sx2 += x * x
+            se2 += e * e
+            sxy += x * y
+            sy2 += y * y
+            emax = max(emax, _bits(abs(e)))
+            clip += np.int32((x > hi) | (x < lo))
+    acc[t, 0] += n - bad
     acc[t, 1] += sx2
     acc[t, 2] += se2
     acc[t, 3] += sxy
     acc[t, 4] += sy2
-    acc[t, 5] = max(acc[t, 5], emax)
+    acc[t, 5] = max(acc[t, 5], _from_bits(emax))
     acc[t, 6] += clip
     acc[t, 7] += bad
 
 
-# reassoc only: lets LLVM vectorise the float64 reductions; NaN/inf semantics are untouched,
-# and the tile partition keeps the sums identical at every thread count.
-@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc"})
+@njit(inline="always", cache=True, fastmath=_FAST)
+def _row_sums(xs, qs, ss, zs, qmin, qmax, n, x2, e2, xy, y2, emax, clip, bad):
+    """Channels along the row: element ``j`` is channel ``j`` of the accumulators (one array
+    per sum, vertical updates, so the loop vectorises); ``ss``/``zs`` one value per element."""
+    for j in range(xs.shape[0]):
+        s = ss[j]
+        z = zs[j]
+        x = np.float64(xs[j])
+        fin = _nonfinite(x) == 0
+        x = x if fin else 0.0
+        y = _dequantized(qs[j], s, z) if fin else 0.0
+        e = x - y
+        n[j] += 1.0 if fin else 0.0
+        x2[j] += x * x
+        e2[j] += e * e
+        xy[j] += x * y
+        y2[j] += y * y
+        emax[j] = max(emax[j], _bits(abs(e)))
+        clip[j] += 1.0 if (x > (qmax - z + 0.5) * s) | (x < (qmin - z - 0.5) * s) else 0.0
+        bad[j] += 0.0 if fin else 1.0
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
 def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out):
     """Add the error sums of one block to ``out[channels, N_SUMS]``.
 
@@ -87,28 +152,60 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     p_outer = scale.shape[0]
     p_inner = scale.shape[2]
     if chan_inner:
-        groups = (n_inner + 63) // 64
-        for g in prange(groups):
-            i0 = g * 64
-            i1 = min(n_inner, i0 + 64)
+        groups = (n_inner + 255) // 256
+        for g in prange(groups):  # each group owns its channels: no shared sums
+            i0 = g * 256
+            i1 = min(n_inner, i0 + 256)
+            m = i1 - i0
+            n = np.zeros(m)
+            x2 = np.zeros(m)
+            e2 = np.zeros(m)
+            xy = np.zeros(m)
+            y2 = np.zeros(m)
+            clip = np.zeros(m)
+            bad = np.zeros(m)
+            emax = np.zeros(m, np.int64)
+            ss = np.empty(m, scale.dtype)
+            zs = np.empty(m, zero_point.dtype)
             for o in range(n_outer):
                 po = o if p_outer > 1 else 0
                 for c in range(n_c):
-                    sr = scale[po, c // cblock]
-                    zr = zero_point[po, c // cblock]
-                    for i in range(i0, i1):
-                        pi = i // iblock if p_inner > 1 else 0
-                        z = zr[pi]
-                        _accumulate(
-                            out,
-                            i,
-                            x[o, c, i],
-                            q[o, c, i],
-                            sr[pi],
-                            z,
-                            qmin - z - 0.5,
-                            qmax - z + 0.5,
-                        )
+                    if o == 0 or p_outer > 1:  # the parameters of each element of the row
+                        sr = scale[po, c // cblock]
+                        zr = zero_point[po, c // cblock]
+                        j = 0
+                        while j < m:  # runs sharing one parameter (no division per element)
+                            pi = 0 if p_inner == 1 else (i0 + j) // iblock
+                            end = m if p_inner == 1 else min(m, (pi + 1) * iblock - i0)
+                            ss[j:end] = sr[pi]
+                            zs[j:end] = zr[pi]
+                            j = end
+                    _row_sums(
+                        x[o, c, i0:i1],
+                        q[o, c, i0:i1],
+                        ss,
+                        zs,
+                        qmin,
+                        qmax,
+                        n,
+                        x2,
+                        e2,
+                        xy,
+                        y2,
+                        emax,
+                        clip,
+                        bad,
+                    )
+            for j in range(m):
+                row = out[i0 + j]
+                row[0] += n[j]
+                row[1] += x2[j]
+                row[2] += e2[j]
+                row[3] += xy[j]
+                row[4] += y2[j]
+                row[5] = max(row[5], _from_bits(emax[j]))
+                row[6] += clip[j]
+                row[7] += bad[j]
         return
     n_tiles = (n_inner + TILE - 1) // TILE
     total = n_outer * n_c * n_tiles
@@ -117,24 +214,33 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
         o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
         sr = scale[po, pc]
         zr = zero_point[po, pc]
-        xs = x[o, c][i0:i1]
-        qs = q[o, c][i0:i1]
         if p_inner == 1:
+            s = sr[0]
             z = zr[0]
-            _tile_sums(xs, qs, sr[0], z, qmin - z - 0.5, qmax - z + 0.5, partial, t)
+            _run_sums(
+                x[o, c][i0:i1],
+                q[o, c][i0:i1],
+                s,
+                z,
+                (qmin - z - 0.5) * s,
+                (qmax - z + 0.5) * s,
+                partial,
+                t,
+            )
         else:
             i = i0
             while i < i1:  # runs that share a parameter
                 pi = i // iblock
                 end = min(i1, (pi + 1) * iblock)
+                s = sr[pi]
                 z = zr[pi]
-                _tile_sums(
+                _run_sums(
                     x[o, c][i:end],
                     q[o, c][i:end],
-                    sr[pi],
+                    s,
                     z,
-                    qmin - z - 0.5,
-                    qmax - z + 0.5,
+                    (qmin - z - 0.5) * s,
+                    (qmax - z + 0.5) * s,
                     partial,
                     t,
                 )
