@@ -891,12 +891,33 @@ def wait_idle(max_s: float) -> float:
     return time.perf_counter() - t0
 
 
+def warm_cache(path: str) -> float:
+    """Read every file under ``path`` once (untimed), so the case finds it in the page cache.
+
+    Needed on VMs that page out file cache left idle (here DAMON pages out page cache not
+    touched for ~60 s, at up to 128 MiB/s): without it a case may read part of its source from
+    disk, depending on how long ago the previous case touched it.
+    """
+    t0 = time.perf_counter()
+    buf = bytearray(8 << 20)
+    for root, _, files in os.walk(path):
+        for f in files:
+            with open(os.path.join(root, f), "rb", buffering=0) as fh:
+                while fh.readinto(buf):
+                    pass
+    return time.perf_counter() - t0
+
+
 def run_child(args: dict, *, retries: int = 1) -> dict:
     """Run one case in a fresh interpreter; peak RSS from os.wait4 (that child only); CPU used
-    meanwhile by other processes from /proc/stat minus the child's own CPU time."""
+    meanwhile by other processes from /proc/stat minus the child's own CPU time. The case's
+    source (and quantized input) are read once beforehand, untimed (see ``warm_cache``)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(args)]
     for attempt in range(retries + 1):
         os.sync()  # flush earlier cases' writes so their write-back does not land in this one
+        warmed = sum(
+            warm_cache(args[k]) for k in ("src", "q") if args.get(k) and os.path.isdir(args[k])
+        )
         waited = wait_idle(WAIT_IDLE[0])
         b0 = cpu_busy_s()
         t0 = time.perf_counter()
@@ -912,6 +933,7 @@ def run_child(args: dict, *, retries: int = 1) -> dict:
             res["peak_rss_mb"] = ru.ru_maxrss / 1024
             res["process_wall_s"] = wall
             res["waited_for_idle_s"] = waited
+            res["cache_warm_s"] = warmed
             if b0 is not None and b1 is not None:
                 foreign = max(0.0, (b1 - b0) - (ru.ru_utime + ru.ru_stime))
                 res["other_cpu_frac"] = foreign / (wall * (os.cpu_count() or 1))

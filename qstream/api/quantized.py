@@ -106,27 +106,41 @@ class QuantizedArray:
 
     def __getitem__(self, key) -> np.ndarray:
         key, squeeze = _normalize_key(key, self.shape)
-        q = self.quantized(key)
+        y = self.dequantize_region(key, self.quantized(key))
+        return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
+
+    def dequantize_region(self, key, q, dtype=np.float32, out=None) -> np.ndarray:
+        """Dequantize ``q``, the stored values of the region ``key`` (a tuple of step-1
+        slices), with the parameters that region uses; ``out`` optionally receives it."""
+        q = q.view(self.qtype.dtype) if q.dtype != self.qtype.dtype else q
         if self.axis is None:
             s, z = self.scale.reshape(()), self.zero_point.reshape(()).astype(np.float64)
             layout = plan_layout(q.shape, (), None, None)
         else:
             bs = self.spec.block_size
             k = self.axis
-            idx = np.arange(key[k].start, key[k].stop)
-            if bs:
+            if bs and key[k].start % bs == 0:  # the region starts on a parameter block
+                pk = tuple(
+                    slice(sl.start // bs, -(-sl.stop // bs)) if d == k else sl
+                    for d, sl in enumerate(key)
+                )
+                s, z = self.scale[pk], self.zero_point[pk].astype(np.float64)
+                layout = plan_layout(q.shape, s.shape, k, bs)
+            elif bs:  # an arbitrary slice: the parameters element by element (slow path)
+                idx = np.arange(key[k].start, key[k].stop)
                 pk = tuple(slice(None) if d == k else key[d] for d in range(self.ndim))
                 s = np.take(self.scale[pk], idx // bs, axis=k)
                 z = np.take(self.zero_point[pk], idx // bs, axis=k)
-            else:
-                s, z = self.scale[idx], self.zero_point[idx]
-            if bs:
                 y = (q.astype(np.float32) - z.astype(np.float32)) * s
-                return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
-            layout = plan_layout(q.shape, s.shape, k, None)
-            z = z.astype(np.float64)
-        y = affine_dequantize(q, s, z, layout, self.qtype)
-        return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
+                if out is None:
+                    return y.astype(dtype, copy=False)
+                out[...] = y
+                return out
+            else:
+                idx = slice(key[k].start, key[k].stop)
+                s, z = self.scale[idx], self.zero_point[idx].astype(np.float64)
+                layout = plan_layout(q.shape, s.shape, k, None)
+        return affine_dequantize(q, s, z, layout, self.qtype, np.dtype(dtype), out=out)
 
 
 def _normalize_key(key, shape):

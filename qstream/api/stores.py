@@ -6,7 +6,7 @@ Layout of a quantized array (a Zarr v3 group)::
       data                             "complete", "fingerprint", ...}
       scale         float32, the parameter shape ([] per tensor, [C] per axis, blocked shape)
       zero_point    the type's integer container (float types: float32 zeros)
-      _progress     uint8 [n_blocks]: 1 once a block has landed (resume)
+      _progress     uint8 [n_blocks]: 1 once a block (one data chunk) has landed (resume)
 
 Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8;
 float8/float4 as their uint8 bit patterns. Per-tensor arrays also carry CF ``scale_factor``/
@@ -36,10 +36,12 @@ from ..engine.blockmath import (
 )
 from ..engine.plan import Block, default_chunks, plan_blocks
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
-from ..io.stores import open_group, open_source
+from ..io.progress import BlockProgress
+from ..io.stores import ArrayWriter, open_group, open_source
 from ..layout import normalize_axis, plan_layout
 from ..qtypes import QType, float_dtype, is_float_dtype
 from ..rounding import round_code
+from ..scratch import scratch
 from ..spec import (
     HISTOGRAM_METHODS,
     Calibration,
@@ -57,11 +59,15 @@ FORMAT_VERSION = 1
 # Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
 # full pass over the data, and quantized/dequantized chunks are almost never empty.
 _WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
+# Chunk files side by side ("c.0.0"), not one directory per chunk row ("c/0/0"): creating a
+# directory costs as much as a file, and a block writes one chunk.
+_FLAT_KEYS = {"name": "default", "separator": "."}
+_PARAM_CHUNK = 1 << 18  # parameters per chunk of a per-axis scale/zero_point (at least)
 DEFAULT_BLOCK_BYTES = 16 << 20
-INFLIGHT = 3
-# bytes of working memory per source byte of a block (x, q, dequantized copy, float64 error
-# temporaries), used to turn max_memory into a block size
-_WORK_FACTOR = 14
+# bytes of working memory per float32 byte of a block held by one worker (the source block,
+# its float32 widening, the quantized block, a chunk's compressed bytes), used to turn
+# max_memory into a block size
+_WORK_FACTOR = 4
 
 
 # --------------------------------------------------------------------------- public API
@@ -119,8 +125,7 @@ def dequantize_store(
     t0 = time.perf_counter()
     arr = open_quantized(src, storage_options=storage_options)
     out_dtype = float_dtype(dtype)
-    budget = _block_budget(max_memory)
-    blocks = plan_blocks(arr.shape, arr.data.chunks, 4, budget)
+    blocks = plan_blocks(arr.shape, arr.data.chunks)
     # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
     # the logical dtype recorded in attrs["qstream"]["dtype"].
     stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
@@ -133,19 +138,15 @@ def dequantize_store(
         storage_options,
         compressors=arr.data.compressors,
     )
-    done = [0]
+    reader = open_source(arr.data)
+    writer = ArrayWriter(out)
 
-    def read(b: Block):
-        return arr[b.key]
+    def work(b: Block) -> None:
+        q = reader.read(b.key, out=scratch("q", b.shape, reader.dtype))
+        y = arr.dequantize_region(b.key, q, out_dtype, out=scratch("y", b.shape, out_dtype))
+        writer[b.key] = y.view(stored)
 
-    def write(b: Block, y):
-        y = y.astype(out_dtype) if y.dtype != out_dtype else y
-        out[b.key] = y.view(stored)
-        done[0] += 1
-        if progress:
-            progress(done[0], len(blocks))
-
-    pipeline.run(blocks, read, lambda b, y: y, write, inflight=INFLIGHT)
+    pipeline.run(blocks, work, progress=_counter(progress, len(blocks)))
     out.attrs["qstream"] = {"dequantized_from": str(src), "dtype": out_dtype.name, "complete": True}
     return {
         "source": str(src),
@@ -185,15 +186,16 @@ class _Job:
             ps[self.axis] = -(-ps[self.axis] // self.block_size)
             self.param_shape = tuple(ps)
         self.channels = 1 if self.axis is None else self.shape[self.axis]
+        self.budget = _block_budget(max_memory)
         self.chunks = default_chunks(
             self.shape,
-            self.source.dtype.itemsize,
+            max(4, self.source.dtype.itemsize),
             self.source.chunks,
             axis=self.axis,
             block_size=self.block_size,
+            budget=self.budget,
         )
-        itemsize = max(4, self.source.dtype.itemsize)
-        self.blocks = plan_blocks(self.shape, self.chunks, itemsize, _block_budget(max_memory))
+        self.blocks = plan_blocks(self.shape, self.chunks)
         self.dynamic = self.spec.scale is None and (
             spec.method == "dynamic" or (self.block_size is not None)
         )
@@ -208,43 +210,50 @@ class _Job:
     # ---- statistics and parameters
 
     def _read(self, b: Block) -> np.ndarray:
-        x = self.source.read(b.key)
-        self.bytes_read += x.nbytes
+        """Block ``b`` of the source as float32/float64 (a buffer of the calling thread)."""
+        x = self.source.read(b.key, out=scratch("source", b.shape, self.source.dtype))
         if x.dtype.itemsize < 4:  # float16 / bfloat16: widen exactly for the kernels
-            x = x.astype(np.float32)
+            wide = scratch("source-f32", b.shape, np.float32)
+            wide[...] = x
+            return wide
         return x
 
-    def _scan(self, compute, progress) -> None:
-        """One read-only pass over every block."""
-        pipeline.run(
-            self.blocks,
-            self._read,
-            compute,
-            inflight=INFLIGHT,
-            progress=_counter(progress, len(self.blocks)),
-        )
+    def _scan(self, work, merge, progress) -> None:
+        """One read-only pass over every block: ``work`` on the workers, ``merge`` in order."""
+        pipeline.run(self.blocks, work, merge, progress=_counter(progress, len(self.blocks)))
+        self._count_pass(self.blocks)
+
+    def _count_pass(self, blocks) -> None:
         self.passes += 1
+        self.bytes_read += sum(math.prod(b.shape) for b in blocks) * self.source.dtype.itemsize
+
+    def _offset(self, b: Block) -> int:
+        """The first channel of block ``b``."""
+        return b.start[self.axis] if self.axis is not None else 0
 
     def stats(self, progress=None) -> RangeStats:
-        """Pass 1: exact per-channel ranges, merged in place block by block (blocks are
-        computed in order, so the result never depends on how the work was cut)."""
+        """Pass 1: exact per-channel ranges, merged in block order (min/max and counts are
+        exact, so the result never depends on how the work was cut)."""
         total = RangeStats.empty(self.channels)
         first = []
 
-        def compute(b: Block, x):
+        def work(b: Block) -> RangeStats:
+            x = self._read(b)
             st = block_ranges(x, self.axis)
-            merge_into(total, st, b.start[self.axis] if self.axis is not None else 0)
-            if st.first_nonfinite >= 0:
+            if st.first_nonfinite >= 0:  # as an index into the whole array
                 local = np.unravel_index(st.first_nonfinite, x.shape)
-                first.append(
-                    int(
-                        np.ravel_multi_index(
-                            tuple(s + i for s, i in zip(b.start, local, strict=True)), self.shape
-                        )
-                    )
+                flat = np.ravel_multi_index(
+                    tuple(s + i for s, i in zip(b.start, local, strict=True)), self.shape
                 )
+                st = replace(st, first_nonfinite=int(flat))
+            return st
 
-        self._scan(compute, progress)
+        def merge(b: Block, st: RangeStats) -> None:
+            merge_into(total, st, self._offset(b))
+            if st.first_nonfinite >= 0:
+                first.append(st.first_nonfinite)
+
+        self._scan(work, merge, progress)
         return replace(total, first_nonfinite=min(first) if first else -1)
 
     def _check_nonfinite(self, st: RangeStats) -> None:
@@ -306,10 +315,9 @@ class _Job:
         edges_hi = np.maximum(-lo, hi) if sym else hi
         hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
 
-        def compute(b: Block, x):
-            v = channel_view(x, self.axis)
-            off = b.start[self.axis] if self.axis is not None else 0
-            sl = slice(off, off + v.shape[1])
+        def work(b: Block) -> np.ndarray:
+            v = channel_view(self._read(b), self.axis)
+            sl = slice(self._offset(b), self._offset(b) + v.shape[1])
             h = np.zeros((v.shape[1], self.spec.num_bins), np.int64)
             run(
                 channel_histograms,
@@ -319,9 +327,12 @@ class _Job:
                 sym,
                 h,
             )
-            hist[sl] += h
+            return h
 
-        self._scan(compute, progress)
+        def merge(b: Block, h: np.ndarray) -> None:
+            hist[self._offset(b) : self._offset(b) + h.shape[0]] += h
+
+        self._scan(work, merge, progress)
         return {"counts": hist, "lo": edges_lo, "hi": edges_hi, "abs": sym}
 
     def _explicit_params(self) -> QuantParams:
@@ -346,7 +357,6 @@ class _Job:
         h = hashlib.sha256()
         h.update(json.dumps(self.spec.to_dict(), sort_keys=True).encode())
         h.update(json.dumps(self.source.description, sort_keys=True, default=str).encode())
-        h.update(json.dumps(list(self.chunks)).encode())
         if cal.params is not None:
             h.update(np.ascontiguousarray(cal.params.scale).tobytes())
             h.update(np.ascontiguousarray(cal.params.zero_point).tobytes())
@@ -389,7 +399,10 @@ class _Job:
                 return None, meta["report"], len(self.blocks)
             if resume:
                 group = open_group(dst, mode="a")
-                done = np.asarray(group["_progress"][...])
+                # the interrupted job's chunks (another max_memory may plan others)
+                self.chunks = tuple(group["data"].chunks)
+                self.blocks = plan_blocks(self.shape, self.chunks)
+                done = BlockProgress.open(group).done()
                 todo = [b for b in self.blocks if not done[b.index]]
                 return group, todo, len(self.blocks) - len(todo)
         group = open_group(dst, mode="w")
@@ -408,16 +421,23 @@ class _Job:
             fill_value=0,
             compressors=self.source.compressors,
             config=_WRITE_ALL_CHUNKS,
+            chunk_key_encoding=_FLAT_KEYS,
         )
         if self.axis is None:
             pchunks: tuple[int, ...] = ()
-        elif not self.block_size:
-            pchunks = (self.chunks[self.axis],)
-        else:
+        elif not self.block_size:  # whole data chunks along the axis, ~1 MiB or more each
+            c = self.chunks[self.axis]
+            pchunks = (min(self.param_shape[0], c * max(1, _PARAM_CHUNK // c)),)
+        else:  # one parameter chunk per block: dynamic blocks write their own
             pc = list(self.chunks)
             pc[self.axis] = max(1, pc[self.axis] // self.block_size)
             pchunks = tuple(pc)
-        kw = {"shape": self.param_shape, "chunks": pchunks or None, "fill_value": 0}
+        kw = {
+            "shape": self.param_shape,
+            "chunks": pchunks or None,
+            "fill_value": 0,
+            "chunk_key_encoding": _FLAT_KEYS,
+        }
         if not pchunks:
             kw.pop("chunks")
         group.create_array("scale", dtype=np.float32, **kw)
@@ -425,9 +445,7 @@ class _Job:
         if cal.params is not None:
             group["scale"][...] = cal.params.scale
             group["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
-        group.create_array(
-            "_progress", shape=(len(self.blocks),), chunks=(1,), dtype=np.uint8, fill_value=0
-        )
+        BlockProgress.create(group, len(self.blocks))
         group.attrs["qstream"] = {
             "version": FORMAT_VERSION,
             "complete": False,
@@ -446,12 +464,10 @@ class _Job:
         if self.dynamic:
             if self.block_size:
                 lo, hi = block_slot_ranges(x, self.axis, self.block_size)
+                lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
             else:
-                lo, hi = (
-                    np.array(np.nanmin(np.where(np.isfinite(x), x, np.nan))),
-                    np.array(np.nanmax(np.where(np.isfinite(x), x, np.nan))),
-                )
-            lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
+                st = block_ranges(x, None)
+                lo, hi = (np.array(v[0] if st.count[0] else 0.0) for v in (st.min, st.max))
             from ..calibration.params import params_from_range
 
             s, z = params_from_range(
@@ -470,28 +486,35 @@ class _Job:
             )
         sl = b.key[self.axis]
         if self.block_size:
-            bs = self.block_size
-            pk = tuple(
-                slice(s.start // bs, -(-s.stop // bs)) if d == self.axis else s
-                for d, s in enumerate(b.key)
-            )
+            pk = self._param_key(b)
             s, z = p.scale[pk], p.zero_point[pk]
-            return s, z, plan_layout(x.shape, s.shape, self.axis, bs)
+            return s, z, plan_layout(x.shape, s.shape, self.axis, self.block_size)
         s, z = p.scale[sl], p.zero_point[sl]
         return s, z, plan_layout(x.shape, s.shape, self.axis, None)
 
     def _quantize_pass(self, group, cal, todo, progress):
-        data, prog = group["data"], group["_progress"]
+        data, prog = ArrayWriter(group["data"]), BlockProgress.open(group)
+        scale_out, zp_out = ArrayWriter(group["scale"]), ArrayWriter(group["zero_point"])
+        stored = group["data"].dtype
         qt = self.qt
         code = round_code(self.spec.round_mode)
         lo_q = qt.qmin + (1 if self.spec.narrow_range and not qt.is_float else 0)
         errors = ErrorStats.empty(self.channels)
         done = [len(self.blocks) - len(todo)]
 
-        def compute(b: Block, x):
+        def work(b: Block) -> ErrorStats:
+            x = self._read(b)
             s, z, layout = self._block_params(b, x, cal)
-            q = affine_quantize(x, s, z, layout, qt, code=code, narrow_range=self.spec.narrow_range)
-            off = b.start[self.axis] if self.axis is not None else 0
+            q = affine_quantize(
+                x,
+                s,
+                z,
+                layout,
+                qt,
+                code=code,
+                narrow_range=self.spec.narrow_range,
+                out=scratch("quantized", x.shape, qt.dtype),
+            )
             if qt.is_float:
                 xhat = affine_dequantize(q, s, None, layout, qt)
                 s_e = layout.expand(s).astype(np.float64)
@@ -501,34 +524,40 @@ class _Job:
                 err = block_errors_fused(x, q, s, z, layout, qt, lo_q, self.axis)
             if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
                 if self.spec.nan_policy == "error":
-                    self._check_nonfinite(self.stats())
+                    raise _NonFiniteBlock(b)
                 if self.spec.nan_policy == "zero_point" and not qt.is_float:
                     nan = np.isnan(x)
                     zp_e = np.broadcast_to(layout.expand(z), x.shape)
                     q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
-            merge_into(errors, err, off)  # in block order: deterministic
-            return q, s, z
+            data[b.key] = q.view(stored) if q.dtype != stored else q
+            if self.dynamic and self.block_size:
+                pk = self._param_key(b)
+                scale_out[pk] = np.asarray(s, np.float32)
+                zp_out[pk] = z.astype(group["zero_point"].dtype)
+            prog.mark(b.index)
+            return err
 
-        def write(b: Block, result):
-            q, s, z = result
-            data[b.key] = q.view(data.dtype) if q.dtype != data.dtype else q
-            if self.dynamic:
-                bs = self.block_size
-                if bs:
-                    pk = tuple(
-                        slice(k.start // bs, -(-k.stop // bs)) if d == self.axis else k
-                        for d, k in enumerate(b.key)
-                    )
-                    group["scale"][pk] = s
-                    group["zero_point"][pk] = z.astype(group["zero_point"].dtype)
-            prog[b.index] = 1
+        def merge(b: Block, err: ErrorStats) -> None:
+            merge_into(errors, err, self._offset(b))  # in block order: deterministic
             done[0] += 1
             if progress:
                 progress(done[0], len(self.blocks))
 
-        pipeline.run(todo, self._read, compute, write, inflight=INFLIGHT)
-        self.passes += 1
+        try:
+            pipeline.run(todo, work, merge)
+        except _NonFiniteBlock:
+            self._check_nonfinite(self.stats())  # the whole array's count and first index
+            raise
+        self._count_pass(todo)
         return errors
+
+    def _param_key(self, b: Block) -> tuple[slice, ...]:
+        """The region of a blocked parameter array that block ``b`` uses."""
+        bs = self.block_size
+        return tuple(
+            slice(k.start // bs, -(-k.stop // bs)) if d == self.axis else k
+            for d, k in enumerate(b.key)
+        )
 
     def _finish(self, group, cal, errors, dst, t0, resumed) -> QuantReport:
         qt = self.qt
@@ -561,11 +590,17 @@ class _Job:
 
 
 def _block_budget(max_memory: int | None) -> int:
+    """Bytes of one block: ``max_memory`` shared by the workers (one block each)."""
     if max_memory is None:
         return DEFAULT_BLOCK_BYTES
     if max_memory < 1 << 20:
         raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
-    return max(1 << 16, int(max_memory) // (_WORK_FACTOR * (INFLIGHT + 1)) * 4)
+    workers = pipeline.default_workers()
+    return max(1 << 16, int(max_memory) // (_WORK_FACTOR * workers))
+
+
+class _NonFiniteBlock(Exception):
+    """A block held NaN/inf under nan_policy='error' (the job then names the whole count)."""
 
 
 def _counter(progress, total):
@@ -596,6 +631,7 @@ def _create_plain_array(dst, shape, chunks, dtype, overwrite, storage_options, c
             fill_value=0,
             compressors=compressors,
             config=_WRITE_ALL_CHUNKS,
+            chunk_key_encoding=_FLAT_KEYS,
         )
     except zarr.errors.ContainsArrayError:
         raise StoreError(f"{dst} already exists; pass overwrite=True") from None

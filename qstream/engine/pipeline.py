@@ -1,12 +1,20 @@
-"""Run blocks through read -> compute -> write with a bounded number in flight.
+"""Run a job's blocks: ``work(block)`` on worker threads, ``merge(block, result)`` in order.
 
-Reads and writes run on a small thread pool (Zarr releases the GIL in its codecs and I/O);
-compute runs in the calling thread, where the Numba kernels use every core. At most
-``inflight`` blocks are held at once, so memory is bounded by the plan, never by the array.
+Each worker takes a whole block through read -> kernels -> write, with its own share of
+Numba's threads; there is no hand-off between an I/O pool and a compute thread, so on few
+cores no kernel waits for a thread that a read or a write holds. Results are merged in block
+order in the calling thread, so floating-point merges give the same bits whatever the number
+of workers or the order in which blocks finish. At most ``inflight`` blocks are started and
+not yet merged; a block's data lives only inside ``work``, so memory is bounded by
+``workers`` x one block, never by the array.
+
+This is the local executor; ``work`` is a function of the block alone (it opens nothing it
+was not given), so another executor (Dask) can run the same work elsewhere.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,53 +23,70 @@ from typing import Any
 from .plan import Block
 
 
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """Workers a job runs by default: one per kernel thread of the calling thread."""
+    from ..kernels.runtime import kernel_threads
+
+    return kernel_threads()
+
+
 def run(
     blocks: Iterable[Block],
-    read: Callable[[Block], Any],
-    compute: Callable[[Block, Any], Any],
-    write: Callable[[Block, Any], None] | None = None,
+    work: Callable[[Block], Any],
+    merge: Callable[[Block, Any], None] | None = None,
     *,
-    inflight: int = 3,
+    workers: int | None = None,
+    inflight: int | None = None,
     progress: Callable[[Block], None] | None = None,
 ) -> None:
-    """Read blocks ahead, compute each in order, write behind; propagate the first error."""
-    inflight = max(1, inflight)
-    pending_reads: deque[tuple[Block, Future]] = deque()
-    pending_writes: deque[tuple[Block, Future]] = deque()
-    todo = iter(blocks)
-    with ThreadPoolExecutor(max_workers=inflight + 1, thread_name_prefix="qstream-io") as pool:
-        try:
+    """Run ``work`` on every block and ``merge`` the results in block order.
 
-            def refill() -> None:
-                while len(pending_reads) + len(pending_writes) < inflight + 1:
+    ``workers`` defaults to the kernels' thread count (``numba.get_num_threads()``), capped by
+    the number of blocks; each worker runs kernels on ``threads // workers`` threads.
+    ``progress(block)`` is called after each merge. The first error stops the job: blocks not
+    started are dropped, running ones finish (their output stays valid for a resume).
+    """
+    from ..kernels.runtime import limit_threads
+
+    blocks = list(blocks)
+    if not blocks:
+        return
+    threads = default_workers()
+    workers = max(1, min(workers or threads, len(blocks)))
+    per_worker = max(1, threads // workers)
+    inflight = max(workers, inflight or 2 * workers)
+    pending: deque[tuple[Block, Future]] = deque()
+    todo = iter(blocks)
+    with ThreadPoolExecutor(
+        max_workers=workers,
+        thread_name_prefix="qstream-worker",
+        initializer=limit_threads,
+        initargs=(per_worker,),
+    ) as pool:
+        try:
+            while True:
+                while len(pending) < inflight:
                     b = next(todo, None)
                     if b is None:
-                        return
-                    pending_reads.append((b, pool.submit(read, b)))
-
-            refill()
-            while pending_reads:
-                block, fut = pending_reads.popleft()
-                result = compute(block, fut.result())
-                if write is not None:
-                    pending_writes.append((block, pool.submit(write, block, result)))
-                elif progress:
+                        break
+                    pending.append((b, pool.submit(work, b)))
+                if not pending:
+                    break
+                block, fut = pending.popleft()
+                result = fut.result()
+                if merge is not None:
+                    merge(block, result)
+                if progress is not None:
                     progress(block)
-                while pending_writes and (
-                    pending_writes[0][1].done() or len(pending_writes) >= inflight
-                ):
-                    b, w = pending_writes.popleft()
-                    w.result()
-                    if progress:
-                        progress(b)
-                refill()
-            while pending_writes:
-                b, w = pending_writes.popleft()
-                w.result()
-                if progress:
-                    progress(b)
         except BaseException:
-            # blocks already computed still land (a resume then skips them); reads are dropped
-            for _, f in pending_reads:
+            for _, f in pending:
                 f.cancel()
             raise

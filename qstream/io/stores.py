@@ -7,12 +7,13 @@ handy in notebooks and tests), or any fsspec URL (``s3://...``) with ``storage_o
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import StoreError
+from .chunks import ChunkFiles, chunk_files
 
 _MEMORY_STORES: dict[str, Any] = {}
 
@@ -48,6 +49,11 @@ class Source:
 
     array: Any  # zarr.Array or np.ndarray
     description: dict
+    files: ChunkFiles | None = field(default=None, repr=False)  # direct chunk reads
+
+    def __post_init__(self) -> None:
+        if self.files is None and self.description.get("kind") == "zarr":
+            self.files = chunk_files(self.array)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -72,8 +78,34 @@ class Source:
             return self.array.compressors
         return "auto"
 
-    def read(self, key: tuple[slice, ...]) -> np.ndarray:
-        return np.ascontiguousarray(self.array[key])
+    def read(self, key: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
+        """The values of the region ``key`` as a C-contiguous array (written into ``out``, of
+        the region's shape and the source's dtype, when given)."""
+        if self.files is not None:
+            if out is None:
+                out = np.empty(tuple(k.stop - k.start for k in key), self.dtype)
+            self.files.read(key, out)
+            return out
+        values = self.array[key]
+        if out is None:
+            return np.ascontiguousarray(values)
+        out[...] = values
+        return out
+
+
+class ArrayWriter:
+    """Writes chunk-aligned regions of a Zarr array: straight to its chunk files where
+    :func:`~qstream.io.chunks.chunk_files` allows, else through zarr."""
+
+    def __init__(self, array) -> None:
+        self.array = array
+        self.files = chunk_files(array)
+
+    def __setitem__(self, key: tuple[slice, ...], value: np.ndarray) -> None:
+        if self.files is not None:
+            self.files.write(key, value)
+        else:
+            self.array[key] = value
 
 
 def open_source(src, *, storage_options: dict | None = None, path: str | None = None) -> Source:

@@ -37,3 +37,13 @@ def threading_layer() -> str | None:
         return numba.threading_layer()
     except ValueError:
         return None
+
+
+def kernel_threads() -> int:
+    """The number of threads kernels called from this thread use."""
+    return numba.get_num_threads()
+
+
+def limit_threads(n: int) -> None:
+    """Let kernels called from this thread use ``n`` threads (Numba's setting is per thread)."""
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))

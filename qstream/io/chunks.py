@@ -1,0 +1,223 @@
+"""Direct chunk I/O: whole chunks of a Zarr array on a local file system, read and written
+without zarr's asynchronous codec pipeline.
+
+zarr-python reads a chunk through an event loop, a fresh ``bytes`` object and a copy into the
+result; here a chunk file is read straight into the caller's buffer (``readinto``, no copy
+when the chunk is uncompressed) or decoded into it (``codec.decode(..., out=)``, which releases
+the GIL). Measured on a 2 GiB float32 array in the page cache: ~5x faster than zarr-python
+uncompressed, and zstd decoding scales with the threads that call it.
+
+:func:`chunk_files` returns a :class:`ChunkFiles` only for the layouts it reproduces exactly:
+a local store, a regular chunk grid without sharding, no filters, little-endian (or one-byte)
+values in C order, and no compressor or one of zstd, gzip, blosc (Zarr v3) or any numcodecs
+compressor (Zarr v2). Anything else returns None and the caller keeps using zarr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from ..scratch import scratch
+
+
+@dataclass
+class ChunkFiles:
+    """The chunk files of one array (see module docstring)."""
+
+    root: str  # the array's directory
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype  # as stored (little-endian or one byte)
+    fill_value: Any
+    codec: Any  # a numcodecs codec, or None (raw bytes)
+    encode_key: Any  # chunk coordinates -> relative path
+
+    # ---- reading
+
+    def read(self, region: tuple[slice, ...], out: np.ndarray) -> None:
+        """Fill ``out`` (C-contiguous, ``region``'s shape) with the values of ``region``."""
+        for coords, inner, outer in self._chunks_of(region):
+            dest = out[outer]
+            full = all(
+                s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
+            )
+            if full and dest.flags.c_contiguous:
+                self._read_chunk(coords, dest)
+                continue
+            chunk = scratch("chunk-read", self.chunks, self.dtype)
+            self._read_chunk(coords, chunk)
+            dest[...] = chunk[inner]
+
+    def _read_chunk(self, coords, dest: np.ndarray) -> None:
+        """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
+        path = os.path.join(self.root, self.encode_key(coords))
+        flat = dest.reshape(-1).view(np.uint8)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                if self.codec is None:  # straight into the caller's buffer
+                    if size != dest.nbytes:
+                        raise StoreError(
+                            f"corrupt chunk {path}: {size} bytes, expected {dest.nbytes}"
+                        )
+                    _read_exact(f, memoryview(flat), path)
+                    return
+                buf = scratch("chunk-bytes", (size,), np.uint8)
+                _read_exact(f, memoryview(buf), path)
+        except FileNotFoundError:
+            dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
+            return
+        try:
+            self.codec.decode(buf, out=flat)
+        except Exception as e:
+            raise StoreError(f"corrupt chunk {path}: {type(e).__name__}: {e}") from None
+
+    # ---- writing
+
+    def write(self, region: tuple[slice, ...], data: np.ndarray) -> None:
+        """Write ``data`` to ``region``, which must cover whole chunks (edge chunks may be
+        short at the array's end: they are padded with the fill value, as zarr stores them)."""
+        for d, (s, c, n) in enumerate(zip(region, self.chunks, self.shape, strict=True)):
+            if s.start % c or (s.stop % c and s.stop != n):
+                raise ValueError(
+                    f"region {region} is not aligned to chunks {self.chunks} (dim {d})"
+                )
+        data = np.asarray(data).view(self.dtype) if data.dtype != self.dtype else data
+        made: set[str] = set()
+        for coords, inner, outer in self._chunks_of(region):
+            src = data[outer]
+            full = all(
+                s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
+            )
+            if not (full and src.flags.c_contiguous):
+                chunk = scratch("chunk-write", self.chunks, self.dtype)
+                if not full:
+                    chunk[...] = self.fill_value
+                chunk[inner] = src
+                src = chunk
+            payload = src.reshape(-1).view(np.uint8)
+            if self.codec is not None:
+                payload = self.codec.encode(payload)
+            self._put(self.encode_key(coords), payload, made)
+
+    def _put(self, key: str, payload, made: set[str]) -> None:
+        path = os.path.join(self.root, key)
+        parent = os.path.dirname(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        # a whole new file under a temporary name, then renamed: readers never see a torn chunk
+        tmp = f"{path}.{threading.get_ident()}.partial"
+        try:
+            with open(tmp, "wb", buffering=0) as f:
+                view = memoryview(payload).cast("B")
+                while view:
+                    view = view[f.write(view) :]
+            os.replace(tmp, path)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StoreError(f"cannot write {path}: {e}") from None
+
+    # ---- geometry
+
+    def _chunks_of(self, region):
+        """(chunk coords, slice inside the chunk, slice inside the region) for each chunk
+        that ``region`` touches."""
+        ranges = [
+            range(s.start // c, -(-s.stop // c)) if s.stop > s.start else range(0)
+            for s, c in zip(region, self.chunks, strict=True)
+        ]
+        for coords in itertools.product(*ranges):
+            inner, outer = [], []
+            for k, s, c in zip(coords, region, self.chunks, strict=True):
+                lo = max(s.start, k * c)
+                hi = min(s.stop, (k + 1) * c)
+                inner.append(slice(lo - k * c, hi - k * c))
+                outer.append(slice(lo - s.start, hi - s.start))
+            yield coords, tuple(inner), tuple(outer)
+
+
+def chunk_files(arr) -> ChunkFiles | None:
+    """Direct access to ``arr``'s chunk files, or None where zarr must do the work."""
+    try:
+        import zarr
+    except ImportError:  # pragma: no cover - zarr is a dependency
+        return None
+    store = arr.store_path.store
+    if not isinstance(store, zarr.storage.LocalStore) or getattr(arr, "shards", None):
+        return None
+    if arr.filters or not arr.shape:
+        return None
+    dtype = np.dtype(arr.dtype)
+    if (dtype.itemsize > 1 and dtype.byteorder == ">") or dtype.kind not in "biuf":
+        return None
+    meta = arr.metadata
+    if meta.zarr_format == 3:
+        from zarr.codecs import BytesCodec
+
+        ser = arr.serializer
+        if not isinstance(ser, BytesCodec) or (
+            dtype.itemsize > 1 and ser.endian is not None and ser.endian.value != "little"
+        ):
+            return None
+        codec = _v3_compressor(arr.compressors)
+    else:
+        if meta.order != "C":
+            return None
+        comps = arr.compressors
+        codec = comps[0] if len(comps) == 1 else None
+        if len(comps) > 1:
+            return None
+    if codec is False:
+        return None
+    fill = arr.fill_value
+    root = os.path.join(str(store.root), arr.store_path.path)
+    return ChunkFiles(
+        root=root,
+        shape=tuple(int(d) for d in arr.shape),
+        chunks=tuple(int(c) for c in arr.chunks),
+        dtype=dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype,
+        fill_value=0 if fill is None else fill,
+        codec=codec,
+        encode_key=meta.encode_chunk_key,
+    )
+
+
+def _v3_compressor(compressors):
+    """The numcodecs equivalent of a Zarr v3 compressor chain: None (no compressor), a codec,
+    or False (not reproducible here)."""
+    if not compressors:
+        return None
+    if len(compressors) > 1:
+        return False
+    import numcodecs
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    c = compressors[0]
+    if isinstance(c, ZstdCodec):
+        return numcodecs.Zstd(level=c.level, checksum=c.checksum)
+    if isinstance(c, GzipCodec):
+        return numcodecs.GZip(level=c.level)
+    if isinstance(c, BloscCodec):
+        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[c.shuffle.value]
+        return numcodecs.Blosc(
+            cname=c.cname.value, clevel=c.clevel, shuffle=shuffle, blocksize=c.blocksize
+        )
+    return False
+
+
+def _read_exact(f, view: memoryview, path: str) -> None:
+    while view:
+        n = f.readinto(view)
+        if not n:
+            raise StoreError(f"corrupt chunk {path}: the file ended early")
+        view = view[n:]
