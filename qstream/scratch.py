@@ -1,8 +1,9 @@
 """Per-thread reusable buffers for the streaming engine.
 
 A worker takes block after block through the same steps; reusing its buffers avoids faulting in
-fresh pages for every block (measured: ~1 ms per 16 MiB block). A buffer is valid until the same
-thread asks for the same name again.
+fresh pages for every block (on a VM that returns free memory to its host, a fresh page costs
+~10 us: 2.4 ms per MiB, measured). A buffer is valid until the same thread asks for the same
+name again. Buffers start on a 4 KiB boundary, as ``O_DIRECT`` writes require.
 """
 
 from __future__ import annotations
@@ -26,8 +27,18 @@ def scratch(name: str, shape, dtype) -> np.ndarray:
         bufs = _local.bufs = {}
     raw = bufs.get(name)
     if raw is None or raw.nbytes < nbytes:
-        raw = bufs[name] = np.empty(nbytes, np.uint8)
+        raw = bufs[name] = aligned_empty(nbytes)
     return raw[:nbytes].view(dtype)[: math.prod(shape)].reshape(shape)
+
+
+ALIGN = 4096
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` uint8, starting on an ``ALIGN`` boundary."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start : start + nbytes]
 
 
 def release() -> None:

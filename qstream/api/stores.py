@@ -209,14 +209,25 @@ class _Job:
 
     # ---- statistics and parameters
 
-    def _read(self, b: Block) -> np.ndarray:
-        """Block ``b`` of the source as float32/float64 (a buffer of the calling thread)."""
-        x = self.source.read(b.key, out=scratch("source", b.shape, self.source.dtype))
+    def _read(self, key: tuple[slice, ...]) -> np.ndarray:
+        """The region ``key`` of the source as a C-contiguous float32/float64 array: a view of
+        the mapped chunk file where possible, else a buffer of the calling thread."""
+        x = self.source.view(key)
+        if x is None or not x.flags.c_contiguous:
+            shape = tuple(k.stop - k.start for k in key)
+            x = self.source.read(key, out=scratch("source", shape, self.source.dtype))
         if x.dtype.itemsize < 4:  # float16 / bfloat16: widen exactly for the kernels
-            wide = scratch("source-f32", b.shape, np.float32)
+            wide = scratch("source-f32", x.shape, np.float32)
             wide[...] = x
             return wide
         return x
+
+    def _pieces(self, b: Block):
+        """``(region, x)`` for the pieces of block ``b`` that lie in one stored source chunk
+        each, in order: a block is processed piece by piece, so a piece is read (or mapped)
+        once and stays in the CPU's cache between the kernels that use it."""
+        for region in self.source.pieces(b.key):
+            yield region, self._read(region)
 
     def _scan(self, work, merge, progress) -> None:
         """One read-only pass over every block: ``work`` on the workers, ``merge`` in order."""
@@ -227,9 +238,9 @@ class _Job:
         self.passes += 1
         self.bytes_read += sum(math.prod(b.shape) for b in blocks) * self.source.dtype.itemsize
 
-    def _offset(self, b: Block) -> int:
-        """The first channel of block ``b``."""
-        return b.start[self.axis] if self.axis is not None else 0
+    def _offset(self, key: tuple[slice, ...]) -> int:
+        """The first channel of the region ``key``."""
+        return key[self.axis].start if self.axis is not None else 0
 
     def stats(self, progress=None) -> RangeStats:
         """Pass 1: exact per-channel ranges, merged in block order (min/max and counts are
@@ -238,18 +249,24 @@ class _Job:
         first = []
 
         def work(b: Block) -> RangeStats:
-            x = self._read(b)
-            st = block_ranges(x, self.axis)
-            if st.first_nonfinite >= 0:  # as an index into the whole array
-                local = np.unravel_index(st.first_nonfinite, x.shape)
-                flat = np.ravel_multi_index(
-                    tuple(s + i for s, i in zip(b.start, local, strict=True)), self.shape
-                )
-                st = replace(st, first_nonfinite=int(flat))
-            return st
+            st = RangeStats.empty(1 if self.axis is None else b.shape[self.axis])
+            first = -1
+            for region, x in self._pieces(b):
+                part = block_ranges(x, self.axis)
+                merge_into(st, part, self._offset(region) - self._offset(b.key))
+                if part.first_nonfinite >= 0:  # as an index into the whole array
+                    local = np.unravel_index(part.first_nonfinite, x.shape)
+                    flat = int(
+                        np.ravel_multi_index(
+                            tuple(k.start + i for k, i in zip(region, local, strict=True)),
+                            self.shape,
+                        )
+                    )
+                    first = flat if first < 0 else min(first, flat)
+            return replace(st, first_nonfinite=first)
 
         def merge(b: Block, st: RangeStats) -> None:
-            merge_into(total, st, self._offset(b))
+            merge_into(total, st, self._offset(b.key))
             if st.first_nonfinite >= 0:
                 first.append(st.first_nonfinite)
 
@@ -313,24 +330,27 @@ class _Job:
         hi = np.where(st.count > 0, st.max, 0.0)
         edges_lo = np.zeros(self.channels) if sym else lo
         edges_hi = np.maximum(-lo, hi) if sym else hi
-        hist = np.zeros((self.channels, self.spec.num_bins), np.int64)
+        nbins = self.spec.num_bins
+        hist = np.zeros((self.channels, nbins), np.int64)
 
         def work(b: Block) -> np.ndarray:
-            v = channel_view(self._read(b), self.axis)
-            sl = slice(self._offset(b), self._offset(b) + v.shape[1])
-            h = np.zeros((v.shape[1], self.spec.num_bins), np.int64)
-            run(
-                channel_histograms,
-                v,
-                np.ascontiguousarray(edges_lo[sl]),
-                np.ascontiguousarray(edges_hi[sl]),
-                sym,
-                h,
-            )
+            h = np.zeros((1 if self.axis is None else b.shape[self.axis], nbins), np.int64)
+            for region, x in self._pieces(b):
+                v = channel_view(x, self.axis)
+                rel = self._offset(region) - self._offset(b.key)
+                sl = slice(self._offset(region), self._offset(region) + v.shape[1])
+                run(
+                    channel_histograms,
+                    v,
+                    np.ascontiguousarray(edges_lo[sl]),
+                    np.ascontiguousarray(edges_hi[sl]),
+                    sym,
+                    h[rel : rel + v.shape[1]],
+                )
             return h
 
         def merge(b: Block, h: np.ndarray) -> None:
-            hist[self._offset(b) : self._offset(b) + h.shape[0]] += h
+            hist[self._offset(b.key) : self._offset(b.key) + h.shape[0]] += h
 
         self._scan(work, merge, progress)
         return {"counts": hist, "lo": edges_lo, "hi": edges_hi, "abs": sym}
@@ -459,24 +479,17 @@ class _Job:
             else ("uint8 bit patterns" if qt.is_float else "native"),
         }
 
-    def _block_params(self, b: Block, x: np.ndarray, cal: Calibration):
-        """(scale, zero_point, layout) for one block."""
-        if self.dynamic:
-            if self.block_size:
-                lo, hi = block_slot_ranges(x, self.axis, self.block_size)
-                lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
-            else:
-                st = block_ranges(x, None)
-                lo, hi = (np.array(v[0] if st.count[0] else 0.0) for v in (st.min, st.max))
+    def _params(self, key: tuple[slice, ...], x: np.ndarray, cal: Calibration):
+        """(scale, zero_point, layout) for the region ``key`` holding ``x``."""
+        if self.dynamic:  # blocked, each parameter block its own range
+            lo, hi = block_slot_ranges(x, self.axis, self.block_size)
+            lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
             from ..calibration.params import params_from_range
 
             s, z = params_from_range(
                 lo, hi, self.qt, symmetric=self.spec.symmetric, narrow_range=self.spec.narrow_range
             )
-            layout = plan_layout(
-                x.shape, s.shape, self.axis if self.block_size else None, self.block_size
-            )
-            return s, z, layout
+            return s, z, plan_layout(x.shape, s.shape, self.axis, self.block_size)
         p = cal.params
         if self.axis is None:
             return (
@@ -484,11 +497,11 @@ class _Job:
                 p.zero_point.reshape(()),
                 plan_layout(x.shape, (), None, None),
             )
-        sl = b.key[self.axis]
         if self.block_size:
-            pk = self._param_key(b)
+            pk = self._param_key(key)
             s, z = p.scale[pk], p.zero_point[pk]
             return s, z, plan_layout(x.shape, s.shape, self.axis, self.block_size)
+        sl = key[self.axis]
         s, z = p.scale[sl], p.zero_point[sl]
         return s, z, plan_layout(x.shape, s.shape, self.axis, None)
 
@@ -503,42 +516,57 @@ class _Job:
         done = [len(self.blocks) - len(todo)]
 
         def work(b: Block) -> ErrorStats:
-            x = self._read(b)
-            s, z, layout = self._block_params(b, x, cal)
-            q = affine_quantize(
-                x,
-                s,
-                z,
-                layout,
-                qt,
-                code=code,
-                narrow_range=self.spec.narrow_range,
-                out=scratch("quantized", x.shape, qt.dtype),
-            )
-            if qt.is_float:
-                xhat = affine_dequantize(q, s, None, layout, qt)
-                s_e = layout.expand(s).astype(np.float64)
-                z_e = layout.expand(z).astype(np.float64)
-                err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis)
-            else:
-                err = block_errors_fused(x, q, s, z, layout, qt, lo_q, self.axis)
-            if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
-                if self.spec.nan_policy == "error":
-                    raise _NonFiniteBlock(b)
-                if self.spec.nan_policy == "zero_point" and not qt.is_float:
-                    nan = np.isnan(x)
-                    zp_e = np.broadcast_to(layout.expand(z), x.shape)
-                    q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+            q = scratch("quantized", b.shape, qt.dtype)
+            errs = ErrorStats.empty(1 if self.axis is None else b.shape[self.axis])
+            # a dynamic block takes its ranges from all of it; else piece by piece
+            pieces = [(b.key, self._read(b.key))] if self.dynamic else self._pieces(b)
+            for region, x in pieces:
+                rel = tuple(
+                    slice(r.start - k.start, r.stop - k.start)
+                    for r, k in zip(region, b.key, strict=True)
+                )
+                s, z, layout = self._params(region, x, cal)
+                qp = q[rel]
+                copy_back = not qp.flags.c_contiguous
+                if copy_back:  # the piece is not a contiguous part of the block
+                    qp = scratch("quantized-piece", x.shape, qt.dtype)
+                affine_quantize(
+                    x,
+                    s,
+                    z,
+                    layout,
+                    qt,
+                    code=code,
+                    narrow_range=self.spec.narrow_range,
+                    out=qp,
+                )
+                if qt.is_float:
+                    xhat = affine_dequantize(qp, s, None, layout, qt)
+                    s_e = layout.expand(s).astype(np.float64)
+                    z_e = layout.expand(z).astype(np.float64)
+                    err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis)
+                else:
+                    err = block_errors_fused(x, qp, s, z, layout, qt, lo_q, self.axis)
+                if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
+                    if self.spec.nan_policy == "error":
+                        raise _NonFiniteBlock(b)
+                    if self.spec.nan_policy == "zero_point" and not qt.is_float:
+                        nan = np.isnan(x)
+                        zp_e = np.broadcast_to(layout.expand(z), x.shape)
+                        qp[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+                if copy_back:
+                    q[rel] = qp
+                merge_into(errs, err, self._offset(region) - self._offset(b.key))
+                if self.dynamic:
+                    pk = self._param_key(region)
+                    scale_out[pk] = np.asarray(s, np.float32)
+                    zp_out[pk] = z.astype(group["zero_point"].dtype)
             data[b.key] = q.view(stored) if q.dtype != stored else q
-            if self.dynamic and self.block_size:
-                pk = self._param_key(b)
-                scale_out[pk] = np.asarray(s, np.float32)
-                zp_out[pk] = z.astype(group["zero_point"].dtype)
             prog.mark(b.index)
-            return err
+            return errs
 
         def merge(b: Block, err: ErrorStats) -> None:
-            merge_into(errors, err, self._offset(b))  # in block order: deterministic
+            merge_into(errors, err, self._offset(b.key))  # in block order: deterministic
             done[0] += 1
             if progress:
                 progress(done[0], len(self.blocks))
@@ -551,12 +579,13 @@ class _Job:
         self._count_pass(todo)
         return errors
 
-    def _param_key(self, b: Block) -> tuple[slice, ...]:
-        """The region of a blocked parameter array that block ``b`` uses."""
+    def _param_key(self, key: tuple[slice, ...]) -> tuple[slice, ...]:
+        """The region of a blocked parameter array that the region ``key`` uses (``key``
+        starts on a parameter block along the axis)."""
         bs = self.block_size
         return tuple(
             slice(k.start // bs, -(-k.stop // bs)) if d == self.axis else k
-            for d, k in enumerate(b.key)
+            for d, k in enumerate(key)
         )
 
     def _finish(self, group, cal, errors, dst, t0, resumed) -> QuantReport:

@@ -32,10 +32,11 @@ def cpu_count() -> int:
 
 
 def default_workers() -> int:
-    """Workers a job runs by default: one per kernel thread of the calling thread."""
+    """Workers a job runs by default: two per kernel thread of the calling thread, so that
+    while one waits on the disk (a write, an uncached read) another computes."""
     from ..kernels.runtime import kernel_threads
 
-    return kernel_threads()
+    return 2 * kernel_threads()
 
 
 def run(
@@ -49,8 +50,9 @@ def run(
 ) -> None:
     """Run ``work`` on every block and ``merge`` the results in block order.
 
-    ``workers`` defaults to the kernels' thread count (``numba.get_num_threads()``), capped by
-    the number of blocks; each worker runs kernels on ``threads // workers`` threads.
+    ``workers`` defaults to :func:`default_workers`, capped by the number of blocks; each
+    worker runs kernels on ``max(1, threads // workers)`` of the calling thread's
+    ``numba.get_num_threads()`` threads.
     ``progress(block)`` is called after each merge. The first error stops the job: blocks not
     started are dropped, running ones finish (their output stays valid for a resume).
     """
@@ -59,8 +61,10 @@ def run(
     blocks = list(blocks)
     if not blocks:
         return
-    threads = default_workers()
-    workers = max(1, min(workers or threads, len(blocks)))
+    from ..kernels.runtime import kernel_threads
+
+    threads = kernel_threads()
+    workers = max(1, min(workers or default_workers(), len(blocks)))
     per_worker = max(1, threads // workers)
     inflight = max(workers, inflight or 2 * workers)
     pending: deque[tuple[Block, Future]] = deque()

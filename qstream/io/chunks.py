@@ -2,10 +2,18 @@
 without zarr's asynchronous codec pipeline.
 
 zarr-python reads a chunk through an event loop, a fresh ``bytes`` object and a copy into the
-result; here a chunk file is read straight into the caller's buffer (``readinto``, no copy
-when the chunk is uncompressed) or decoded into it (``codec.decode(..., out=)``, which releases
-the GIL). Measured on a 2 GiB float32 array in the page cache: ~5x faster than zarr-python
-uncompressed, and zstd decoding scales with the threads that call it.
+result; here an uncompressed chunk is mapped (:meth:`ChunkFiles.view`: the kernels read the
+page cache itself, no copy) or read straight into the caller's buffer (``readinto``), and a
+compressed one is decoded into it (``codec.decode(..., out=)``, which releases the GIL, so
+decoding scales with the threads that call it).
+
+Writes go to a temporary file renamed into place (readers never see a torn chunk). Chunks of
+``DIRECT_MIN`` bytes or more are written with ``O_DIRECT`` where the file system allows it:
+the data goes from the caller's (reused) buffer to the disk without filling the page cache.
+On VMs that return free memory to the host every fresh page-cache page costs a host fault
+(measured here: a 4 MiB chunk file took 0.3 ms of CPU with ``O_DIRECT``, 0.7 to 11 ms
+through the page cache), and an out-of-core job should not evict its source from the cache
+anyway. ``QSTREAM_DIRECT_IO=0`` turns it off.
 
 :func:`chunk_files` returns a :class:`ChunkFiles` only for the layouts it reproduces exactly:
 a local store, a regular chunk grid without sharding, no filters, little-endian (or one-byte)
@@ -16,16 +24,21 @@ compressor (Zarr v2). Anything else returns None and the caller keeps using zarr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
+import mmap
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import StoreError
-from ..scratch import scratch
+from ..scratch import ALIGN, scratch
+
+DIRECT_IO = os.environ.get("QSTREAM_DIRECT_IO", "1") != "0"
+DIRECT_MIN = 256 << 10
 
 
 @dataclass
@@ -39,12 +52,13 @@ class ChunkFiles:
     fill_value: Any
     codec: Any  # a numcodecs codec, or None (raw bytes)
     encode_key: Any  # chunk coordinates -> relative path
+    direct: bool = field(default=DIRECT_IO)  # O_DIRECT writes (turned off if refused)
 
     # ---- reading
 
     def read(self, region: tuple[slice, ...], out: np.ndarray) -> None:
         """Fill ``out`` (C-contiguous, ``region``'s shape) with the values of ``region``."""
-        for coords, inner, outer in self._chunks_of(region):
+        for coords, inner, outer in self.chunks_of(region):
             dest = out[outer]
             full = all(
                 s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
@@ -55,6 +69,32 @@ class ChunkFiles:
             chunk = scratch("chunk-read", self.chunks, self.dtype)
             self._read_chunk(coords, chunk)
             dest[...] = chunk[inner]
+
+    def view(self, region: tuple[slice, ...]) -> np.ndarray | None:
+        """``region`` as a view of the mapped chunk file, without a copy, when it lies inside
+        one stored uncompressed chunk; else None (use :meth:`read`). Writing to the view
+        changes only this process's copy."""
+        if self.codec is not None:
+            return None
+        pieces = list(self.chunks_of(region))
+        if len(pieces) != 1:
+            return None
+        coords, inner, _ = pieces[0]
+        path = os.path.join(self.root, self.encode_key(coords))
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                nbytes = int(np.prod(self.chunks)) * self.dtype.itemsize
+                if size != nbytes:
+                    raise StoreError(f"corrupt chunk {path}: {size} bytes, expected {nbytes}")
+                # private and writable, though never written: the kernels then see ordinary
+                # arrays (a read-only mapping would compile every kernel a second time)
+                m = mmap.mmap(
+                    f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+                )
+        except FileNotFoundError:
+            return None
+        return np.frombuffer(m, self.dtype).reshape(self.chunks)[inner]
 
     def _read_chunk(self, coords, dest: np.ndarray) -> None:
         """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
@@ -92,7 +132,7 @@ class ChunkFiles:
                 )
         data = np.asarray(data).view(self.dtype) if data.dtype != self.dtype else data
         made: set[str] = set()
-        for coords, inner, outer in self._chunks_of(region):
+        for coords, inner, outer in self.chunks_of(region):
             src = data[outer]
             full = all(
                 s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
@@ -116,20 +156,47 @@ class ChunkFiles:
             made.add(parent)
         # a whole new file under a temporary name, then renamed: readers never see a torn chunk
         tmp = f"{path}.{threading.get_ident()}.partial"
+        view = memoryview(payload).cast("B")
         try:
-            with open(tmp, "wb", buffering=0) as f:
-                view = memoryview(payload).cast("B")
-                while view:
-                    view = view[f.write(view) :]
+            if not (self.direct and len(view) >= DIRECT_MIN and self._write_direct(tmp, view)):
+                with open(tmp, "wb", buffering=0) as f:
+                    _write_all(f.fileno(), view)
             os.replace(tmp, path)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise StoreError(f"cannot write {path}: {e}") from None
 
+    def _write_direct(self, path: str, view: memoryview) -> bool:
+        """Write ``view`` to a new file with O_DIRECT (an aligned copy first if it is not
+        aligned); False, and direct writes off, where the file system refuses them."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+        except OSError:
+            self.direct = False
+            return False
+        try:
+            if np.frombuffer(view, np.uint8).ctypes.data % ALIGN:
+                buf = scratch("direct-write", (len(view),), np.uint8)
+                buf[...] = np.frombuffer(view, np.uint8)
+                view = memoryview(buf)
+            head = len(view) // ALIGN * ALIGN
+            try:
+                _write_all(fd, view[:head])
+            except OSError:  # e.g. EINVAL: alignment rules stricter than ALIGN
+                self.direct = False
+                os.lseek(fd, 0, os.SEEK_SET)
+                head = 0
+            # the unaligned tail (and any refused part) through the page cache
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            _write_all(fd, view[head:])
+        finally:
+            os.close(fd)
+        return True
+
     # ---- geometry
 
-    def _chunks_of(self, region):
+    def chunks_of(self, region):
         """(chunk coords, slice inside the chunk, slice inside the region) for each chunk
         that ``region`` touches."""
         ranges = [
@@ -213,6 +280,11 @@ def _v3_compressor(compressors):
             cname=c.cname.value, clevel=c.clevel, shuffle=shuffle, blocksize=c.blocksize
         )
     return False
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _read_exact(f, view: memoryview, path: str) -> None:

@@ -78,6 +78,27 @@ class Source:
             return self.array.compressors
         return "auto"
 
+    def pieces(self, key: tuple[slice, ...]) -> list[tuple[slice, ...]]:
+        """The region ``key`` cut where stored chunks end, in C order (``[key]`` when the
+        source has no chunk files of its own)."""
+        if self.files is None:
+            return [key]
+        return [
+            tuple(
+                slice(k.start + o.start, k.start + o.stop) for k, o in zip(key, outer, strict=True)
+            )
+            for _, _, outer in self.files.chunks_of(key)
+        ]
+
+    def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
+        """The region ``key`` without a copy (a mapped uncompressed chunk, or a NumPy
+        source's own memory), or None: then use :meth:`read`."""
+        if self.files is not None:
+            return self.files.view(key)
+        if isinstance(self.array, np.ndarray):
+            return self.array[key]
+        return None
+
     def read(self, key: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
         """The values of the region ``key`` as a C-contiguous array (written into ``out``, of
         the region's shape and the source's dtype, when given)."""

@@ -16,49 +16,18 @@ only a run that holds some is summed again, skipping them.
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from .affine import TILE, tile_coords
+from .bits import bits as _bits
+from .bits import from_bits as _from_bits
+from .bits import nonfinite as _nonfinite
 
 # columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
 N_SUMS = 8
 # reassoc: lets LLVM vectorise the float64 reductions (the order is fixed per tile, so results
 # still do not depend on the thread count). NaN/inf semantics stay exact: no nnan/ninf.
 _FAST = {"reassoc", "nsz"}
-
-
-@intrinsic
-def _bits(typingctx, v):
-    """The bit pattern of a float64 as an int64."""
-    sig = types.int64(types.float64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(64))
-
-    return sig, codegen
-
-
-@intrinsic
-def _from_bits(typingctx, v):
-    """The float64 whose bit pattern is the int64 ``v``."""
-    sig = types.float64(types.int64)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return sig, codegen
-
-
-_EXP = np.int64(0x7FF0000000000000)
-
-
-@njit(inline="always", cache=True)
-def _nonfinite(x):
-    """1 if the float64 ``x`` is NaN or +-inf, else 0: an integer test on its exponent bits,
-    immune to fast-math flags (Numba's parallel loops may compile with all of them)."""
-    return np.int32((_bits(x) & _EXP) == _EXP)
 
 
 @njit(inline="always", cache=True)

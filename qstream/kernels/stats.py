@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .affine import TILE, tile_coords
+from .bits import KEY_MAX, KEY_MIN, from_order_key, nonfinite, order_key
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -42,22 +43,25 @@ def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
     pcnt = np.zeros((total, 4, 1), np.int64)
     for t in prange(total):
         o, c, _, _, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, 1, 1)
-        xr = x[o, c]
-        mn = np.inf
-        mx = -np.inf
+        xs = x[o, c][i0:i1]
+        # integer min/max of order keys, as if every value were finite: vectorises (a float
+        # min/max does not); the non-finite ones are counted and sent to the slow path
+        kmin = KEY_MAX
+        kmax = KEY_MIN
         bad = 0
-        for i in range(i0, i1):
-            v = xr[i]
-            mn = min(mn, v)
-            mx = max(mx, v)
-            bad += 0 if v - v == 0 else 1  # NaN and +-inf give NaN
+        for i in range(xs.shape[0]):
+            v = np.float64(xs[i])
+            k = order_key(v)
+            kmin = min(kmin, k)
+            kmax = max(kmax, k)
+            bad += nonfinite(v)
         if bad == 0:
-            pmin[t, 0] = mn
-            pmax[t, 0] = mx
+            pmin[t, 0] = from_order_key(kmin)
+            pmax[t, 0] = from_order_key(kmax)
             pcnt[t, 0, 0] = i1 - i0
         else:  # rare: NaN or infinities in this tile, count them one by one
-            for i in range(i0, i1):
-                _update(xr[i], pmin, pmax, pcnt, t, 0)
+            for i in range(xs.shape[0]):
+                _update(xs[i], pmin, pmax, pcnt, t, 0)
     for t in range(total):
         c = (t // n_tiles) % n_c
         _fold_one(
@@ -117,7 +121,7 @@ def channel_histograms(x, lo, hi, use_abs, hist):
                     _bin(x[o, c, i], lo[c], hi[c], use_abs, nbins, hist, c)
         return
     n = n_outer * n_inner
-    parts = min(64, max(1, n // 4096))
+    parts = max(1, min(64, n // 65536))
     partial = np.zeros((parts, nbins), np.int64)
     for c in range(n_c):
         partial[:] = 0

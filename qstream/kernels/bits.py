@@ -1,0 +1,59 @@
+"""Float bit patterns in kernels: integer tests and integer min/max that LLVM vectorises.
+
+Numba lowers a float ``min``/``max`` to a compare-and-select that the loop vectoriser leaves
+scalar, and fast-math flags may fold a float ``isfinite`` away; integer operations on the bit
+patterns have neither problem.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+EXP = np.int64(0x7FF0000000000000)  # float64 exponent bits
+MAG = np.int64(0x7FFFFFFFFFFFFFFF)  # every bit but the sign
+KEY_MAX = np.int64(0x7FFFFFFFFFFFFFFF)
+KEY_MIN = np.int64(-0x7FFFFFFFFFFFFFFF - 1)
+
+
+@intrinsic
+def bits(typingctx, v):
+    """The bit pattern of a float64 as an int64."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def from_bits(typingctx, v):
+    """The float64 whose bit pattern is the int64 ``v``."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def nonfinite(x):
+    """1 if the float64 ``x`` is NaN or +-inf, else 0 (its exponent bits are all ones)."""
+    return np.int32((bits(x) & EXP) == EXP)
+
+
+@njit(inline="always", cache=True)
+def order_key(x):
+    """An int64 that orders like the float64 ``x`` (for finite values and infinities)."""
+    b = bits(x)
+    return b ^ ((b >> 63) & MAG)
+
+
+@njit(inline="always", cache=True)
+def from_order_key(k):
+    """The float64 whose :func:`order_key` is ``k``."""
+    return from_bits(k ^ ((k >> 63) & MAG))
