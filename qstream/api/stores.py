@@ -68,6 +68,7 @@ DEFAULT_BLOCK_BYTES = 16 << 20
 # its float32 widening, the quantized block, a chunk's compressed bytes), used to turn
 # max_memory into a block size
 _WORK_FACTOR = 4
+_BUDGET_WORKERS = 4  # max_memory is shared by up to this many blocks in flight
 
 
 # --------------------------------------------------------------------------- public API
@@ -146,7 +147,12 @@ def dequantize_store(
         y = arr.dequantize_region(b.key, q, out_dtype, out=scratch("y", b.shape, out_dtype))
         writer[b.key] = y.view(stored)
 
-    pipeline.run(blocks, work, progress=_counter(progress, len(blocks)))
+    pipeline.run(
+        blocks,
+        work,
+        workers=_workers(max_memory, blocks, 4),
+        progress=_counter(progress, len(blocks)),
+    )
     out.attrs["qstream"] = {"dequantized_from": str(src), "dtype": out_dtype.name, "complete": True}
     return {
         "source": str(src),
@@ -196,6 +202,7 @@ class _Job:
             budget=self.budget,
         )
         self.blocks = plan_blocks(self.shape, self.chunks)
+        self.max_memory = max_memory
         self.dynamic = self.spec.scale is None and (
             spec.method == "dynamic" or (self.block_size is not None)
         )
@@ -231,12 +238,21 @@ class _Job:
 
     def _scan(self, work, merge, progress) -> None:
         """One read-only pass over every block: ``work`` on the workers, ``merge`` in order."""
-        pipeline.run(self.blocks, work, merge, progress=_counter(progress, len(self.blocks)))
+        pipeline.run(
+            self.blocks,
+            work,
+            merge,
+            workers=self._workers(),
+            progress=_counter(progress, len(self.blocks)),
+        )
         self._count_pass(self.blocks)
 
     def _count_pass(self, blocks) -> None:
         self.passes += 1
         self.bytes_read += sum(math.prod(b.shape) for b in blocks) * self.source.dtype.itemsize
+
+    def _workers(self) -> int:
+        return _workers(self.max_memory, self.blocks, max(4, self.source.dtype.itemsize))
 
     def _offset(self, key: tuple[slice, ...]) -> int:
         """The first channel of the region ``key``."""
@@ -572,7 +588,7 @@ class _Job:
                 progress(done[0], len(self.blocks))
 
         try:
-            pipeline.run(todo, work, merge)
+            pipeline.run(todo, work, merge, workers=self._workers())
         except _NonFiniteBlock:
             self._check_nonfinite(self.stats())  # the whole array's count and first index
             raise
@@ -619,13 +635,22 @@ class _Job:
 
 
 def _block_budget(max_memory: int | None) -> int:
-    """Bytes of one block: ``max_memory`` shared by the workers (one block each)."""
+    """Source bytes of one block. It does not depend on the number of workers, so neither do
+    the blocks, nor the order in which float error sums are merged."""
     if max_memory is None:
         return DEFAULT_BLOCK_BYTES
     if max_memory < 1 << 20:
         raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
+    return max(1 << 16, int(max_memory) // (_WORK_FACTOR * _BUDGET_WORKERS))
+
+
+def _workers(max_memory: int | None, blocks: list[Block], itemsize: int) -> int:
+    """Workers that fit in ``max_memory`` (one block each), at most the default."""
     workers = pipeline.default_workers()
-    return max(1 << 16, int(max_memory) // (_WORK_FACTOR * workers))
+    if max_memory is not None and blocks:
+        block = max(math.prod(b.shape) for b in blocks) * itemsize
+        workers = min(workers, max(1, int(max_memory) // (_WORK_FACTOR * max(block, 1))))
+    return workers
 
 
 class _NonFiniteBlock(Exception):

@@ -107,10 +107,12 @@ def _fold(pmin, pmax, pcnt, mins, maxs, counts, nans, posinf, neginf):
 def channel_histograms(x, lo, hi, use_abs, hist):
     """Add x's finite values to fixed-edge histograms ``hist[C, nbins]`` over ``[lo[c], hi[c]]``.
 
-    ``use_abs``: histogram ``|x|`` (edges over ``[0, hi]``). Bin ``k`` holds values in
-    ``[lo + k*w, lo + (k+1)*w)``, the last bin also ``hi``; values outside are clamped into the
-    end bins (the edges come from an exact min/max pass, so none are). Counts are integers:
-    merging histograms of any chunking in any order gives the same result.
+    ``use_abs``: histogram ``|x|`` (edges over ``[0, hi]``). Value ``v`` goes to bin
+    ``k = int((v - lo) / (hi - lo) * nbins)`` in float64 (``np.histogram``'s first step; it
+    then moves values within an ulp of an edge, this kernel does not), ``hi`` to the last bin;
+    values outside are clamped into the end bins (the edges come from an exact min/max pass,
+    so none are). Counts are integers: merging histograms of any chunking in any order gives
+    the same result.
     """
     n_outer, n_c, n_inner = x.shape
     nbins = hist.shape[1]

@@ -1,0 +1,234 @@
+"""Direct chunk I/O (qstream.io.chunks) against zarr itself: what it writes zarr reads back,
+what zarr wrote it reads, and every layout it does not reproduce is left to zarr."""
+
+import os
+import threading
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+from qstream.engine import pipeline
+from qstream.engine.plan import Block, plan_blocks
+from qstream.errors import StoreError
+from qstream.io import chunks as chunk_io
+from qstream.io.chunks import chunk_files
+from qstream.io.progress import BlockProgress
+from qstream.io.stores import ArrayWriter, open_source
+
+SHAPE, CHUNKS = (50, 37), (16, 10)  # edge chunks on both axes
+
+LAYOUTS = {
+    "v3-raw": {"compressors": None},
+    "v3-zstd": {"compressors": ZstdCodec(level=3)},
+    "v3-gzip": {"compressors": GzipCodec(level=5)},
+    "v3-blosc": {"compressors": BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle")},
+    "v3-flat-keys": {
+        "compressors": None,
+        "chunk_key_encoding": {"name": "default", "separator": "."},
+    },
+    "v2-raw": {"zarr_format": 2, "compressors": None},
+    "v2-zstd": {"zarr_format": 2, "compressors": numcodecs.Zstd(level=1)},
+    "v2-blosc": {"zarr_format": 2, "compressors": numcodecs.Blosc()},
+}
+
+
+def _array(path, layout, dtype="float32", fill_value=0.5, **kw):
+    return zarr.create_array(
+        str(path),
+        shape=SHAPE,
+        chunks=CHUNKS,
+        dtype=dtype,
+        fill_value=fill_value,
+        overwrite=True,
+        **{**LAYOUTS[layout], **kw},
+    )
+
+
+def _data(dtype="float32"):
+    return np.random.default_rng(0).standard_normal(SHAPE).astype(dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reads_what_zarr_wrote_including_missing_chunks(tmp_path, layout):
+    a = _array(tmp_path / "a.zarr", layout)
+    x = _data()
+    a[:32] = x[:32]  # rows 32.. never written: zarr reads the fill value
+    files = chunk_files(a)
+    assert files is not None
+    want = a[...]
+    for region in [
+        (slice(0, 50), slice(0, 37)),
+        (slice(3, 41), slice(7, 30)),
+        (slice(48, 50), slice(36, 37)),
+    ]:
+        out = np.empty(tuple(s.stop - s.start for s in region), np.float32)
+        files.read(region, out)
+        np.testing.assert_array_equal(out, want[region])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_zarr_reads_what_direct_writes_wrote(tmp_path, layout):
+    a = _array(tmp_path / "a.zarr", layout)
+    x = _data()
+    writer = ArrayWriter(a)
+    assert writer.files is not None
+    for b in plan_blocks(SHAPE, CHUNKS):  # edge chunks included (padded with the fill value)
+        writer[b.key] = np.ascontiguousarray(x[b.key])
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], x)
+    assert not [f for _, _, fs in os.walk(tmp_path) for f in fs if f.endswith(".partial")]
+
+
+def test_writes_must_cover_whole_chunks(tmp_path):
+    files = chunk_files(_array(tmp_path / "a.zarr", "v3-raw"))
+    with pytest.raises(ValueError, match="not aligned"):
+        files.write((slice(0, 8), slice(0, 37)), np.zeros((8, 37), np.float32))
+
+
+def test_uncompressed_chunks_map_without_a_copy(tmp_path):
+    a = _array(tmp_path / "a.zarr", "v3-raw")
+    x = _data()
+    a[...] = x
+    src = open_source(str(tmp_path / "a.zarr"))
+    v = src.view((slice(16, 32), slice(10, 20)))  # exactly one stored chunk
+    np.testing.assert_array_equal(v, x[16:32, 10:20])
+    assert v.flags.c_contiguous and v.flags.writeable  # a private mapping: plain arrays
+    assert src.view((slice(10, 20), slice(0, 10))) is None  # spans two chunks
+    pieces = src.pieces((slice(10, 40), slice(5, 25)))
+    assert pieces[0] == (slice(10, 16), slice(5, 10)) and len(pieces) == 9
+    zstd = _array(tmp_path / "z.zarr", "v3-zstd")
+    zstd[...] = x
+    assert open_source(str(tmp_path / "z.zarr")).view((slice(0, 16), slice(0, 10))) is None
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: zarr.create_array(
+            str(p), shape=SHAPE, chunks=(8, 10), shards=(16, 20), dtype="f4"
+        ),
+        lambda p: zarr.create_array(
+            str(p),
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype="f4",
+            filters=[zarr.codecs.TransposeCodec(order=(1, 0))],
+        ),
+        lambda p: zarr.create_array(str(p), shape=SHAPE, chunks=CHUNKS, dtype=">f4", zarr_format=2),
+        lambda p: zarr.create_array(
+            str(p),
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype="f4",
+            zarr_format=2,
+            filters=[numcodecs.Shuffle(elementsize=4)],
+        ),
+        lambda p: zarr.create_array(
+            str(p), shape=SHAPE, chunks=CHUNKS, dtype="f4", zarr_format=2, order="F"
+        ),
+        lambda p: zarr.create_array(
+            zarr.storage.MemoryStore(), shape=SHAPE, chunks=CHUNKS, dtype="f4"
+        ),
+    ],
+    ids=["sharded", "transpose", "big-endian", "v2-filters", "v2-F-order", "memory-store"],
+)
+def test_layouts_it_does_not_reproduce_are_left_to_zarr(tmp_path, make):
+    a = make(tmp_path / "a.zarr")
+    assert chunk_files(a) is None
+    x = _data()
+    a[...] = x
+    src = open_source(a)
+    np.testing.assert_array_equal(src.read((slice(3, 41), slice(7, 30))), x[3:41, 7:30])
+
+
+def test_corrupt_chunks_are_named(tmp_path):
+    for layout in ("v3-raw", "v3-zstd"):
+        a = _array(tmp_path / f"{layout}.zarr", layout)
+        a[...] = _data()
+        files = chunk_files(a)
+        path = os.path.join(files.root, files.encode_key((1, 1)))
+        with open(path, "r+b") as f:
+            f.truncate(7)
+        with pytest.raises(StoreError, match=r"corrupt chunk .*c/1/1"):
+            files.read((slice(16, 32), slice(10, 20)), np.empty((16, 10), np.float32))
+
+
+def test_direct_io_falls_back_where_the_file_system_refuses_it(tmp_path, monkeypatch):
+    a = zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=(512, 1024), chunks=(256, 1024), dtype="f4"
+    )
+    files = chunk_files(a)
+    assert files.direct  # the default
+    real_open = os.open
+
+    def refusing(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # as a file system without O_DIRECT
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(chunk_io.os, "open", refusing)
+    x = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)  # 1 MiB chunks
+    files.write((slice(0, 512), slice(0, 1024)), x)
+    assert files.direct is False  # turned off, written through the page cache
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], x)
+
+
+def test_direct_writes_of_unaligned_lengths_and_buffers(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunk_io, "DIRECT_MIN", 1)
+    a = zarr.create_array(
+        str(tmp_path / "a.zarr"),
+        shape=(1001, 777),
+        chunks=(1001, 777),
+        dtype="i1",
+        compressors=None,
+    )
+    files = chunk_files(a)
+    files.direct = True
+    x = np.random.default_rng(1).integers(-128, 127, (1001, 777), dtype=np.int8)
+    backing = np.empty(x.nbytes + 1, np.int8)[1:]  # deliberately not 4 KiB aligned
+    backing[:] = x.reshape(-1)
+    files.write((slice(0, 1001), slice(0, 777)), backing.reshape(x.shape))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], x)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_block_progress_marks_land_from_many_threads(tmp_path, where):
+    store = str(tmp_path / "g.zarr") if where == "local" else zarr.storage.MemoryStore()
+    group = zarr.open_group(store=store, mode="w")
+    prog = BlockProgress.create(group, 300)
+    assert (prog.files is not None) == (where == "local")
+    threads = [
+        threading.Thread(target=lambda k=k: [prog.mark(i) for i in range(k, 300, 7) if i % 3])
+        for k in range(7)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done = BlockProgress.open(group).done()
+    np.testing.assert_array_equal(done, np.arange(300) % 3 != 0)
+
+
+def test_pipeline_merges_in_block_order_and_stops_at_the_first_error():
+    blocks = [Block(i, (slice(i, i + 1),)) for i in range(40)]
+    seen = []
+
+    def work(b):
+        if b.index % 5 == 0:  # uneven work: later blocks often finish first
+            threading.Event().wait(0.002)
+        return b.index
+
+    pipeline.run(blocks, work, lambda b, r: seen.append(r), workers=4, inflight=6)
+    assert seen == list(range(40))
+
+    def failing(b):
+        if b.index == 9:
+            raise RuntimeError("block 9")
+        return b.index
+
+    merged = []
+    with pytest.raises(RuntimeError, match="block 9"):
+        pipeline.run(blocks, failing, lambda b, r: merged.append(r), workers=3)
+    assert merged == list(range(9))

@@ -1,0 +1,71 @@
+"""Range and histogram kernels against direct NumPy statements (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from qstream.engine.blockmath import block_ranges, channel_view
+from qstream.kernels.stats import channel_histograms
+
+SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.4e38, 3.4e38])
+VALUES = st.one_of(st.floats(-1e6, 1e6, width=32), SPECIAL)
+
+
+@given(
+    x=arrays(
+        np.float32,
+        st.tuples(st.integers(1, 5), st.integers(1, 40), st.integers(1, 70)),
+        elements=VALUES,
+    ),
+    axis=st.sampled_from([None, 0, 1, 2]),
+)
+def test_block_ranges_equal_numpy_per_channel(x, axis):
+    got = block_ranges(x, axis)
+    xs = (
+        np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1) if axis is not None else x.reshape(1, -1)
+    )
+    for c, row in enumerate(xs):
+        fin = row[np.isfinite(row)]
+        assert got.count[c] == fin.size
+        assert got.nan[c] == np.isnan(row).sum()
+        assert got.posinf[c] == np.isposinf(row).sum()
+        assert got.neginf[c] == np.isneginf(row).sum()
+        if fin.size:
+            assert got.min[c] == fin.min() and got.max[c] == fin.max()
+    flat = x.reshape(-1)
+    bad = ~np.isfinite(flat)
+    assert got.first_nonfinite == (int(np.argmax(bad)) if bad.any() else -1)
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")
+@given(
+    x=arrays(
+        np.float32,
+        st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1, 300)),
+        elements=VALUES,
+    ),
+    use_abs=st.booleans(),
+    nbins=st.sampled_from([16, 100, 2048]),
+)
+def test_channel_histograms_bin_by_the_stated_formula(x, use_abs, nbins):
+    v = channel_view(x, 1)
+    c = v.shape[1]
+    fin = np.where(np.isfinite(v), v, np.nan).astype(np.float64)
+    vals = np.abs(fin) if use_abs else fin
+    with np.errstate(invalid="ignore"):
+        lo = np.zeros(c) if use_abs else np.nan_to_num(np.nanmin(vals, axis=(0, 2)), nan=0.0)
+        hi = np.nan_to_num(np.nanmax(vals, axis=(0, 2)), nan=0.0)
+    h = np.zeros((c, nbins), np.int64)
+    channel_histograms(v, lo, hi, use_abs, h)
+    for ch in range(c):
+        row = vals[:, ch].reshape(-1)
+        row = row[~np.isnan(row)]
+        w = hi[ch] - lo[ch]
+        k = (
+            np.clip(((row - lo[ch]) / w * nbins).astype(np.int64), 0, nbins - 1)
+            if w > 0
+            else np.zeros(row.size, np.int64)
+        )
+        np.testing.assert_array_equal(h[ch], np.bincount(k, minlength=nbins))
