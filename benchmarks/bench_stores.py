@@ -67,12 +67,11 @@ ALL_CASES = (
     "dequant",
     "q_explicit_b4",
     "q_explicit_b64",
-    "read_matrix",
     "profile",
-    "profile_dequant",
     "entropy_search",
 )
-PER_VARIANT = (*BASELINES, *QSPECS, "dequant", "read_matrix")
+PER_VARIANT = (*BASELINES, *QSPECS, "dequant")
+QSTREAM_CASES = (*QSPECS, "dequant")  # each run is paired with a zarr_chunks run just before
 DESCRIPTIONS = {
     "zarr_chunks": "(a) zarr a[i:i+256], chunk by chunk",
     "files": "(b) open().read() of the chunk files",
@@ -359,378 +358,86 @@ def child_dequant(a: dict) -> dict:
     }
 
 
-def child_read_matrix(a: dict) -> dict:
-    """qstream's reader (Source.read on the planned blocks) through pipeline.run with a no-op
-    compute: block budget x blocks in flight; each configuration twice, the second kept."""
-    from qstream.engine import pipeline
-    from qstream.engine.plan import plan_blocks
-    from qstream.io.stores import open_source
-
-    src = open_source(a["src"])
-    rows = []
-    for budget in (4 * MiB, 16 * MiB, 64 * MiB):
-        blocks = plan_blocks(src.shape, src.chunks, 4, budget)
-        for inflight in (0, 1, 3, 8):
-            times = []
-            for _ in range(2):
-                t0 = time.perf_counter()
-                if inflight == 0:  # no pipeline: read the blocks one after the other
-                    for b in blocks:
-                        src.read(b.key)
-                else:
-                    pipeline.run(
-                        blocks, lambda b: src.read(b.key), lambda b, x: None, inflight=inflight
-                    )
-                times.append(time.perf_counter() - t0)
-            rows.append(
-                {
-                    "budget_mib": budget // MiB,
-                    "block_rows": blocks[0].shape[0],
-                    "inflight": inflight,
-                    "first_s": times[0],
-                    "seconds": times[-1],
-                    "gbps": a["src_bytes"] / times[-1] / 1e9,
-                }
-            )
-    return {"matrix": rows, "seconds": sum(r["seconds"] for r in rows)}
-
-
-class StackSampler:
-    """Samples every thread's Python stack (``sys._current_frames``) every ``interval`` s and
-    counts (role, state) pairs; also per-thread CPU time from /proc/self/task. Observation
-    only: nothing in qstream or zarr is patched."""
-
-    MAIN_STAGES = (  # innermost first match wins, searched from the innermost frame outward
-        "block_errors_fused",
-        "block_errors",
-        "affine_quantize",
-        "affine_dequantize",
-        "_block_params",
-        "_check_nonfinite",
-    )
-
-    def __init__(self, interval: float = 0.004):
-        self.interval = interval
-        self.counts: collections.Counter = collections.Counter()
-        self.innermost: collections.Counter = collections.Counter()
-        self.cpu: dict[int, tuple[str, float]] = {}
-        self.ticks = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._loop, name="bench-sampler", daemon=True)
-
-    @staticmethod
-    def role(name: str) -> str:
-        if name == "MainThread":
-            return "main (compute)"
-        if name.startswith("qstream-io"):
-            return "qstream-io (read/write)"
-        if name == "zarr_io":
-            return "zarr_io (event loop)"
-        if name.startswith(("asyncio_", "zarr_pool")):
-            return "zarr executor (file I/O, codecs)"
-        if name == "bench-sampler":
-            return "bench sampler"
-        return "other"
-
-    @staticmethod
-    def _frames(frame):
-        out = []
-        while frame is not None:
-            co = frame.f_code
-            out.append((co.co_filename, co.co_name))
-            frame = frame.f_back
-        return out  # innermost first
-
-    @staticmethod
-    def _idle(fn: str, name: str) -> bool:
-        base = os.path.basename(fn)
-        return (base, name) in {
-            ("threading.py", "wait"),
-            ("threading.py", "_wait_for_tstate_lock"),
-            ("thread.py", "_worker"),
-            ("selectors.py", "select"),
-            ("queue.py", "get"),
-            ("_base.py", "result"),
-            ("_base.py", "wait"),
-            ("threading.py", "join"),
-        }
-
-    def classify(self, role: str, frames) -> str:
-        waiting = bool(frames) and self._idle(*frames[0])
-        qs_frames = [(f, n) for f, n in frames if f"{os.sep}qstream{os.sep}" in f]
-        names = [n for _, n in qs_frames]
-        if role.startswith("main"):
-            for stage in self.MAIN_STAGES:
-                if stage in names:
-                    return stage
-            if "compute" in names:
-                return "compute (other numpy)"
-            if "run" in names and any(
-                f.endswith(os.path.join("engine", "pipeline.py")) for f, _ in qs_frames
-            ):
-                return "waiting for a read/write"
-            return "outside the pipeline (setup, calibration, finish)"
-        if role.startswith("qstream-io"):
-            stage = (
-                "read"
-                if ("_read" in names or "read" in names)
-                else "write"
-                if "write" in names
-                else None
-            )
-            if stage is None:
-                return "idle"
-            if waiting:
-                return f"{stage} (waiting for zarr)"
-            if qs_frames and frames[0] == qs_frames[0]:  # a qstream kernel or qstream's numpy
-                return f"{stage} (in qstream {qs_frames[0][1]})"
-            return f"{stage} (own CPU)"
-        if waiting or role == "bench sampler":
-            return "idle"
-        fn, name = frames[0] if frames else ("?", "?")
-        return f"busy in {os.path.basename(fn)}:{name}"
-
-    def _cpu_snapshot(self):
-        """CPU seconds of every thread of the process; threads unknown to Python (Numba's
-        OpenMP / workqueue workers) count as native."""
-        tck = os.sysconf("SC_CLK_TCK")
-        roles = {
-            t.native_id: self.role(t.name)
-            for t in threading.enumerate()
-            if getattr(t, "native_id", None) is not None
-        }
-        try:
-            tids = os.listdir("/proc/self/task")
-        except OSError:
-            return
-        for tid in tids:
-            try:
-                with open(f"/proc/self/task/{tid}/stat") as f:
-                    v = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            nid = int(tid)
-            role = roles.get(nid) or self.cpu.get(nid, ("native (Numba workers)", 0))[0]
-            self.cpu[nid] = (role, (int(v[11]) + int(v[12])) / tck)
-
-    def _loop(self):
-        me = threading.get_ident()
-        while not self._stop.wait(self.interval):
-            names = {t.ident: t.name for t in threading.enumerate()}
-            for tid, frame in sys._current_frames().items():
-                if tid == me:
-                    continue
-                role = self.role(names.get(tid, "?"))
-                fr = self._frames(frame)
-                self.counts[(role, self.classify(role, fr))] += 1
-                if fr and not self._idle(*fr[0]):
-                    self.innermost[(role, f"{os.path.basename(fr[0][0])}:{fr[0][1]}")] += 1
-            self.ticks += 1
-            if self.ticks % 10 == 0:
-                self._cpu_snapshot()
-
-    def __enter__(self):
-        self._t0 = time.perf_counter()
-        self._t.start()
-        self._cpu_snapshot()
-        self.cpu0 = dict(self.cpu)
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self._cpu_snapshot()
-        self.wall = time.perf_counter() - self._t0
-
-    def summary(self) -> dict:
-        """Thread-seconds per (role, state): samples x (wall / ticks); a role with several
-        threads (pools) can exceed the wall time."""
-        per_tick = self.wall / max(1, self.ticks)
-        by_role: dict[str, dict] = collections.defaultdict(dict)
-        for (role, state), n in sorted(self.counts.items(), key=lambda kv: -kv[1]):
-            by_role[role][state] = round(n * per_tick, 3)
-        cpu: dict[str, float] = collections.defaultdict(float)
-        for nid, (role, s) in self.cpu.items():
-            cpu[role] += s - self.cpu0.get(nid, (role, 0.0))[1]
-        hot = collections.defaultdict(dict)
-        for (role, where), n in self.innermost.most_common(60):
-            if len(hot[role]) < 5:
-                hot[role][where] = round(n * per_tick, 3)
-        return {
-            "ticks": self.ticks,
-            "interval_s": self.interval,
-            "wall_s": self.wall,
-            "thread_seconds_by_role_and_state": dict(by_role),
-            "cpu_seconds_by_thread_role": {k: round(v, 2) for k, v in cpu.items()},
-            "hottest_innermost_frames_thread_seconds": dict(hot),
-        }
-
-
-def _time_writes(path, shape, chunks, dtype, compressors, blocks, block, config=None) -> float:
-    """Write ``block`` (cut to each block's shape) into a fresh array: the write cost alone."""
-    import zarr
-
-    shutil.rmtree(path, ignore_errors=True)
-    kw = {"config": config} if config else {}
-    arr = zarr.create_array(
-        path, shape=shape, chunks=chunks, dtype=dtype, fill_value=0, compressors=compressors, **kw
-    )
-    t = time.perf_counter()
-    for b in blocks:
-        arr[b.key] = block[: b.shape[0]]
-    dt = time.perf_counter() - t
-    shutil.rmtree(path, ignore_errors=True)
-    return dt
-
-
 def child_profile(a: dict) -> dict:
-    """``a["target"]`` (q_explicit or dequant) under a stack sampler over every thread and
-    cProfile of the calling thread; then standalone phases with the same block plan: read
-    only, write only (as qstream writes: same chunks and compressors; with
-    ``write_empty_chunks``; with one chunk per block), the compute without file I/O, and the
-    public kernels on one in-memory block. Observation only."""
-    import cProfile
-    import pstats
-    import resource
+    """Where a job's time goes: ``quantize_store`` run twice (the second kept) with timers
+    around the engine's steps (observation only: the wrapped functions are called unchanged).
 
-    import numpy as np
-    import zarr
+    Per pass: wall seconds. Per step: thread-seconds summed over the workers (they overlap, so
+    the sum can exceed the wall time): mapping or reading source pieces, the range, histogram,
+    quantize and error kernels, chunk writes and progress marks.
+    """
+    import collections
+
+    import numba
 
     import qstream as qs
-    from qstream.engine.plan import plan_blocks
+    from qstream.api import stores
+    from qstream.io import stores as io_stores
+    from qstream.io.progress import BlockProgress
 
-    target = "dequant" if a["case"] == "profile_dequant" else "q_explicit"
-    spec_kwargs = QSPECS["q_explicit"][0]
-    spec = qs.QuantSpec(**spec_kwargs)
-    warm = _warm_qstream(spec_kwargs)
-    if target == "dequant":
-        qs.dequantize_store("memory://bench-warm", "memory://bench-warm-d", overwrite=True)
+    spec_kwargs, kw = QSPECS[a["target"]]
+    _warm_qstream(spec_kwargs)
+    steps: collections.Counter = collections.Counter()
+    lock = threading.Lock()
+
+    def timed(owner, name, label, bucket=steps):
+        f = getattr(owner, name)
+
+        def g(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                with lock:
+                    bucket[label] += time.perf_counter() - t0
+
+        setattr(owner, name, g)
+
+    passes: collections.Counter = collections.Counter()
+    timed(io_stores.Source, "view", "map source piece")
+    timed(io_stores.Source, "read", "read/decode source piece")
+    timed(stores, "block_ranges", "range kernel")
+    timed(stores, "affine_quantize", "quantize kernel")
+    timed(stores, "block_errors_fused", "error kernel")
+    timed(io_stores.ArrayWriter, "__setitem__", "write chunk")
+    timed(BlockProgress, "mark", "progress mark")
+    timed(stores._Job, "stats", "pass: ranges", passes)
+    timed(stores._Job, "_histograms", "pass: histograms", passes)
+    timed(stores._Job, "_quantize_pass", "pass: quantize", passes)
+    from qstream.kernels import runtime, stats
+
+    real_run = runtime.run
+
+    def run(kernel, *args):
+        if kernel is stats.channel_histograms:
+            t0 = time.perf_counter()
+            real_run(kernel, *args)
+            with lock:
+                steps["histogram kernel"] += time.perf_counter() - t0
+            return
+        real_run(kernel, *args)
+
+    runtime.run = run
     dst = a["dst"]
+    for _ in range(2):
+        steps.clear()
+        passes.clear()
+        shutil.rmtree(dst, ignore_errors=True)
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        rep = qs.quantize_store(a["src"], dst, qs.QuantSpec(**spec_kwargs), **kw)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     shutil.rmtree(dst, ignore_errors=True)
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    with StackSampler() as sampler:
-        prof.enable()
-        if target == "dequant":
-            qs.dequantize_store(a["q"], dst)
-        else:
-            qs.quantize_store(a["src"], dst, spec)
-        prof.disable()
-    wall = time.perf_counter() - t0
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
-    out_arr = zarr.open_array(dst if target == "dequant" else os.path.join(dst, "data"), mode="r")
-    out_chunks, out_dtype = tuple(out_arr.chunks), np.dtype(out_arr.dtype)
-    out_comp = tuple(out_arr.compressors)
-    shutil.rmtree(dst, ignore_errors=True)
-    st = pstats.Stats(prof)
-    funcs = []
-    for (fn, line, name), (_cc, nc, tt, ct, _) in st.stats.items():
-        funcs.append(
-            {
-                "function": f"{os.path.relpath(fn) if fn.startswith('/') else fn}:{line}({name})",
-                "calls": nc,
-                "tottime": tt,
-                "cumtime": ct,
-            }
-        )
-    top_cum = sorted(funcs, key=lambda r: -r["cumtime"])[:25]
-    top_tot = sorted(funcs, key=lambda r: -r["tottime"])[:15]
-
-    # standalone phases over the same blocks (quantize_store's default 16 MiB budget)
-    src_arr = zarr.open_array(a["src"], mode="r")
-    shape = tuple(src_arr.shape)
-    blocks = plan_blocks(shape, out_chunks, 4, 16 * MiB)
-    nblk = len(blocks)
-    phases: dict = {
-        "blocks": nblk,
-        "block_shape": list(blocks[0].shape),
-        "output": {
-            "chunks": list(out_chunks),
-            "dtype": out_dtype.name,
-            "compressors": [repr(c) for c in out_comp],
-        },
-    }
-    read_arr = (
-        src_arr if target != "dequant" else zarr.open_array(os.path.join(a["q"], "data"), mode="r")
-    )
-    t = time.perf_counter()
-    for b in blocks:
-        np.ascontiguousarray(read_arr[b.key])
-    phases["read_only_s"] = time.perf_counter() - t
-    x = np.ascontiguousarray(src_arr[blocks[0].key])
-    q = np.asarray(qs.quantize(x, 0.001, dtype="int8"))
-    block = q if target != "dequant" else np.asarray(qs.dequantize(q, 0.001))
-    wpath = dst + "-write-only"
-    writes = {}
-    writes["as qstream writes"] = _time_writes(
-        wpath, shape, out_chunks, out_dtype, out_comp, blocks, block.view(out_dtype)
-    )
-    writes["write_empty_chunks=True"] = _time_writes(
-        wpath,
-        shape,
-        out_chunks,
-        out_dtype,
-        out_comp,
-        blocks,
-        block.view(out_dtype),
-        config={"write_empty_chunks": True},
-    )
-    writes["one chunk per block"] = _time_writes(
-        wpath, shape, tuple(blocks[0].shape), out_dtype, out_comp, blocks, block.view(out_dtype)
-    )
-    if out_comp:
-        writes["uncompressed"] = _time_writes(
-            wpath, shape, out_chunks, out_dtype, None, blocks, block.view(out_dtype)
-        )
-    phases["write_only_s"] = writes
-    reps = 5
-    per = collections.defaultdict(float)
-    for _ in range(reps):
-        t = time.perf_counter()
-        qk = qs.quantize(x, 0.001, dtype="int8")
-        per["qstream.quantize"] += time.perf_counter() - t
-        t = time.perf_counter()
-        qs.dequantize(qk, 0.001)
-        per["qstream.dequantize"] += time.perf_counter() - t
-    phases["kernels_alone_extrapolated_s"] = {k: v / reps * nblk for k, v in per.items()}
-    if target != "dequant":
-        # the whole quantize pass without file I/O: a NumPy source of 16 blocks into memory://
-        k = min(16, nblk)
-        xs = np.ascontiguousarray(src_arr[0 : k * blocks[0].shape[0]])
-        qs.quantize_store(xs, "memory://bench-nofile", spec, overwrite=True)  # warm
-        t = time.perf_counter()
-        qs.quantize_store(xs, "memory://bench-nofile", spec, overwrite=True)
-        phases["pass_without_file_io_extrapolated_s"] = (time.perf_counter() - t) * nblk / k
-        del xs
-    # what compute() spent its time in (cProfile callees, calling thread)
-    ckeys = [
-        k for k in st.stats if k[2] == "compute" and k[0].endswith(os.path.join("api", "stores.py"))
-    ]
-    callees = []
-    for (fn, line, name), v in st.stats.items():
-        for ck in ckeys:
-            if ck in v[4]:
-                edge = v[4][ck]
-                callees.append(
-                    {
-                        "function": f"{os.path.basename(fn)}:{line}({name})",
-                        "calls": edge[0],
-                        "cumtime": edge[3],
-                    }
-                )
-    phases["compute_total_s"] = sum(st.stats[k][3] for k in ckeys)
-    phases["compute_callees"] = sorted(callees, key=lambda r: -r["cumtime"])[:10]
     return {
-        "target": target,
         "seconds": wall,
-        "warmup_s": warm,
-        "bytes": a["src_bytes"],
-        "cpu_s": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
-        "sampler": sampler.summary(),
-        "cprofile_main_thread_top_cumtime": top_cum,
-        "cprofile_main_thread_top_tottime": top_tot,
-        "phases": phases,
+        "cpu_s": cpu,
+        "target": a["target"],
+        "passes": rep.passes,
+        "workers": stores.pipeline.default_workers(),
+        "kernel_threads": numba.get_num_threads(),
+        "pass_seconds": dict(passes),
+        "step_thread_seconds": dict(steps.most_common()),
     }
 
 
@@ -808,9 +515,7 @@ CHILDREN = {
     "files": child_files,
     "files_threads4": child_files,
     "dequant": child_dequant,
-    "read_matrix": child_read_matrix,
     "profile": child_profile,
-    "profile_dequant": child_profile,
     "entropy_search": child_entropy,
     **{c: child_quantize for c in QSPECS},
 }
@@ -1009,10 +714,23 @@ BUSY = 0.10  # other processes used more than this share of the CPUs during a ru
 
 
 def measure(
-    case: str, variant: str, data: dict, workdir: str, repeat: int, retry_busy: int = 1
+    case: str,
+    variant: str,
+    data: dict,
+    workdir: str,
+    repeat: int,
+    retry_busy: int = 1,
+    *,
+    target: str | None = None,
 ) -> dict:
     """``repeat`` runs of a case; the reported run is the last one, or, when that was disturbed
-    by other processes, the least disturbed of up to ``retry_busy`` extra warm runs."""
+    by other processes, the least disturbed of up to ``retry_busy`` extra warm runs.
+
+    Every run of a qstream case is paired with a ``zarr_chunks`` run on the same data just
+    before it (``paired_base_s``): this machine's speed drifts between runs (fresh memory
+    costs a host fault on this VM, more or less often), and the ratio of two adjacent runs is
+    steadier than either time.
+    """
     paths = data["paths"]
     src_bytes = data["rows"] * COLS * 4
     a = {
@@ -1022,11 +740,16 @@ def measure(
         "src_bytes": src_bytes,
         "dst": os.path.join(workdir, "out", f"{case}-{variant}.zarr"),
         "q": paths[f"q_{variant}"],
+        "target": target,
     }
+    paired = case in QSTREAM_CASES
     runs = []
-    n = repeat if case not in ("read_matrix", "profile", "profile_dequant", "entropy_search") else 1
+    n = repeat if case not in ("profile", "entropy_search") else 1
     while True:
+        base = run_child({**a, "case": "zarr_chunks"}) if paired else None
         runs.append(run_child(a))
+        if base is not None:
+            runs[-1]["paired_base_s"] = base.get("seconds")
         if runs[-1].get("error"):
             break
         if len(runs) < n:
@@ -1044,6 +767,7 @@ def measure(
     last["case"], last["variant"], last["size_bytes"] = case, variant, src_bytes
     last["first_s"] = runs[0].get("seconds")
     last["all_s"] = [r.get("seconds") for r in runs]
+    last["paired_base_all_s"] = [r.get("paired_base_s") for r in runs]
     last["peak_rss_all_mb"] = [r.get("peak_rss_mb") for r in runs]
     return last
 
@@ -1065,15 +789,16 @@ def code_letters(rows: list[dict]) -> dict:
 def print_table(rows: list[dict], base: dict, letters: dict) -> None:
     hdr = (
         f"{'case':<15} {'variant':<5} {'size':>6} {'passes':>6} {'warm s':>8} {'1st s':>8} "
-        f"{'GB/s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7} {'busy':>5} {'code':>4}  what"
+        f"{'GB/s':>6} {'(a) s':>6} {'x (a)':>7} {'RSS MB':>7} {'CPU s':>7} {'busy':>5} "
+        f"{'code':>4}  what"
     )
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        if r["case"] in ("read_matrix", "profile", "profile_dequant", "entropy_search"):
+        if r["case"] in ("profile", "entropy_search"):
             continue
         s = r.get("seconds")
-        b = base.get((r["variant"], r["size_bytes"]))
+        b = r.get("paired_base_s") or base.get((r["variant"], r["size_bytes"]))
         ratio = s / b if (s and b) else None
         gbps = r["size_bytes"] / s / 1e9 if s else None
         r["gbps"], r["ratio_to_zarr_chunks"] = gbps, ratio
@@ -1081,7 +806,8 @@ def print_table(rows: list[dict], base: dict, letters: dict) -> None:
         print(
             f"{r['case']:<15} {r['variant']:<5} {size_label(r['size_bytes']):>6} "
             f"{fmt(r.get('passes'), 'd'):>6} {fmt(s, '.3f'):>8} {fmt(r.get('first_s'), '.3f'):>8} "
-            f"{fmt(gbps):>6} {fmt(ratio):>7} {fmt(r.get('peak_rss_mb'), '.0f'):>7} "
+            f"{fmt(gbps):>6} {fmt(b, '.3f'):>6} {fmt(ratio):>7} "
+            f"{fmt(r.get('peak_rss_mb'), '.0f'):>7} "
             f"{fmt(r.get('cpu_total_s'), '.1f'):>7} {fmt(busy, '.0f'):>4}%"
             f"{'!' if (busy or 0) > 100 * BUSY else ' '} "
             f"{letters.get(r.get('qstream_code'), '') if r['case'][:1] in 'qdp' else '':>4}"
@@ -1090,66 +816,15 @@ def print_table(rows: list[dict], base: dict, letters: dict) -> None:
         )
 
 
-def print_profile(p: dict, letters: dict) -> None:
-    what = "dequantize_store" if p.get("target") == "dequant" else "the explicit-params quantize"
+def print_profile(p: dict) -> None:
     print(
-        f"\n## where {what} spends its time ({p['variant']}, code "
-        f"{letters.get(p.get('qstream_code'), '?')}: {fmt(p['seconds'])} s wall, "
-        f"{fmt(p['cpu_s'])} s CPU on {os.cpu_count()} cores; stack samples every "
-        f"{p['sampler']['interval_s'] * 1e3:.0f} ms, {p['sampler']['ticks']} ticks)"
+        f"\n## where {p['target']} spends its time ({p['variant']}): {p['seconds']:.2f} s wall,"
+        f" {p['cpu_s']:.2f} s CPU; {p['workers']} workers on {p['kernel_threads']} kernel threads"
     )
-    print("  thread-seconds by thread role and state (stack samples):")
-    for role, states in p["sampler"]["thread_seconds_by_role_and_state"].items():
-        items = ", ".join(f"{k} {v:.2f}" for k, v in list(states.items())[:7])
-        print(f"    {role:<34} {items}")
-    print(
-        "  CPU seconds by thread role (/proc/self/task): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in p["sampler"]["cpu_seconds_by_thread_role"].items())
-    )
-    for role, frames in p["sampler"]["hottest_innermost_frames_thread_seconds"].items():
-        print(
-            f"  busiest innermost frames, {role}: "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in frames.items())
-        )
-    print("  cProfile (calling thread), top tottime:")
-    for r in p["cprofile_main_thread_top_tottime"][:8]:
-        print(f"    {r['tottime']:8.2f} s  {r['calls']:>6}  {r['function']}")
-    ph = p["phases"]
-    if ph["compute_callees"]:
-        print(
-            f"  compute() total {ph['compute_total_s']:.2f} s; its callees: "
-            + ", ".join(f"{c['function']} {c['cumtime']:.2f} s" for c in ph["compute_callees"][:6])
-        )
-    o = ph["output"]
-    print(
-        f"  standalone phases, same plan ({ph['blocks']} blocks of {ph['block_shape']}; output "
-        f"{o['dtype']} chunks {o['chunks']}, compressors {o['compressors'] or 'none'}):"
-    )
-    print(f"    {'read only (sequential)':<36}{ph['read_only_s']:6.2f} s")
-    for k, v in ph["write_only_s"].items():
-        print(f"    write only, {k:<24}{v:6.2f} s")
-    for k, v in ph["kernels_alone_extrapolated_s"].items():
-        print(f"    {k + ' alone, x' + str(ph['blocks']) + ' blocks':<36}{v:6.2f} s")
-    if "pass_without_file_io_extrapolated_s" in ph:
-        print(
-            "    the quantize pass without file I/O (NumPy source -> memory://), "
-            f"extrapolated {ph['pass_without_file_io_extrapolated_s']:.2f} s"
-        )
-
-
-def print_matrix(r: dict) -> None:
-    print(
-        f"\n## qstream reader only ({r['variant']}): Source.read via pipeline.run, no-op compute"
-        " (inflight 0 = plain loop), warm second run"
-    )
-    print(f"  {'budget':>7} {'rows':>5} " + " ".join(f"{'if=' + str(i):>12}" for i in (0, 1, 3, 8)))
-    rows = r["matrix"]
-    for budget in sorted({m["budget_mib"] for m in rows}):
-        ms = [m for m in rows if m["budget_mib"] == budget]
-        print(
-            f"  {str(budget) + ' MiB':>7} {ms[0]['block_rows']:>5} "
-            + " ".join(f"{m['seconds']:6.2f}s {m['gbps']:4.1f}" for m in ms)
-        )
+    print("  passes (wall s): " + ", ".join(f"{k} {v:.2f}" for k, v in p["pass_seconds"].items()))
+    print("  steps (thread-seconds, summed over workers):")
+    for k, v in p["step_thread_seconds"].items():
+        print(f"    {k:<28}{v:6.2f}")
 
 
 def main(argv=None) -> int:
@@ -1252,7 +927,7 @@ def main(argv=None) -> int:
     )
     all_variants = sorted(set(variants) | set(qvariants), key=["raw", "zstd"].index)
     data = ensure_data(args.workdir, nbytes, all_variants)
-    if "dequant" in cases or "profile_dequant" in cases:
+    if "dequant" in cases:
         for v in qvariants + (["zstd"] if "dequant" in zstd_q and "zstd" in variants else []):
             r = run_child(
                 {"case": "prep_q", "src": data["paths"][v], "dst": data["paths"][f"q_{v}"]}
@@ -1271,15 +946,13 @@ def main(argv=None) -> int:
     base: dict = {}
     extras: dict = {}
     for case in cases:
-        if case in ("profile", "profile_dequant", "entropy_search"):
+        if case in ("profile", "entropy_search"):
             continue
         vs = variants if case in BASELINES else qvariants
         if case in zstd_q and "zstd" in variants and "zstd" not in vs:
             vs = [*vs, "zstd"]
         if case in ("q_explicit_b4", "q_explicit_b64"):
             vs = qvariants[:1]
-        if case == "read_matrix":
-            vs = variants
         for v in vs:
             print(f"# {case} [{v}] ...", flush=True)
             r = measure(case, v, data, args.workdir, args.repeat, args.retry_busy)
@@ -1290,14 +963,13 @@ def main(argv=None) -> int:
             )
             if case == "zarr_chunks" and r.get("seconds"):
                 base[(v, nbytes)] = r["seconds"]
-            if case == "read_matrix":
-                extras.setdefault("read_matrix", []).append(r)
-            else:
-                results.append(r)
-    for case in ("profile", "profile_dequant"):
-        if case in cases:
-            print(f"# {case} [{qvariants[0]}] ...", flush=True)
-            extras[case] = measure(case, qvariants[0], data, args.workdir, 1)
+            results.append(r)
+    if "profile" in cases:
+        for target in ("q_explicit", "q_percentile"):
+            print(f"# profile {target} [{qvariants[0]}] ...", flush=True)
+            extras[f"profile_{target}"] = measure(
+                "profile", qvariants[0], data, args.workdir, 1, target=target
+            )
     if "entropy_search" in cases:
         print("# entropy_search ...", flush=True)
         extras["entropy"] = measure("entropy_search", "raw", data, args.workdir, 1)
@@ -1327,8 +999,9 @@ def main(argv=None) -> int:
     # ------------------------------------------------------------------ report
     print(
         f"\n## results ({size_label(nbytes)}; warm = last of {args.repeat} runs, each in a fresh "
-        "process; x (a) = time / zarr chunk-by-chunk read time of the same variant and size; "
-        "GB/s = source bytes / time; RSS = peak of that process)"
+        "process; (a) s = zarr's chunk-by-chunk read of the same data, run just before (qstream "
+        "rows) or the row itself (baselines); x (a) = time / (a) s; GB/s = source bytes / time; "
+        "RSS = peak of that process)"
     )
     letters = code_letters(results + rss_rows + [v for v in extras.values() if isinstance(v, dict)])
     print_table(results + rss_rows, base, letters)
@@ -1344,11 +1017,10 @@ def main(argv=None) -> int:
         )
     if len(letters) > 1:
         print("  ! qstream changed during the run: compare only rows with the same code letter")
-    for r in extras.get("read_matrix", []):
-        print_matrix(r)
-    for case in ("profile", "profile_dequant"):
-        if extras.get(case) and not extras[case].get("error"):
-            print_profile(extras[case], letters)
+    for target in ("q_explicit", "q_percentile"):
+        p = extras.get(f"profile_{target}")
+        if p and not p.get("error"):
+            print_profile(p)
     ent = extras.get("entropy")
     if ent and not ent.get("error"):
         print(

@@ -118,43 +118,61 @@ def channel_histograms(x, lo, hi, use_abs, hist):
     nbins = hist.shape[1]
     if n_c >= 8:
         for c in prange(n_c):  # each channel owns its histogram row
+            acc = np.zeros(nbins + 1, np.int64)
+            idx = np.empty(_RUN, np.uint32)
             for o in range(n_outer):
-                for i in range(n_inner):
-                    _bin(x[o, c, i], lo[c], hi[c], use_abs, nbins, hist, c)
+                _hist_run(x[o, c], lo[c], hi[c], use_abs, acc, idx)
+            for k in range(nbins):
+                hist[c, k] += acc[k]
         return
     n = n_outer * n_inner
     parts = max(1, min(64, n // 65536))
-    partial = np.zeros((parts, nbins), np.int64)
+    partial = np.zeros((parts, nbins + 1), np.int64)
     for c in range(n_c):
         partial[:] = 0
         for p in prange(parts):
+            idx = np.empty(_RUN, np.uint32)
             k = p * n // parts
             k1 = (p + 1) * n // parts
             while k < k1:  # contiguous runs within one outer row
                 o = k // n_inner
                 i0 = k - o * n_inner
                 i1 = min(n_inner, i0 + (k1 - k))
-                xr = x[o, c]
-                for i in range(i0, i1):
-                    _bin(xr[i], lo[c], hi[c], use_abs, nbins, partial, p)
+                _hist_run(x[o, c][i0:i1], lo[c], hi[c], use_abs, partial[p], idx)
                 k += i1 - i0
         for p in range(parts):
-            hist[c] += partial[p]
+            for k in range(nbins):
+                hist[c, k] += partial[p, k]
+
+
+_RUN = 1024
 
 
 @njit(inline="always", cache=True)
-def _bin(v, lo, hi, use_abs, nbins, h, row):
-    if not np.isfinite(v):
-        return
-    if use_abs:
-        v = abs(v)
+def _hist_run(xr, lo, hi, use_abs, acc, idx):
+    """Count the finite values of ``xr`` into ``acc[:nbins]`` (``acc[nbins]`` collects the
+    non-finite ones). Bin indices are computed for a run of values first (a loop that
+    vectorises), then counted (a scalar scatter)."""
+    nbins = acc.shape[0] - 1
     w = hi - lo
-    if w > 0:
-        k = int((v - lo) / w * nbins)
-        if k >= nbins:
-            k = nbins - 1
-        elif k < 0:
-            k = 0
-    else:
-        k = 0
-    h[row, k] += 1
+    if not w > 0:  # one value (or none): every finite value is in bin 0
+        for i in range(xr.shape[0]):
+            acc[0 if nonfinite(np.float64(xr[i])) == 0 else nbins] += 1
+        return
+    top = np.float64(nbins - 1)
+    n = xr.shape[0]
+    for j0 in range(0, n, _RUN):
+        m = min(_RUN, n - j0)
+        xs = xr[j0 : j0 + m]
+        if use_abs:
+            for j in range(m):
+                v = np.float64(xs[j])
+                f = min(max((abs(v) - lo) / w * nbins, 0.0), top)
+                idx[j] = np.uint32(f) if nonfinite(v) == 0 else np.uint32(nbins)
+        else:
+            for j in range(m):
+                v = np.float64(xs[j])
+                f = min(max((v - lo) / w * nbins, 0.0), top)
+                idx[j] = np.uint32(f) if nonfinite(v) == 0 else np.uint32(nbins)
+        for j in range(m):
+            acc[idx[j]] += 1
