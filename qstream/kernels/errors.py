@@ -38,9 +38,9 @@ def _dequantized(qv, s, z):
 
 
 @njit(inline="always", cache=True, fastmath=_FAST)
-def _run_sums(xs, qs, s, z, lo, hi, acc, t):
-    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``."""
-    n = xs.shape[0]
+def _sums(xs, qs, s, z, lo, hi):
+    """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped, non-finite) of a run, as if
+    every value were finite (the non-finite ones are only counted)."""
     sx2 = 0.0
     se2 = 0.0
     sxy = 0.0
@@ -48,7 +48,7 @@ def _run_sums(xs, qs, s, z, lo, hi, acc, t):
     emax = np.int64(0)
     clip = np.int32(0)
     bad = np.int32(0)
-    for i in range(n):  # fast path: assumes every value finite, counts those that are not
+    for i in range(xs.shape[0]):
         x = np.float64(xs[i])
         y = _dequantized(qs[i], s, z)
         e = x - y
@@ -59,26 +59,22 @@ def _run_sums(xs, qs, s, z, lo, hi, acc, t):
         emax = max(emax, _bits(abs(e)))
         clip += np.int32((x > hi) | (x < lo))
         bad += _nonfinite(x)
-    if bad:  # rare: sum again, skipping NaN and +-inf
-        sx2 = 0.0
-        se2 = 0.0
-        sxy = 0.0
-        sy2 = 0.0
-        emax = np.int64(0)
-        clip = np.int32(0)
-        for i in range(n):
-            x = np.float64(xs[i])
-            if _nonfinite(x):
-                continue
-            y = _dequantized(qs[i], s, z)
-            e = x - y
-            sx2 += x * x
-            se2 += e * e
-            sxy += x * y
-            sy2 += y * y
-            emax = max(emax, _bits(abs(e)))
-            clip += np.int32((x > hi) | (x < lo))
-    acc[t, 0] += n - bad
+    return sx2, se2, sxy, sy2, emax, clip, bad
+
+
+@njit(inline="always", cache=True, fastmath=_FAST)
+def _run_sums(xs, qs, s, z, lo, hi, acc, t):
+    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``."""
+    sx2, se2, sxy, sy2, emax, clip, bad = _sums(xs, qs, s, z, lo, hi)
+    if bad:  # rare: sum a copy where each NaN/inf is x = 0 with q = zp (so y = 0, e = 0)
+        xc = xs.copy()
+        qc = qs.copy()
+        for i in range(xc.shape[0]):
+            if _nonfinite(np.float64(xc[i])):
+                xc[i] = 0.0
+                qc[i] = z
+        sx2, se2, sxy, sy2, emax, clip, _ = _sums(xc, qc, s, z, lo, hi)
+    acc[t, 0] += xs.shape[0] - bad
     acc[t, 1] += sx2
     acc[t, 2] += se2
     acc[t, 3] += sxy
@@ -183,12 +179,15 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
         o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
         sr = scale[po, pc]
         zr = zero_point[po, pc]
-        if p_inner == 1:
-            s = sr[0]
-            z = zr[0]
+        i = i0
+        while i < i1:  # runs that share a parameter (the whole tile when there is one)
+            pi = 0 if p_inner == 1 else i // iblock
+            end = i1 if p_inner == 1 else min(i1, (pi + 1) * iblock)
+            s = sr[pi]
+            z = zr[pi]
             _run_sums(
-                x[o, c][i0:i1],
-                q[o, c][i0:i1],
+                x[o, c][i:end],
+                q[o, c][i:end],
                 s,
                 z,
                 (qmin - z - 0.5) * s,
@@ -196,24 +195,7 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
                 partial,
                 t,
             )
-        else:
-            i = i0
-            while i < i1:  # runs that share a parameter
-                pi = i // iblock
-                end = min(i1, (pi + 1) * iblock)
-                s = sr[pi]
-                z = zr[pi]
-                _run_sums(
-                    x[o, c][i:end],
-                    q[o, c][i:end],
-                    s,
-                    z,
-                    (qmin - z - 0.5) * s,
-                    (qmax - z + 0.5) * s,
-                    partial,
-                    t,
-                )
-                i = end
+            i = end
     for t in range(total):
         ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
         for k in range(N_SUMS):
