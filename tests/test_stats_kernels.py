@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from qstream.engine.blockmath import block_ranges, channel_view
+from qstream.engine.blockmath import block_ranges, block_slot_ranges, channel_view
 from qstream.kernels.stats import channel_histograms
 
 SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.4e38, 3.4e38])
@@ -69,3 +69,26 @@ def test_channel_histograms_bin_by_the_stated_formula(x, use_abs, nbins):
             else np.zeros(row.size, np.int64)
         )
         np.testing.assert_array_equal(h[ch], np.bincount(k, minlength=nbins))
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")
+@given(
+    x=arrays(
+        np.float32,
+        st.tuples(st.integers(1, 4), st.integers(1, 50), st.integers(1, 40)),
+        elements=VALUES,
+    ),
+    axis=st.sampled_from([0, 1, 2]),
+    block=st.sampled_from([1, 3, 8, 32]),
+)
+def test_block_slot_ranges_equal_numpy_nanmin_nanmax(x, axis, block):
+    lo, hi = block_slot_ranges(x, axis, block)
+    m = np.moveaxis(np.where(np.isfinite(x), x, np.nan).astype(np.float64), axis, -1)
+    n = m.shape[-1]
+    nb = -(-n // block)
+    pad = np.full((*m.shape[:-1], nb * block - n), np.nan)
+    m = np.concatenate([m, pad], axis=-1).reshape(*m.shape[:-1], nb, block)
+    want_lo = np.moveaxis(np.nanmin(m, axis=-1), -1, axis)
+    want_hi = np.moveaxis(np.nanmax(m, axis=-1), -1, axis)
+    np.testing.assert_array_equal(lo, want_lo)
+    np.testing.assert_array_equal(hi, want_hi)

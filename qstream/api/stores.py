@@ -191,7 +191,10 @@ class _Job:
             ps = list(self.shape)
             ps[self.axis] = -(-ps[self.axis] // self.block_size)
             self.param_shape = tuple(ps)
-        self.channels = 1 if self.axis is None else self.shape[self.axis]
+        # statistics are per channel along a per-axis spec's axis, else one set for the tensor
+        # (a blocked spec reports per tensor: its parameter blocks are too many to list)
+        self.stat_axis = None if self.block_size else self.axis
+        self.channels = 1 if self.stat_axis is None else self.shape[self.stat_axis]
         self.budget = _block_budget(max_memory)
         self.chunks = default_chunks(
             self.shape,
@@ -254,9 +257,12 @@ class _Job:
     def _workers(self) -> int:
         return _workers(self.max_memory, self.blocks, max(4, self.source.dtype.itemsize))
 
+    def _block_channels(self, b: Block) -> int:
+        return 1 if self.stat_axis is None else b.shape[self.stat_axis]
+
     def _offset(self, key: tuple[slice, ...]) -> int:
         """The first channel of the region ``key``."""
-        return key[self.axis].start if self.axis is not None else 0
+        return key[self.stat_axis].start if self.stat_axis is not None else 0
 
     def stats(self, progress=None) -> RangeStats:
         """Pass 1: exact per-channel ranges, merged in block order (min/max and counts are
@@ -265,10 +271,10 @@ class _Job:
         first = []
 
         def work(b: Block) -> RangeStats:
-            st = RangeStats.empty(1 if self.axis is None else b.shape[self.axis])
+            st = RangeStats.empty(self._block_channels(b))
             first = -1
             for region, x in self._pieces(b):
-                part = block_ranges(x, self.axis)
+                part = block_ranges(x, self.stat_axis)
                 merge_into(st, part, self._offset(region) - self._offset(b.key))
                 if part.first_nonfinite >= 0:  # as an index into the whole array
                     local = np.unravel_index(part.first_nonfinite, x.shape)
@@ -350,9 +356,9 @@ class _Job:
         hist = np.zeros((self.channels, nbins), np.int64)
 
         def work(b: Block) -> np.ndarray:
-            h = np.zeros((1 if self.axis is None else b.shape[self.axis], nbins), np.int64)
+            h = np.zeros((self._block_channels(b), nbins), np.int64)
             for region, x in self._pieces(b):
-                v = channel_view(x, self.axis)
+                v = channel_view(x, self.stat_axis)
                 rel = self._offset(region) - self._offset(b.key)
                 sl = slice(self._offset(region), self._offset(region) + v.shape[1])
                 run(
@@ -533,7 +539,7 @@ class _Job:
 
         def work(b: Block) -> ErrorStats:
             q = scratch("quantized", b.shape, qt.dtype)
-            errs = ErrorStats.empty(1 if self.axis is None else b.shape[self.axis])
+            errs = ErrorStats.empty(self._block_channels(b))
             # a dynamic block takes its ranges from all of it; else piece by piece
             pieces = [(b.key, self._read(b.key))] if self.dynamic else self._pieces(b)
             for region, x in pieces:
@@ -560,9 +566,9 @@ class _Job:
                     xhat = affine_dequantize(qp, s, None, layout, qt)
                     s_e = layout.expand(s).astype(np.float64)
                     z_e = layout.expand(z).astype(np.float64)
-                    err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.axis)
+                    err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.stat_axis)
                 else:
-                    err = block_errors_fused(x, qp, s, z, layout, qt, lo_q, self.axis)
+                    err = block_errors_fused(x, qp, s, z, layout, qt, lo_q, self.stat_axis)
                 if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
                     if self.spec.nan_policy == "error":
                         raise _NonFiniteBlock(b)

@@ -42,30 +42,17 @@ def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.nda
 
     Returns arrays shaped like ``x`` with ``x.shape[axis]`` -> ``ceil(/block_size)``.
     """
-    m = np.moveaxis(x, axis, -1).astype(np.float64)
-    m = np.where(np.isfinite(m), m, np.nan)
-    n = m.shape[-1]
-    nb = -(-n // block_size)
-    pad = nb * block_size - n
-    if pad:
-        m = np.concatenate([m, np.full((*m.shape[:-1], pad), np.nan)], axis=-1)
-    m = m.reshape(*m.shape[:-1], nb, block_size)
-    with np.errstate(all="ignore"), _quiet():
-        lo = np.nanmin(m, axis=-1)
-        hi = np.nanmax(m, axis=-1)
-    return np.moveaxis(lo, -1, axis), np.moveaxis(hi, -1, axis)
+    from ..kernels.runtime import run
+    from ..kernels.stats import slot_ranges
+    from ..layout import plan_layout
 
-
-class _quiet:
-    def __enter__(self):
-        import warnings
-
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
+    pshape = list(x.shape)
+    pshape[axis] = -(-pshape[axis] // block_size)
+    layout = plan_layout(x.shape, tuple(pshape), axis, block_size)
+    lo = np.empty(layout.pshape3)
+    hi = np.empty(layout.pshape3)
+    run(slot_ranges, layout.view(np.ascontiguousarray(x)), layout.cblock, layout.iblock, lo, hi)
+    return lo.reshape(pshape), hi.reshape(pshape)
 
 
 def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:

@@ -24,7 +24,6 @@ compressor (Zarr v2). Anything else returns None and the caller keeps using zarr
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import mmap
 import os
@@ -37,7 +36,9 @@ import numpy as np
 from ..errors import StoreError
 from ..scratch import ALIGN, scratch
 
-DIRECT_IO = os.environ.get("QSTREAM_DIRECT_IO", "1") != "0"
+# POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
+_POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
+DIRECT_IO = os.environ.get("QSTREAM_DIRECT_IO", "1") != "0" and hasattr(os, "O_DIRECT")
 DIRECT_MIN = 256 << 10
 
 
@@ -74,7 +75,7 @@ class ChunkFiles:
         """``region`` as a view of the mapped chunk file, without a copy, when it lies inside
         one stored uncompressed chunk; else None (use :meth:`read`). Writing to the view
         changes only this process's copy."""
-        if self.codec is not None:
+        if self.codec is not None or not _POSIX:
             return None
         pieces = list(self.chunks_of(region))
         if len(pieces) != 1:
@@ -170,6 +171,8 @@ class ChunkFiles:
     def _write_direct(self, path: str, view: memoryview) -> bool:
         """Write ``view`` to a new file with O_DIRECT (an aligned copy first if it is not
         aligned); False, and direct writes off, where the file system refuses them."""
+        import fcntl
+
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
         except OSError:

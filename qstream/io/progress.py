@@ -25,7 +25,7 @@ class BlockProgress:
 
     def __init__(self, array) -> None:
         self.array = array
-        self.files = chunk_files(array)
+        self.files = chunk_files(array) if hasattr(os, "pwrite") else None
         self._lock = threading.Lock()
 
     @classmethod
