@@ -235,9 +235,9 @@ def chunk_files(arr) -> ChunkFiles | None:
         from zarr.codecs import BytesCodec
 
         ser = arr.serializer
-        if not isinstance(ser, BytesCodec) or (
-            dtype.itemsize > 1 and ser.endian is not None and ser.endian.value != "little"
-        ):
+        # configurations through to_dict(): zarr 3.1 holds enums where zarr 3.4 holds strings
+        endian = _config(ser).get("endian") if isinstance(ser, BytesCodec) else "none"
+        if endian not in ("little", None) and not (endian == "big" and dtype.itemsize == 1):
             return None
         codec = _v3_compressor(arr.compressors)
     else:
@@ -273,16 +273,22 @@ def _v3_compressor(compressors):
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     c = compressors[0]
+    cfg = _config(c)
     if isinstance(c, ZstdCodec):
-        return numcodecs.Zstd(level=c.level, checksum=c.checksum)
+        return numcodecs.Zstd(level=cfg.get("level", 0), checksum=cfg.get("checksum", False))
     if isinstance(c, GzipCodec):
-        return numcodecs.GZip(level=c.level)
+        return numcodecs.GZip(level=cfg.get("level", 5))
     if isinstance(c, BloscCodec):
-        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[c.shuffle.value]
+        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[cfg["shuffle"]]
         return numcodecs.Blosc(
-            cname=c.cname.value, clevel=c.clevel, shuffle=shuffle, blocksize=c.blocksize
+            cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle, blocksize=cfg["blocksize"]
         )
     return False
+
+
+def _config(codec) -> dict:
+    """A zarr v3 codec's JSON configuration (plain strings and numbers)."""
+    return dict(codec.to_dict().get("configuration") or {})
 
 
 def _write_all(fd: int, view: memoryview) -> None:
