@@ -169,3 +169,31 @@ def test_readme_first_command_runs_on_the_sample(tmp_path):
     shutil.copytree(SAMPLES, work / "samples")
     out = subprocess.run(command, shell=True, cwd=work, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr + out.stdout
+
+
+def test_bundled_samples_are_in_the_repository_and_the_notebook_runs(tmp_path):
+    for name in (
+        "tiny-transformer.safetensors",
+        "activations.zarr/zarr.json",
+        "recipe-int8.toml",
+        "notebook.py",
+        "nightly-convert.sh",
+        "make_samples.py",
+    ):
+        assert (SAMPLES / name).is_file(), f"samples/{name} is missing"
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "samples/activations.zarr"],
+        capture_output=True,
+        text=True,
+    )
+    if tracked.returncode == 0:  # a git checkout: the README's samples are committed
+        assert "samples/activations.zarr/zarr.json" in tracked.stdout
+    out = subprocess.run(
+        [sys.executable, str(SAMPLES / "notebook.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "entropy calibration" in out.stdout
