@@ -1,7 +1,8 @@
 """Large data, marked slow: run with ``python -m pytest -m slow``.
 
-A 2.25 GiB float32 store is quantized in a child process; its peak RSS must stay bounded
-(the same whatever the array size) and sampled blocks must equal in-memory quantization.
+A 2.25 GiB float32 store is quantized in a child process whose address space is limited to
+2 GiB (less than the array); its peak RSS must stay bounded (the same whatever the array size)
+and sampled blocks must equal in-memory quantization.
 """
 
 import json
@@ -19,7 +20,9 @@ ROWS, COLS, CHUNK = 147_456, 4096, 256  # 2.25 GiB of float32
 # Peak RSS from VmHWM (this process's own memory map): ru_maxrss would also count what the
 # forking pytest process held before exec (Linux keeps the larger of the two across exec).
 CHILD = r"""
-import json, sys
+import json, resource, sys
+# a real limit: the address space is smaller than the 2.25 GiB array (the job peaks near 1.2 GiB)
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 import qstream as qs
 spec = qs.QuantSpec.from_dict(json.loads(sys.argv[3]))
 report = qs.quantize_store(sys.argv[1], sys.argv[2], spec)
