@@ -173,6 +173,7 @@ class _Job:
     def __init__(self, src, spec: QuantSpec, max_memory, storage_options):
         self.spec = spec
         self.source = open_source(src, storage_options=storage_options)
+        self.storage_options = storage_options  # for the destination too
         self.name = str(self.source.description.get("path", "array"))
         if not is_float_dtype(self.source.dtype):
             raise InvalidDTypeError(
@@ -425,7 +426,7 @@ class _Job:
 
     def _open_destination(self, dst, fp, cal, overwrite, resume):
         try:
-            existing = open_group(dst, mode="r")
+            existing = open_group(dst, mode="r", storage_options=self.storage_options)
             meta = existing.attrs.get("qstream")
         except StoreError:
             existing, meta = None, None
@@ -440,14 +441,14 @@ class _Job:
             if meta.get("complete"):
                 return None, meta["report"], len(self.blocks)
             if resume:
-                group = open_group(dst, mode="a")
+                group = open_group(dst, mode="a", storage_options=self.storage_options)
                 # the interrupted job's chunks (another max_memory may plan others)
                 self.chunks = tuple(group["data"].chunks)
                 self.blocks = plan_blocks(self.shape, self.chunks)
                 done = BlockProgress.open(group).done()
                 todo = [b for b in self.blocks if not done[b.index]]
                 return group, todo, len(self.blocks) - len(todo)
-        group = open_group(dst, mode="w")
+        group = open_group(dst, mode="w", storage_options=self.storage_options)
         self._create_arrays(group, cal, fp)
         return group, self.blocks, 0
 
