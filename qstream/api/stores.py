@@ -64,6 +64,7 @@ _WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
 _FLAT_KEYS = {"name": "default", "separator": "."}
 _PARAM_CHUNK = 1 << 18  # parameters per chunk of a per-axis scale/zero_point (at least)
 DEFAULT_BLOCK_BYTES = 16 << 20
+DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
 # bytes of working memory per float32 byte of a block held by one worker (the source block,
 # its float32 widening, the quantized block, a chunk's compressed bytes), used to turn
 # max_memory into a block size
@@ -652,11 +653,13 @@ def _block_budget(max_memory: int | None) -> int:
 
 
 def _workers(max_memory: int | None, blocks: list[Block], itemsize: int) -> int:
-    """Workers that fit in ``max_memory`` (one block each), at most the default."""
+    """Workers that fit in ``max_memory`` (default ``DEFAULT_MAX_MEMORY``), one block each,
+    at most the default number (a source with huge chunks gets fewer workers)."""
     workers = pipeline.default_workers()
-    if max_memory is not None and blocks:
+    if blocks:
+        limit = DEFAULT_MAX_MEMORY if max_memory is None else int(max_memory)
         block = max(math.prod(b.shape) for b in blocks) * itemsize
-        workers = min(workers, max(1, int(max_memory) // (_WORK_FACTOR * max(block, 1))))
+        workers = min(workers, max(1, limit // (_WORK_FACTOR * max(block, 1))))
     return workers
 
 

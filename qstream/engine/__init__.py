@@ -1,2 +1,2 @@
-"""The streaming engine: plans blocks aligned to the destination's chunks and runs them with
-bounded memory (reads ahead, computes, writes behind)."""
+"""The streaming engine: plans blocks (one destination chunk each) and runs them on workers
+with bounded memory, merging their statistics in block order."""
