@@ -144,7 +144,9 @@ def dequantize_store(
     writer = ArrayWriter(out)
 
     def work(b: Block) -> None:
-        q = reader.read(b.key, out=scratch("q", b.shape, reader.dtype))
+        q = reader.view(b.key)  # a mapped uncompressed chunk, else read into a buffer
+        if q is None or not q.flags.c_contiguous:
+            q = reader.read(b.key, out=scratch("q", b.shape, reader.dtype))
         y = arr.dequantize_region(b.key, q, out_dtype, out=scratch("y", b.shape, out_dtype))
         writer[b.key] = y.view(stored)
 
