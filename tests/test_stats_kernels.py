@@ -13,12 +13,14 @@ SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.4e38, 3
 VALUES = st.one_of(st.floats(-1e6, 1e6, width=32), SPECIAL)
 
 
+def float32_arrays(outer: int, channels: int, inner: int):
+    """3-D float32 arrays up to the given sizes, with NaN, infinities, signed zeros."""
+    shapes = st.tuples(st.integers(1, outer), st.integers(1, channels), st.integers(1, inner))
+    return arrays(np.float32, shapes, elements=VALUES)
+
+
 @given(
-    x=arrays(
-        np.float32,
-        st.tuples(st.integers(1, 5), st.integers(1, 40), st.integers(1, 70)),
-        elements=VALUES,
-    ),
+    x=float32_arrays(5, 40, 70),
     axis=st.sampled_from([None, 0, 1, 2]),
 )
 def test_block_ranges_equal_numpy_per_channel(x, axis):
@@ -41,11 +43,7 @@ def test_block_ranges_equal_numpy_per_channel(x, axis):
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")
 @given(
-    x=arrays(
-        np.float32,
-        st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1, 300)),
-        elements=VALUES,
-    ),
+    x=float32_arrays(3, 12, 300),
     use_abs=st.booleans(),
     nbins=st.sampled_from([16, 100, 2048]),
 )
@@ -73,11 +71,7 @@ def test_channel_histograms_bin_by_the_stated_formula(x, use_abs, nbins):
 
 @pytest.mark.filterwarnings("ignore:All-NaN slice")
 @given(
-    x=arrays(
-        np.float32,
-        st.tuples(st.integers(1, 4), st.integers(1, 50), st.integers(1, 40)),
-        elements=VALUES,
-    ),
+    x=float32_arrays(4, 50, 40),
     axis=st.sampled_from([0, 1, 2]),
     block=st.sampled_from([1, 3, 8, 32]),
 )
