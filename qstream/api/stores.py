@@ -535,14 +535,12 @@ class _Job:
         data, prog = ArrayWriter(group["data"]), BlockProgress.open(group)
         scale_out, zp_out = ArrayWriter(group["scale"]), ArrayWriter(group["zero_point"])
         stored = group["data"].dtype
-        qt = self.qt
-        code = round_code(self.spec.round_mode)
-        lo_q = qt.qmin + (1 if self.spec.narrow_range and not qt.is_float else 0)
+        zp_stored = group["zero_point"].dtype
         errors = ErrorStats.empty(self.channels)
         done = [len(self.blocks) - len(todo)]
 
         def work(b: Block) -> ErrorStats:
-            q = scratch("quantized", b.shape, qt.dtype)
+            q = scratch("quantized", b.shape, self.qt.dtype)
             errs = ErrorStats.empty(self._block_channels(b))
             # a dynamic block takes its ranges from all of it; else piece by piece
             pieces = [(b.key, self._read(b.key))] if self.dynamic else self._pieces(b)
@@ -553,40 +551,19 @@ class _Job:
                 )
                 s, z, layout = self._params(region, x, cal)
                 qp = q[rel]
-                copy_back = not qp.flags.c_contiguous
-                if copy_back:  # the piece is not a contiguous part of the block
-                    qp = scratch("quantized-piece", x.shape, qt.dtype)
-                affine_quantize(
-                    x,
-                    s,
-                    z,
-                    layout,
-                    qt,
-                    code=code,
-                    narrow_range=self.spec.narrow_range,
-                    out=qp,
-                )
-                if qt.is_float:
-                    xhat = affine_dequantize(qp, s, None, layout, qt)
-                    s_e = layout.expand(s).astype(np.float64)
-                    z_e = layout.expand(z).astype(np.float64)
-                    err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.stat_axis)
-                else:
-                    err = block_errors_fused(x, qp, s, z, layout, qt, lo_q, self.stat_axis)
-                if err.nonfinite.any():  # rare: apply the NaN policy before anything is written
-                    if self.spec.nan_policy == "error":
-                        raise _NonFiniteBlock(b)
-                    if self.spec.nan_policy == "zero_point" and not qt.is_float:
-                        nan = np.isnan(x)
-                        zp_e = np.broadcast_to(layout.expand(z), x.shape)
-                        qp[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+                copy_back = not qp.flags.c_contiguous  # the piece is not a run of the block
+                if copy_back:
+                    qp = scratch("quantized-piece", x.shape, self.qt.dtype)
+                err = self._quantize_piece(x, s, z, layout, qp)
+                if err.nonfinite.any() and self.spec.nan_policy == "error":
+                    raise _NonFiniteBlock(b)  # before anything of this block is written
                 if copy_back:
                     q[rel] = qp
                 merge_into(errs, err, self._offset(region) - self._offset(b.key))
                 if self.dynamic:
                     pk = self._param_key(region)
                     scale_out[pk] = np.asarray(s, np.float32)
-                    zp_out[pk] = z.astype(group["zero_point"].dtype)
+                    zp_out[pk] = z.astype(zp_stored)
             data[b.key] = q.view(stored) if q.dtype != stored else q
             prog.mark(b.index)
             return errs
@@ -604,6 +581,34 @@ class _Job:
             raise
         self._count_pass(todo)
         return errors
+
+    def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
+        """Quantize ``x`` into ``out`` and return its error statistics; NaN follows the
+        spec's ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
+        qt = self.qt
+        lo_q = qt.qmin + (1 if self.spec.narrow_range and not qt.is_float else 0)
+        affine_quantize(
+            x,
+            s,
+            z,
+            layout,
+            qt,
+            code=round_code(self.spec.round_mode),
+            narrow_range=self.spec.narrow_range,
+            out=out,
+        )
+        if qt.is_float:
+            xhat = affine_dequantize(out, s, None, layout, qt)
+            s_e = layout.expand(s).astype(np.float64)
+            z_e = layout.expand(z).astype(np.float64)
+            err = block_errors(x, xhat, s_e, z_e, qt, lo_q, qt.qmax, self.stat_axis)
+        else:
+            err = block_errors_fused(x, out, s, z, layout, qt, lo_q, self.stat_axis)
+        if err.nonfinite.any() and self.spec.nan_policy == "zero_point" and not qt.is_float:
+            nan = np.isnan(x)
+            zp_e = np.broadcast_to(layout.expand(z), x.shape)
+            out[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+        return err
 
     def _param_key(self, key: tuple[slice, ...]) -> tuple[slice, ...]:
         """The region of a blocked parameter array that the region ``key`` uses (``key``
