@@ -59,6 +59,15 @@ class Layout:
         return rep.take(np.arange(self.shape[self.axis]), axis=self.axis)
 
 
+def param_region(key: tuple[slice, ...], axis: int, block_size: int) -> tuple[slice, ...]:
+    """The region of a blocked parameter array that the array region ``key`` uses (``key``
+    starts on a parameter block along ``axis``)."""
+    return tuple(
+        slice(k.start // block_size, -(-k.stop // block_size)) if d == axis else k
+        for d, k in enumerate(key)
+    )
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     """``axis`` in ``[-ndim, ndim)`` made non-negative, else an error naming both."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):

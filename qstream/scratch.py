@@ -39,8 +39,3 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start : start + nbytes]
-
-
-def release() -> None:
-    """Drop this thread's buffers."""
-    _local.bufs = {}

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import StoreError
 from ..io.stores import open_group
-from ..layout import plan_layout
+from ..layout import param_region, plan_layout
 from ..qtypes import qtype
 from ..spec import QuantSpec
 from .arrays import affine_dequantize
@@ -120,10 +120,7 @@ class QuantizedArray:
             bs = self.spec.block_size
             k = self.axis
             if bs and key[k].start % bs == 0:  # the region starts on a parameter block
-                pk = tuple(
-                    slice(sl.start // bs, -(-sl.stop // bs)) if d == k else sl
-                    for d, sl in enumerate(key)
-                )
+                pk = param_region(key, k, bs)
                 s, z = self.scale[pk], self.zero_point[pk].astype(np.float64)
                 layout = plan_layout(q.shape, s.shape, k, bs)
             elif bs:  # an arbitrary slice: the parameters element by element (slow path)

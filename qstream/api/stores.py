@@ -38,7 +38,7 @@ from ..engine.plan import Block, default_chunks, plan_blocks
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ..io.progress import BlockProgress
 from ..io.stores import ArrayWriter, open_group, open_source
-from ..layout import normalize_axis, plan_layout
+from ..layout import normalize_axis, param_region, plan_layout
 from ..qtypes import QType, float_dtype, is_float_dtype
 from ..rounding import round_code
 from ..scratch import scratch
@@ -199,14 +199,13 @@ class _Job:
         # (a blocked spec reports per tensor: its parameter blocks are too many to list)
         self.stat_axis = None if self.block_size else self.axis
         self.channels = 1 if self.stat_axis is None else self.shape[self.stat_axis]
-        self.budget = _block_budget(max_memory)
         self.chunks = default_chunks(
             self.shape,
             max(4, self.source.dtype.itemsize),
             self.source.chunks,
             axis=self.axis,
             block_size=self.block_size,
-            budget=self.budget,
+            budget=_block_budget(max_memory),
         )
         self.blocks = plan_blocks(self.shape, self.chunks)
         self.max_memory = max_memory
@@ -524,7 +523,7 @@ class _Job:
                 plan_layout(x.shape, (), None, None),
             )
         if self.block_size:
-            pk = self._param_key(key)
+            pk = param_region(key, self.axis, self.block_size)
             s, z = p.scale[pk], p.zero_point[pk]
             return s, z, plan_layout(x.shape, s.shape, self.axis, self.block_size)
         sl = key[self.axis]
@@ -561,7 +560,7 @@ class _Job:
                     q[rel] = qp
                 merge_into(errs, err, self._offset(region) - self._offset(b.key))
                 if self.dynamic:
-                    pk = self._param_key(region)
+                    pk = param_region(region, self.axis, self.block_size)
                     scale_out[pk] = np.asarray(s, np.float32)
                     zp_out[pk] = z.astype(zp_stored)
             data[b.key] = q.view(stored) if q.dtype != stored else q
@@ -609,15 +608,6 @@ class _Job:
             zp_e = np.broadcast_to(layout.expand(z), x.shape)
             out[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
         return err
-
-    def _param_key(self, key: tuple[slice, ...]) -> tuple[slice, ...]:
-        """The region of a blocked parameter array that the region ``key`` uses (``key``
-        starts on a parameter block along the axis)."""
-        bs = self.block_size
-        return tuple(
-            slice(k.start // bs, -(-k.stop // bs)) if d == self.axis else k
-            for d, k in enumerate(key)
-        )
 
     def _finish(self, group, cal, errors, dst, t0, resumed) -> QuantReport:
         qt = self.qt

@@ -14,21 +14,12 @@ was not given), so another executor (Dask) can run the same work elsewhere.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .plan import Block
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def default_workers() -> int:
@@ -56,13 +47,11 @@ def run(
     ``progress(block)`` is called after each merge. The first error stops the job: blocks not
     started are dropped, running ones finish (their output stays valid for a resume).
     """
-    from ..kernels.runtime import limit_threads
+    from ..kernels.runtime import kernel_threads, limit_threads
 
     blocks = list(blocks)
     if not blocks:
         return
-    from ..kernels.runtime import kernel_threads
-
     threads = kernel_threads()
     workers = max(1, min(workers or default_workers(), len(blocks)))
     per_worker = max(1, threads // workers)

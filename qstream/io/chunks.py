@@ -55,15 +55,25 @@ class ChunkFiles:
     encode_key: Any  # chunk coordinates -> relative path
     direct: bool = field(default=DIRECT_IO)  # O_DIRECT writes (turned off if refused)
 
+    def path(self, coords) -> str:
+        """The file of chunk ``coords``."""
+        return os.path.join(self.root, self.encode_key(coords))
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Bytes of one uncompressed chunk (edge chunks are stored whole too)."""
+        return int(np.prod(self.chunks)) * self.dtype.itemsize
+
+    def _whole(self, inner: tuple[slice, ...]) -> bool:
+        return all(s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True))
+
     # ---- reading
 
     def read(self, region: tuple[slice, ...], out: np.ndarray) -> None:
         """Fill ``out`` (C-contiguous, ``region``'s shape) with the values of ``region``."""
         for coords, inner, outer in self.chunks_of(region):
             dest = out[outer]
-            full = all(
-                s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
-            )
+            full = self._whole(inner)
             if full and dest.flags.c_contiguous:
                 self._read_chunk(coords, dest)
                 continue
@@ -81,13 +91,10 @@ class ChunkFiles:
         if len(pieces) != 1:
             return None
         coords, inner, _ = pieces[0]
-        path = os.path.join(self.root, self.encode_key(coords))
+        path = self.path(coords)
         try:
             with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
-                nbytes = int(np.prod(self.chunks)) * self.dtype.itemsize
-                if size != nbytes:
-                    raise StoreError(f"corrupt chunk {path}: {size} bytes, expected {nbytes}")
+                size = _check_size(f, self.chunk_nbytes, path)
                 # private and writable, though never written: the kernels then see ordinary
                 # arrays (a read-only mapping would compile every kernel a second time)
                 m = mmap.mmap(
@@ -99,18 +106,15 @@ class ChunkFiles:
 
     def _read_chunk(self, coords, dest: np.ndarray) -> None:
         """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
-        path = os.path.join(self.root, self.encode_key(coords))
+        path = self.path(coords)
         flat = dest.reshape(-1).view(np.uint8)
         try:
             with open(path, "rb", buffering=0) as f:
-                size = os.fstat(f.fileno()).st_size
                 if self.codec is None:  # straight into the caller's buffer
-                    if size != dest.nbytes:
-                        raise StoreError(
-                            f"corrupt chunk {path}: {size} bytes, expected {dest.nbytes}"
-                        )
+                    _check_size(f, dest.nbytes, path)
                     _read_exact(f, memoryview(flat), path)
                     return
+                size = os.fstat(f.fileno()).st_size
                 buf = scratch("chunk-bytes", (size,), np.uint8)
                 _read_exact(f, memoryview(buf), path)
         except FileNotFoundError:
@@ -135,9 +139,7 @@ class ChunkFiles:
         made: set[str] = set()
         for coords, inner, outer in self.chunks_of(region):
             src = data[outer]
-            full = all(
-                s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True)
-            )
+            full = self._whole(inner)
             if not (full and src.flags.c_contiguous):
                 chunk = scratch("chunk-write", self.chunks, self.dtype)
                 if not full:
@@ -147,10 +149,9 @@ class ChunkFiles:
             payload = src.reshape(-1).view(np.uint8)
             if self.codec is not None:
                 payload = self.codec.encode(payload)
-            self._put(self.encode_key(coords), payload, made)
+            self._put(self.path(coords), payload, made)
 
-    def _put(self, key: str, payload, made: set[str]) -> None:
-        path = os.path.join(self.root, key)
+    def _put(self, path: str, payload, made: set[str]) -> None:
         parent = os.path.dirname(path)
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
@@ -294,6 +295,14 @@ def _config(codec) -> dict:
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view) :]
+
+
+def _check_size(f, nbytes: int, path: str) -> int:
+    """The size of the open chunk file ``f``, which must be ``nbytes`` (uncompressed)."""
+    size = os.fstat(f.fileno()).st_size
+    if size != nbytes:
+        raise StoreError(f"corrupt chunk {path}: {size} bytes, expected {nbytes}")
+    return size
 
 
 def _read_exact(f, view: memoryview, path: str) -> None:

@@ -55,8 +55,7 @@ class BlockProgress:
         """Record that block ``index`` has landed (safe from several threads)."""
         if self.files is not None:
             chunk = self.files.chunks[0]
-            path = os.path.join(self.files.root, self.files.encode_key((index // chunk,)))
-            fd = os.open(path, os.O_WRONLY)
+            fd = os.open(self.files.path((index // chunk,)), os.O_WRONLY)
             try:
                 os.pwrite(fd, b"\x01", index % chunk)
             finally:
