@@ -16,6 +16,8 @@ from pathlib import Path
 
 import typer
 
+from qstream.qtypes import QTYPES
+
 app = typer.Typer(
     name="qstream",
     help="Exact quantization and dequantization of arrays, out of core.",
@@ -25,22 +27,7 @@ app = typer.Typer(
 )
 _state = {"debug": False}
 
-DTYPES = (
-    "int8",
-    "uint8",
-    "int16",
-    "uint16",
-    "int32",
-    "int4",
-    "uint4",
-    "int2",
-    "uint2",
-    "float8_e4m3fn",
-    "float8_e4m3fnuz",
-    "float8_e5m2",
-    "float8_e5m2fnuz",
-    "float4_e2m1fn",
-)
+DTYPES = ", ".join(QTYPES)
 
 
 @app.callback()
@@ -73,7 +60,17 @@ def _size(text: str | None) -> int | None:
     return int(float(m.group(1)) * mult)
 
 
+# library argument names in error messages -> the flags that set them
+_FLAGS = (
+    (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (re.compile(r"\bnan_policy='(\w+)'"), r"--nan-policy \1"),
+    (re.compile(r"\bresume=False\b"), "--overwrite"),
+)
+
+
 def _fail(message: str, code: int):
+    for pattern, flag in _FLAGS:
+        message = pattern.sub(flag, message)
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -179,7 +176,7 @@ def _print_error_table(title: str, error: dict | None):
 
 # --------------------------------------------------------------------------- commands
 
-_DTYPE = typer.Option("int8", "--dtype", help=f"Quantized type: {', '.join(DTYPES)}.")
+_DTYPE = typer.Option("int8", "--dtype", help=f"Quantized type: {DTYPES}.")
 _AXIS = typer.Option(None, "--axis", help="Per-axis (or blocked) along this axis.")
 _BLOCK = typer.Option(None, "--block-size", help="Blocks of this many elements along --axis.")
 _SYM = typer.Option(True, "--symmetric/--asymmetric", help="Symmetric range (zero point 0).")
@@ -237,11 +234,23 @@ def quantize(
             )
         if as_json:
             typer.echo(json.dumps(report.to_dict()))
+        elif report.already_complete:
+            if not quiet:
+                typer.echo(f"{dst}: already complete (same job); nothing to do")
         elif not quiet:
+            resumed = (
+                f", resumed after {report.resumed_blocks} blocks" if report.resumed_blocks else ""
+            )
             typer.echo(
                 f"{src} -> {dst}: {spec.dtype} {spec.granularity}, {report.passes} passes,"
-                f" {report.seconds:.1f} s"
+                f" {report.seconds:.1f} s{resumed}"
             )
+            if report.missing_chunks:
+                typer.echo(
+                    f"warning: {report.missing_chunks} source chunks are missing (read as the"
+                    " fill value)",
+                    err=True,
+                )
             _print_error_table("quantization error", report.error)
 
 
@@ -272,6 +281,9 @@ def dequantize(
             )
         if as_json:
             typer.echo(json.dumps(report))
+        elif report["already_complete"]:
+            if not quiet:
+                typer.echo(f"{dst}: already complete (same job); nothing to do")
         elif not quiet:
             typer.echo(
                 f"{src} -> {dst}: {report['dtype']} {tuple(report['shape'])},"
@@ -382,10 +394,9 @@ def convert(
 ):
     """Quantize a model checkpoint tensor by tensor, per a recipe."""
     with _errors():
-        from qstream.api.convert import convert_checkpoint
-        from qstream.recipe import Recipe
+        import qstream as qs
 
-        rec = Recipe.load(recipe) if recipe else Recipe()
+        rec = qs.Recipe.load(recipe) if recipe else qs.Recipe()
         show = not (quiet or as_json)
 
         def on_tensor(ev):
@@ -400,7 +411,7 @@ def convert(
                 f" -> {_fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        report = convert_checkpoint(
+        report = qs.convert_checkpoint(
             checkpoint,
             dst,
             rec,
@@ -451,19 +462,17 @@ def info() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from qstream.compat import _PROFILES
-    from qstream.qtypes import QTYPES
-    from qstream.rounding import ROUND_MODES
+    import qstream as qs
 
     table = Table(title="quantized types")
     for col in ("name", "kind", "bits", "min", "max"):
         table.add_column(col)
-    for t in QTYPES.values():
+    for t in qs.QTYPES.values():
         table.add_row(t.name, t.kind, str(t.bits), f"{t.qmin:g}", f"{t.qmax:g}")
     console = Console()
     console.print(table)
-    console.print("round modes: " + ", ".join(ROUND_MODES))
-    console.print("profiles: " + ", ".join(f"qstream.compat.{p}" for p in _PROFILES))
+    console.print("round modes: " + ", ".join(qs.ROUND_MODES))
+    console.print("profiles: " + ", ".join(f"qstream.compat.{p}" for p in qs.compat.PROFILES))
 
 
 @app.command()

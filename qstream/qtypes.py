@@ -45,6 +45,11 @@ class QType:
         """Bits kept in the container: ``2**bits - 1`` (``-1``, all bits, for 32-bit types)."""
         return -1 if self.bits >= 32 else (1 << self.bits) - 1
 
+    def qrange(self, narrow_range: bool = False) -> tuple[float, float]:
+        """The values produced: ``[qmin, qmax]``, or ``[qmin + 1, qmax]`` for an integer type
+        with ``narrow_range`` (int8 [-127, 127])."""
+        return (self.qmin + (1 if narrow_range and not self.is_float else 0), self.qmax)
+
     @property
     def widened(self) -> np.dtype:
         """A plain NumPy dtype that holds every value of this type exactly."""

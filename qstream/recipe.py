@@ -30,8 +30,9 @@ import numpy as np
 
 from .errors import InvalidParameterError
 from .qtypes import is_float_dtype
-from .spec import QuantSpec, _jsonable
+from .spec import QuantSpec, _jsonable, check_keys
 
+_SPEC_KEYS = tuple(QuantSpec.__dataclass_fields__)
 DEFAULT_SPEC = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
 
 
@@ -75,17 +76,26 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict) -> Recipe:
-        unknown = set(d) - {"defaults", "rules", "min_rank"}
-        if unknown:
-            raise InvalidParameterError(f"unknown recipe keys: {', '.join(sorted(unknown))}")
+        check_keys(d, ("defaults", "rules", "min_rank"), "recipe")
+        check_keys(d.get("defaults", {}), _SPEC_KEYS, "recipe [defaults]")
         defaults = QuantSpec.from_dict({**DEFAULT_SPEC, **d.get("defaults", {})})
         rules = []
         for i, r in enumerate(d.get("rules", [])):
+            if not isinstance(r, dict):
+                raise InvalidParameterError(f"recipe rule {i + 1} is not a table")
+            check_keys(r, ("pattern", "action", "spec"), f"recipe rule {i + 1}")
             if "pattern" not in r:
                 raise InvalidParameterError(f"recipe rule {i + 1} has no pattern")
+            if "action" in r and (r["action"] != "keep" or "spec" in r):
+                raise InvalidParameterError(
+                    f'recipe rule {i + 1} ({r["pattern"]!r}): action must be "keep" (and'
+                    " without a spec), got"
+                    f" {r['action']!r}"
+                )
             if r.get("action") == "keep":
                 rules.append(Rule(r["pattern"], None))
             elif "spec" in r:
+                check_keys(r["spec"], _SPEC_KEYS, f"recipe rule {i + 1} spec")
                 rules.append(
                     Rule(r["pattern"], QuantSpec.from_dict({**defaults.to_dict(), **r["spec"]}))
                 )

@@ -126,8 +126,22 @@ class QuantSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> QuantSpec:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        """The spec ``d`` describes; a key that is not a field is an error naming it."""
+        check_keys(d, [f.name for f in fields(cls)], "QuantSpec")
+        return cls(**d)
+
+
+def check_keys(d: dict, valid, what: str) -> None:
+    """Refuse keys of ``d`` outside ``valid``, naming them, a close match, and the valid ones."""
+    import difflib
+
+    unknown = [k for k in d if k not in valid]
+    if not unknown:
+        return
+    k = unknown[0]
+    close = difflib.get_close_matches(str(k), list(valid), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise InvalidParameterError(f"unknown {what} key {k!r}{hint}; valid keys: {', '.join(valid)}")
 
 
 _MERGE_MIN = ("min",)
@@ -169,10 +183,6 @@ class RangeStats:
     posinf: np.ndarray
     neginf: np.ndarray
     first_nonfinite: int = -1  # flat index of the first NaN/inf seen, -1 if none
-
-    @property
-    def absmax(self) -> np.ndarray:
-        return np.maximum(np.abs(self.min), np.abs(self.max))
 
     @property
     def nonfinite(self) -> int:
@@ -382,7 +392,9 @@ class QuantReport:
     seconds: float
     bytes_read: int
     bytes_written: int
-    resumed_blocks: int = 0
+    resumed_blocks: int = 0  # blocks an interrupted run had finished
+    missing_chunks: int = 0  # source chunks never written: read as the fill value
+    already_complete: bool = False  # the output was complete: nothing was done
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -392,5 +404,6 @@ class QuantReport:
     @classmethod
     def from_dict(cls, d: dict) -> QuantReport:
         d = dict(d)
+        check_keys(d, [f.name for f in fields(cls)], "QuantReport")
         d["spec"] = QuantSpec.from_dict(d["spec"])
         return cls(**d)

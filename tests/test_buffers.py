@@ -4,7 +4,7 @@ import gc
 
 import numpy as np
 
-from qstream.api import buffers
+from qstream.core import buffers
 
 
 def test_views_keep_pooled_memory_alive_and_freed_buffers_are_reused():

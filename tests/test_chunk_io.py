@@ -3,6 +3,7 @@ what zarr wrote it reads, and every layout it does not reproduce is left to zarr
 
 import os
 import threading
+from dataclasses import fields
 
 import numcodecs
 import numpy as np
@@ -15,8 +16,9 @@ from qstream.engine.plan import Block, plan_blocks
 from qstream.errors import StoreError
 from qstream.io import chunks as chunk_io
 from qstream.io.chunks import chunk_files
-from qstream.io.progress import BlockProgress
+from qstream.io.progress import ProgressLog
 from qstream.io.stores import ArrayWriter, open_source
+from qstream.spec import ErrorStats
 
 SHAPE, CHUNKS = (50, 37), (16, 10)  # edge chunks on both axes
 
@@ -194,21 +196,29 @@ def test_direct_writes_of_unaligned_lengths_and_buffers(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
-def test_block_progress_marks_land_from_many_threads(tmp_path, where):
+def test_progress_snapshot_round_trips_and_replaces_its_chunk_whole(tmp_path, where):
     store = str(tmp_path / "g.zarr") if where == "local" else zarr.storage.MemoryStore()
     group = zarr.open_group(store=store, mode="w")
-    prog = BlockProgress.create(group, 300)
-    assert (prog.files is not None) == (where == "local")
-    threads = [
-        threading.Thread(target=lambda k=k: [prog.mark(i) for i in range(k, 300, 7) if i % 3])
-        for k in range(7)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    done = BlockProgress.open(group).done()
-    np.testing.assert_array_equal(done, np.arange(300) % 3 != 0)
+    log = ProgressLog.create(group, 5)
+    assert log.load()[0] == 0
+    rng = np.random.default_rng(1)
+    stats = ErrorStats(
+        *(
+            rng.integers(0, 2**50, 5)
+            if f.name in ("count", "clipped", "nonfinite")
+            else rng.random(5)
+            for f in fields(ErrorStats)
+        )
+    )
+    log.save(17, stats)
+    done, back = ProgressLog.open(group).load()
+    assert done == 17
+    for f in fields(ErrorStats):
+        np.testing.assert_array_equal(getattr(back, f.name), getattr(stats, f.name))
+        assert getattr(back, f.name).dtype == getattr(stats, f.name).dtype
+    if where == "local":  # one chunk file, replaced by a rename: no temporary file stays
+        files = os.listdir(tmp_path / "g.zarr" / "_progress" / "c")
+        assert files == ["0"]
 
 
 def test_pipeline_merges_in_block_order_and_stops_at_the_first_error():

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import qstream as qs
-from qstream.api.arrays import affine_dequantize, affine_quantize
+from qstream.core.affine import affine_dequantize, affine_quantize
+from qstream.core.layout import plan_layout
 from qstream.engine.blockmath import block_errors, block_errors_fused
-from qstream.layout import plan_layout
 
 CASES = [
     ((50, 70), None, None, "int8"),

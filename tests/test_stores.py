@@ -9,7 +9,7 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.api import stores
+from qstream.engine.job import QuantizeJob
 from qstream.errors import NonFiniteInputError, StoreError
 from qstream.io.stores import open_source
 from qstream.spec import QuantSpec
@@ -81,7 +81,7 @@ def test_calibration_is_independent_of_chunking_and_chunk_order(tmp_path, weight
         src = _zarr(tmp_path / f"s{i}.zarr", weights, chunks)
         results.append(qs.calibrate(src, spec))
     for order in (None, "reverse"):
-        job = stores._Job(_zarr(tmp_path / "o.zarr", weights, (10, 30)), spec, 1 << 20, None)
+        job = QuantizeJob(_zarr(tmp_path / "o.zarr", weights, (10, 30)), spec, max_memory=1 << 20)
         if order:
             job.blocks = job.blocks[::-1]
         results.append(job.calibration())
@@ -145,38 +145,6 @@ def test_nan_policy_zero_point_and_min(tmp_path, weights, policy, expected):
     assert arr.quantized((3, 4)) == expected
 
 
-def test_interrupted_job_resumes_to_a_bit_identical_result(tmp_path, weights, monkeypatch):
-    src = _zarr(tmp_path / "src.zarr", np.tile(weights, (10, 1)), (8, 200))
-    spec = QuantSpec(axis=0)
-    qs.quantize_store(src, tmp_path / "full.zarr", spec, max_memory=1 << 20)
-    calls = {"n": 0}
-    real = stores.affine_quantize
-
-    def failing(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(stores, "affine_quantize", failing)
-    with pytest.raises(KeyboardInterrupt):
-        qs.quantize_store(src, tmp_path / "part.zarr", spec, max_memory=1 << 20)
-    monkeypatch.setattr(stores, "affine_quantize", real)
-    with pytest.raises(StoreError, match="incomplete"):
-        qs.open_quantized(tmp_path / "part.zarr")
-    report = qs.quantize_store(src, tmp_path / "part.zarr", spec, max_memory=1 << 20)
-    # the blocks that landed before the interrupt are kept, the others redone
-    assert 1 <= report.resumed_blocks < len(stores._Job(src, spec, 1 << 20, None).blocks)
-    full, part = (
-        qs.open_quantized(tmp_path / "full.zarr"),
-        qs.open_quantized(tmp_path / "part.zarr"),
-    )
-    np.testing.assert_array_equal(full.quantized(...), part.quantized(...))
-    with pytest.raises(StoreError, match="different job"):
-        qs.quantize_store(src, tmp_path / "part.zarr", QuantSpec(axis=1))
-    qs.quantize_store(src, tmp_path / "part.zarr", QuantSpec(axis=1), overwrite=True)
-
-
 @pytest.mark.parametrize("dst", ["q.zip", "memory://q-test"])
 def test_zip_and_memory_destinations(tmp_path, weights, dst):
     target = str(tmp_path / dst) if dst.endswith(".zip") else dst
@@ -193,7 +161,7 @@ def test_metadata_round_trips_and_per_tensor_carries_cf_attributes(tmp_path, wei
         weights, tmp_path / "q.zarr", QuantSpec(dtype="uint8", symmetric=False)
     )
     meta = json.loads((tmp_path / "q.zarr" / "zarr.json").read_text())["attributes"]["qstream"]
-    assert meta["complete"] is True and meta["version"] == 1
+    assert meta["complete"] is True and meta["version"] == 2 and meta["ready"] is True
     assert qs.QuantSpec.from_dict(meta["spec"]) == report.spec
     assert qs.QuantReport.from_dict(meta["report"]).error == report.error
     data_attrs = json.loads((tmp_path / "q.zarr" / "data" / "zarr.json").read_text())["attributes"]

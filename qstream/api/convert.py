@@ -1,39 +1,13 @@
-"""Convert a whole checkpoint: one quantized group (or kept array) per tensor.
-
-``dst`` (a local directory) becomes a Zarr group; each tensor is stored at its name: a
-quantized group (see ``qstream.api.stores``) or, for kept tensors, a plain array of the
-original values (bfloat16 widened exactly to float32, the original dtype in its attributes).
-Tensors are converted one after another, each with the bounded memory of one store job; the
-root's ``attrs["qstream_checkpoint"]`` lists the finished tensors, so a re-run resumes, and
-``complete`` is written last.
-"""
+"""Convert a whole checkpoint (the job is in :mod:`qstream.engine.checkpoint`)."""
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import numpy as np
-
-from ..errors import StoreError
-from ..io.stores import open_group
+from ..engine.checkpoint import TensorEvent, convert
 from ..recipe import Recipe
-from .stores import quantize_store
 
-
-@dataclass(frozen=True)
-class TensorEvent:
-    """Reported to ``on_tensor`` before (``result`` None) and after each tensor."""
-
-    index: int
-    total: int
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    target: str  # e.g. "int8 per_axis(0)" or "keep"
-    result: dict | None = None
+__all__ = ["TensorEvent", "convert_checkpoint"]
 
 
 def convert_checkpoint(
@@ -46,124 +20,20 @@ def convert_checkpoint(
     on_tensor: Callable[[TensorEvent], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``."""
-    from ..io.checkpoints import open_checkpoint
+    """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
-    t0 = time.perf_counter()
-    recipe = recipe or Recipe()
-    tensors = open_checkpoint(checkpoint)
-    root, done = _open_root(dst, str(checkpoint), recipe, overwrite)
-    results: dict[str, dict] = dict(done)
-    names = list(tensors)
-    for i, name in enumerate(names):
-        t = tensors[name]
-        spec = recipe.spec_for(name, t.shape, t.dtype)
-        target = "keep" if spec is None else _describe(spec)
-        event = TensorEvent(i, len(names), name, tuple(t.shape), np.dtype(t.dtype).name, target)
-        if name in done:
-            if on_tensor:
-                on_tensor(TensorEvent(**{**event.__dict__, "result": done[name]}))
-            continue
-        if on_tensor:
-            on_tensor(event)
-        path = f"{dst}/{name}"
-        if spec is None:
-            result = _keep(t, path)
-        else:
-            report = quantize_store(
-                t, path, spec, max_memory=max_memory, progress=progress, overwrite=overwrite
-            )
-            q_bytes = math.prod(t.shape) * max(1, spec.qtype.dtype.itemsize)
-            params = report.calibration.get("params") if report.calibration else None
-            result = {
-                "kept": False,
-                "error": report.error,
-                "bytes_after": int(q_bytes),
-                "passes": report.passes,
-                "params": bool(params),
-            }
-        result.update(
-            {
-                "shape": list(t.shape),
-                "dtype": np.dtype(t.dtype).name,
-                "target": target,
-                "bytes_before": int(t.nbytes),
-            }
-        )
-        results[name] = result
-        _record(root, results, complete=False)
-        if on_tensor:
-            on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
-    _record(root, results, complete=True)
-    before = sum(r["bytes_before"] for r in results.values())
-    after = sum(r["bytes_after"] for r in results.values())
-    return {
-        "checkpoint": str(checkpoint),
-        "destination": str(dst),
-        "tensors": results,
-        "bytes_before": before,
-        "bytes_after": after,
-        "seconds": time.perf_counter() - t0,
-        "recipe": recipe.to_dict(),
-    }
-
-
-def _describe(spec) -> str:
-    """A short label: ``int8/axis0/minmax``, ``int4/axis1:b32/dynamic``, ``int8/tensor/mse``."""
-    where = "tensor" if spec.axis is None else f"axis{spec.axis}"
-    if spec.block_size:
-        where += f":b{spec.block_size}"
-    method = "explicit" if spec.scale is not None else spec.method
-    return f"{spec.dtype}/{where}/{method}"
-
-
-def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
-    meta = None
-    try:
-        existing = open_group(dst, mode="r")
-        meta = existing.attrs.get("qstream_checkpoint")
-    except StoreError:
-        existing = None
-    if existing is not None and not overwrite:
-        if meta is None or meta.get("source") != source or meta.get("recipe") != recipe.to_dict():
-            raise StoreError(
-                f"{dst} exists and holds another conversion; pass overwrite=True to replace it"
-            )
-        root = open_group(dst, mode="a")
-        return root, dict(meta.get("tensors", {}))
-    root = open_group(dst, mode="w")
-    root.attrs["qstream_checkpoint"] = {
-        "version": 1,
-        "source": source,
-        "recipe": recipe.to_dict(),
-        "tensors": {},
-        "complete": False,
-    }
-    return root, {}
-
-
-def _record(root, results: dict, *, complete: bool) -> None:
-    meta = dict(root.attrs["qstream_checkpoint"])
-    meta["tensors"] = results
-    meta["complete"] = complete
-    root.attrs["qstream_checkpoint"] = meta
-
-
-def _keep(t, path: str) -> dict:
-    import zarr
-
-    dtype = np.dtype(t.dtype)
-    stored = np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
-    a = zarr.create_array(
-        path,
-        shape=t.shape,
-        dtype=stored,
-        overwrite=True,
-        attributes={"qstream": {"kept": True, "dtype": dtype.name}},
+    ``checkpoint``: safetensors (file, directory or sharded index), ``.npz``, ``.npy``, a
+    Zarr group, or a torch ``.pt``/``.bin`` state dict. ``dst`` (a local directory) becomes a
+    Zarr group with one quantized group (or kept array) per tensor; the destination rules of
+    :func:`qstream.quantize_store` apply to it. A re-run of the same conversion resumes.
+    ``on_tensor`` is called before and after each tensor; ``progress(done, total)`` per block.
+    """
+    return convert(
+        checkpoint,
+        dst,
+        recipe or Recipe(),
+        max_memory=max_memory,
+        overwrite=overwrite,
+        on_tensor=on_tensor,
+        progress=progress,
     )
-    if math.prod(t.shape):
-        rows = max(1, (16 << 20) // max(1, math.prod(t.shape[1:]) * dtype.itemsize))
-        for r in range(0, t.shape[0] if t.shape else 1, rows):
-            key = (slice(r, r + rows),) if t.shape else ()
-            a[key] = np.asarray(t[key]).astype(stored)
-    return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}

@@ -20,16 +20,11 @@ import numpy as np
 from ..qtypes import QType
 
 
-def qrange(qt: QType, narrow_range: bool) -> tuple[float, float]:
-    """The integer range used: ``[qmin (+1 if narrow), qmax]``."""
-    return (qt.qmin + (1 if narrow_range and not qt.is_float else 0), qt.qmax)
-
-
 def params_from_range(lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False):
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays."""
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
-    qmin, qmax = qrange(qt, narrow_range)
+    qmin, qmax = qt.qrange(narrow_range)
     if qt.is_float:
         amax = np.maximum(-lo, hi)
         scale = np.where(amax > 0, amax / qt.qmax, 1.0)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import importlib
 
-_PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch")
-__all__ = list(_PROFILES)
+PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch")
+__all__ = ["PROFILES", *PROFILES]
 
 
 def __getattr__(name: str):
-    if name in _PROFILES:
+    if name in PROFILES:
         module = importlib.import_module(f"qstream.compat.{name}")
         globals()[name] = module
         return module

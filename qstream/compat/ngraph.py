@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..api.arrays import affine_dequantize, affine_quantize
+from ..core.affine import affine_dequantize, affine_quantize
+from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..layout import plan_layout
 from ..qtypes import float_dtype, is_qtype_dtype, qtype
 from ..rounding import round_code
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..api.arrays import affine_dequantize, affine_quantize
+from ..core.affine import affine_dequantize, affine_quantize
+from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..layout import plan_layout
 from ..qtypes import qtype
 from ..rounding import OP_DIV_ADD
 

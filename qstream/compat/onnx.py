@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..api.arrays import affine_dequantize, affine_quantize
+from ..core.affine import affine_dequantize, affine_quantize
+from ..core.layout import blocked_param_shape, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..layout import plan_layout
 from ..qtypes import QType, float_dtype, is_qtype_dtype, qtype
 
 # TensorProto element-type codes (onnx.TensorProto) of the types these operators use.
@@ -82,7 +82,7 @@ def _layout(shape, scale, axis, block_size):
         if block_size < 0:
             raise InvalidParameterError("block_size must be a positive integer.")
         k = _axis(axis, len(shape))
-        nblocks = -(-shape[k] // block_size)
+        nblocks = blocked_param_shape(shape, k, block_size)[k]
         if scale.ndim != len(shape) or scale.shape[k] < nblocks:
             raise InvalidParameterError(
                 "Invalid shapes for Blocked Quantization: x_scale must have x's rank and"

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..api.arrays import affine_dequantize, affine_quantize
+from ..core.affine import affine_dequantize, affine_quantize
+from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..layout import plan_layout
 from ..qtypes import qtype
 from ..rounding import OP_FMA, OP_MUL_ADD
 

@@ -42,13 +42,12 @@ def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.nda
 
     Returns arrays shaped like ``x`` with ``x.shape[axis]`` -> ``ceil(/block_size)``.
     """
+    from ..core.layout import blocked_param_shape, plan_layout
     from ..kernels.runtime import run
     from ..kernels.stats import slot_ranges
-    from ..layout import plan_layout
 
-    pshape = list(x.shape)
-    pshape[axis] = -(-pshape[axis] // block_size)
-    layout = plan_layout(x.shape, tuple(pshape), axis, block_size)
+    pshape = blocked_param_shape(x.shape, axis, block_size)
+    layout = plan_layout(x.shape, pshape, axis, block_size)
     lo = np.empty(layout.pshape3)
     hi = np.empty(layout.pshape3)
     run(slot_ranges, layout.view(np.ascontiguousarray(x)), layout.cblock, layout.iblock, lo, hi)

@@ -20,10 +20,6 @@ class Block:
     def shape(self) -> tuple[int, ...]:
         return tuple(s.stop - s.start for s in self.key)
 
-    @property
-    def start(self) -> tuple[int, ...]:
-        return tuple(s.start for s in self.key)
-
 
 def default_chunks(
     shape, itemsize: int, source_chunks=None, *, axis=None, block_size=None, budget: int
@@ -59,10 +55,13 @@ def default_chunks(
 
 
 def plan_blocks(shape, chunks) -> list[Block]:
-    """One block per chunk of ``chunks`` over ``shape``, in C order of the chunk grid."""
+    """One block per chunk of ``chunks`` over ``shape``, in C order of the chunk grid (none
+    for an array with no elements)."""
     shape = tuple(int(d) for d in shape)
     if not shape:
         return [Block(0, ())]
+    if not math.prod(shape):
+        return []
     grid = [range(0, max(d, 1), c) for d, c in zip(shape, chunks, strict=True)]
     return [
         Block(
@@ -70,3 +69,39 @@ def plan_blocks(shape, chunks) -> list[Block]:
         )
         for i, start in enumerate(itertools.product(*grid))
     ]
+
+
+DEFAULT_BLOCK_BYTES = 16 << 20
+DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
+# bytes of working memory per float32 byte of a block held by one worker (the source block,
+# its float32 widening, the quantized block, a chunk's compressed bytes), used to turn
+# max_memory into a block size
+WORK_FACTOR = 4
+BUDGET_WORKERS = 4  # max_memory is shared by up to this many blocks in flight
+
+
+def block_budget(max_memory: int | None) -> int:
+    """Source bytes of one block. It does not depend on the number of workers, so neither do
+    the blocks, nor the order in which float error sums are merged."""
+    if max_memory is None:
+        return DEFAULT_BLOCK_BYTES
+    if max_memory < 1 << 20:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
+    return max(1 << 16, int(max_memory) // (WORK_FACTOR * BUDGET_WORKERS))
+
+
+def memory_limit(max_memory: int | None) -> int:
+    """The working-memory bound in force."""
+    return DEFAULT_MAX_MEMORY if max_memory is None else int(max_memory)
+
+
+def fit_workers(max_memory: int | None, blocks: list[Block], itemsize: int, default: int) -> int:
+    """Workers that fit in the memory bound, one block each, at most ``default`` (a source
+    with huge chunks gets fewer workers)."""
+    workers = default
+    if blocks:
+        block = max(math.prod(b.shape) for b in blocks) * itemsize
+        workers = min(workers, max(1, memory_limit(max_memory) // (WORK_FACTOR * max(block, 1))))
+    return workers

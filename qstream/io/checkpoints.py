@@ -25,6 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ..core.indexing import expand_key
 from ..errors import StoreError
 
 SUPPORTED_FORMATS = (
@@ -80,7 +81,7 @@ class CheckpointTensor:
     def __getitem__(self, key: Any) -> np.ndarray:
         """Read the region selected by basic indexing (ints, slices, ``...``) as a new
         C-contiguous array of ``dtype``."""
-        key, flip = _forward_key(_normalize_key(key, self.shape), self.shape)
+        key, flip = _forward_key(expand_key(key, self.shape), self.shape)
         part = self._convert(key) if self._convert is not None else self.source[key]
         if flip:
             part = np.flip(part, axis=flip)
@@ -115,33 +116,6 @@ def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
 
 
 # -- indexing ------------------------------------------------------------------------------------
-
-
-def _normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[int | slice, ...]:
-    """Expand a basic-indexing key to one int or slice per dimension (ints made non-negative)."""
-    key = key if isinstance(key, tuple) else (key,)
-    n_ellipsis = sum(k is Ellipsis for k in key)
-    if n_ellipsis > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    n_given = len(key) - n_ellipsis
-    if n_given > len(shape):
-        raise IndexError(f"too many indices: {n_given} for a {len(shape)}-d tensor")
-    if not n_ellipsis:
-        key = (*key, Ellipsis)
-    at = next(i for i, k in enumerate(key) if k is Ellipsis)
-    key = (*key[:at], *(slice(None),) * (len(shape) - n_given), *key[at + 1 :])
-    out: list[int | slice] = []
-    for k, n in zip(key, shape, strict=True):
-        if isinstance(k, slice):
-            out.append(k)
-        elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
-            i = int(k) + n if k < 0 else int(k)
-            if not 0 <= i < n:
-                raise IndexError(f"index {int(k)} is out of bounds for an axis of size {n}")
-            out.append(i)
-        else:
-            raise TypeError(f"only ints, slices and '...' are supported as indices, not {k!r}")
-    return tuple(out)
 
 
 def _forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):

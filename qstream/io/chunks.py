@@ -33,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
+from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
-from ..scratch import ALIGN, scratch
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
 DIRECT_IO = os.environ.get("QSTREAM_DIRECT_IO", "1") != "0" and hasattr(os, "O_DIRECT")
 DIRECT_MIN = 256 << 10
+PARTIAL = ".partial"  # suffix of a chunk file being written (zarr's LocalStore uses it too)
 
 
 @dataclass
@@ -120,10 +121,23 @@ class ChunkFiles:
         except FileNotFoundError:
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
             return
+        # every decoder here accepts a frame that decodes to fewer bytes than ``out`` holds and
+        # leaves the rest as it was: check the size the frame declares (or decode it whole)
+        declared = _declared_size(self.codec, buf)
         try:
-            self.codec.decode(buf, out=flat)
+            if declared is None:
+                whole = np.frombuffer(self.codec.decode(buf), np.uint8)
+                declared = whole.size
+                if declared == flat.size:
+                    flat[...] = whole
+            elif declared == flat.size:
+                self.codec.decode(buf, out=flat)
         except Exception as e:
             raise StoreError(f"corrupt chunk {path}: {type(e).__name__}: {e}") from None
+        if declared != flat.size:
+            raise StoreError(
+                f"corrupt chunk {path}: decodes to {declared} bytes, expected {flat.size}"
+            )
 
     # ---- writing
 
@@ -157,7 +171,7 @@ class ChunkFiles:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
         # a whole new file under a temporary name, then renamed: readers never see a torn chunk
-        tmp = f"{path}.{threading.get_ident()}.partial"
+        tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
         view = memoryview(payload).cast("B")
         try:
             if not (self.direct and len(view) >= DIRECT_MIN and self._write_direct(tmp, view)):
@@ -290,6 +304,35 @@ def _v3_compressor(compressors):
 def _config(codec) -> dict:
     """A zarr v3 codec's JSON configuration (plain strings and numbers)."""
     return dict(codec.to_dict().get("configuration") or {})
+
+
+def _declared_size(codec, buf: np.ndarray) -> int | None:
+    """The decoded size a compressed chunk declares in its header (zstd frame content size,
+    blosc header, gzip ISIZE), or None when the format does not say."""
+    import numcodecs
+
+    b = memoryview(buf).cast("B")
+    if isinstance(codec, numcodecs.Zstd):
+        return _zstd_content_size(b)
+    if isinstance(codec, numcodecs.Blosc) and len(b) >= 16:
+        return int.from_bytes(b[4:8], "little")
+    if isinstance(codec, numcodecs.GZip) and len(b) >= 18 and b[0] == 0x1F and b[1] == 0x8B:
+        return None if len(b) > (1 << 32) else int.from_bytes(b[-4:], "little")
+    return None
+
+
+def _zstd_content_size(b: memoryview) -> int | None:
+    """The frame content size of a single zstd frame (RFC 8878, 3.1.1.1), or None."""
+    if len(b) < 6 or bytes(b[:4]) != b"\x28\xb5\x2f\xfd":
+        return None
+    fhd = b[4]
+    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if size == 0 or len(b) < pos + size:
+        return None
+    value = int.from_bytes(b[pos : pos + size], "little")
+    return value + 256 if size == 2 else value
 
 
 def _write_all(fd: int, view: memoryview) -> None:

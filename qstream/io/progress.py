@@ -1,65 +1,86 @@
-"""Which blocks of a job have landed: the ``_progress`` array of a quantized group.
+"""How far a quantize pass got: the ``_progress`` array of a quantized group.
 
-One byte per block (1 once the block's output is written), in uncompressed chunks of
-``CHUNK`` blocks that are all written when the job starts. Marking a block then overwrites one
-byte of an existing chunk file in place (``pwrite``), instead of creating a file per block:
-on some file systems creating a file costs as much as writing a MiB. Stores without files
-(zip, memory, fsspec) rewrite the chunk through zarr under a lock.
+Blocks are merged in block order by the job's driver, so what has landed is always a prefix
+of the blocks. ``_progress`` holds one snapshot: the number of blocks in that prefix and the
+error sums folded over exactly those blocks (``ErrorStats`` fields, one row per channel). A
+resumed job starts from the snapshot and folds the remaining blocks onto it in the same order,
+so its report has the same bits as an uninterrupted run's.
+
+Only the driver writes the snapshot (never the workers), at most about once a second; each
+write replaces the array's single chunk as a whole (a renamed file, or one object PUT), so a
+kill leaves the old snapshot or the new one, never a torn one. Blocks past the snapshot may
+have landed too: a resumed job writes them again, with the same bytes.
 """
 
 from __future__ import annotations
 
-import os
-import threading
+import time
+from dataclasses import fields
 
 import numpy as np
 
-from .chunks import chunk_files
+from ..spec import ErrorStats
 
 NAME = "_progress"
-CHUNK = 1 << 16
+_FIELDS = [f.name for f in fields(ErrorStats)]
+SAVE_EVERY = 1.0  # seconds between snapshots
 
 
-class BlockProgress:
-    """The landed-block flags of a job (see module docstring)."""
+class ProgressLog:
+    """The resume snapshot of a quantize pass (see module docstring)."""
 
     def __init__(self, array) -> None:
+        from .stores import ArrayWriter
+
         self.array = array
-        self.files = chunk_files(array) if hasattr(os, "pwrite") else None
-        self._lock = threading.Lock()
+        self.channels = (array.shape[0] - 1) // len(_FIELDS)
+        self._writer = ArrayWriter(array)
+        self._last = time.monotonic()
 
     @classmethod
-    def create(cls, group, n_blocks: int) -> BlockProgress:
-        """A new all-zero ``_progress`` array in ``group``, every chunk written."""
+    def create(cls, group, channels: int) -> ProgressLog:
+        """A new ``_progress`` array in ``group`` saying that no block has landed."""
+        n = 1 + len(_FIELDS) * channels
         arr = group.create_array(
             NAME,
-            shape=(n_blocks,),
-            chunks=(min(CHUNK, max(1, n_blocks)),),
-            dtype=np.uint8,
+            shape=(n,),
+            chunks=(n,),
+            dtype=np.float64,
             fill_value=0,
             compressors=None,
-            config={"write_empty_chunks": True},
+            dimension_names=["progress"],
         )
-        arr[...] = np.zeros(n_blocks, np.uint8)
-        return cls(arr)
+        log = cls(arr)
+        log.save(0, ErrorStats.empty(channels))
+        return log
 
     @classmethod
-    def open(cls, group) -> BlockProgress:
+    def open(cls, group) -> ProgressLog:
         return cls(group[NAME])
 
-    def done(self) -> np.ndarray:
-        """A bool per block: has it landed?"""
-        return np.asarray(self.array[...]).astype(bool)
+    def load(self) -> tuple[int, ErrorStats]:
+        """(blocks landed, their folded error sums)."""
+        raw = np.asarray(self.array[...], np.float64)
+        rows = raw[1:].reshape(len(_FIELDS), self.channels)
+        ints = ("count", "clipped", "nonfinite")
+        stats = ErrorStats(
+            **{
+                name: rows[i].astype(np.int64) if name in ints else rows[i].copy()
+                for i, name in enumerate(_FIELDS)
+            }
+        )
+        return int(raw[0]), stats
 
-    def mark(self, index: int) -> None:
-        """Record that block ``index`` has landed (safe from several threads)."""
-        if self.files is not None:
-            chunk = self.files.chunks[0]
-            fd = os.open(self.files.path((index // chunk,)), os.O_WRONLY)
-            try:
-                os.pwrite(fd, b"\x01", index % chunk)
-            finally:
-                os.close(fd)
-            return
-        with self._lock:
-            self.array[index : index + 1] = np.ones(1, np.uint8)
+    def save(self, done: int, stats: ErrorStats) -> None:
+        """Record that blocks ``0 .. done - 1`` have landed with the folded sums ``stats``."""
+        raw = np.empty(self.array.shape[0], np.float64)
+        raw[0] = done
+        rows = raw[1:].reshape(len(_FIELDS), self.channels)
+        for i, name in enumerate(_FIELDS):
+            rows[i] = getattr(stats, name)
+        self._writer[(slice(0, raw.size),)] = raw
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether a snapshot is due (one about every ``SAVE_EVERY`` seconds)."""
+        return time.monotonic() - self._last >= SAVE_EVERY

@@ -107,11 +107,40 @@ class Source:
                 out = np.empty(tuple(k.stop - k.start for k in key), self.dtype)
             self.files.read(key, out)
             return out
-        values = self.array[key]
+        try:
+            values = self.array[key]
+        except Exception as e:  # zarr raises on chunks that decode to the wrong size, ...
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(
+                f"{self.description.get('path')}: cannot read region"
+                f" {_region_text(key)}{self._chunk_text(key)}: {type(e).__name__}: {e}"
+            ) from None
         if out is None:
             return np.ascontiguousarray(values)
         out[...] = values
         return out
+
+    def missing_chunks(self) -> int:
+        """Stored chunks (shards) the source lacks: they read as the fill value."""
+        if self.description.get("kind") != "zarr":
+            return 0
+        try:
+            return int(self.array.nchunks - self.array.nchunks_initialized)
+        except Exception:  # a store that cannot list its keys
+            return 0
+
+    def _chunk_text(self, key) -> str:
+        grid = self.chunks
+        if not grid or not key:
+            return ""
+        first = tuple(k.start // c for k, c in zip(key, grid, strict=True))
+        last = tuple(max(k.start, k.stop - 1) // c for k, c in zip(key, grid, strict=True))
+        return f" (chunk {first})" if first == last else f" (chunks {first} to {last})"
+
+
+def _region_text(key) -> str:
+    return "[" + ", ".join(f"{k.start}:{k.stop}" for k in key) + "]"
 
 
 class ArrayWriter:
@@ -129,15 +158,57 @@ class ArrayWriter:
             self.array[key] = value
 
 
+def location(target) -> str | None:
+    """Where ``target`` (a path, URL, ``zarr.Array`` or store) lives, spelled one way only: an
+    absolute path with links resolved, or a URL with its path normalised; None for
+    in-memory objects that have no address (NumPy arrays)."""
+    import zarr
+
+    if isinstance(target, zarr.Array):
+        store, path = target.store_path.store, target.store_path.path
+        if isinstance(store, zarr.storage.LocalStore):
+            return location(os.path.join(str(store.root), path))
+        if isinstance(store, zarr.storage.FsspecStore):
+            proto = store.fs.protocol
+            proto = proto[0] if isinstance(proto, (tuple, list)) else proto
+            return location(f"{proto}://{store.path.rstrip('/')}/{path}")
+        for name, mem in _MEMORY_STORES.items():
+            if mem is store:
+                return location(f"memory://{name}/{path}")
+        return None
+    if not isinstance(target, (str, os.PathLike)):
+        return None
+    p = os.fspath(target)
+    if "://" in p and not p.startswith("file://"):
+        scheme, rest = p.split("://", 1)
+        parts = [q for q in rest.split("/") if q not in ("", ".")]
+        return f"{scheme.lower()}://{'/'.join(parts)}"
+    return os.path.realpath(os.path.abspath(os.path.expanduser(p.removeprefix("file://"))))
+
+
+def inside(a: str | None, b: str | None) -> bool:
+    """Whether location ``a`` is ``b`` or lies inside it."""
+    if a is None or b is None:
+        return False
+    return a == b or a.startswith(b.rstrip("/") + "/")
+
+
 def open_source(src, *, storage_options: dict | None = None, path: str | None = None) -> Source:
     """Open ``src`` (path/URL of a Zarr v2 or v3 array, a ``zarr.Array``, or a NumPy array)."""
     import zarr
 
     if isinstance(src, np.ndarray):
-        desc = {"kind": "numpy", "path": "array", "shape": list(src.shape), "dtype": src.dtype.name}
+        desc = {
+            "kind": "numpy",
+            "path": "array",
+            "shape": list(src.shape),
+            "dtype": src.dtype.name,
+            # no address: the values themselves say whether a re-run is the same job
+            "digest": _digest(src),
+        }
         return Source(src, desc)
     if isinstance(src, zarr.Array):
-        return Source(src, _describe(src, str(src.store_path)))
+        return Source(src, _describe(src, location(src) or str(src.store_path)))
     if all(hasattr(src, a) for a in ("shape", "dtype", "__getitem__")) and not isinstance(
         src, (str, os.PathLike)
     ):  # a lazy array-like, e.g. a checkpoint tensor read by slices
@@ -160,7 +231,21 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
         raise StoreError(f"cannot open {src} as Zarr: {type(e).__name__}: {e}") from None
     if not isinstance(node, zarr.Array):
         raise StoreError(f"{src} is a Zarr group, not an array (pass the array's path)")
-    return Source(node, _describe(node, os.fspath(src) if not hasattr(src, "root") else str(src)))
+    where = location(src) if not hasattr(src, "root") else str(src)
+    if path:
+        where = f"{where}/{path}"
+    return Source(node, _describe(node, where))
+
+
+def _digest(a: np.ndarray) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
+    step = max(1, (64 << 20) // max(1, a.itemsize))
+    for i in range(0, flat.size, step):
+        h.update(flat[i : i + step].view(np.uint8))
+    return h.hexdigest()
 
 
 def _describe(a, where: str) -> dict:

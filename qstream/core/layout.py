@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from ..errors import InvalidParameterError
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,14 @@ def param_region(key: tuple[slice, ...], axis: int, block_size: int) -> tuple[sl
         slice(k.start // block_size, -(-k.stop // block_size)) if d == axis else k
         for d, k in enumerate(key)
     )
+
+
+def blocked_param_shape(shape, axis: int, block_size: int) -> tuple[int, ...]:
+    """The parameter shape of a blocked layout: ``shape`` with ``shape[axis]`` replaced by
+    ``ceil(shape[axis] / block_size)`` (ONNX layout, the last block may be short)."""
+    ps = [int(d) for d in shape]
+    ps[axis] = -(-ps[axis] // block_size)
+    return tuple(ps)
 
 
 def normalize_axis(axis: int, ndim: int) -> int:
@@ -127,8 +135,8 @@ def _blocked(shape, param_shape, axis, block_size) -> Layout:
         raise InvalidParameterError("a 0-d array has no axis to block along")
     k = normalize_axis(axis, len(shape))
     c = shape[k]
-    nblocks = -(-c // block_size)
-    expected = (*shape[:k], nblocks, *shape[k + 1 :])
+    expected = blocked_param_shape(shape, k, block_size)
+    nblocks = expected[k]
     if param_shape != expected:
         raise InvalidParameterError(
             f"blocked parameters for shape {shape}, axis {k}, block_size {block_size} must have"

@@ -1,0 +1,1 @@
+"""The lowest layer: array layouts, the affine core, buffers."""

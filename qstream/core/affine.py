@@ -1,0 +1,146 @@
+"""The affine core every profile shares: ``q = sat(round(x / scale) + zp)`` and
+``x = (q - zp) * scale`` on validated parameters, dispatched to the Numba kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+from ..qtypes import QType
+from ..rounding import OP_MUL_ADD
+from . import buffers
+from .layout import Layout, plan_layout
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+
+def affine_quantize(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    layout: Layout,
+    qt: QType,
+    *,
+    code: int = 0,
+    saturate: bool = True,
+    out: np.ndarray | None = None,
+    zp_dtype: np.dtype | None = None,
+    narrow_range: bool = False,
+) -> np.ndarray:
+    """Quantize without validating values: the shared core of every profile.
+
+    ``scale``/``zero_point`` have ``layout.param_shape`` (or one element); ``code`` is a round
+    mode code or a torch op code (``qstream.rounding``), for which ``scale`` is the reciprocal.
+    ``zp_dtype`` forces the float type the zero point is added in (torch adds in float32);
+    ``narrow_range`` saturates at ``qmin + 1`` (integer types).
+    """
+    out = _check_out(out, x.shape, qt.dtype)
+    if x.size == 0:
+        return out
+    div = F32 if code >= OP_MUL_ADD else np.result_type(x.dtype, scale.dtype)
+    if qt.is_float:
+        out[...] = _quantize_float(x, scale, zero_point, layout, qt, div, saturate)
+        return out
+    if div not in (F32, F64):
+        # float16 / bfloat16 division: NumPy forms the quotient in that type (exactly as the
+        # ONNX reference does), then the kernel rounds it with a unit scale.
+        x = np.divide(x.astype(div), layout.expand(scale).astype(div)).astype(F32)
+        scale = np.ones(layout.param_shape or (1,), F32)
+        layout = plan_layout(x.shape, scale.shape, layout.axis, layout.block_size)
+        div = F32
+    wide = qt.bits > 16
+    if zp_dtype is None:
+        zp_dtype = F64 if (wide or div == F64) else F32
+    bound = F64 if wide else F32
+    xk = np.ascontiguousarray(x, dtype=div)
+    sk = layout.params(scale.astype(div, copy=False))
+    zk = layout.params(_zeros_like(zero_point, scale).astype(zp_dtype, copy=False))
+    from ..kernels import runtime
+    from ..kernels.affine import QUANTIZE_KERNELS
+
+    runtime.run(
+        QUANTIZE_KERNELS[code],
+        layout.view(xk),
+        sk,
+        zk,
+        layout.cblock,
+        layout.iblock,
+        bound.type(qt.qrange(narrow_range)[0]),
+        bound.type(qt.qmax),
+        np.int32(qt.mask),
+        layout.view(out.view(qt.container)),
+    )
+    return out
+
+
+def affine_dequantize(
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    layout: Layout,
+    qt: QType,
+    out_dtype: np.dtype = F32,
+    *,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Dequantize without validating values: the shared core of every profile."""
+    out = _check_out(out, q.shape, out_dtype)
+    if q.size == 0:
+        return out
+    if qt.is_float:
+        y = q.astype(F32) * layout.expand(scale)
+        out[...] = y.astype(out_dtype)
+        return out
+    compute = F64 if (out_dtype == F64 or qt.bits > 16) else F32
+    qk = np.ascontiguousarray(q, dtype=qt.widened)
+    sk = layout.params(scale.astype(compute))
+    zk = layout.params(_zeros_like(zero_point, scale).astype(compute))
+    target = out if out_dtype in (F32, F64) and out_dtype == compute else np.empty(q.shape, compute)
+    from ..kernels import runtime
+    from ..kernels.affine import dequantize_affine
+
+    runtime.run(
+        dequantize_affine,
+        layout.view(qk),
+        sk,
+        zk,
+        layout.cblock,
+        layout.iblock,
+        layout.view(target),
+    )
+    if target is not out:
+        out[...] = target.astype(out_dtype)
+    return out
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _zeros_like(zp: np.ndarray | None, scale: np.ndarray) -> np.ndarray:
+    return np.zeros(scale.shape, F64) if zp is None else np.asarray(zp)
+
+
+def _check_out(out, shape, dtype) -> np.ndarray:
+    if out is None:
+        return buffers.empty(shape, dtype)
+    if not isinstance(out, np.ndarray) or out.shape != tuple(shape) or out.dtype != dtype:
+        got = (out.shape, out.dtype) if isinstance(out, np.ndarray) else type(out).__name__
+        raise InvalidParameterError(
+            f"out must be an array of shape {tuple(shape)} and dtype {np.dtype(dtype)}, got {got}"
+        )
+    if not out.flags.c_contiguous:
+        raise InvalidParameterError("out must be C-contiguous")
+    return out
+
+
+def _quantize_float(x, scale, zero_point, layout, qt, div, saturate) -> np.ndarray:
+    """Float8 / float4 outputs: the ONNX reference's ml_dtypes casts, element by element."""
+    v = np.divide(x.astype(div), layout.expand(scale).astype(div))
+    if qt.name == "float4_e2m1fn":
+        if zero_point is not None:
+            v = v + layout.expand(zero_point).astype(div)
+        return v.astype(qt.dtype)
+    if saturate:
+        v = np.clip(v, qt.qmin, qt.qmax)
+    return v.astype(qt.dtype)

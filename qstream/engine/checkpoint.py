@@ -1,0 +1,173 @@
+"""Convert a whole checkpoint: one quantized group (or kept array) per tensor.
+
+``dst`` (a local directory) becomes a Zarr group; each tensor is stored at its name: a
+quantized group (see ``qstream.io.qarray``) or, for kept tensors, a plain array of the
+original values (bfloat16 widened exactly to float32, the original dtype in its attributes).
+Tensors are converted one after another, each with the bounded memory of one store job; the
+root's ``attrs["qstream_checkpoint"]`` lists the finished tensors, so a re-run resumes, and
+``complete`` is written last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io import qarray
+from ..io.stores import location, open_group
+from ..recipe import Recipe
+from .job import QuantizeJob
+
+
+@dataclass(frozen=True)
+class TensorEvent:
+    """Reported to ``on_tensor`` before (``result`` None) and after each tensor."""
+
+    index: int
+    total: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    target: str  # e.g. "int8 per_axis(0)" or "keep"
+    result: dict | None = None
+
+
+def convert(
+    checkpoint,
+    dst,
+    recipe: Recipe,
+    *,
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    on_tensor: Callable[[TensorEvent], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
+    (see :func:`qstream.convert_checkpoint`)."""
+    from ..io.checkpoints import open_checkpoint
+
+    tensors = open_checkpoint(checkpoint)
+    source = location(checkpoint) or str(checkpoint)
+    qarray.check_separate(source, dst)
+    with qarray.locked(dst):
+        return _convert(
+            tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress
+        )
+
+
+def _convert(
+    tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress
+) -> dict:
+    t0 = time.perf_counter()
+    root, done = _open_root(dst, source, recipe, overwrite)
+    results: dict[str, dict] = dict(done)
+    names = list(tensors)
+    for i, name in enumerate(names):
+        t = tensors[name]
+        spec = recipe.spec_for(name, t.shape, t.dtype)
+        target = "keep" if spec is None else _describe(spec)
+        event = TensorEvent(i, len(names), name, tuple(t.shape), np.dtype(t.dtype).name, target)
+        if name in done:
+            if on_tensor:
+                on_tensor(TensorEvent(**{**event.__dict__, "result": done[name]}))
+            continue
+        if on_tensor:
+            on_tensor(event)
+        path = f"{dst}/{name}"
+        if spec is None:
+            result = _keep(t, path)
+        else:
+            job = QuantizeJob(t, spec, max_memory=max_memory)
+            report = job.run(path, progress=progress, overwrite=overwrite)
+            q_bytes = math.prod(t.shape) * max(1, spec.qtype.dtype.itemsize)
+            params = report.calibration.get("params") if report.calibration else None
+            result = {
+                "kept": False,
+                "error": report.error,
+                "bytes_after": int(q_bytes),
+                "passes": report.passes,
+                "params": bool(params),
+            }
+        result.update(
+            {
+                "shape": list(t.shape),
+                "dtype": np.dtype(t.dtype).name,
+                "target": target,
+                "bytes_before": int(t.nbytes),
+            }
+        )
+        results[name] = result
+        _record(root, results, complete=False)
+        if on_tensor:
+            on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
+    _record(root, results, complete=True)
+    before = sum(r["bytes_before"] for r in results.values())
+    after = sum(r["bytes_after"] for r in results.values())
+    return {
+        "checkpoint": str(checkpoint),
+        "destination": str(dst),
+        "tensors": results,
+        "bytes_before": before,
+        "bytes_after": after,
+        "seconds": time.perf_counter() - t0,
+        "recipe": recipe.to_dict(),
+    }
+
+
+def _describe(spec) -> str:
+    """A short label: ``int8/axis0/minmax``, ``int4/axis1:b32/dynamic``, ``int8/tensor/mse``."""
+    where = "tensor" if spec.axis is None else f"axis{spec.axis}"
+    if spec.block_size:
+        where += f":b{spec.block_size}"
+    method = "explicit" if spec.scale is not None else spec.method
+    return f"{spec.dtype}/{where}/{method}"
+
+
+def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
+    """The root group and the tensors a previous run of this conversion finished."""
+    ident = {"source": source, "recipe": recipe.to_dict()}
+    fp = json.dumps(ident, sort_keys=True)
+    existing = qarray.inspect_destination(dst)
+    if existing.kind == "checkpoint":  # the fingerprint of a conversion is its source + recipe
+        meta = existing.meta
+        same = {"source": meta.get("source"), "recipe": meta.get("recipe")} == ident
+        existing = qarray.Existing("checkpoint", {**meta, "fingerprint": fp if same else None})
+    action = qarray.decide(existing, fp, overwrite=overwrite, what="checkpoint", dst=dst)
+    if action in ("resume", "complete"):
+        return open_group(dst, mode="a"), dict(existing.meta.get("tensors", {}))
+    if action.startswith("replace"):
+        qarray.remove_output(dst, existing)
+    meta = {"version": 1, **ident, "tensors": {}, "complete": False}
+    return qarray.create_group(dst, {"qstream_checkpoint": meta}), {}
+
+
+def _record(root, results: dict, *, complete: bool) -> None:
+    meta = dict(root.attrs["qstream_checkpoint"])
+    meta["tensors"] = results
+    meta["complete"] = complete
+    root.attrs["qstream_checkpoint"] = meta
+
+
+def _keep(t, path: str) -> dict:
+    import zarr
+
+    dtype = np.dtype(t.dtype)
+    stored = np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+    a = zarr.create_array(
+        path,
+        shape=t.shape,
+        dtype=stored,
+        overwrite=True,
+        attributes={"qstream": {"kept": True, "dtype": dtype.name}},
+    )
+    if math.prod(t.shape):
+        rows = max(1, (16 << 20) // max(1, math.prod(t.shape[1:]) * dtype.itemsize))
+        for r in range(0, t.shape[0] if t.shape else 1, rows):
+            key = (slice(r, r + rows),) if t.shape else ()
+            a[key] = np.asarray(t[key]).astype(stored)
+    return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}

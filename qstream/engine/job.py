@@ -1,0 +1,645 @@
+"""A store conversion from start to end: plan -> passes over blocks -> merges -> output.
+
+:class:`QuantizeJob` plans the blocks (one destination chunk each), runs the statistics
+passes the spec needs (ranges, then histograms), derives the parameters, and runs the quantize
+pass; :func:`dequantize` runs the one pass back. Each pass hands its per-block work (a
+picklable object from :mod:`qstream.engine.work`) to the executor and merges the results in
+block order in this thread, so every float sum has the same bits whatever the number of
+workers. The driver alone writes the output's metadata and the progress snapshot; workers
+write only their blocks' chunks. See :mod:`qstream.io.qarray` for the on-disk format and the
+destination rules, and :mod:`qstream.io.progress` for how an interrupted job resumes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+
+import numpy as np
+
+from ..core import checks
+from ..core.layout import blocked_param_shape, normalize_axis
+from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
+from ..io import qarray
+from ..io.progress import ProgressLog
+from ..io.stores import location, open_group, open_source
+from ..qtypes import float_dtype, is_float_dtype
+from ..spec import (
+    HISTOGRAM_METHODS,
+    Calibration,
+    ErrorStats,
+    QuantParams,
+    QuantReport,
+    QuantSpec,
+    RangeStats,
+    merge_into,
+)
+from . import pipeline
+from .plan import (
+    block_budget,
+    default_chunks,
+    fit_workers,
+    memory_limit,
+    plan_blocks,
+)
+from .work import (
+    DequantizeWork,
+    DestRef,
+    HistogramWork,
+    JobPlan,
+    NonFiniteBlock,
+    QuantizeWork,
+    RangesWork,
+    SourceRef,
+    forget,
+)
+
+_PARAM_CHUNK = 1 << 18  # parameters per chunk of a per-axis scale/zero_point (at least)
+HIST_SHARE = 2  # histograms may take 1/HIST_SHARE of the memory bound
+
+
+class QuantizeJob:
+    """One quantization of one source under one spec (see module docstring)."""
+
+    def __init__(self, src, spec: QuantSpec, *, max_memory=None, storage_options=None):
+        self.spec = spec
+        self.token = uuid.uuid4().hex
+        source = open_source(src, storage_options=storage_options)
+        self.source = source
+        self.storage_options = storage_options  # for the destination too
+        url = src if isinstance(src, (str, os.PathLike)) else None
+        self.ref = SourceRef(self.token, None if url is None else os.fspath(url), storage_options)
+        if url is None:
+            self.ref = replace(self.ref, obj=src)
+        self.ref.register(source)
+        self.name = str(source.description.get("path", "array"))
+        if not is_float_dtype(source.dtype):
+            raise InvalidDTypeError(
+                f"{self.name}: source dtype {source.dtype} is not floating point"
+                " (float16, bfloat16, float32, float64)"
+            )
+        shape = source.shape
+        axis = None if spec.axis is None else normalize_axis(spec.axis, len(shape))
+        bs = spec.block_size
+        if axis is None:
+            param_shape: tuple[int, ...] = ()
+        elif not bs:
+            param_shape = (shape[axis],)
+        else:
+            param_shape = blocked_param_shape(shape, axis, bs)
+        if bs and spec.scale is None and spec.method not in ("minmax", "dynamic"):
+            raise InvalidParameterError(
+                f"method {spec.method!r} is not available for blocked quantization; blocks take"
+                " their own range (method 'dynamic' or 'minmax')"
+            )
+        # statistics are per channel along a per-axis spec's axis, else one set for the tensor
+        # (a blocked spec reports per tensor: its parameter blocks are too many to list)
+        stat_axis = None if bs else axis
+        self.max_memory = max_memory
+        self.plan = JobPlan(
+            spec=spec,
+            shape=shape,
+            chunks=default_chunks(
+                shape,
+                max(4, source.dtype.itemsize),
+                source.chunks,
+                axis=axis,
+                block_size=bs,
+                budget=block_budget(max_memory),
+            ),
+            axis=axis,
+            stat_axis=stat_axis,
+            channels=1 if stat_axis is None else shape[stat_axis],
+            param_shape=param_shape,
+            dynamic=spec.scale is None and (spec.method == "dynamic" or bs is not None),
+        )
+        self.blocks = plan_blocks(shape, self.plan.chunks)
+        self.bytes_read = 0
+        self.passes = 0
+
+    # ---- identity
+
+    def fingerprint(self) -> str:
+        """What makes two runs the same job: the format, the spec and the source (its
+        resolved location and metadata), however their paths were spelled."""
+        h = hashlib.sha256()
+        h.update(f"qstream-format-{qarray.FORMAT_VERSION}".encode())
+        h.update(json.dumps(self.spec.to_dict(), sort_keys=True).encode())
+        h.update(json.dumps(self.source.description, sort_keys=True, default=str).encode())
+        return h.hexdigest()[:32]
+
+    # ---- passes
+
+    def _workers(self, cap: int | None = None) -> int:
+        default = pipeline.default_workers() if cap is None else min(cap, 2)
+        return fit_workers(
+            self.max_memory, self.blocks, max(4, self.source.dtype.itemsize), default
+        )
+
+    def _scan(
+        self, blocks, work, merge, progress, *, workers=None, inflight=None, new_pass=True
+    ) -> None:
+        pipeline.run(
+            blocks,
+            work,
+            merge,
+            workers=workers or self._workers(),
+            inflight=inflight,
+            progress=_counter(progress, len(blocks)),
+        )
+        self.passes += new_pass
+        self.bytes_read += sum(math.prod(b.shape) for b in blocks) * self.source.dtype.itemsize
+
+    def ranges(self, progress=None) -> RangeStats:
+        """Pass 1: exact per-channel ranges, merged in block order (min/max and counts are
+        exact, so the result never depends on how the work was cut)."""
+        plan = self.plan
+        total = RangeStats.empty(plan.channels)
+        first: list[int] = []
+
+        def merge(b, st: RangeStats) -> None:
+            merge_into(total, st, plan.offset(b.key))
+            if st.first_nonfinite >= 0:
+                first.append(st.first_nonfinite)
+
+        self._scan(self.blocks, RangesWork(plan, self.ref), merge, progress)
+        return replace(total, first_nonfinite=min(first) if first else -1)
+
+    def _check_nonfinite(self, st: RangeStats) -> None:
+        if self.spec.nan_policy == "error" and st.nonfinite:
+            at = "?"
+            if st.first_nonfinite >= 0:
+                idx = np.unravel_index(st.first_nonfinite, self.plan.shape)
+                at = str(tuple(int(i) for i in idx))
+            raise NonFiniteInputError(
+                f"{self.name}: {st.nonfinite} non-finite values ({int(st.nan.sum())} NaN,"
+                f" {int(st.posinf.sum())} +inf, {int(st.neginf.sum())} -inf); first at index"
+                f" {at}. Use nan_policy='zero_point' or 'min' to quantize them anyway"
+            )
+
+    def calibration(self, progress=None) -> Calibration:
+        """The statistics passes the spec needs, and the parameters they give."""
+        spec, plan = self.spec, self.plan
+        if spec.scale is not None:
+            return Calibration(spec, None, {}, self._explicit_params())
+        if plan.dynamic:  # one pass: each block takes its own range while quantizing
+            return Calibration(spec, None, {"method": "per-block ranges"}, None)
+        st = self.ranges(progress)
+        self._check_nonfinite(st)
+        lo, hi = np.where(st.count > 0, st.min, 0.0), np.where(st.count > 0, st.max, 0.0)
+        thresholds = {"min": lo, "max": hi}
+        if spec.method in HISTOGRAM_METHODS:
+            lo, hi = self._histogram_ranges(lo, hi, progress)
+            thresholds = {"min": lo, "max": hi, "num_bins": spec.num_bins}
+        from ..calibration.params import params_from_range
+
+        scale, zp = params_from_range(
+            lo, hi, plan.qt, symmetric=spec.symmetric, narrow_range=spec.narrow_range
+        )
+        params = QuantParams(
+            scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None
+        )
+        return Calibration(spec, st, thresholds, params)
+
+    def _histogram_ranges(self, lo, hi, progress):
+        """Pass 2 and the threshold search, over groups of channels whose histograms fit in
+        the memory bound (``1/HIST_SHARE`` of it for the histograms being merged and one
+        in-flight block's partial per worker). Blocks that hold none of a group's channels
+        are not read for it; when every block holds every channel (channels on an inner
+        axis) each group reads the source once more."""
+        from ..calibration.histogram import percentile_range, search_range
+
+        spec, plan = self.spec, self.plan
+        sym = spec.method in ("entropy", "mse") or (spec.method == "percentile" and spec.symmetric)
+        edges_lo = np.zeros(plan.channels) if sym else lo
+        edges_hi = np.maximum(-lo, hi) if sym else hi
+        workers = self._workers(cap=2)
+        row = spec.num_bins * 8
+        group = max(1, memory_limit(self.max_memory) // HIST_SHARE // ((workers + 1) * row))
+        out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+        for c0 in range(0, plan.channels, group):
+            c1 = min(plan.channels, c0 + group)
+            hist = np.zeros((c1 - c0, spec.num_bins), np.int64)
+
+            def merge(b, part, hist=hist, c0=c0) -> None:
+                if part is not None:
+                    at, h = part
+                    hist[at - c0 : at - c0 + h.shape[0]] += h
+
+            blocks = [
+                b
+                for b in self.blocks
+                if plan.offset(b.key) < c1 and plan.offset(b.key) + plan.block_channels(b) > c0
+            ]
+            work = HistogramWork(
+                plan, self.ref, edges_lo[c0:c1].copy(), edges_hi[c0:c1].copy(), sym, c0, c1
+            )
+            self._scan(
+                blocks, work, merge, progress, workers=workers, inflight=workers, new_pass=c0 == 0
+            )
+            counts = {"counts": hist, "lo": edges_lo[c0:c1], "hi": edges_hi[c0:c1], "abs": sym}
+            if spec.method == "percentile":
+                glo, ghi = percentile_range(
+                    counts, lo[c0:c1], hi[c0:c1], spec.percentile, symmetric=spec.symmetric
+                )
+            else:
+                glo, ghi = search_range(
+                    counts,
+                    lo[c0:c1],
+                    hi[c0:c1],
+                    spec.method,
+                    plan.qt.bits,
+                    symmetric=spec.symmetric,
+                )
+            out_lo[c0:c1], out_hi[c0:c1] = glo, ghi
+            del hist, counts
+        return out_lo, out_hi
+
+    def _explicit_params(self) -> QuantParams:
+        plan = self.plan
+        s = np.asarray(self.spec.scale, np.float32)
+        z = np.asarray(0 if self.spec.zero_point is None else self.spec.zero_point, np.float64)
+        try:
+            s = np.broadcast_to(s, plan.param_shape).copy()
+            z = np.broadcast_to(z, plan.param_shape).copy()
+        except ValueError:
+            raise InvalidParameterError(
+                f"scale/zero_point shapes {s.shape}/{z.shape} do not fit the parameter shape"
+                f" {plan.param_shape} of {self.spec.granularity} quantization"
+            ) from None
+        checks.check_scale(s)
+        qt = plan.qt
+        if not qt.is_float and z.size and (z.min() < qt.qmin or z.max() > qt.qmax):
+            raise InvalidParameterError(
+                f"zero_point is outside the {qt.name} range [{qt.qmin:g}, {qt.qmax:g}]"
+            )
+        return QuantParams(s, z, plan.axis, self.spec.block_size)
+
+    # ---- the whole job
+
+    def run(self, dst, *, progress=None, overwrite=False, resume=True) -> QuantReport:
+        """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
+        t0 = time.perf_counter()
+        qarray.check_separate(self.source.description.get("path"), dst)
+        try:
+            if _is_zip(dst):
+                return self._run_zip(dst, t0, progress, overwrite)
+            return self._run(dst, t0, progress, overwrite, resume)
+        finally:
+            forget(self.token)
+
+    def _run(self, dst, t0, progress, overwrite, resume) -> QuantReport:
+        fp = self.fingerprint()
+        existing = qarray.inspect_destination(dst, self.storage_options)
+        action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
+        if action == "complete":
+            return self._already_complete(dst, existing.meta)
+        if action == "resume" and not resume:
+            raise StoreError(f"{dst} holds an unfinished run of this job; pass overwrite=True")
+        cal = None
+        if action != "resume" or not existing.meta.get("ready"):
+            cal = self.calibration(progress)  # before anything is written
+        with qarray.locked(dst):
+            # what another process may have done meanwhile decides now
+            existing = qarray.inspect_destination(dst, self.storage_options)
+            action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
+            if action == "complete":
+                return self._already_complete(dst, existing.meta)
+            if action == "resume" and not existing.meta.get("ready"):
+                action = "replace"  # interrupted while it was being created
+            if action.startswith("replace"):
+                qarray.remove_output(dst, existing, self.storage_options)
+            if action == "resume":
+                qarray.clean_partials(dst)
+                group = open_group(dst, mode="a", storage_options=self.storage_options)
+                cal, summary = self._stored_calibration(group)
+            else:
+                if cal is None:
+                    cal = self.calibration(progress)
+                group = self._create(dst, cal, fp)
+                summary = cal.summary()
+            errors, resumed = self._quantize_pass(dst, group, cal, progress)
+            report = self._finish(group, summary, errors, dst, t0, resumed)
+            qarray.clean_partials(dst)
+            return report
+
+    def _run_zip(self, dst, t0, progress, overwrite) -> QuantReport:
+        """A ``.zip`` output is built in a temporary directory and packed at the end (a zip
+        cannot be updated in place), so it does not resume."""
+        fp = self.fingerprint()
+        existing = qarray.inspect_destination(dst, self.storage_options)
+        action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
+        if action == "complete":
+            return self._already_complete(dst, existing.meta)
+        cal = self.calibration(progress)
+        work = tempfile.mkdtemp(prefix="qstream-", suffix=".zarr")
+        try:
+            group = self._create(work, cal, fp)
+            errors, resumed = self._quantize_pass(work, group, cal, progress)
+            report = self._finish(group, cal.summary(), errors, dst, t0, resumed)
+            _pack_zip(work, os.fspath(dst))
+            return report
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _already_complete(self, dst, meta: dict) -> QuantReport:
+        report = QuantReport.from_dict(meta["report"])
+        return replace(report, destination=str(dst), already_complete=True, seconds=0.0)
+
+    def _stored_calibration(self, group) -> tuple[Calibration, dict]:
+        """The parameters an interrupted run of this job chose (its blocks used them)."""
+        meta = group.attrs["qstream"]
+        params = None
+        if not self.plan.dynamic:
+            plan = self.plan
+            params = QuantParams(
+                np.asarray(group["scale"][...], np.float32).reshape(plan.param_shape),
+                np.asarray(group["zero_point"][...], np.float64).reshape(plan.param_shape),
+                plan.axis,
+                self.spec.block_size if self.spec.scale is not None else None,
+            )
+        return Calibration(self.spec, None, {}, params), meta["calibration"]
+
+    def _create(self, dst, cal: Calibration, fp: str):
+        """A new output: the group's metadata first (``ready: false``), then the members and
+        the parameters, then ``ready: true``."""
+        plan, qt, source = self.plan, self.plan.qt, self.source
+        meta = {
+            "version": qarray.FORMAT_VERSION,
+            "fingerprint": fp,
+            "ready": False,
+            "complete": False,
+            "spec": self.spec.to_dict(),
+            "source": source.description,
+            "dtype": qt.name,
+            "axis": plan.axis,
+            "storage": "one element per byte"
+            if qt.bits < 8
+            else ("uint8 bit patterns" if qt.is_float else "native"),
+        }
+        group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
+        store_dtype = qt.widened if not qt.is_float else np.dtype(np.uint8)
+        zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
+        try:
+            group.create_array(
+                "data",
+                shape=plan.shape,
+                chunks=plan.chunks or None,
+                dtype=store_dtype,
+                fill_value=0,
+                compressors=source.compressors,
+                config=qarray.WRITE_ALL_CHUNKS,
+                chunk_key_encoding=qarray.FLAT_KEYS,
+            )
+            kw = {
+                "shape": plan.param_shape,
+                "fill_value": 0,
+                "chunk_key_encoding": qarray.FLAT_KEYS,
+            }
+            if plan.axis is not None and not self.spec.block_size:  # ~1 MiB or more each
+                c = plan.chunks[plan.axis]
+                kw["chunks"] = (max(1, min(plan.param_shape[0], c * max(1, _PARAM_CHUNK // c))),)
+            elif plan.axis is not None:  # one parameter chunk per block: dynamic blocks write own
+                pc = list(plan.chunks)
+                pc[plan.axis] = max(1, pc[plan.axis] // self.spec.block_size)
+                kw["chunks"] = tuple(pc)
+            group.create_array("scale", dtype=np.float32, **kw)
+            group.create_array("zero_point", dtype=zp_dtype, **kw)
+            if cal.params is not None and math.prod(plan.param_shape):
+                group["scale"][...] = cal.params.scale
+                group["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
+            ProgressLog.create(group, plan.channels)
+        except StoreError:
+            raise
+        except OSError as e:
+            raise StoreError(f"cannot write {dst}: {e}") from None
+        meta["calibration"] = cal.summary()
+        meta["ready"] = True
+        qarray.set_meta(group, meta)
+        return group
+
+    def _quantize_pass(self, dst, group, cal: Calibration, progress):
+        """Quantize the blocks after the progress snapshot; fold their error sums onto it."""
+        plan = self.plan
+        log = ProgressLog.open(group)
+        start, errors = log.load()
+        if errors.count.size != plan.channels or start > len(self.blocks):
+            start, errors = 0, ErrorStats.empty(plan.channels)
+        if start and not self._blocks_landed(group, start):
+            start, errors = 0, ErrorStats.empty(plan.channels)
+        todo = self.blocks[start:]
+        per = cal.params is not None and not self.spec.block_size
+        work = QuantizeWork(
+            plan,
+            self.ref,
+            DestRef(
+                self.token, os.fspath(dst) if not _is_store(dst) else dst, self.storage_options
+            ),
+            cal.params.scale if per else None,
+            cal.params.zero_point if per else None,
+        )
+        done = [start]
+
+        def merge(b, err: ErrorStats) -> None:
+            merge_into(errors, err, plan.offset(b.key))  # in block order: deterministic
+            done[0] += 1
+            if log.due():
+                log.save(done[0], errors)
+            if progress:
+                progress(done[0], len(self.blocks))
+
+        try:
+            self._scan(todo, work, merge, None)
+        except NonFiniteBlock:
+            self._check_nonfinite(self.ranges())  # the whole array's count and first index
+            raise
+        except OSError as e:
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"cannot write {dst}: {e}") from None
+        finally:
+            if done[0] > start:
+                # e.g. a full disk: the last snapshot stays, and its blocks are redone
+                with contextlib.suppress(OSError):
+                    log.save(done[0], errors)
+        return errors, start
+
+    def _blocks_landed(self, group, n: int) -> bool:
+        """Whether the data chunks of the first ``n`` blocks exist (local stores; elsewhere a
+        chunk is one atomic object and is taken as landed)."""
+        from ..io.chunks import chunk_files
+
+        files = chunk_files(group["data"])
+        if files is None:
+            return True
+        for b in self.blocks[:n]:
+            coords = tuple(k.start // c for k, c in zip(b.key, files.chunks, strict=True))
+            if not os.path.exists(files.path(coords)):
+                return False
+        return True
+
+    def _finish(self, group, calibration: dict, errors, dst, t0, resumed) -> QuantReport:
+        plan, qt = self.plan, self.plan.qt
+        meta = dict(group.attrs["qstream"])
+        err = errors.summary()
+        report = QuantReport(
+            spec=self.spec,
+            source=self.source.description,
+            destination=str(dst),
+            calibration=calibration,
+            error=err,
+            passes=self.passes,
+            seconds=time.perf_counter() - t0,
+            bytes_read=self.bytes_read,
+            bytes_written=int(math.prod(plan.shape) * max(1, qt.dtype.itemsize)),
+            resumed_blocks=resumed,
+            missing_chunks=self.source.missing_chunks(),
+        )
+        if plan.axis is None and not qt.is_float:
+            s = float(group["scale"][...])
+            z = float(group["zero_point"][...])
+            group["data"].attrs.update({"scale_factor": s, "add_offset": -z * s})
+        meta.update({"calibration": calibration, "error": err, "report": report.to_dict()})
+        meta["complete"] = True
+        qarray.set_meta(group, meta)  # written last
+        return report
+
+
+# --------------------------------------------------------------------------- dequantize
+
+
+def dequantize(
+    src,
+    dst,
+    *,
+    dtype="float32",
+    max_memory=None,
+    progress=None,
+    overwrite=False,
+    storage_options=None,
+) -> dict:
+    """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` (see
+    :func:`qstream.dequantize_store`)."""
+    import zarr
+
+    t0 = time.perf_counter()
+    arr = qarray.open_quantized(src, storage_options=storage_options)
+    out_dtype = float_dtype(dtype)
+    src_loc = location(src)
+    qarray.check_separate(src_loc, dst)
+    h = hashlib.sha256(json.dumps([src_loc, arr.meta.get("fingerprint"), out_dtype.name]).encode())
+    fp = h.hexdigest()[:32]
+    existing = qarray.inspect_destination(dst, storage_options)
+    action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
+    result = {
+        "source": str(src),
+        "destination": str(dst),
+        "dtype": out_dtype.name,
+        "shape": list(arr.shape),
+        "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize),
+        "already_complete": action == "complete",
+    }
+    if action == "complete":
+        return {**result, "seconds": 0.0}
+    blocks = plan_blocks(arr.shape, arr.data.chunks)
+    # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
+    # the logical dtype recorded in attrs["qstream"]["dtype"].
+    stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
+    meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
+    token = uuid.uuid4().hex
+    with qarray.locked(dst):
+        existing = qarray.inspect_destination(dst, storage_options)
+        action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
+        if action == "complete":
+            return {**result, "already_complete": True, "seconds": 0.0}
+        if action != "create":  # an unfinished or other dequantize output, or a Zarr node
+            qarray.remove_output(dst, replace(existing, kind="zarr"), storage_options)
+        from ..io.stores import _store
+
+        store = _store(dst, mode="w", storage_options=storage_options)
+        try:
+            out = zarr.create_array(
+                store,
+                shape=arr.shape,
+                chunks=arr.data.chunks or None,
+                dtype=stored,
+                fill_value=0,
+                compressors=arr.data.compressors,
+                config=qarray.WRITE_ALL_CHUNKS,
+                chunk_key_encoding=qarray.FLAT_KEYS,
+                attributes={"qstream": {**meta, "complete": False}},
+            )
+        except zarr.errors.ContainsArrayError:
+            raise StoreError(f"{dst} was created by another process meanwhile") from None
+        except OSError as e:
+            raise StoreError(f"cannot write {dst}: {e}") from None
+        work = DequantizeWork(
+            DestRef(token, os.fspath(src) if not _is_store(src) else src, storage_options),
+            DestRef(token, os.fspath(dst) if not _is_store(dst) else dst, storage_options),
+            out_dtype.name,
+        )
+        workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
+        try:
+            pipeline.run(blocks, work, workers=workers, progress=_counter(progress, len(blocks)))
+        except OSError as e:
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"cannot write {dst}: {e}") from None
+        finally:
+            forget(token)
+        try:
+            out.attrs["qstream"] = {**meta, "complete": True}
+        except OSError as e:
+            raise StoreError(f"cannot write {dst}: {e}") from None
+        qarray.clean_partials(dst)
+    return {**result, "seconds": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_zip(dst) -> bool:
+    return isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip")
+
+
+def _is_store(dst) -> bool:
+    return not isinstance(dst, (str, os.PathLike))
+
+
+def _counter(progress, total):
+    if progress is None:
+        return None
+    n = [0]
+
+    def tick(_b):
+        n[0] += 1
+        progress(n[0], total)
+
+    return tick
+
+
+def _pack_zip(directory: str, target: str) -> None:
+    import zipfile
+
+    tmp = f"{target}.{os.getpid()}.partial"
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+            for root, _, files in os.walk(directory):
+                for f in sorted(files):
+                    if f == qarray.LOCK:
+                        continue
+                    full = os.path.join(root, f)
+                    zf.write(full, os.path.relpath(full, directory))
+        os.replace(tmp, target)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise StoreError(f"cannot write {target}: {e}") from None

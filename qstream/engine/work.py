@@ -1,0 +1,396 @@
+"""The per-block work of each pass, as small picklable objects.
+
+A work object holds only what names the job: where the source and destination are (paths or
+URLs and their storage options), the plan, the spec and the small parameter arrays. Calling
+it on a block opens what it needs once per process (cached), reads the block, runs the
+kernels, writes the block's output chunk (the quantize and dequantize passes) and returns the
+block's statistics. No closures, no locks, no open files travel with it, so an executor can
+run blocks in this process's threads or hand them to other processes.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..core.layout import param_region, plan_layout
+from ..core.scratch import scratch
+from ..errors import InvalidParameterError
+from ..qtypes import QType, qtype
+from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
+from .blockmath import block_errors, block_errors_fused, block_ranges, channel_view
+from .plan import Block
+
+_OPEN: dict[tuple, Any] = {}
+_OPEN_LOCK = threading.RLock()  # handles open others (a writer its array)
+
+
+def _cached(key: tuple, make):
+    """``make()`` once per process and key (stores, arrays, chunk files); keys start with the
+    run's token, so no run ever sees another run's handles."""
+    with _OPEN_LOCK:
+        if key not in _OPEN:
+            _OPEN[key] = make()
+        return _OPEN[key]
+
+
+def forget(token: str) -> None:
+    """Drop the cached handles of one run (when it ends)."""
+    with _OPEN_LOCK:
+        for key in [k for k in _OPEN if k[0] == token]:
+            del _OPEN[key]
+
+
+@dataclass(frozen=True, eq=False)
+class SourceRef:
+    """How a worker opens the source: a path or URL any process can open, or (``obj``) an
+    in-process object (a NumPy array, a ``zarr.Array``, a checkpoint tensor), which cannot be
+    sent to another process."""
+
+    token: str  # the run's
+    url: str | None
+    storage_options: dict | None = None
+    obj: Any = field(default=None, repr=False)
+
+    def open(self):
+        from ..io.stores import open_source
+
+        if self.url is None:
+            return _cached((self.token, "source-obj"), lambda: open_source(self.obj))
+        return _cached(
+            (self.token, "source", self.url),
+            lambda: open_source(self.url, storage_options=self.storage_options),
+        )
+
+    def register(self, source) -> None:
+        """Use the already open ``source`` in this process."""
+        key = (self.token, "source-obj" if self.url is None else "source")
+        _cached(key + (() if self.url is None else (self.url,)), lambda: source)
+
+    def __getstate__(self):
+        if self.url is None:
+            raise TypeError(
+                "an in-memory source (NumPy array, in-process Zarr array or checkpoint tensor)"
+                " cannot be sent to another process; store it where workers can read it"
+            )
+        return {**self.__dict__, "obj": None}
+
+
+@dataclass(frozen=True, eq=False)
+class DestRef:
+    """How a worker opens the arrays of the destination group."""
+
+    token: str  # the run's
+    url: str
+    storage_options: dict | None = None
+
+    def writer(self, name: str):
+        from ..io.stores import ArrayWriter
+
+        return _cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
+
+    def array(self, name: str):
+        from ..io.stores import open_group
+
+        def make():
+            group = open_group(self.url, mode="a", storage_options=self.storage_options)
+            return group[name]
+
+        return _cached((self.token, "array", name), make)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """The shape of a job: what every pass needs to know about the array and the spec."""
+
+    spec: QuantSpec
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]  # destination chunks; one block each
+    axis: int | None  # normalised
+    stat_axis: int | None  # statistics per channel along this axis (None: per tensor)
+    channels: int
+    param_shape: tuple[int, ...]
+    dynamic: bool  # blocked, each parameter block takes its own range
+
+    @property
+    def qt(self) -> QType:
+        return qtype(self.spec.dtype)
+
+    def block_channels(self, b: Block) -> int:
+        return 1 if self.stat_axis is None else b.shape[self.stat_axis]
+
+    def offset(self, key: tuple[slice, ...]) -> int:
+        """The first channel of the region ``key``."""
+        return key[self.stat_axis].start if self.stat_axis is not None else 0
+
+
+class NonFiniteBlock(Exception):
+    """A block held NaN/inf under nan_policy='error' (the job then names the whole count)."""
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_region(source, key: tuple[slice, ...]) -> np.ndarray:
+    """The region ``key`` of the source as a C-contiguous float32/float64 array: a view of
+    the mapped chunk file where possible, else a buffer of the calling thread."""
+    x = source.view(key)
+    if x is None or not x.flags.c_contiguous:
+        shape = tuple(k.stop - k.start for k in key)
+        x = source.read(key, out=scratch("source", shape, source.dtype))
+    if x.dtype.itemsize < 4:  # float16 / bfloat16: widen exactly for the kernels
+        wide = scratch("source-f32", x.shape, np.float32)
+        wide[...] = x
+        return wide
+    return x
+
+
+def read_pieces(source, key: tuple[slice, ...]):
+    """``(region, x)`` for the pieces of ``key`` that lie in one stored source chunk each, in
+    order: a block is processed piece by piece, so a piece is read (or mapped) once and stays
+    in the CPU's cache between the kernels that use it."""
+    for region in source.pieces(key):
+        yield region, read_region(source, region)
+
+
+def _relative(region, key) -> tuple[slice, ...]:
+    return tuple(
+        slice(r.start - k.start, r.stop - k.start) for r, k in zip(region, key, strict=True)
+    )
+
+
+# --------------------------------------------------------------------------- passes
+
+
+@dataclass(frozen=True, eq=False)
+class RangesWork:
+    """Pass 1: exact per-channel ranges and non-finite counts of a block."""
+
+    plan: JobPlan
+    source: SourceRef
+
+    def __call__(self, b: Block) -> RangeStats:
+        source = self.source.open()
+        plan = self.plan
+        st = RangeStats.empty(plan.block_channels(b))
+        first = -1
+        for region, x in read_pieces(source, b.key):
+            part = block_ranges(x, plan.stat_axis)
+            merge_into(st, part, plan.offset(region) - plan.offset(b.key))
+            if part.first_nonfinite >= 0:  # as an index into the whole array
+                local = np.unravel_index(part.first_nonfinite, x.shape)
+                at = tuple(k.start + i for k, i in zip(region, local, strict=True))
+                flat = int(np.ravel_multi_index(at, plan.shape)) if at else 0
+                first = flat if first < 0 else min(first, flat)
+        return RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, first)
+
+
+@dataclass(frozen=True, eq=False)
+class HistogramWork:
+    """Pass 2: fixed-edge histograms of the channels ``lo_channel .. hi_channel`` of a block
+    (``|x|`` over ``[0, edges_hi]`` when ``sym``, else ``x`` over ``[edges_lo, edges_hi]``);
+    ``edges_*`` cover just those channels. Returns ``(first channel, counts)`` or None when
+    the block holds none of them."""
+
+    plan: JobPlan
+    source: SourceRef
+    edges_lo: np.ndarray
+    edges_hi: np.ndarray
+    sym: bool
+    lo_channel: int
+    hi_channel: int
+
+    def __call__(self, b: Block):
+        from ..kernels.runtime import run
+        from ..kernels.stats import channel_histograms
+
+        plan = self.plan
+        c0 = max(self.lo_channel, plan.offset(b.key))
+        c1 = min(self.hi_channel, plan.offset(b.key) + plan.block_channels(b))
+        if c1 <= c0:
+            return None
+        nbins = plan.spec.num_bins
+        h = np.zeros((c1 - c0, nbins), np.int64)
+        for region, x in read_pieces(self.source.open(), b.key):
+            v = channel_view(x, plan.stat_axis)
+            r0 = plan.offset(region)
+            p0, p1 = max(c0, r0), min(c1, r0 + v.shape[1])
+            if p1 <= p0:
+                continue
+            if (p0, p1) != (r0, r0 + v.shape[1]):  # part of the piece's channels
+                v = np.ascontiguousarray(v[:, p0 - r0 : p1 - r0])
+            e = slice(p0 - self.lo_channel, p1 - self.lo_channel)
+            run(
+                channel_histograms,
+                v,
+                np.ascontiguousarray(self.edges_lo[e]),
+                np.ascontiguousarray(self.edges_hi[e]),
+                self.sym,
+                h[p0 - c0 : p1 - c0],
+            )
+        return c0, h
+
+
+@dataclass(frozen=True, eq=False)
+class QuantizeWork:
+    """The quantize pass: quantize a block, write its data chunk (and, for dynamic blocked
+    specs, its parameter chunks) and return its error statistics.
+
+    ``scale``/``zero_point`` are the per-tensor or per-axis parameters; None for blocked
+    specs, whose parameters the block reads from (explicit) or writes to (dynamic) the
+    destination's ``scale``/``zero_point`` arrays."""
+
+    plan: JobPlan
+    source: SourceRef
+    dest: DestRef
+    scale: np.ndarray | None
+    zero_point: np.ndarray | None
+
+    def __call__(self, b: Block) -> ErrorStats:
+        plan = self.plan
+        qt = plan.qt
+        source = self.source.open()
+        data = self.dest.writer("data")
+        stored = data.array.dtype
+        q = scratch("quantized", b.shape, qt.dtype)
+        errs = ErrorStats.empty(plan.block_channels(b))
+        # a dynamic block takes its ranges from all of it; else piece by piece
+        pieces = (
+            [(b.key, read_region(source, b.key))] if plan.dynamic else read_pieces(source, b.key)
+        )
+        for region, x in pieces:
+            rel = _relative(region, b.key)
+            s, z, layout = self._params(region, x)
+            qp = q[rel] if rel else q
+            copy_back = not qp.flags.c_contiguous  # the piece is not a run of the block
+            if copy_back:
+                qp = scratch("quantized-piece", x.shape, qt.dtype)
+            err = self._quantize_piece(x, s, z, layout, qp)
+            if err.nonfinite.any() and plan.spec.nan_policy == "error":
+                raise NonFiniteBlock(b)  # before anything of this block is written
+            if copy_back:
+                q[rel] = qp
+            merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
+            if plan.dynamic:
+                pk = param_region(region, plan.axis, plan.spec.block_size)
+                zp_out = self.dest.writer("zero_point")
+                self.dest.writer("scale")[pk] = np.asarray(s, np.float32)
+                zp_out[pk] = z.astype(zp_out.array.dtype)
+        data[b.key] = q.view(stored) if q.dtype != stored else q
+        return errs
+
+    def _params(self, key: tuple[slice, ...], x: np.ndarray):
+        """(scale, zero_point, layout) for the region ``key`` holding ``x``."""
+        plan = self.plan
+        bs = plan.spec.block_size
+        if plan.dynamic:  # blocked, each parameter block its own range
+            from ..calibration.params import params_from_range
+            from .blockmath import block_slot_ranges
+
+            lo, hi = block_slot_ranges(x, plan.axis, bs)
+            lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
+            s, z = params_from_range(
+                lo, hi, plan.qt, symmetric=plan.spec.symmetric, narrow_range=plan.spec.narrow_range
+            )
+            return s, z, plan_layout(x.shape, s.shape, plan.axis, bs)
+        if plan.axis is None:
+            return (
+                self.scale.reshape(()),
+                self.zero_point.reshape(()),
+                plan_layout(x.shape, (), None, None),
+            )
+        if bs:
+            pk = param_region(key, plan.axis, bs)
+            s = np.asarray(self.dest.array("scale")[pk], np.float32)
+            z = np.asarray(self.dest.array("zero_point")[pk], np.float64)
+            return s, z, plan_layout(x.shape, s.shape, plan.axis, bs)
+        sl = key[plan.axis]
+        s, z = self.scale[sl], self.zero_point[sl]
+        return s, z, plan_layout(x.shape, s.shape, plan.axis, None)
+
+    def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
+        """Quantize ``x`` into ``out`` and return its error statistics; NaN follows the
+        spec's ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
+        from ..core.affine import affine_dequantize, affine_quantize
+        from ..rounding import round_code
+
+        plan = self.plan
+        qt, spec = plan.qt, plan.spec
+        lo_q, hi_q = qt.qrange(spec.narrow_range)
+        affine_quantize(
+            x,
+            s,
+            z,
+            layout,
+            qt,
+            code=round_code(spec.round_mode),
+            narrow_range=spec.narrow_range,
+            out=out,
+        )
+        if qt.is_float:
+            xhat = affine_dequantize(out, s, None, layout, qt)
+            s_e = layout.expand(s).astype(np.float64)
+            z_e = layout.expand(z).astype(np.float64)
+            err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
+        else:
+            err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis)
+        if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
+            nan = np.isnan(x)
+            zp_e = np.broadcast_to(layout.expand(z), x.shape)
+            out[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+        return err
+
+
+@dataclass(frozen=True, eq=False)
+class DequantizeWork:
+    """The dequantize pass: read a block of a quantized group, write it as ``dtype``."""
+
+    source: DestRef  # the quantized group
+    dest: DestRef  # the plain output array (``url`` is the array itself)
+    dtype: str
+
+    def __call__(self, b: Block) -> None:
+        from ..io.stores import ArrayWriter, open_source
+
+        token = self.dest.token
+        arr = _cached((token, "qarray"), self._open_quantized)
+        reader = _cached((token, "qreader"), lambda: open_source(arr.data))
+        writer = _cached((token, "deq-writer"), self._open_writer(ArrayWriter))
+        out_dtype = np.dtype(self.dtype) if self.dtype != "bfloat16" else _bf16()
+        q = reader.view(b.key)  # a mapped uncompressed chunk, else read into a buffer
+        if q is None or not q.flags.c_contiguous:
+            q = reader.read(b.key, out=scratch("q", b.shape, reader.dtype))
+        y = arr.dequantize_region(b.key, q, out_dtype, out=scratch("y", b.shape, out_dtype))
+        writer[b.key] = y.view(writer.array.dtype)
+
+    def _open_quantized(self):
+        from ..io.qarray import open_quantized
+
+        return open_quantized(self.source.url, storage_options=self.source.storage_options)
+
+    def _open_writer(self, cls):
+        def make():
+            import zarr
+
+            from ..io.stores import _store
+
+            store = _store(self.dest.url, mode="w", storage_options=self.dest.storage_options)
+            return cls(zarr.open_array(store=store, mode="r+"))
+
+        return make
+
+
+def _bf16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def check_blocks(plan: JobPlan) -> None:
+    """Refuse plans whose blocks could not be written independently."""
+    if plan.shape and math.prod(plan.shape) and not all(plan.chunks):
+        raise InvalidParameterError(f"bad chunks {plan.chunks} for shape {plan.shape}")

@@ -1,0 +1,441 @@
+"""The on-disk format of qstream's outputs, and the rules for writing them.
+
+A quantized array is a Zarr v3 group::
+
+    dst/            attrs["qstream"] = {"version", "fingerprint", "ready", "complete", "spec",
+      data                             "source", "calibration", "error", "report", ...}
+      scale         float32, the parameter shape ([] per tensor, [C] per axis, blocked shape)
+      zero_point    the type's integer container (float types: float32 zeros)
+      _progress     the resume snapshot of the quantize pass (``qstream.io.progress``)
+
+Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8;
+float8/float4 as their uint8 bit patterns. Per-tensor integer arrays also carry CF
+``scale_factor``/``add_offset`` on ``data``.
+
+Life of an output: the group's metadata is written first, in one write, with the job's
+``fingerprint`` and ``ready: false``; then the member arrays and the parameters; then
+``ready: true``; blocks land; ``complete: true`` is written last. A kill at any moment leaves a
+state the same job resumes from (members not ready are made again; blocks past the progress
+snapshot are written again).
+
+Destination rules (:func:`decide`): qstream replaces only what is provably its own output, and
+only the parts it owns; a destination that holds anything else is refused, whatever
+``overwrite`` says, unless it is empty or a Zarr node (which ``overwrite`` replaces). Local
+destinations are locked (``flock``) while a job writes them, so two processes never write one
+output at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.affine import affine_dequantize
+from ..core.indexing import step1_slices
+from ..core.layout import param_region, plan_layout
+from ..errors import StoreError
+from ..qtypes import qtype
+from ..spec import QuantSpec
+from .chunks import PARTIAL
+from .stores import _store, open_group
+
+FORMAT_VERSION = 2
+MEMBERS = ("data", "scale", "zero_point", "_progress")
+LOCK = ".qstream-lock"
+# Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
+# full pass over the data, and quantized/dequantized chunks are almost never empty.
+WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
+# Chunk files side by side ("c.0.0"), not one directory per chunk row ("c/0/0"): creating a
+# directory costs as much as a file, and a block writes one chunk.
+FLAT_KEYS = {"name": "default", "separator": "."}
+
+
+# --------------------------------------------------------------------------- destinations
+
+
+@dataclass(frozen=True)
+class Existing:
+    """What a destination holds now.
+
+    ``kind``: ``absent``, ``empty``, ``quantized`` (a qstream quantized group),
+    ``checkpoint`` (a converted checkpoint), ``dequantized`` (a qstream dequantize output),
+    ``zarr`` (any other Zarr array or group), ``file`` or ``foreign`` (a directory or store
+    holding other things).
+    """
+
+    kind: str
+    meta: dict | None = None
+
+
+def _is_url(dst) -> bool:
+    return isinstance(dst, str) and "://" in dst and not dst.startswith("file://")
+
+
+def _local(dst) -> str | None:
+    """The local directory of ``dst``, or None (a URL, a zip file, a store object)."""
+    if not isinstance(dst, (str, os.PathLike)) or _is_url(dst):
+        return None
+    p = os.fspath(dst).removeprefix("file://")
+    return None if p.endswith(".zip") else p
+
+
+def _classify_meta(doc: dict) -> Existing:
+    attrs = doc.get("attributes") or {}
+    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream"), dict):
+        return Existing("quantized", attrs["qstream"])
+    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream_checkpoint"), dict):
+        return Existing("checkpoint", attrs["qstream_checkpoint"])
+    q = attrs.get("qstream")
+    if doc.get("node_type") == "array" and isinstance(q, dict) and "dequantized_from" in q:
+        return Existing("dequantized", q)
+    return Existing("zarr")
+
+
+def inspect_destination(dst, storage_options: dict | None = None) -> Existing:
+    """Look at ``dst`` without changing it (see :class:`Existing`)."""
+    local = _local(dst)
+    if local is not None:
+        if not os.path.lexists(local):
+            return Existing("absent")
+        if not os.path.isdir(local):
+            return Existing("file")
+        names = [n for n in os.listdir(local) if n != LOCK and not n.endswith(PARTIAL)]
+        if not names:
+            return Existing("empty")
+        if "zarr.json" in names:
+            try:
+                with open(os.path.join(local, "zarr.json"), "rb") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                return Existing("foreign")
+            return _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
+        if ".zarray" in names or ".zgroup" in names:
+            return Existing("zarr")
+        return Existing("foreign")
+    if isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip") and not _is_url(dst):
+        path = os.fspath(dst).removeprefix("file://")
+        if not os.path.lexists(path):
+            return Existing("absent")
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as zf:
+                doc = json.loads(zf.read("zarr.json"))
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+            return Existing("file")
+        return _classify_meta(doc) if isinstance(doc, dict) else Existing("file")
+    # memory:// and object stores
+    from zarr.core.sync import sync
+
+    store = _store(dst, mode="w", storage_options=storage_options)
+    try:
+        raw = sync(store.get("zarr.json", _prototype()))
+        if raw is not None:
+            doc = json.loads(raw.to_bytes())
+            return _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
+        return Existing("empty") if sync(store.is_empty("")) else Existing("foreign")
+    except (OSError, ValueError) as e:
+        raise StoreError(f"cannot read {dst}: {type(e).__name__}: {e}") from None
+
+
+def _prototype():
+    from zarr.core.buffer import default_buffer_prototype
+
+    return default_buffer_prototype()
+
+
+def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, dst) -> str:
+    """What a job does with a destination: ``create``, ``resume`` (an unfinished output of
+    this job), ``complete`` (this job, finished), ``replace`` (qstream's own output of another
+    job: its members are removed) or ``replace-zarr`` (a Zarr node, with ``overwrite``).
+    Anything else is refused with an error naming the destination and the flag."""
+    kind = existing.kind
+    if kind in ("absent", "empty"):
+        return "create"
+    if kind in ("file", "foreign"):
+        thing = "a file" if kind == "file" else "not empty and is not a Zarr store"
+        raise StoreError(
+            f"{dst} is {thing}; qstream writes only to a new or empty location or over its own"
+            " outputs, and will not delete it (even with overwrite=True): choose another"
+            " destination"
+        )
+    meta = existing.meta or {}
+    ours = kind == what
+    if ours and meta.get("fingerprint") == fingerprint:
+        if overwrite:
+            return "replace"
+        return "complete" if meta.get("complete") else "resume"
+    if overwrite:
+        return "replace" if ours else "replace-zarr"
+    if ours:
+        raise StoreError(
+            f"{dst} holds a different job (other spec, source or format version); pass"
+            " overwrite=True to replace it"
+        )
+    label = {
+        "quantized": "a qstream quantized array",
+        "checkpoint": "a qstream converted checkpoint",
+        "dequantized": "a qstream dequantized array",
+        "zarr": "a Zarr array or group that qstream did not write",
+    }[kind]
+    raise StoreError(f"{dst} exists and is {label}; pass overwrite=True to replace it")
+
+
+def remove_output(dst, existing: Existing, storage_options: dict | None = None) -> None:
+    """Remove what :func:`decide` said to replace: qstream's own members (other files stay)
+    or, for ``replace-zarr``, the whole Zarr node."""
+    local = _local(dst)
+    if existing.kind == "zarr" or existing.kind == "dequantized":
+        members = None  # the whole node
+    elif existing.kind == "checkpoint":
+        tensors = existing.meta.get("tensors", {})
+        members = ["zarr.json", *sorted({n.split("/")[0] for n in tensors})]
+    else:
+        members = ["zarr.json", *MEMBERS]
+    if local is not None:
+        if members is None:
+            for name in os.listdir(local):
+                if name == LOCK:
+                    continue
+                full = os.path.join(local, name)
+                if os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full)
+                else:
+                    os.unlink(full)
+            return
+        for name in members:
+            full = os.path.join(local, name)
+            if os.path.isdir(full) and not os.path.islink(full):
+                shutil.rmtree(full)
+            elif os.path.lexists(full):
+                os.unlink(full)
+        clean_partials(dst)
+        return
+    if isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip"):
+        return  # a zip output is replaced whole when the new one is packed
+    from zarr.core.sync import sync
+
+    store = _store(dst, mode="w", storage_options=storage_options)
+    if members is None:
+        sync(store.delete_dir(""))
+        return
+    for name in members:
+        if name == "zarr.json":
+            sync(store.delete(name))
+        else:
+            sync(store.delete_dir(name))
+
+
+def clean_partials(dst) -> None:
+    """Remove the temporary files of killed writers from a local output (its root and its
+    member arrays): they are never part of a finished output."""
+    local = _local(dst)
+    if local is None or not os.path.isdir(local):
+        return
+    dirs = [local] + [os.path.join(local, m) for m in os.listdir(local)]
+    for d in dirs:
+        if not os.path.isdir(d) or os.path.islink(d):
+            continue
+        for entry in os.scandir(d):
+            if entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+
+
+@contextlib.contextmanager
+def locked(dst):
+    """Hold the write lock of a local destination (made if absent) while the body runs; a
+    second process gets a clear error instead of writing the same output at once. The lock
+    goes with the process: a killed job leaves nothing that blocks the next run."""
+    local = _local(dst)
+    if local is None or os.name != "posix":
+        yield
+        return
+    import fcntl
+
+    try:
+        os.makedirs(local, exist_ok=True)
+        fd = os.open(os.path.join(local, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise StoreError(f"cannot write {dst}: {e.strerror or e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(
+                f"{dst} is being written by another qstream process; wait for it to finish,"
+                " then run again (the job resumes or reports it complete)"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_separate(src_location: str | None, dst, what: str = "destination") -> None:
+    """Refuse a destination equal to, inside, or containing the source."""
+    from .stores import inside, location
+
+    dst_location = location(dst)
+    if inside(dst_location, src_location) or inside(src_location, dst_location):
+        raise StoreError(
+            f"the {what} {dst} overlaps the source {src_location} (the same location, inside it,"
+            " or containing it); write the output somewhere else"
+        )
+
+
+# --------------------------------------------------------------------------- quantized groups
+
+
+def create_group(dst, attrs: dict, storage_options: dict | None = None):
+    """A new Zarr v3 group at ``dst`` whose metadata carries ``attrs`` from its first write."""
+    import zarr
+
+    store = _store(dst, mode="w", storage_options=storage_options)
+    try:
+        return zarr.create_group(store=store, attributes=attrs, zarr_format=3, overwrite=False)
+    except zarr.errors.ContainsGroupError:
+        raise StoreError(f"{dst} was created by another process meanwhile; run again") from None
+    except (PermissionError, OSError) as e:
+        raise StoreError(f"cannot write {dst}: {e}") from None
+
+
+def set_meta(group, meta: dict) -> None:
+    """Replace the group's ``qstream`` attributes (one atomic metadata write)."""
+    try:
+        group.attrs["qstream"] = meta
+    except OSError as e:
+        raise StoreError(f"cannot write the metadata of {group.store_path}: {e}") from None
+
+
+def open_quantized(
+    path, *, allow_incomplete: bool = False, storage_options: dict | None = None
+) -> QuantizedArray:
+    """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab."""
+    group = open_group(path, mode="r", storage_options=storage_options)
+    meta = group.attrs.get("qstream")
+    if not meta or "dequantized_from" in meta:
+        raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
+    if not meta.get("complete") and not allow_incomplete:
+        raise StoreError(
+            f"{path} is incomplete (an interrupted or failed job); re-run the job to resume it,"
+            " or pass allow_incomplete=True to read it anyway"
+        )
+    if not meta.get("ready", True):
+        raise StoreError(f"{path} was interrupted while it was being created; re-run the job")
+    return QuantizedArray(group, meta)
+
+
+class QuantizedArray:
+    """A quantized array on disk, dequantized on indexing (float32)."""
+
+    def __init__(self, group, meta: dict):
+        self.group = group
+        self.meta = meta
+        self.data = group["data"]
+        self.spec = QuantSpec.from_dict(meta["spec"])
+        self.qtype = qtype(self.spec.dtype)
+        self.scale = np.asarray(group["scale"][...], np.float32)
+        self.zero_point = np.asarray(group["zero_point"][...])
+        self.axis = meta.get("axis")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.float32)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def report(self) -> dict:
+        return {k: self.meta.get(k) for k in ("source", "calibration", "error", "report")}
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedArray(shape={self.shape}, dtype={self.spec.dtype},"
+            f" granularity={self.spec.granularity})"
+        )
+
+    def summary(self) -> dict:
+        """Spec, parameter summary, calibration and error report (JSON-ready)."""
+
+        def stats(a):
+            a = np.asarray(a, np.float64).reshape(-1)
+            return {
+                "shape": list(np.shape(a)),
+                "min": float(a.min()) if a.size else 0.0,
+                "max": float(a.max()) if a.size else 0.0,
+            }
+
+        return {
+            "shape": list(self.shape),
+            "dtype": self.spec.dtype,
+            "granularity": self.spec.granularity,
+            "axis": self.axis,
+            "block_size": self.spec.block_size,
+            "method": self.spec.method if self.spec.scale is None else "explicit",
+            "symmetric": self.spec.symmetric,
+            "round_mode": self.spec.round_mode,
+            "complete": bool(self.meta.get("complete")),
+            "scale": {**stats(self.scale), "shape": list(self.scale.shape)},
+            "zero_point": {**stats(self.zero_point), "shape": list(self.zero_point.shape)},
+            "calibration": self.meta.get("calibration"),
+            "error": self.meta.get("error"),
+            "source": self.meta.get("source"),
+        }
+
+    def quantized(self, key=...) -> np.ndarray:
+        """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
+        raw = np.asarray(self.data[key])
+        return raw.view(self.qtype.dtype) if raw.dtype != self.qtype.dtype else raw
+
+    def __array__(self, dtype=None, copy=None):
+        y = self[...]
+        return y if dtype is None else y.astype(dtype)
+
+    def __getitem__(self, key) -> np.ndarray:
+        key, squeeze = step1_slices(key, self.shape)
+        y = self.dequantize_region(key, self.quantized(key))
+        return y.reshape([d for d, sq in zip(y.shape, squeeze, strict=True) if not sq])
+
+    def dequantize_region(self, key, q, dtype=np.float32, out=None) -> np.ndarray:
+        """Dequantize ``q``, the stored values of the region ``key`` (a tuple of step-1
+        slices), with the parameters that region uses; ``out`` optionally receives it."""
+        q = q.view(self.qtype.dtype) if q.dtype != self.qtype.dtype else q
+        if self.axis is None:
+            s, z = self.scale.reshape(()), self.zero_point.reshape(()).astype(np.float64)
+            layout = plan_layout(q.shape, (), None, None)
+        else:
+            bs = self.spec.block_size
+            k = self.axis
+            if bs and key[k].start % bs == 0:  # the region starts on a parameter block
+                pk = param_region(key, k, bs)
+                s, z = self.scale[pk], self.zero_point[pk].astype(np.float64)
+                layout = plan_layout(q.shape, s.shape, k, bs)
+            elif bs:  # an arbitrary slice: the parameters element by element (slow path)
+                idx = np.arange(key[k].start, key[k].stop)
+                pk = tuple(slice(None) if d == k else key[d] for d in range(self.ndim))
+                s = np.take(self.scale[pk], idx // bs, axis=k)
+                z = np.take(self.zero_point[pk], idx // bs, axis=k)
+                y = (q.astype(np.float32) - z.astype(np.float32)) * s
+                if out is None:
+                    return y.astype(dtype, copy=False)
+                out[...] = y
+                return out
+            else:
+                idx = slice(key[k].start, key[k].stop)
+                s, z = self.scale[idx], self.zero_point[idx].astype(np.float64)
+                layout = plan_layout(q.shape, s.shape, k, None)
+        return affine_dequantize(q, s, z, layout, self.qtype, np.dtype(dtype), out=out)
