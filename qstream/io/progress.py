@@ -14,6 +14,7 @@ have landed too: a resumed job writes them again, with the same bytes.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import fields
 
@@ -23,7 +24,8 @@ from ..spec import ErrorStats
 
 NAME = "_progress"
 _FIELDS = [f.name for f in fields(ErrorStats)]
-SAVE_EVERY = 1.0  # seconds between snapshots
+# seconds between snapshots: a crash redoes at most this much work (0: after every block)
+SAVE_EVERY = float(os.environ.get("QSTREAM_PROGRESS_EVERY", "1.0"))
 
 
 class ProgressLog:

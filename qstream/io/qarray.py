@@ -237,14 +237,19 @@ def clean_partials(dst) -> None:
     local = _local(dst)
     if local is None or not os.path.isdir(local):
         return
-    dirs = [local] + [os.path.join(local, m) for m in os.listdir(local)]
-    for d in dirs:
-        if not os.path.isdir(d) or os.path.islink(d):
-            continue
-        for entry in os.scandir(d):
-            if entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
+    _remove_partials(local, recurse=False)
+    for name in MEMBERS:
+        if os.path.isdir(os.path.join(local, name)):
+            _remove_partials(os.path.join(local, name), recurse=True)
+
+
+def _remove_partials(directory: str, *, recurse: bool) -> None:
+    for entry in os.scandir(directory):
+        if entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        elif recurse and entry.is_dir(follow_symlinks=False):
+            _remove_partials(entry.path, recurse=True)
 
 
 @contextlib.contextmanager

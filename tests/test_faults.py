@@ -1,0 +1,255 @@
+"""Real faults: a job killed with SIGKILL at many points (from the group's creation to after
+the last chunk), a full disk, two processes starting one job at once. Every interrupted job,
+re-run with the same command, must leave the bytes and the report of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import qstream as qs
+
+# The child runs one job. With KILL_AT=n it SIGKILLs itself at the n-th write event: just
+# before or just after each atomic rename (every chunk, metadata and snapshot write of
+# qstream and of zarr's local store goes through one), so every state a kill can leave on
+# disk between two writes is reached, including the creation of the group.
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, threading
+    import qstream as qs
+
+    kill_at = int(os.environ.get("KILL_AT", "-1"))
+    count = [0]
+    lock = threading.Lock()
+    real_replace = os.replace
+
+    def event():
+        with lock:
+            n = count[0]
+            count[0] += 1
+        if n == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def replace(a, b, *args, **kw):
+        event()
+        real_replace(a, b, *args, **kw)
+        event()
+
+    os.replace = replace
+    src, dst, spec, max_memory = json.loads(sys.argv[1])
+    report = qs.quantize_store(src, dst, qs.QuantSpec.from_dict(spec), max_memory=max_memory)
+    print(json.dumps({"report": report.to_dict(), "events": count[0]}))
+    """
+)
+
+SPECS = {
+    "per-axis": {"dtype": "int8", "axis": 0},
+    "per-tensor-percentile": {"dtype": "uint8", "method": "percentile", "symmetric": False},
+    "blocked-dynamic": {"dtype": "int4", "axis": 1, "block_size": 32, "method": "dynamic"},
+}
+
+
+def _env():
+    env = {**os.environ, "QSTREAM_PROGRESS_EVERY": "0"}  # a snapshot after every block
+    env.pop("KILL_AT", None)
+    return env
+
+
+def _child(src, dst, spec, kill_at=None, max_memory=1 << 20):
+    env = _env()
+    if kill_at is not None:
+        env["KILL_AT"] = str(kill_at)
+    args = json.dumps([str(src), str(dst), spec, max_memory])
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def _source(tmp_path: Path, shape=(256, 512), chunks=(16, 512)) -> Path:
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * np.exp(rng.normal(0, 0.5, (shape[0], 1)))).astype(np.float32)
+    path = tmp_path / "src.zarr"
+    a = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype="float32")
+    a[...] = x
+    return path
+
+
+def _contents(dst: Path) -> dict:
+    g = zarr.open_group(str(dst), mode="r")
+    meta = g.attrs["qstream"]
+    return {
+        "data": np.asarray(g["data"][...]),
+        "scale": np.asarray(g["scale"][...]),
+        "zero_point": np.asarray(g["zero_point"][...]),
+        "complete": meta["complete"],
+        "error": meta["error"],
+        "calibration": meta["calibration"],
+    }
+
+
+def _same(a: dict, b: dict) -> None:
+    for k in ("data", "scale", "zero_point"):
+        np.testing.assert_array_equal(a[k], b[k])
+        assert a[k].dtype == b[k].dtype
+    assert a["complete"] is b["complete"] is True
+    assert a["error"] == b["error"]  # float sums folded in the same order: same bits
+    assert a["calibration"] == b["calibration"]
+
+
+def _no_leftovers(dst: Path) -> None:
+    left = [p for p in dst.rglob("*") if p.name.endswith(".partial")]
+    assert not left, left
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_sigkill_at_every_kind_of_moment_then_rerun_gives_the_uninterrupted_bytes_and_report(
+    tmp_path, name
+):
+    spec = SPECS[name]
+    src = _source(tmp_path)
+    ref = _child(src, tmp_path / "ref.zarr", spec)
+    assert ref.returncode == 0, ref.stderr
+    events = json.loads(ref.stdout)["events"]
+    want = _contents(tmp_path / "ref.zarr")
+    ref_report = json.loads(ref.stdout)["report"]
+    # the first events (the group's creation window), the last ones (after the last chunk,
+    # around the final metadata write), and points spread over the passes between
+    points = sorted(
+        {0, 1, 2, 3, 4, 5, events // 3, events // 2, events - 3, events - 2, events - 1}
+    )
+    if name == "per-axis":
+        points = sorted(set(points) | set(range(6, events, max(1, events // 12))))
+    resumed = 0
+    for n in points:
+        dst = tmp_path / f"k{n}.zarr"
+        killed = _child(src, dst, spec, kill_at=n)
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
+        finished = False
+        if (dst / "zarr.json").exists():  # an output that is not finished says so
+            meta = json.loads((dst / "zarr.json").read_text())["attributes"]["qstream"]
+            finished = meta["complete"]  # killed after its last write
+            if not finished:
+                with pytest.raises(qs.StoreError, match=r"incomplete|interrupted"):
+                    qs.open_quantized(dst)
+        again = _child(src, dst, spec)
+        assert again.returncode == 0, (n, again.stderr[-2000:])
+        report = json.loads(again.stdout)["report"]
+        assert report["already_complete"] == finished
+        resumed += report["resumed_blocks"] > 0
+        _same(_contents(dst), want)
+        for key in ("error", "calibration", "bytes_written", "spec", "source"):
+            assert report[key] == ref_report[key], (n, key)
+        _no_leftovers(dst)
+    assert resumed >= 2  # some runs really started from a snapshot, not from scratch
+
+
+def test_sigkill_at_random_times_then_rerun_gives_the_uninterrupted_bytes_and_report(tmp_path):
+    _random_kills(tmp_path, int(os.environ.get("QSTREAM_RANDOM_KILLS", "4")))
+
+
+@pytest.mark.slow
+def test_sigkill_at_twenty_random_times(tmp_path):
+    _random_kills(tmp_path, 20)
+
+
+def _random_kills(tmp_path, n: int) -> None:
+    spec = {"dtype": "int8", "axis": 0, "method": "percentile"}
+    src = _source(tmp_path, shape=(2048, 2048), chunks=(64, 2048))
+    t0 = time.perf_counter()
+    ref = _child(src, tmp_path / "ref.zarr", spec)
+    span = time.perf_counter() - t0
+    assert ref.returncode == 0, ref.stderr
+    want = _contents(tmp_path / "ref.zarr")
+    rng = random.Random(7)
+    env = _env()
+    args = json.dumps([str(src), "", spec, 1 << 20])
+    for i in range(n):
+        dst = tmp_path / f"r{i}.zarr"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, args.replace('""', json.dumps(str(dst)))],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.0, span))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        again = _child(src, dst, spec)
+        assert again.returncode == 0, again.stderr[-2000:]
+        _same(_contents(dst), want)
+        _no_leftovers(dst)
+
+
+def test_two_processes_starting_one_job_end_with_the_same_complete_output(tmp_path):
+    src = _source(tmp_path, shape=(1024, 1024), chunks=(32, 1024))
+    spec = {"dtype": "int8", "axis": 0, "method": "entropy"}
+    ref = _child(src, tmp_path / "ref.zarr", spec)
+    want = _contents(tmp_path / "ref.zarr")
+    dst = tmp_path / "both.zarr"
+    args = json.dumps([str(src), str(dst), spec, 1 << 20])
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, args],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert ref.returncode == 0 and 0 in codes, outs
+    for code, (_, err) in zip(codes, outs, strict=True):
+        if code:  # refused, with a message, not a raw zarr exception
+            assert "being written by another qstream process" in err, err
+            assert "zarr.errors" not in err
+    _same(_contents(dst), want)
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.name != "posix" or os.geteuid() != 0:
+        return False
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    return r.returncode == 0
+
+
+def test_full_disk_fails_clearly_leaves_nothing_complete_and_resumes_when_space_returns(tmp_path):
+    src = _source(tmp_path, shape=(512, 1024), chunks=(32, 1024))  # 2 MiB, int8 output 512 KiB
+    spec = {"dtype": "int8", "axis": 0}
+    assert _child(src, tmp_path / "ref.zarr", spec).returncode == 0
+    want = _contents(tmp_path / "ref.zarr")
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "300k"):
+        pytest.skip("cannot mount a small tmpfs here (needs root): no full disk to test with")
+    try:
+        dst = disk / "q.zarr"
+        full = _child(src, dst, spec)
+        assert full.returncode == 1, full.stderr[-2000:]
+        assert "No space left on device" in full.stderr and str(dst) in full.stderr
+        assert "Traceback" in full.stderr  # the API raises; the message is the StoreError's
+        assert "qstream.errors.StoreError" in full.stderr
+        with pytest.raises(qs.StoreError, match=r"incomplete|interrupted"):
+            qs.open_quantized(dst)
+        r = subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], capture_output=True)
+        assert r.returncode == 0, r.stderr
+        again = _child(src, dst, spec)
+        assert again.returncode == 0, again.stderr[-2000:]
+        _same(_contents(dst), want)
+        _no_leftovers(dst)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
