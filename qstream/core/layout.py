@@ -80,6 +80,8 @@ def normalize_axis(axis: int, ndim: int) -> int:
     """``axis`` in ``[-ndim, ndim)`` made non-negative, else an error naming both."""
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
         raise InvalidParameterError(f"axis must be an integer, got {axis!r}")
+    if ndim == 0:
+        raise InvalidParameterError(f"a 0-d array has no axis to quantize along (got axis {axis})")
     if not -ndim <= axis < ndim:
         raise InvalidParameterError(
             f"axis {axis} is out of range for an array of rank {ndim} (valid: {-ndim}..{ndim - 1})"

@@ -54,6 +54,7 @@ def convert(
     tensors = open_checkpoint(checkpoint)
     source = location(checkpoint) or str(checkpoint)
     qarray.check_separate(source, dst)
+    qarray.check_writable(dst)
     with qarray.locked(dst):
         return _convert(
             tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress

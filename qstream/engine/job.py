@@ -289,6 +289,7 @@ class QuantizeJob:
         """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
         t0 = time.perf_counter()
         qarray.check_separate(self.source.description.get("path"), dst)
+        qarray.check_writable(dst)
         try:
             if _is_zip(dst):
                 return self._run_zip(dst, t0, progress, overwrite)
@@ -392,7 +393,7 @@ class QuantizeJob:
             group.create_array(
                 "data",
                 shape=plan.shape,
-                chunks=plan.chunks or None,
+                chunks=plan.chunks,
                 dtype=store_dtype,
                 fill_value=0,
                 compressors=source.compressors,
@@ -535,6 +536,7 @@ def dequantize(
     out_dtype = float_dtype(dtype)
     src_loc = location(src)
     qarray.check_separate(src_loc, dst)
+    qarray.check_writable(dst)
     h = hashlib.sha256(json.dumps([src_loc, arr.meta.get("fingerprint"), out_dtype.name]).encode())
     fp = h.hexdigest()[:32]
     existing = qarray.inspect_destination(dst, storage_options)
@@ -569,7 +571,7 @@ def dequantize(
             out = zarr.create_array(
                 store,
                 shape=arr.shape,
-                chunks=arr.data.chunks or None,
+                chunks=arr.data.chunks,
                 dtype=stored,
                 fill_value=0,
                 compressors=arr.data.compressors,

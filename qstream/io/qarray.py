@@ -281,6 +281,24 @@ def locked(dst):
         os.close(fd)
 
 
+def check_writable(dst) -> None:
+    """Refuse, before any work, a local destination that cannot be made: its nearest existing
+    ancestor is a file, or a directory this process may not write."""
+    local = _local(dst)
+    if local is None:
+        return
+    path = os.path.abspath(local)
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        path = parent
+    if path != os.path.abspath(local) and not os.path.isdir(path):
+        raise StoreError(f"cannot write {dst}: {path} is a file, not a directory")
+    if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
+        raise StoreError(f"cannot write {dst}: permission denied on {path}")
+
+
 def check_separate(src_location: str | None, dst, what: str = "destination") -> None:
     """Refuse a destination equal to, inside, or containing the source."""
     from .stores import inside, location
