@@ -372,9 +372,11 @@ def child_profile(a: dict) -> dict:
     import numba
 
     import qstream as qs
-    from qstream.api import stores
+    from qstream.core import affine
+    from qstream.engine import work
+    from qstream.engine.job import QuantizeJob
     from qstream.io import stores as io_stores
-    from qstream.io.progress import BlockProgress
+    from qstream.io.progress import ProgressLog
 
     spec_kwargs, kw = QSPECS[a["target"]]
     _warm_qstream(spec_kwargs)
@@ -397,14 +399,14 @@ def child_profile(a: dict) -> dict:
     passes: collections.Counter = collections.Counter()
     timed(io_stores.Source, "view", "map source piece")
     timed(io_stores.Source, "read", "read/decode source piece")
-    timed(stores, "block_ranges", "range kernel")
-    timed(stores, "affine_quantize", "quantize kernel")
-    timed(stores, "block_errors_fused", "error kernel")
+    timed(work, "block_ranges", "range kernel")
+    timed(affine, "affine_quantize", "quantize kernel")
+    timed(work, "block_errors_fused", "error kernel")
     timed(io_stores.ArrayWriter, "__setitem__", "write chunk")
-    timed(BlockProgress, "mark", "progress mark")
-    timed(stores._Job, "stats", "pass: ranges", passes)
-    timed(stores._Job, "_histograms", "pass: histograms", passes)
-    timed(stores._Job, "_quantize_pass", "pass: quantize", passes)
+    timed(ProgressLog, "save", "progress snapshot")
+    timed(QuantizeJob, "ranges", "pass: ranges", passes)
+    timed(QuantizeJob, "_histogram_ranges", "pass: histograms", passes)
+    timed(QuantizeJob, "_quantize_pass", "pass: quantize", passes)
     from qstream.kernels import runtime, stats
 
     real_run = runtime.run

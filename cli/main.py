@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from qstream.qtypes import QTYPES
+import qstream
 
 app = typer.Typer(
     name="qstream",
@@ -27,7 +27,7 @@ app = typer.Typer(
 )
 _state = {"debug": False}
 
-DTYPES = ", ".join(QTYPES)
+DTYPES = ", ".join(qstream.QTYPES)
 
 
 @app.callback()
@@ -78,7 +78,7 @@ def _fail(message: str, code: int):
 @contextmanager
 def _errors():
     """Map library errors to one line and an exit code."""
-    from qstream.errors import InvalidDTypeError, InvalidParameterError, QStreamError
+    from qstream import InvalidDTypeError, InvalidParameterError, QStreamError
 
     try:
         yield
