@@ -10,7 +10,6 @@ run blocks in this process's threads or hand them to other processes.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,6 @@ import numpy as np
 
 from ..core.layout import param_region, plan_layout
 from ..core.scratch import scratch
-from ..errors import InvalidParameterError
 from ..qtypes import QType, qtype
 from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
 from .blockmath import block_errors, block_errors_fused, block_ranges, channel_view
@@ -388,9 +386,3 @@ def _bf16() -> np.dtype:
     import ml_dtypes
 
     return np.dtype(ml_dtypes.bfloat16)
-
-
-def check_blocks(plan: JobPlan) -> None:
-    """Refuse plans whose blocks could not be written independently."""
-    if plan.shape and math.prod(plan.shape) and not all(plan.chunks):
-        raise InvalidParameterError(f"bad chunks {plan.chunks} for shape {plan.shape}")
