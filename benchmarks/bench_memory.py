@@ -156,7 +156,9 @@ def mib(x) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-rows", type=int, default=65536, help="rows of 4096 float32 (65536 = 1 GiB)")
+    ap.add_argument(
+        "--size-rows", type=int, default=65536, help="rows of 4096 float32 (65536 = 1 GiB)"
+    )
     ap.add_argument("--cases", default="", help=f"comma list of: {','.join(CASES)} (default all)")
     ap.add_argument("--out", default="", help="write all rows as JSON here")
     ap.add_argument("--workdir", default="/tmp/qstream-bench-mem", help="source data cache")
@@ -178,25 +180,39 @@ def main() -> int:
     nbytes = args.size_rows * COLS * 4
     t_start = time.perf_counter()
     build_s = build_source(src, args.size_rows)
-    print(f"source {src}: ({args.size_rows}, {COLS}) float32, {nbytes / MiB:.0f} MiB"
-          + (f", built in {build_s:.1f} s" if build_s else " (cached)"), flush=True)
+    print(
+        f"source {src}: ({args.size_rows}, {COLS}) float32, {nbytes / MiB:.0f} MiB"
+        + (f", built in {build_s:.1f} s" if build_s else " (cached)"),
+        flush=True,
+    )
 
     if not args.no_warmup:
         for name in names:
             d = tempfile.mkdtemp(prefix="qstream-bench-warm-", dir="/tmp")
-            r = run_child(WARMUP.format(dst=os.path.join(d, "out"), spec=CASES[name], maxmem=None),
-                          args.timeout)
+            r = run_child(
+                WARMUP.format(dst=os.path.join(d, "out"), spec=CASES[name], maxmem=None),
+                args.timeout,
+            )
             shutil.rmtree(d, ignore_errors=True)
-            print(f"warm-up {name}: {'ok' if r['ok'] else 'FAILED ' + r['error']} "
-                  f"({r['wall_s']:.1f} s)", flush=True)
+            print(
+                f"warm-up {name}: {'ok' if r['ok'] else 'FAILED ' + r['error']} "
+                f"({r['wall_s']:.1f} s)",
+                flush=True,
+            )
 
     base = run_child(BASELINE, args.timeout)
     base_mb = base["vmhwm_kb"] / 1024 if base.get("ok") else None
-    print(f"baseline (imports only): VmHWM "
-          + (f"{base_mb:.1f} MiB" if base_mb is not None else "FAILED " + base["error"]), flush=True)
+    print(
+        "baseline (imports only): VmHWM "
+        + (f"{base_mb:.1f} MiB" if base_mb is not None else "FAILED " + base["error"]),
+        flush=True,
+    )
 
     rows = []
-    hdr = f"{'case':<18} {'max_memory':>10} {'VmHWM MiB':>10} {'-max_mem':>9} {'seconds':>8} {'passes':>6}"
+    hdr = (
+        f"{'case':<18} {'max_memory':>10} {'VmHWM MiB':>10} {'-max_mem':>9}"
+        f" {'seconds':>8} {'passes':>6}"
+    )
     print(hdr, flush=True)
     for name in names:
         for mm in MAXMEMS:
@@ -211,38 +227,61 @@ def main() -> int:
                 row["over_mb"] = row["vmhwm_mb"] - bound / MiB
                 row["exceeds_slack"] = row["over_mb"] > args.slack
                 flag = " !" if row["exceeds_slack"] else ""
-                print(f"{name:<18} {mib(mm):>10} {row['vmhwm_mb']:>10.1f} {row['over_mb']:>9.1f} "
-                      f"{r['seconds']:>8.1f} {r['passes']:>6}{flag}", flush=True)
+                print(
+                    f"{name:<18} {mib(mm):>10} {row['vmhwm_mb']:>10.1f} {row['over_mb']:>9.1f} "
+                    f"{r['seconds']:>8.1f} {r['passes']:>6}{flag}",
+                    flush=True,
+                )
             else:
                 print(f"{name:<18} {mib(mm):>10} FAILED: {r['error']}", flush=True)
             rows.append(row)
 
     bad = [r for r in rows if r.get("exceeds_slack")]
     failed = [r for r in rows if not r["ok"]]
-    print(f"\nabove max_memory + {args.slack:.0f} MiB: "
-          + (", ".join(f"{r['case']}@{mib(r['max_memory'])}" for r in bad) or "none"))
+    print(
+        f"\nabove max_memory + {args.slack:.0f} MiB: "
+        + (", ".join(f"{r['case']}@{mib(r['max_memory'])}" for r in bad) or "none")
+    )
     if failed:
         print("failed: " + ", ".join(f"{r['case']}@{mib(r['max_memory'])}" for r in failed))
     total = time.perf_counter() - t_start
     print(f"total {total:.0f} s")
 
     if args.out:
-        import numpy, numba, zarr  # noqa: E401
-
+        import numba
+        import numpy
+        import zarr
         from _common import git_state
 
         meta = {
-            "python": sys.version, "platform": platform.platform(), "cpus": os.cpu_count(),
-            "numpy": numpy.__version__, "numba": numba.__version__, "zarr": zarr.__version__,
-            "git": git_state(), "args": vars(args), "source": src, "source_bytes": nbytes,
-            "shape": [args.size_rows, COLS], "chunks": [CHUNK_ROWS, COLS],
-            "numba_cache_dir": NUMBA_CACHE, "warmup": not args.no_warmup,
+            "python": sys.version,
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "numpy": numpy.__version__,
+            "numba": numba.__version__,
+            "zarr": zarr.__version__,
+            "git": git_state(),
+            "args": vars(args),
+            "source": src,
+            "source_bytes": nbytes,
+            "shape": [args.size_rows, COLS],
+            "chunks": [CHUNK_ROWS, COLS],
+            "numba_cache_dir": NUMBA_CACHE,
+            "warmup": not args.no_warmup,
             "units": "MiB (2**20 bytes); *_kb as in /proc (KiB)",
         }
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "baseline": {**base, "vmhwm_mb": base_mb}, "rows": rows,
-                       "exceeding": [[r["case"], r["max_memory"]] for r in bad],
-                       "total_seconds": total}, f, indent=1)
+            json.dump(
+                {
+                    "meta": meta,
+                    "baseline": {**base, "vmhwm_mb": base_mb},
+                    "rows": rows,
+                    "exceeding": [[r["case"], r["max_memory"]] for r in bad],
+                    "total_seconds": total,
+                },
+                f,
+                indent=1,
+            )
         print(f"wrote {args.out}")
     return 1 if failed else 0
 

@@ -373,7 +373,7 @@ def child_profile(a: dict) -> dict:
 
     import qstream as qs
     from qstream.core import affine
-    from qstream.engine import work
+    from qstream.engine import pipeline, work
     from qstream.engine.job import QuantizeJob
     from qstream.io import stores as io_stores
     from qstream.io.progress import ProgressLog
@@ -437,7 +437,7 @@ def child_profile(a: dict) -> dict:
         "cpu_s": cpu,
         "target": a["target"],
         "passes": rep.passes,
-        "workers": stores.pipeline.default_workers(),
+        "workers": pipeline.default_workers(),
         "kernel_threads": numba.get_num_threads(),
         "pass_seconds": dict(passes),
         "step_thread_seconds": dict(steps.most_common()),
