@@ -163,7 +163,7 @@ def main() -> int:
     ap.add_argument("--out", default="", help="write all rows as JSON here")
     ap.add_argument("--workdir", default="/tmp/qstream-bench-mem", help="source data cache")
     ap.add_argument("--slack", type=float, default=250.0, help="MiB allowed above max_memory")
-    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
+    ap.add_argument("--timeout", type=float, default=10800.0, help="seconds per child")
     ap.add_argument("--no-warmup", action="store_true", help="skip the kernel-compiling warm-up")
     args = ap.parse_args()
 

@@ -189,6 +189,57 @@ _NAN = typer.Option("error", "--nan-policy", help="error, zero_point or min.")
 _MEM = typer.Option(None, "--max-memory", help="Working-memory bound, e.g. 512MiB.")
 _JSON = typer.Option(False, "--json", help="Print one machine-readable report on stdout.")
 _QUIET = typer.Option(False, "--quiet", "-q", help="No progress, no tables.")
+_SCHED = typer.Option(
+    None,
+    "--scheduler",
+    help="Run the blocks on a Dask cluster: its scheduler address (tcp://host:8786), or"
+    " local:N to start N local worker processes for this run. Paths must be shared by all"
+    " workers (or object-store URLs).",
+)
+_STORE = typer.Option(
+    "fsspec", "--store", help="How URLs (s3://, gs://, ...) are opened: fsspec or obstore."
+)
+
+
+@contextmanager
+def _executor(scheduler: str | None):
+    """The executor ``--scheduler`` names (None: this process's threads)."""
+    if not scheduler:
+        yield None
+        return
+    try:
+        import distributed
+    except ImportError:
+        raise typer.BadParameter("--scheduler needs Dask: pip install 'qstream[dask]'") from None
+    import qstream as qs
+
+    if scheduler.startswith("local:"):
+        try:
+            n = int(scheduler.removeprefix("local:"))
+            if n < 1:
+                raise ValueError
+        except ValueError:
+            raise typer.BadParameter(
+                f"--scheduler local:N needs a number of workers >= 1, not {scheduler!r}"
+            ) from None
+        with (
+            distributed.LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=40,
+            ) as cluster,
+            distributed.Client(cluster) as client,
+        ):
+            yield qs.DaskExecutor(client)
+        return
+    try:
+        client = distributed.Client(scheduler, timeout="10s")
+    except OSError as e:
+        raise qs.StoreError(f"cannot reach the Dask scheduler at {scheduler}: {e}") from None
+    with client:
+        yield qs.DaskExecutor(client)
 
 
 @app.command()
@@ -211,6 +262,8 @@ def quantize(
     ),
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
+    scheduler: str | None = _SCHED,
+    store: str = _STORE,
 ):
     """Quantize a Zarr array into a quantized group."""
     with _errors():
@@ -228,9 +281,16 @@ def quantize(
             scale=scale,
             zero_point=zero_point,
         )
-        with _progress("quantize", quiet or as_json) as cb:
+        with _executor(scheduler) as ex, _progress("quantize", quiet or as_json) as cb:
             report = qs.quantize_store(
-                src, dst, spec, max_memory=_size(max_memory), progress=cb, overwrite=overwrite
+                src,
+                dst,
+                spec,
+                max_memory=_size(max_memory),
+                progress=cb,
+                overwrite=overwrite,
+                executor=ex,
+                store=store,
             )
         if as_json:
             typer.echo(json.dumps(report.to_dict()))
@@ -263,6 +323,8 @@ def dequantize(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace DST."),
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
+    scheduler: str | None = _SCHED,
+    store: str = _STORE,
 ):
     """Dequantize a quantized group into a plain Zarr array."""
     with _errors():
@@ -270,7 +332,7 @@ def dequantize(
 
         if dtype not in ("float32", "float16", "bfloat16"):
             raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
-        with _progress("dequantize", quiet or as_json) as cb:
+        with _executor(scheduler) as ex, _progress("dequantize", quiet or as_json) as cb:
             report = qs.dequantize_store(
                 src,
                 dst,
@@ -278,6 +340,8 @@ def dequantize(
                 max_memory=_size(max_memory),
                 progress=cb,
                 overwrite=overwrite,
+                executor=ex,
+                store=store,
             )
         if as_json:
             typer.echo(json.dumps(report))
@@ -303,6 +367,8 @@ def calibrate(
     max_memory: str | None = _MEM,
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
+    scheduler: str | None = _SCHED,
+    store: str = _STORE,
 ):
     """Gather statistics and print the scale / zero point a spec gives (writes nothing)."""
     with _errors():
@@ -316,8 +382,10 @@ def calibrate(
             method=method,
             percentile=percentile,
         )
-        with _progress("calibrate", quiet or as_json) as cb:
-            cal = qs.calibrate(src, spec, max_memory=_size(max_memory), progress=cb)
+        with _executor(scheduler) as ex, _progress("calibrate", quiet or as_json) as cb:
+            cal = qs.calibrate(
+                src, spec, max_memory=_size(max_memory), progress=cb, executor=ex, store=store
+            )
         if as_json:
             typer.echo(json.dumps(cal.to_dict()))
             return
@@ -391,6 +459,7 @@ def convert(
     ),
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
+    scheduler: str | None = _SCHED,
 ):
     """Quantize a model checkpoint tensor by tensor, per a recipe."""
     with _errors():
@@ -411,14 +480,16 @@ def convert(
                 f" -> {_fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        report = qs.convert_checkpoint(
-            checkpoint,
-            dst,
-            rec,
-            max_memory=_size(max_memory),
-            overwrite=overwrite,
-            on_tensor=on_tensor,
-        )
+        with _executor(scheduler) as ex:
+            report = qs.convert_checkpoint(
+                checkpoint,
+                dst,
+                rec,
+                max_memory=_size(max_memory),
+                overwrite=overwrite,
+                on_tensor=on_tensor,
+                executor=ex,
+            )
         if as_json:
             typer.echo(json.dumps(report))
             return

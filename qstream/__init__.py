@@ -32,6 +32,9 @@ _EXPORTS = {
     "InvalidDTypeError": "qstream.errors",
     "NonFiniteInputError": "qstream.errors",
     "StoreError": "qstream.errors",
+    "LocalExecutor": "qstream.engine.executors",
+    "DaskExecutor": "qstream.engine.dask",
+    "QstreamWorkerPlugin": "qstream.engine.dask",
 }
 _SUBMODULES = ("compat",)
 

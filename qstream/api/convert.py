@@ -19,6 +19,7 @@ def convert_checkpoint(
     overwrite: bool = False,
     on_tensor: Callable[[TensorEvent], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    executor=None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -27,6 +28,8 @@ def convert_checkpoint(
     Zarr group with one quantized group (or kept array) per tensor; the destination rules of
     :func:`qstream.quantize_store` apply to it. A re-run of the same conversion resumes.
     ``on_tensor`` is called before and after each tensor; ``progress(done, total)`` per block.
+    ``executor``: see :func:`qstream.quantize_store` (with a cluster, the checkpoint and
+    ``dst`` must be on a filesystem every worker shares).
     """
     return convert(
         checkpoint,
@@ -36,4 +39,5 @@ def convert_checkpoint(
         overwrite=overwrite,
         on_tensor=on_tensor,
         progress=progress,
+        executor=executor,
     )

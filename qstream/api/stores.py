@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from ..engine.job import QuantizeJob
 from ..engine.job import dequantize as _dequantize
+from ..io.stores import with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 
 
@@ -17,13 +18,22 @@ def calibrate(
     max_memory: int | None = None,
     progress: Callable | None = None,
     storage_options: dict | None = None,
+    executor=None,
+    store: str | None = None,
 ) -> Calibration:
     """Gather statistics from ``src`` and derive the scale/zero point ``spec`` asks for
-    (writes nothing)."""
+    (writes nothing). ``executor`` and ``store``: see :func:`quantize_store`."""
     job = QuantizeJob(
-        src, spec or QuantSpec(), max_memory=max_memory, storage_options=storage_options
+        with_backend(src, store, storage_options, read_only=True),
+        spec or QuantSpec(),
+        max_memory=max_memory,
+        storage_options=storage_options,
+        executor=executor,
     )
-    return job.calibration(progress)
+    try:
+        return job.calibration(progress)
+    finally:
+        job.close()
 
 
 def quantize_store(
@@ -36,6 +46,8 @@ def quantize_store(
     overwrite: bool = False,
     resume: bool = True,
     storage_options: dict | None = None,
+    executor=None,
+    store: str | None = None,
 ) -> QuantReport:
     """Quantize the array ``src`` into the quantized group ``dst``.
 
@@ -51,10 +63,26 @@ def quantize_store(
     with ``already_complete=True``. ``overwrite=True`` replaces another job's output or a
     Zarr node; a destination holding anything else (files, a non-Zarr directory) is always
     refused. A local destination is locked while a job writes it.
+
+    ``executor``: where the blocks run: None or ``"local"`` (this process's threads),
+    ``"dask"`` (the current ``distributed`` client) or ``qstream.DaskExecutor(client=...,
+    kernel_threads=1, blocks_per_task=None)``. A cluster run writes the same bytes and the
+    same report as a local one; its source and destination must be reachable from every
+    worker (a shared filesystem or an object store; not ``memory://``, ``.zip`` or NumPy).
+
+    ``store``: how URLs are opened: ``"fsspec"`` (default; ``storage_options`` are fsspec's,
+    e.g. ``key``, ``secret``, ``client_kwargs``) or ``"obstore"`` (``storage_options`` are
+    obstore's config, e.g. ``endpoint``, ``access_key_id``, ``region``). ``src``/``dst`` may
+    also be ready ``zarr`` store objects.
     """
     job = QuantizeJob(
-        src, spec or QuantSpec(), max_memory=max_memory, storage_options=storage_options
+        with_backend(src, store, storage_options, read_only=True),
+        spec or QuantSpec(),
+        max_memory=max_memory,
+        storage_options=storage_options,
+        executor=executor,
     )
+    dst = with_backend(dst, store, storage_options, read_only=False)
     return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
 
 
@@ -67,16 +95,19 @@ def dequantize_store(
     progress: Callable | None = None,
     overwrite: bool = False,
     storage_options: dict | None = None,
+    executor=None,
+    store: str | None = None,
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
-    (float32, float16 or bfloat16), under the same destination rules as
-    :func:`quantize_store`."""
+    (float32, float16 or bfloat16), under the same destination rules (and with the same
+    ``executor`` and ``store`` choices) as :func:`quantize_store`."""
     return _dequantize(
-        src,
-        dst,
+        with_backend(src, store, storage_options, read_only=True),
+        with_backend(dst, store, storage_options, read_only=False),
         dtype=dtype,
         max_memory=max_memory,
         progress=progress,
         overwrite=overwrite,
         storage_options=storage_options,
+        executor=executor,
     )

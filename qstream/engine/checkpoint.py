@@ -21,6 +21,7 @@ import numpy as np
 from ..io import qarray
 from ..io.stores import location, open_group
 from ..recipe import Recipe
+from . import executors
 from .job import QuantizeJob
 
 
@@ -46,23 +47,36 @@ def convert(
     overwrite: bool = False,
     on_tensor: Callable[[TensorEvent], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    executor=None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
     (see :func:`qstream.convert_checkpoint`)."""
     from ..io.checkpoints import open_checkpoint
 
+    executor = executors.resolve(executor)
+    executors.check_shared("checkpoint", checkpoint, executor=executor)
+    executors.check_shared("destination", dst, executor=executor)
     tensors = open_checkpoint(checkpoint)
     source = location(checkpoint) or str(checkpoint)
     qarray.check_separate(source, dst)
     qarray.check_writable(dst)
     with qarray.locked(dst):
         return _convert(
-            tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress
+            tensors,
+            checkpoint,
+            source,
+            dst,
+            recipe,
+            max_memory,
+            overwrite,
+            on_tensor,
+            progress,
+            executor,
         )
 
 
 def _convert(
-    tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress
+    tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress, executor
 ) -> dict:
     t0 = time.perf_counter()
     root, done = _open_root(dst, source, recipe, overwrite)
@@ -83,7 +97,9 @@ def _convert(
         if spec is None:
             result = _keep(t, path)
         else:
-            job = QuantizeJob(t, spec, max_memory=max_memory)
+            job = QuantizeJob(
+                t, spec, max_memory=max_memory, executor=executor, checkpoint=(source, name)
+            )
             report = job.run(path, progress=progress, overwrite=overwrite)
             q_bytes = math.prod(t.shape) * max(1, spec.qtype.dtype.itemsize)
             params = report.calibration.get("params") if report.calibration else None

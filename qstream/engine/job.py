@@ -30,7 +30,7 @@ from ..core.layout import blocked_param_shape, normalize_axis
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ..io import qarray
 from ..io.progress import ProgressLog
-from ..io.stores import location, open_group, open_source
+from ..io.stores import display, location, open_group, open_source
 from ..qtypes import float_dtype, is_float_dtype
 from ..spec import (
     HISTOGRAM_METHODS,
@@ -42,7 +42,7 @@ from ..spec import (
     RangeStats,
     merge_into,
 )
-from . import pipeline
+from . import executors, pipeline
 from .plan import (
     block_budget,
     default_chunks,
@@ -59,7 +59,6 @@ from .work import (
     QuantizeWork,
     RangesWork,
     SourceRef,
-    forget,
 )
 
 _PARAM_CHUNK = 1 << 18  # parameters per chunk of a per-axis scale/zero_point (at least)
@@ -69,16 +68,32 @@ HIST_SHARE = 2  # histograms may take 1/HIST_SHARE of the memory bound
 class QuantizeJob:
     """One quantization of one source under one spec (see module docstring)."""
 
-    def __init__(self, src, spec: QuantSpec, *, max_memory=None, storage_options=None):
+    def __init__(
+        self,
+        src,
+        spec: QuantSpec,
+        *,
+        max_memory=None,
+        storage_options=None,
+        executor=None,
+        checkpoint: tuple[str, str] | None = None,
+    ):
+        """``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is, so that
+        workers in other processes can open the tensor themselves."""
         self.spec = spec
         self.token = uuid.uuid4().hex
+        self.executor = executors.resolve(executor)
+        if checkpoint is None:
+            executors.check_shared("source", src, executor=self.executor)
         source = open_source(src, storage_options=storage_options)
         self.source = source
         self.storage_options = storage_options  # for the destination too
-        url = src if isinstance(src, (str, os.PathLike)) else None
-        self.ref = SourceRef(self.token, None if url is None else os.fspath(url), storage_options)
-        if url is None:
-            self.ref = replace(self.ref, obj=src)
+        if checkpoint is not None:
+            self.ref = SourceRef(self.token, checkpoint[0], tensor=checkpoint[1])
+        elif isinstance(src, (str, os.PathLike)) or _is_zarr_store(src):
+            self.ref = SourceRef(self.token, _fspath(src), storage_options)
+        else:
+            self.ref = SourceRef(self.token, None, storage_options, obj=src)
         self.ref.register(source)
         self.name = str(source.description.get("path", "array"))
         if not is_float_dtype(source.dtype):
@@ -154,6 +169,7 @@ class QuantizeJob:
             workers=workers or self._workers(),
             inflight=inflight,
             progress=_counter(progress, len(blocks)),
+            executor=self.executor,
         )
         self.passes += new_pass
         self.bytes_read += sum(math.prod(b.shape) for b in blocks) * self.source.dtype.itemsize
@@ -242,8 +258,10 @@ class QuantizeJob:
             work = HistogramWork(
                 plan, self.ref, edges_lo[c0:c1].copy(), edges_hi[c0:c1].copy(), sym, c0, c1
             )
+            # local: one partial per worker in flight; a cluster combines a task's partials
+            inflight = None if self.executor.distributed else workers
             self._scan(
-                blocks, work, merge, progress, workers=workers, inflight=workers, new_pass=c0 == 0
+                blocks, work, merge, progress, workers=workers, inflight=inflight, new_pass=c0 == 0
             )
             counts = {"counts": hist, "lo": edges_lo[c0:c1], "hi": edges_hi[c0:c1], "abs": sym}
             if spec.method == "percentile":
@@ -289,13 +307,18 @@ class QuantizeJob:
         """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
         t0 = time.perf_counter()
         qarray.check_separate(self.source.description.get("path"), dst)
+        executors.check_shared("destination", dst, executor=self.executor)
         qarray.check_writable(dst)
         try:
             if _is_zip(dst):
                 return self._run_zip(dst, t0, progress, overwrite)
             return self._run(dst, t0, progress, overwrite, resume)
         finally:
-            forget(self.token)
+            self.close()
+
+    def close(self) -> None:
+        """Forget what this job opened (here and on the executor's workers)."""
+        self.executor.release(self.token)
 
     def _run(self, dst, t0, progress, overwrite, resume) -> QuantReport:
         fp = self.fingerprint()
@@ -353,7 +376,7 @@ class QuantizeJob:
 
     def _already_complete(self, dst, meta: dict) -> QuantReport:
         report = QuantReport.from_dict(meta["report"])
-        return replace(report, destination=str(dst), already_complete=True, seconds=0.0)
+        return replace(report, destination=display(dst), already_complete=True, seconds=0.0)
 
     def _stored_calibration(self, group) -> tuple[Calibration, dict]:
         """The parameters an interrupted run of this job chose (its blocks used them)."""
@@ -441,9 +464,7 @@ class QuantizeJob:
         work = QuantizeWork(
             plan,
             self.ref,
-            DestRef(
-                self.token, os.fspath(dst) if not _is_store(dst) else dst, self.storage_options
-            ),
+            DestRef(self.token, _fspath(dst), self.storage_options),
             cal.params.scale if per else None,
             cal.params.zero_point if per else None,
         )
@@ -494,7 +515,7 @@ class QuantizeJob:
         report = QuantReport(
             spec=self.spec,
             source=self.source.description,
-            destination=str(dst),
+            destination=display(dst),
             calibration=calibration,
             error=err,
             passes=self.passes,
@@ -526,12 +547,16 @@ def dequantize(
     progress=None,
     overwrite=False,
     storage_options=None,
+    executor=None,
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` (see
     :func:`qstream.dequantize_store`)."""
     import zarr
 
     t0 = time.perf_counter()
+    executor = executors.resolve(executor)
+    executors.check_shared("source", src, executor=executor)
+    executors.check_shared("destination", dst, executor=executor)
     arr = qarray.open_quantized(src, storage_options=storage_options)
     out_dtype = float_dtype(dtype)
     src_loc = location(src)
@@ -542,8 +567,8 @@ def dequantize(
     existing = qarray.inspect_destination(dst, storage_options)
     action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
     result = {
-        "source": str(src),
-        "destination": str(dst),
+        "source": display(src),
+        "destination": display(dst),
         "dtype": out_dtype.name,
         "shape": list(arr.shape),
         "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize),
@@ -584,19 +609,25 @@ def dequantize(
         except OSError as e:
             raise StoreError(f"cannot write {dst}: {e}") from None
         work = DequantizeWork(
-            DestRef(token, os.fspath(src) if not _is_store(src) else src, storage_options),
-            DestRef(token, os.fspath(dst) if not _is_store(dst) else dst, storage_options),
+            DestRef(token, _fspath(src), storage_options),
+            DestRef(token, _fspath(dst), storage_options),
             out_dtype.name,
         )
         workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
         try:
-            pipeline.run(blocks, work, workers=workers, progress=_counter(progress, len(blocks)))
+            pipeline.run(
+                blocks,
+                work,
+                workers=workers,
+                progress=_counter(progress, len(blocks)),
+                executor=executor,
+            )
         except OSError as e:
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"cannot write {dst}: {e}") from None
         finally:
-            forget(token)
+            executor.release(token)
         try:
             out.attrs["qstream"] = {**meta, "complete": True}
         except OSError as e:
@@ -612,8 +643,15 @@ def _is_zip(dst) -> bool:
     return isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip")
 
 
-def _is_store(dst) -> bool:
-    return not isinstance(dst, (str, os.PathLike))
+def _is_zarr_store(obj) -> bool:
+    from zarr.abc.store import Store
+
+    return isinstance(obj, Store)
+
+
+def _fspath(target):
+    """A path as a string; a store object as it is."""
+    return os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
 
 
 def _counter(progress, total):

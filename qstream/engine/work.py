@@ -45,29 +45,39 @@ def forget(token: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class SourceRef:
-    """How a worker opens the source: a path or URL any process can open, or (``obj``) an
-    in-process object (a NumPy array, a ``zarr.Array``, a checkpoint tensor), which cannot be
-    sent to another process."""
+    """How a worker opens the source: a path or URL any process can open (with ``tensor``:
+    the tensor of that checkpoint), or (``obj``) an in-process object (a NumPy array, a
+    ``zarr.Array``, a checkpoint tensor), which cannot be sent to another process."""
 
     token: str  # the run's
     url: str | None
     storage_options: dict | None = None
     obj: Any = field(default=None, repr=False)
+    tensor: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.token, "source")  # a run reads one source
 
     def open(self):
         from ..io.stores import open_source
 
+        if self.tensor is not None:
+            return _cached(self.key, lambda: open_source(self._checkpoint()[self.tensor]))
         if self.url is None:
-            return _cached((self.token, "source-obj"), lambda: open_source(self.obj))
+            return _cached(self.key, lambda: open_source(self.obj))
         return _cached(
-            (self.token, "source", self.url),
-            lambda: open_source(self.url, storage_options=self.storage_options),
+            self.key, lambda: open_source(self.url, storage_options=self.storage_options)
         )
+
+    def _checkpoint(self):
+        from ..io.checkpoints import open_checkpoint
+
+        return _cached((self.token, "checkpoint"), lambda: open_checkpoint(self.url))
 
     def register(self, source) -> None:
         """Use the already open ``source`` in this process."""
-        key = (self.token, "source-obj" if self.url is None else "source")
-        _cached(key + (() if self.url is None else (self.url,)), lambda: source)
+        _cached(self.key, lambda: source)
 
     def __getstate__(self):
         if self.url is None:
@@ -231,6 +241,20 @@ class HistogramWork:
                 h[p0 - c0 : p1 - c0],
             )
         return c0, h
+
+    @staticmethod
+    def combine(parts: list):
+        """The histograms of several blocks as one ``(first channel, counts)`` (int64 sums:
+        exact in any order)."""
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        c0 = min(at for at, _ in parts)
+        c1 = max(at + h.shape[0] for at, h in parts)
+        out = np.zeros((c1 - c0, parts[0][1].shape[1]), np.int64)
+        for at, h in parts:
+            out[at - c0 : at - c0 + h.shape[0]] += h
+        return c0, out
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,6 +16,35 @@ from ..errors import StoreError
 from .chunks import ChunkFiles, chunk_files
 
 _MEMORY_STORES: dict[str, Any] = {}
+BACKENDS = ("fsspec", "obstore")  # how URLs (s3://, gs://, ...) are opened
+
+
+def with_backend(target, backend: str | None, storage_options: dict | None, *, read_only: bool):
+    """``target`` as the object its backend opens: a URL with ``backend="obstore"`` becomes a
+    ``zarr.storage.ObjectStore`` (``storage_options`` are obstore's config, e.g. ``endpoint``,
+    ``access_key_id``, ``region``, ``client_options``); anything else is returned as is (fsspec
+    opens URLs later, with ``storage_options`` as fsspec's)."""
+    from ..errors import InvalidParameterError
+
+    if backend not in (None, *BACKENDS):
+        raise InvalidParameterError(f"store must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend != "obstore" or not isinstance(target, (str, os.PathLike)):
+        return target
+    url = os.fspath(target)
+    if "://" not in url or url.startswith("memory://"):
+        return target  # local paths and in-memory stores need no object store
+    try:
+        import obstore.store
+        import zarr
+    except ImportError:
+        raise InvalidParameterError(
+            "store='obstore' needs the obstore package: pip install 'qstream[s3]'"
+        ) from None
+    try:
+        inner = obstore.store.from_url(url, **(storage_options or {}))
+    except Exception as e:
+        raise StoreError(f"cannot open {url} with obstore: {type(e).__name__}: {e}") from None
+    return zarr.storage.ObjectStore(inner, read_only=read_only)
 
 
 def _store(path, *, mode: str, storage_options: dict | None):
@@ -166,17 +195,20 @@ def location(target) -> str | None:
 
     if isinstance(target, zarr.Array):
         store, path = target.store_path.store, target.store_path.path
-        if isinstance(store, zarr.storage.LocalStore):
-            return location(os.path.join(str(store.root), path))
-        if isinstance(store, zarr.storage.FsspecStore):
-            proto = store.fs.protocol
-            proto = proto[0] if isinstance(proto, (tuple, list)) else proto
-            return location(f"{proto}://{store.path.rstrip('/')}/{path}")
-        for name, mem in _MEMORY_STORES.items():
-            if mem is store:
-                return location(f"memory://{name}/{path}")
-        return None
+        root = location(store)
+        return None if root is None else location(f"{root.rstrip('/')}/{path}")
+    if isinstance(target, zarr.storage.LocalStore):
+        return location(str(target.root))
+    if isinstance(target, zarr.storage.FsspecStore):
+        proto = target.fs.protocol
+        proto = proto[0] if isinstance(proto, (tuple, list)) else proto
+        return location(f"{proto}://{target.path.rstrip('/')}")
+    if isinstance(target, zarr.storage.ObjectStore):
+        return _object_store_location(target.store)
     if not isinstance(target, (str, os.PathLike)):
+        for name, mem in _MEMORY_STORES.items():
+            if mem is target:
+                return f"memory://{name}"
         return None
     p = os.fspath(target)
     if "://" in p and not p.startswith("file://"):
@@ -184,6 +216,30 @@ def location(target) -> str | None:
         parts = [q for q in rest.split("/") if q not in ("", ".")]
         return f"{scheme.lower()}://{'/'.join(parts)}"
     return os.path.realpath(os.path.abspath(os.path.expanduser(p.removeprefix("file://"))))
+
+
+def display(target) -> str:
+    """How messages and reports name ``target``: a path or URL as given, a store by its URL."""
+    if isinstance(target, (str, os.PathLike)):
+        return os.fspath(target)
+    return location(target) or str(target)
+
+
+def _object_store_location(inner) -> str | None:
+    """The URL of an obstore store (S3, GCS, Azure or local)."""
+    kind = type(inner).__name__
+    prefix = str(getattr(inner, "prefix", None) or "").strip("/")
+    config = getattr(inner, "config", None) or {}
+    if kind == "LocalStore":
+        return location(str(inner.prefix))
+    scheme, bucket = {
+        "S3Store": ("s3", config.get("bucket")),
+        "GCSStore": ("gs", config.get("bucket")),
+        "AzureStore": ("az", config.get("container_name")),
+    }.get(kind, (None, None))
+    if scheme is None or not bucket:
+        return None
+    return location(f"{scheme}://{bucket}/{prefix}")
 
 
 def inside(a: str | None, b: str | None) -> bool:
@@ -231,7 +287,7 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
         raise StoreError(f"cannot open {src} as Zarr: {type(e).__name__}: {e}") from None
     if not isinstance(node, zarr.Array):
         raise StoreError(f"{src} is a Zarr group, not an array (pass the array's path)")
-    where = location(src) if not hasattr(src, "root") else str(src)
+    where = location(src) or str(src)
     if path:
         where = f"{where}/{path}"
     return Source(node, _describe(node, where))

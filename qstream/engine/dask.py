@@ -1,0 +1,173 @@
+"""Run a job's passes on a Dask cluster (``distributed``).
+
+A task is a run of consecutive blocks (at least ~64 MiB of source by default) and carries
+only the pass's small work object (scattered to the workers once per pass) and the blocks'
+slices. Workers open the source and destination once per process, write their blocks' chunks
+straight to the destination (one block is whole destination chunks, so no two tasks touch the
+same stored object and no lock is needed) and return the blocks' statistics. The client merges
+them in block order, so float sums fold exactly as in a local run, and it alone writes the
+progress snapshot. Tasks are idempotent: a retried or duplicated task rewrites the same bytes.
+
+This module imports ``distributed``; ``qstream.DaskExecutor`` loads it on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections import deque
+
+import distributed
+
+from ..errors import InvalidParameterError
+from .plan import Block
+
+TASK_BYTES = 64 << 20  # source bytes a task reads at least (when there are blocks enough)
+_WARMED: set[str] = set()  # clients (by id) whose workers have the plugin
+
+
+def _run_blocks(work, blocks: list[Block], kernel_threads: int) -> list:
+    """A task: ``work`` on each block, with ``kernel_threads`` Numba threads (the setting is
+    per thread, so it is made in every task). Exact statistics of the blocks are combined
+    here, so only one partial per task travels back."""
+    from ..kernels.runtime import limit_threads
+
+    limit_threads(kernel_threads)
+    results = [work(b) for b in blocks]
+    combine = getattr(work, "combine", None)
+    if combine is not None and len(results) > 1:
+        return [combine(results), *([None] * (len(results) - 1))]
+    return results
+
+
+def _forget(token: str) -> None:
+    from .work import forget
+
+    forget(token)
+
+
+class QstreamWorkerPlugin(distributed.WorkerPlugin):
+    """Imports qstream and compiles (or loads from ``NUMBA_CACHE_DIR``) its common kernels
+    when a worker starts, so the first task does not stall; register it with
+    ``client.register_plugin(QstreamWorkerPlugin())`` (:class:`DaskExecutor` does)."""
+
+    name = "qstream"
+
+    def setup(self, worker) -> None:
+        from .warmup import warm_kernels
+
+        warm_kernels()
+
+
+class DaskExecutor:
+    """Run blocks on the Dask cluster of ``client`` (default: the current client,
+    ``distributed.get_client()``).
+
+    ``kernel_threads``: Numba threads per task (default 1; a worker runs as many tasks at
+    once as it has threads, so more oversubscribes the cores). ``blocks_per_task``: blocks a
+    task runs (default: enough for ~64 MiB of source, while every worker thread still gets
+    two tasks or more).
+    """
+
+    distributed = True
+
+    def __init__(self, client=None, kernel_threads: int = 1, blocks_per_task: int | None = None):
+        if int(kernel_threads) < 1:
+            raise InvalidParameterError(f"kernel_threads must be >= 1, got {kernel_threads}")
+        if blocks_per_task is not None and int(blocks_per_task) < 1:
+            raise InvalidParameterError(f"blocks_per_task must be >= 1, got {blocks_per_task}")
+        self._client = client
+        self.kernel_threads = int(kernel_threads)
+        self.blocks_per_task = None if blocks_per_task is None else int(blocks_per_task)
+        self.last_blocks_per_task: int | None = None  # what the last pass chose
+
+    @property
+    def client(self):
+        """The client blocks run through."""
+        if self._client is not None:
+            return self._client
+        try:
+            return distributed.get_client()
+        except ValueError:
+            raise InvalidParameterError(
+                "executor='dask' needs a running Dask client: create one with"
+                " distributed.Client(...) first, or pass qstream.DaskExecutor(client=...)"
+            ) from None
+
+    def threads(self) -> int:
+        """Worker threads in the cluster now."""
+        return max(1, sum(self.client.nthreads().values()))
+
+    def per_task(self, blocks: list[Block], itemsize: int = 4) -> int:
+        """Blocks per task for ``blocks``."""
+        if self.blocks_per_task:
+            return self.blocks_per_task
+        if not blocks:
+            return 1
+        block_bytes = max(1, math.prod(blocks[0].shape) * itemsize)
+        k = math.ceil(TASK_BYTES / block_bytes)
+        return max(1, min(k, math.ceil(len(blocks) / (2 * self.threads()))))
+
+    def _prepare(self, client) -> None:
+        if client.id not in _WARMED:
+            client.register_plugin(QstreamWorkerPlugin(), name="qstream")
+            _WARMED.add(client.id)
+
+    def map_ordered(self, blocks, work, *, workers: int = 0, inflight: int | None = None):
+        """See :class:`qstream.engine.executors.Executor`; ``inflight`` counts tasks here
+        (default: two per worker thread)."""
+        blocks = list(blocks)
+        if not blocks:
+            return
+        client = self.client
+        self._prepare(client)
+        k = self.per_task(blocks)
+        self.last_blocks_per_task = k
+        batches = [blocks[i : i + k] for i in range(0, len(blocks), k)]
+        window = max(1, inflight or 2 * self.threads())
+        run_id = uuid.uuid4().hex[:12]
+        name = type(work).__name__.lower()
+        [shared] = client.scatter([work], broadcast=True, hash=False)
+        pending: deque[tuple[list[Block], distributed.Future]] = deque()
+        todo = iter(enumerate(batches))
+        try:
+            while True:
+                while len(pending) < window:
+                    nxt = next(todo, None)
+                    if nxt is None:
+                        break
+                    i, batch = nxt
+                    fut = client.submit(
+                        _run_blocks,
+                        shared,
+                        batch,
+                        self.kernel_threads,
+                        key=f"qstream-{name}-{run_id}-{i}",
+                        pure=False,
+                        retries=2,
+                    )
+                    pending.append((batch, fut))
+                if not pending:
+                    break
+                batch, fut = pending.popleft()
+                results = fut.result()
+                fut.release()
+                yield from zip(batch, results, strict=True)
+        finally:
+            for _, f in pending:
+                f.cancel()
+            shared.release()
+
+    def release(self, token: str) -> None:
+        from .work import forget
+
+        forget(token)  # the client's own handles
+        with contextlib.suppress(Exception):  # workers gone: nothing of theirs to forget
+            self.client.run(_forget, token)
+
+    def __repr__(self) -> str:
+        return (
+            f"DaskExecutor(client={self._client!r}, kernel_threads={self.kernel_threads},"
+            f" blocks_per_task={self.blocks_per_task})"
+        )

@@ -1,0 +1,146 @@
+"""Where a pass's blocks run: this process's threads, or a Dask cluster.
+
+An executor takes a pass's blocks and its picklable work object (``qstream.engine.work``) and
+yields ``(block, result)`` in block order, with a bounded number of blocks started and not
+yet yielded. The job merges what it yields in the calling thread, so float sums fold in block
+order whatever executor ran the blocks: a local run and a cluster run give the same bits.
+
+``executor=`` of the public functions accepts None or ``"local"`` (this process's threads),
+``"dask"`` (the current ``distributed`` client) or an executor object (:class:`LocalExecutor`,
+:class:`qstream.DaskExecutor`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+from ..errors import InvalidParameterError
+from .plan import Block
+
+
+class Executor(Protocol):
+    """What the engine needs from an executor."""
+
+    #: whether blocks run in other processes (sources and destinations must be shared)
+    distributed: bool
+
+    def map_ordered(
+        self, blocks: list[Block], work, *, workers: int, inflight: int | None
+    ) -> Iterator[tuple[Block, Any]]:
+        """``(block, work(block))`` for every block, in block order. ``workers`` is what the
+        local memory bound allows; ``inflight`` bounds the blocks started and not yet yielded
+        (default ``2 * workers``). A work object with a ``combine(parts)`` method returns
+        exact (order-free) statistics: an executor may combine the results of consecutive
+        blocks and yield the combined result with the first of them and None with the rest.
+        """
+        ...
+
+    def release(self, token: str) -> None:
+        """Forget the handles a run opened (``token`` is the run's)."""
+        ...
+
+
+class LocalExecutor:
+    """Worker threads of this process; each takes a whole block through read -> kernels ->
+    write with its share of Numba's threads, so no kernel waits for a thread that a read or
+    a write holds."""
+
+    distributed = False
+
+    def map_ordered(self, blocks, work, *, workers: int, inflight: int | None = None):
+        from ..kernels.runtime import kernel_threads, limit_threads
+
+        blocks = list(blocks)
+        if not blocks:
+            return
+        threads = kernel_threads()
+        workers = max(1, min(workers, len(blocks)))
+        inflight = max(workers, inflight or 2 * workers)
+        pending: deque[tuple[Block, Future]] = deque()
+        todo = iter(blocks)
+        with ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="qstream-worker",
+            initializer=limit_threads,
+            initargs=(max(1, threads // workers),),
+        ) as pool:
+            try:
+                while True:
+                    while len(pending) < inflight:
+                        b = next(todo, None)
+                        if b is None:
+                            break
+                        pending.append((b, pool.submit(work, b)))
+                    if not pending:
+                        break
+                    block, fut = pending.popleft()
+                    yield block, fut.result()
+            finally:  # an error, or the consumer stopped: drop what has not started
+                for _, f in pending:
+                    f.cancel()
+
+    def release(self, token: str) -> None:
+        from .work import forget
+
+        forget(token)
+
+    def __repr__(self) -> str:
+        return "LocalExecutor()"
+
+
+def resolve(executor) -> Executor:
+    """The executor object ``executor`` (None, "local", "dask" or an executor) names."""
+    if executor is None or executor == "local":
+        return LocalExecutor()
+    if executor == "dask":
+        from .dask import DaskExecutor
+
+        return DaskExecutor()
+    if hasattr(executor, "map_ordered") and hasattr(executor, "distributed"):
+        return executor
+    raise InvalidParameterError(
+        f"executor must be None, 'local', 'dask' or an executor object"
+        f" (qstream.DaskExecutor(...)), got {executor!r}"
+    )
+
+
+def check_shared(what: str, target, *, executor: Executor) -> None:
+    """Refuse ``target`` (a source or destination) that processes on other machines cannot
+    reach: in-process objects, ``memory://`` stores and ``.zip`` files."""
+    import os
+
+    import numpy as np
+
+    if not executor.distributed:
+        return
+    reason = None
+    if isinstance(target, np.ndarray):
+        reason = "a NumPy array lives in this process only"
+    elif isinstance(target, (str, os.PathLike)):
+        p = os.fspath(target)
+        if p.startswith("memory://"):
+            reason = "an in-memory store lives in this process only"
+        elif p.endswith(".zip"):
+            reason = "a .zip store cannot be written by several processes at once"
+    else:
+        import zarr
+
+        store = target.store_path.store if isinstance(target, zarr.Array) else target
+        if isinstance(store, zarr.storage.MemoryStore):
+            reason = "an in-memory store lives in this process only"
+        elif isinstance(store, zarr.storage.ZipStore):
+            reason = "a .zip store cannot be written by several processes at once"
+        elif isinstance(target, zarr.Array):
+            reason = "an open zarr.Array is an object of this process"
+        elif not hasattr(store, "get"):  # not a zarr store: a tensor or array-like object
+            reason = f"a {type(target).__name__} object lives in this process only"
+    if reason:
+        name = os.fspath(target) if isinstance(target, (str, os.PathLike)) else None
+        named = f"{what} {name}" if name else f"a {type(target).__name__} {what}"
+        raise InvalidParameterError(
+            f"{named} cannot be used with a distributed executor: {reason}; "
+            "pass a path on a filesystem every worker shares, or an object-store URL (s3://...)"
+        )
