@@ -62,7 +62,6 @@ def main() -> int:
     args = ap.parse_args()
 
     import bench_stores
-    import dask
     import distributed
     import numpy as np
 
@@ -73,19 +72,10 @@ def main() -> int:
     src = info["paths"]["raw"]
     out = os.path.join(args.workdir, "out-dask")
     os.makedirs(out, exist_ok=True)
-    if not args.malloc_trim:
-        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+    from qstream.engine.dask import local_client
+
     rows = []
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=40,
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with local_client(2, trim_malloc=args.malloc_trim) as client:
         t0 = time.perf_counter()
         futs = [client.submit(int, i, pure=False) for i in range(400)]
         client.gather(futs)

@@ -222,17 +222,8 @@ def _executor(scheduler: str | None):
             raise typer.BadParameter(
                 f"--scheduler local:N needs a number of workers >= 1, not {scheduler!r}"
             ) from None
-        with (
-            distributed.LocalCluster(
-                n_workers=n,
-                threads_per_worker=1,
-                processes=True,
-                dashboard_address=None,
-                silence_logs=40,
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield qs.DaskExecutor(client)
+        with qs.DaskExecutor.local(n) as ex:
+            yield ex
         return
     try:
         client = distributed.Client(scheduler, timeout="10s")

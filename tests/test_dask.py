@@ -28,16 +28,9 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            silence_logs=40,
-        ) as cluster,
-        distributed.Client(cluster) as c,
-    ):
+    from qstream.engine.dask import local_client
+
+    with local_client(2) as c:
         yield c
 
 

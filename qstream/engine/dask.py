@@ -60,6 +60,30 @@ class QstreamWorkerPlugin(distributed.WorkerPlugin):
         warm_kernels()
 
 
+@contextlib.contextmanager
+def local_client(n_workers: int, *, trim_malloc: bool = True):
+    """A ``LocalCluster`` of ``n_workers`` worker processes of one thread each and its client,
+    for one run (``--scheduler local:N``). ``trim_malloc=False`` unsets the nanny's
+    ``MALLOC_TRIM_THRESHOLD_`` in the workers (faster big temporaries; see the README)."""
+    import dask
+
+    env = (
+        {} if trim_malloc else {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+    )
+    with (
+        dask.config.set(env),
+        distributed.LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            silence_logs=40,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        yield client
+
+
 class DaskExecutor:
     """Run blocks on the Dask cluster of ``client`` (default: the current client,
     ``distributed.get_client()``).
@@ -81,6 +105,14 @@ class DaskExecutor:
         self.kernel_threads = int(kernel_threads)
         self.blocks_per_task = None if blocks_per_task is None else int(blocks_per_task)
         self.last_blocks_per_task: int | None = None  # what the last pass chose
+
+    @classmethod
+    @contextlib.contextmanager
+    def local(cls, n_workers: int, **kwargs):
+        """An executor on a fresh ``LocalCluster`` of ``n_workers`` one-thread worker
+        processes, closed on exit: ``with qstream.DaskExecutor.local(4) as ex: ...``."""
+        with local_client(n_workers) as client:
+            yield cls(client, **kwargs)
 
     @property
     def client(self):
