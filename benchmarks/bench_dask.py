@@ -2,15 +2,15 @@
 
 Same source as ``bench_stores.py`` (uncompressed float32 Zarr v3, 4096 columns, built once under
 ``--workdir``). For each case, the local executor (``quantize_store(src, dst, spec)``) and the
-Dask executor on a ``LocalCluster(n_workers=2, threads_per_worker=1, processes=True)`` run
+Dask executor on a ``LocalCluster(n_workers=2, threads_per_worker=2, processes=True)`` run
 alternately ``--repeat`` times; medians are reported with their ratio, and every Dask output
 is checked byte for byte (and its error report bit for bit) against the local one. Also
 reported: the blocks per task the executor chose, and the per-task overhead measured with
 empty tasks (throughput of 400 no-op submissions).
 
 ``--malloc-trim`` keeps the nanny's default ``MALLOC_TRIM_THRESHOLD_=65536`` in the workers
-(by default this benchmark unsets it, as the README advises; see
-``../shared/distributed-and-interop.md`` §1.2).
+(by default it is unset, as ``qstream.DaskExecutor.local`` does and the README advises).
+``--threads-per-worker`` (default 2; each task's kernels run on one Numba thread).
 
     python benchmarks/bench_dask.py                # 2 GiB
     python benchmarks/bench_dask.py --size 256MiB --repeat 3
@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--malloc-trim", action="store_true")
+    ap.add_argument("--threads-per-worker", type=int, default=2)
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
 
@@ -75,7 +76,9 @@ def main() -> int:
     from qstream.engine.dask import local_client
 
     rows = []
-    with local_client(2, trim_malloc=args.malloc_trim) as client:
+    with local_client(
+        2, threads_per_worker=args.threads_per_worker, trim_malloc=args.malloc_trim
+    ) as client:
         t0 = time.perf_counter()
         futs = [client.submit(int, i, pure=False) for i in range(400)]
         client.gather(futs)

@@ -325,3 +325,31 @@ def test_cli_scheduler_mistakes_exit_with_one_line(source, tmp_path, extra, code
     assert result.exit_code == code
     assert message in result.output
     assert not (tmp_path / "o.zip").exists()
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy", "mse", "l2"])
+def test_whole_channel_blocks_searched_by_workers_give_the_merged_histograms_ranges(
+    client, tmp_path, method, monkeypatch
+):
+    """Blocks that hold whole channels (axis 0) are searched where their histograms are built;
+    the ranges must be those of the path that merges histograms on the client."""
+    from qstream.engine.job import QuantizeJob
+
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((160, 300)) * np.exp(rng.normal(0, 1, (160, 1)))).astype(np.float32)
+    source = tmp_path / "rows.zarr"
+    zarr.create_array(str(source), shape=x.shape, chunks=(16, 300), dtype="float32")[...] = x
+    spec = _spec({"dtype": "int8", "axis": 0, "method": method, "num_bins": 256})
+    job = QuantizeJob(str(source), spec, max_memory=1 << 20)
+    assert job._whole_channels() and len(job.blocks) > 1
+    a = qs.calibrate(str(source), spec, max_memory=1 << 20)
+    on_cluster = qs.calibrate(
+        str(source), spec, max_memory=1 << 20, executor=qs.DaskExecutor(client, blocks_per_task=2)
+    )
+    monkeypatch.setattr(QuantizeJob, "_whole_channels", lambda self: False)
+    b = qs.calibrate(str(source), spec, max_memory=1 << 20)
+    for other in (b, on_cluster):
+        assert json.dumps(a.summary(), sort_keys=True) == json.dumps(
+            other.summary(), sort_keys=True
+        )
+        np.testing.assert_array_equal(a.params.scale, other.params.scale)

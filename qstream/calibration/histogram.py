@@ -33,6 +33,14 @@ def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool):
     return out_lo, out_hi
 
 
+def method_range(hist: dict, lo, hi, spec, bits: int):
+    """Per-channel range of a histogram method (``spec.method``: percentile, entropy, mse,
+    l2) from the channels' histograms ``hist`` and observed ranges ``lo``/``hi``."""
+    if spec.method == "percentile":
+        return percentile_range(hist, lo, hi, spec.percentile, symmetric=spec.symmetric)
+    return search_range(hist, lo, hi, spec.method, bits, symmetric=spec.symmetric)
+
+
 def search_range(hist: dict, lo, hi, method: str, bits: int, *, symmetric: bool):
     """Per-channel range from a threshold search (entropy, mse over ``|x|``; l2 signed).
 

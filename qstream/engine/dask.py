@@ -36,9 +36,7 @@ def _run_blocks(work, blocks: list[Block], kernel_threads: int) -> list:
     limit_threads(kernel_threads)
     results = [work(b) for b in blocks]
     combine = getattr(work, "combine", None)
-    if combine is not None and len(results) > 1:
-        return [combine(results), *([None] * (len(results) - 1))]
-    return results
+    return results if combine is None else combine(results)
 
 
 def _forget(token: str) -> None:
@@ -61,10 +59,13 @@ class QstreamWorkerPlugin(distributed.WorkerPlugin):
 
 
 @contextlib.contextmanager
-def local_client(n_workers: int, *, trim_malloc: bool = True):
-    """A ``LocalCluster`` of ``n_workers`` worker processes of one thread each and its client,
-    for one run (``--scheduler local:N``). ``trim_malloc=False`` unsets the nanny's
-    ``MALLOC_TRIM_THRESHOLD_`` in the workers (faster big temporaries; see the README)."""
+def local_client(n_workers: int, *, threads_per_worker: int = 2, trim_malloc: bool = False):
+    """A ``LocalCluster`` of ``n_workers`` worker processes and its client, for one run
+    (``--scheduler local:N``). Two threads per worker by default, each task's kernels on one
+    Numba thread: while one task waits on the store the other computes, as the local
+    executor's two workers per kernel thread do. The nanny's ``MALLOC_TRIM_THRESHOLD_`` is
+    unset in the workers unless ``trim_malloc`` (big temporaries are then not each a fresh
+    mmap; see the README)."""
     import dask
 
     env = (
@@ -74,7 +75,7 @@ def local_client(n_workers: int, *, trim_malloc: bool = True):
         dask.config.set(env),
         distributed.LocalCluster(
             n_workers=n_workers,
-            threads_per_worker=1,
+            threads_per_worker=threads_per_worker,
             processes=True,
             dashboard_address=None,
             silence_logs=40,
@@ -109,8 +110,8 @@ class DaskExecutor:
     @classmethod
     @contextlib.contextmanager
     def local(cls, n_workers: int, **kwargs):
-        """An executor on a fresh ``LocalCluster`` of ``n_workers`` one-thread worker
-        processes, closed on exit: ``with qstream.DaskExecutor.local(4) as ex: ...``."""
+        """An executor on a fresh ``LocalCluster`` of ``n_workers`` worker processes (see
+        :func:`local_client`), closed on exit: ``with qstream.DaskExecutor.local(2) as ex:``."""
         with local_client(n_workers) as client:
             yield cls(client, **kwargs)
 

@@ -32,9 +32,10 @@ class Executor(Protocol):
     ) -> Iterator[tuple[Block, Any]]:
         """``(block, work(block))`` for every block, in block order. ``workers`` is what the
         local memory bound allows; ``inflight`` bounds the blocks started and not yet yielded
-        (default ``2 * workers``). A work object with a ``combine(parts)`` method returns
-        exact (order-free) statistics: an executor may combine the results of consecutive
-        blocks and yield the combined result with the first of them and None with the rest.
+        (default ``2 * workers``). A work object with a ``combine(results)`` method returns
+        exact (order-free) statistics: an executor may pass it the results of consecutive
+        blocks and yield what it returns (e.g. the combined result with the first block and
+        None with the rest).
         """
         ...
 

@@ -226,21 +226,38 @@ class QuantizeJob:
         return Calibration(spec, st, thresholds, params)
 
     def _histogram_ranges(self, lo, hi, progress):
-        """Pass 2 and the threshold search, over groups of channels whose histograms fit in
-        the memory bound (``1/HIST_SHARE`` of it for the histograms being merged and one
-        in-flight block's partial per worker). Blocks that hold none of a group's channels
-        are not read for it; when every block holds every channel (channels on an inner
-        axis) each group reads the source once more."""
-        from ..calibration.histogram import percentile_range, search_range
+        """Pass 2 and the threshold search. When every block holds whole channels (channels
+        on the outermost axis), each block's histograms are searched where they are built,
+        by the worker, and only the channels' ranges come back. Otherwise the histograms are
+        merged here, over groups of channels that fit in the memory bound (``1/HIST_SHARE``
+        of it for the histograms being merged and one in-flight block's partial per worker);
+        blocks that hold none of a group's channels are not read for it, and when every block
+        holds every channel (channels on an inner axis) each group reads the source once
+        more."""
+        from ..calibration.histogram import method_range
 
         spec, plan = self.spec, self.plan
         sym = spec.method in ("entropy", "mse") or (spec.method == "percentile" and spec.symmetric)
         edges_lo = np.zeros(plan.channels) if sym else lo
         edges_hi = np.maximum(-lo, hi) if sym else hi
+        out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+        budget = memory_limit(self.max_memory) // HIST_SHARE
+        workers = self._workers()
+        per_block = max(plan.block_channels(b) for b in self.blocks) * spec.num_bins * 8
+        if self._whole_channels() and workers * per_block <= budget:
+            work = HistogramWork(
+                plan, self.ref, edges_lo, edges_hi, sym, 0, plan.channels, (lo, hi)
+            )
+
+            def found(b, part) -> None:
+                at, glo, ghi = part
+                out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
+
+            self._scan(self.blocks, work, found, progress, workers=workers)
+            return out_lo, out_hi
         workers = self._workers(cap=2)
         row = spec.num_bins * 8
-        group = max(1, memory_limit(self.max_memory) // HIST_SHARE // ((workers + 1) * row))
-        out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+        group = max(1, budget // ((workers + 1) * row))
         for c0 in range(0, plan.channels, group):
             c1 = min(plan.channels, c0 + group)
             hist = np.zeros((c1 - c0, spec.num_bins), np.int64)
@@ -264,22 +281,23 @@ class QuantizeJob:
                 blocks, work, merge, progress, workers=workers, inflight=inflight, new_pass=c0 == 0
             )
             counts = {"counts": hist, "lo": edges_lo[c0:c1], "hi": edges_hi[c0:c1], "abs": sym}
-            if spec.method == "percentile":
-                glo, ghi = percentile_range(
-                    counts, lo[c0:c1], hi[c0:c1], spec.percentile, symmetric=spec.symmetric
-                )
-            else:
-                glo, ghi = search_range(
-                    counts,
-                    lo[c0:c1],
-                    hi[c0:c1],
-                    spec.method,
-                    plan.qt.bits,
-                    symmetric=spec.symmetric,
-                )
-            out_lo[c0:c1], out_hi[c0:c1] = glo, ghi
+            out_lo[c0:c1], out_hi[c0:c1] = method_range(
+                counts, lo[c0:c1], hi[c0:c1], spec, plan.qt.bits
+            )
             del hist, counts
         return out_lo, out_hi
+
+    def _whole_channels(self) -> bool:
+        """Whether every block holds whole channels (all of the other axes)."""
+        plan = self.plan
+        if plan.stat_axis is None:
+            return False
+        return all(
+            k.start == 0 and k.stop == n
+            for b in self.blocks
+            for d, (k, n) in enumerate(zip(b.key, plan.shape, strict=True))
+            if d != plan.stat_axis
+        )
 
     def _explicit_params(self) -> QuantParams:
         plan = self.plan

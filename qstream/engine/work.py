@@ -202,7 +202,11 @@ class HistogramWork:
     """Pass 2: fixed-edge histograms of the channels ``lo_channel .. hi_channel`` of a block
     (``|x|`` over ``[0, edges_hi]`` when ``sym``, else ``x`` over ``[edges_lo, edges_hi]``);
     ``edges_*`` cover just those channels. Returns ``(first channel, counts)`` or None when
-    the block holds none of them."""
+    the block holds none of them.
+
+    With ``ranges`` (the channels' observed ``(lo, hi)``; only when every block holds whole
+    channels), the block's histograms are searched here for the spec's method and
+    ``(first channel, lo, hi)`` of its channels comes back instead of the counts."""
 
     plan: JobPlan
     source: SourceRef
@@ -211,6 +215,7 @@ class HistogramWork:
     sym: bool
     lo_channel: int
     hi_channel: int
+    ranges: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, b: Block):
         from ..kernels.runtime import run
@@ -240,21 +245,28 @@ class HistogramWork:
                 self.sym,
                 h[p0 - c0 : p1 - c0],
             )
-        return c0, h
+        if self.ranges is None:
+            return c0, h
+        from ..calibration.histogram import method_range
 
-    @staticmethod
-    def combine(parts: list):
-        """The histograms of several blocks as one ``(first channel, counts)`` (int64 sums:
-        exact in any order)."""
-        parts = [p for p in parts if p is not None]
-        if not parts:
-            return None
+        e = slice(c0 - self.lo_channel, c1 - self.lo_channel)
+        counts = {"counts": h, "lo": self.edges_lo[e], "hi": self.edges_hi[e], "abs": self.sym}
+        lo, hi = (r[e] for r in self.ranges)
+        return (c0, *method_range(counts, lo, hi, plan.spec, plan.qt.bits))
+
+    def combine(self, results: list) -> list:
+        """The results of consecutive blocks with their histograms summed into the first
+        (int64 sums: exact in any order) and None for the rest, so one partial travels back
+        from a task; searched ranges are returned as they are."""
+        parts = [p for p in results if p is not None]
+        if self.ranges is not None or len(parts) < 2:
+            return results
         c0 = min(at for at, _ in parts)
         c1 = max(at + h.shape[0] for at, h in parts)
         out = np.zeros((c1 - c0, parts[0][1].shape[1]), np.int64)
         for at, h in parts:
             out[at - c0 : at - c0 + h.shape[0]] += h
-        return c0, out
+        return [(c0, out), *([None] * (len(results) - 1))]
 
 
 @dataclass(frozen=True, eq=False)
