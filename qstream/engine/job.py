@@ -227,8 +227,9 @@ class QuantizeJob:
 
     def _histogram_ranges(self, lo, hi, progress):
         """Pass 2 and the threshold search. When every block holds whole channels (channels
-        on the outermost axis), each block's histograms are searched where they are built,
-        by the worker, and only the channels' ranges come back. Otherwise the histograms are
+        on the outermost axis), each block's histograms are searched as the block comes back
+        (on a cluster, by the worker that built them: only the channels' ranges travel), with
+        no histograms kept beyond the blocks in flight. Otherwise the histograms are
         merged here, over groups of channels that fit in the memory bound (``1/HIST_SHARE``
         of it for the histograms being merged and one in-flight block's partial per worker);
         blocks that hold none of a group's channels are not read for it, and when every block
@@ -245,13 +246,23 @@ class QuantizeJob:
         workers = self._workers()
         per_block = max(plan.block_channels(b) for b in self.blocks) * spec.num_bins * 8
         if self._whole_channels() and workers * per_block <= budget:
+            # on a cluster the workers search too (in parallel processes); here the search
+            # stays in this thread: it is Python-level per channel, and threads would only
+            # take turns holding the GIL
+            on_workers = (lo, hi) if self.executor.distributed else None
             work = HistogramWork(
-                plan, self.ref, edges_lo, edges_hi, sym, 0, plan.channels, (lo, hi)
+                plan, self.ref, edges_lo, edges_hi, sym, 0, plan.channels, on_workers
             )
 
             def found(b, part) -> None:
-                at, glo, ghi = part
-                out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
+                if on_workers is None:
+                    at, h = part
+                    c = slice(at, at + h.shape[0])
+                    counts = {"counts": h, "lo": edges_lo[c], "hi": edges_hi[c], "abs": sym}
+                    out_lo[c], out_hi[c] = method_range(counts, lo[c], hi[c], spec, plan.qt.bits)
+                else:
+                    at, glo, ghi = part
+                    out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
 
             self._scan(self.blocks, work, found, progress, workers=workers)
             return out_lo, out_hi
