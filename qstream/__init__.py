@@ -18,6 +18,8 @@ _EXPORTS = {
     "calibrate": "qstream.api.stores",
     "open_quantized": "qstream.io.qarray",
     "QuantizedArray": "qstream.io.qarray",
+    "QuantizedCheckpoint": "qstream.io.qarray",
+    "open_xarray": "qstream.io.xarrays",
     "convert_checkpoint": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.recipe",

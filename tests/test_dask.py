@@ -123,6 +123,9 @@ def test_dask_default_batching_and_the_string_executor_give_the_same_bytes(
     b = qs.quantize_store(str(source), tmp_path / "b.zarr", spec, executor="dask")
     _same_output(tmp_path / "a.zarr", tmp_path / "b.zarr")
     _same_report(a, b)
+    # the executor registered the plugin that warms the kernels on every worker
+    plugins = client.run(lambda dask_worker: sorted(dask_worker.plugins))
+    assert all("qstream" in names for names in plugins.values()), plugins
 
 
 def test_dask_calibrate_gives_the_local_thresholds(client, source):

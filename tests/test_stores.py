@@ -160,7 +160,7 @@ def test_metadata_round_trips_and_per_tensor_carries_cf_attributes(tmp_path, wei
         weights, tmp_path / "q.zarr", QuantSpec(dtype="uint8", symmetric=False)
     )
     meta = json.loads((tmp_path / "q.zarr" / "zarr.json").read_text())["attributes"]["qstream"]
-    assert meta["complete"] is True and meta["version"] == 2 and meta["ready"] is True
+    assert meta["complete"] is True and meta["version"] == 3 and meta["ready"] is True
     assert qs.QuantSpec.from_dict(meta["spec"]) == report.spec
     assert qs.QuantReport.from_dict(meta["report"]).error == report.error
     data_attrs = json.loads((tmp_path / "q.zarr" / "data" / "zarr.json").read_text())["attributes"]

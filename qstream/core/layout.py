@@ -152,3 +152,22 @@ def _blocked(shape, param_shape, axis, block_size) -> Layout:
     return Layout(
         shape, k, block_size, expected, (outer, c, inner), (outer, nblocks, inner), block_size, 1
     )
+
+
+def dimension_names(ndim: int) -> list[str]:
+    """The dimension names qstream writes on an array of ``ndim`` axes (xarray's default
+    spelling), so that the arrays of one output share the names of the axes they share."""
+    return [f"dim_{i}" for i in range(ndim)]
+
+
+def param_dimension_names(ndim: int, axis: int | None, block_size: int | None) -> list[str]:
+    """Dimension names of the scale / zero point of a quantized array of ``ndim`` axes: none
+    per tensor; the channel axis's name per axis; a blocked array's axes, the blocked one
+    renamed (its length is the number of blocks)."""
+    if axis is None:
+        return []
+    names = dimension_names(ndim)
+    if not block_size:
+        return [names[axis]]
+    names[axis] += "_blocks"
+    return names

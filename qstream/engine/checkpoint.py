@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..core.layout import dimension_names
 from ..io import qarray
 from ..io.stores import location, open_group
 from ..recipe import Recipe
@@ -180,6 +181,7 @@ def _keep(t, path: str) -> dict:
         shape=t.shape,
         dtype=stored,
         overwrite=True,
+        dimension_names=dimension_names(len(t.shape)),
         attributes={"qstream": {"kept": True, "dtype": dtype.name}},
     )
     if math.prod(t.shape):

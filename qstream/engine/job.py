@@ -26,7 +26,12 @@ from dataclasses import replace
 import numpy as np
 
 from ..core import checks
-from ..core.layout import blocked_param_shape, normalize_axis
+from ..core.layout import (
+    blocked_param_shape,
+    dimension_names,
+    normalize_axis,
+    param_dimension_names,
+)
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ..io import qarray
 from ..io.progress import ProgressLog
@@ -434,7 +439,7 @@ class QuantizeJob:
             "source": source.description,
             "dtype": qt.name,
             "axis": plan.axis,
-            "storage": "one element per byte"
+            "storage": "one value per byte"
             if qt.bits < 8
             else ("uint8 bit patterns" if qt.is_float else "native"),
         }
@@ -451,11 +456,15 @@ class QuantizeJob:
                 compressors=source.compressors,
                 config=qarray.WRITE_ALL_CHUNKS,
                 chunk_key_encoding=qarray.FLAT_KEYS,
+                dimension_names=dimension_names(len(plan.shape)),
             )
             kw = {
                 "shape": plan.param_shape,
                 "fill_value": 0,
                 "chunk_key_encoding": qarray.FLAT_KEYS,
+                "dimension_names": param_dimension_names(
+                    len(plan.shape), plan.axis, self.spec.block_size
+                ),
             }
             if plan.axis is not None and not self.spec.block_size:  # ~1 MiB or more each
                 c = plan.chunks[plan.axis]
@@ -631,6 +640,7 @@ def dequantize(
                 compressors=arr.data.compressors,
                 config=qarray.WRITE_ALL_CHUNKS,
                 chunk_key_encoding=qarray.FLAT_KEYS,
+                dimension_names=dimension_names(arr.ndim),
                 attributes={"qstream": {**meta, "complete": False}},
             )
         except zarr.errors.ContainsArrayError:

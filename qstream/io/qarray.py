@@ -8,8 +8,9 @@ A quantized array is a Zarr v3 group::
       zero_point    the type's integer container (float types: float32 zeros)
       _progress     the resume snapshot of the quantize pass (``qstream.io.progress``)
 
-Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8;
-float8/float4 as their uint8 bit patterns. Per-tensor integer arrays also carry CF
+Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8, as
+their values (format 3; format 2 stored int4/int2 masked to their bits, e.g. -1 as 15, which
+qstream still reads); float8/float4 as their uint8 bit patterns. Per-tensor integer arrays also carry CF
 ``scale_factor``/``add_offset`` on ``data``.
 
 Life of an output: the group's metadata is written first, in one write, with the job's
@@ -31,6 +32,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +46,7 @@ from ..spec import QuantSpec
 from .chunks import PARTIAL
 from .stores import _store, open_group
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 MEMBERS = ("data", "scale", "zero_point", "_progress")
 LOCK = ".qstream-lock"
 # Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
@@ -337,9 +339,13 @@ def set_meta(group, meta: dict) -> None:
 
 def open_quantized(
     path, *, allow_incomplete: bool = False, storage_options: dict | None = None
-) -> QuantizedArray:
-    """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab."""
+) -> QuantizedArray | QuantizedCheckpoint:
+    """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
+    The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
+    tensor names to lazy arrays."""
     group = open_group(path, mode="r", storage_options=storage_options)
+    if "qstream_checkpoint" in group.attrs:
+        return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
     meta = group.attrs.get("qstream")
     if not meta or "dequantized_from" in meta:
         raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
@@ -351,6 +357,50 @@ def open_quantized(
     if not meta.get("ready", True):
         raise StoreError(f"{path} was interrupted while it was being created; re-run the job")
     return QuantizedArray(group, meta)
+
+
+class QuantizedCheckpoint(Mapping):
+    """A converted checkpoint on disk: tensor name -> :class:`QuantizedArray` (quantized
+    tensors) or ``zarr.Array`` (kept tensors, their original values; bfloat16 widened to
+    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in the order they were converted."""
+
+    def __init__(self, path, group, allow_incomplete: bool, storage_options: dict | None):
+        self.path = path
+        self.group = group
+        self.meta = dict(group.attrs["qstream_checkpoint"])
+        if not self.meta.get("complete") and not allow_incomplete:
+            raise StoreError(
+                f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
+                " resume it, or pass allow_incomplete=True to read the finished tensors"
+            )
+        self.tensors: dict = self.meta.get("tensors", {})
+        self._storage_options = storage_options
+
+    def __getitem__(self, name: str):
+        if name not in self.tensors:
+            raise KeyError(name)
+        if self.tensors[name].get("kept"):
+            return self.group[name]
+        return open_quantized(
+            f"{os.fspath(self.path).rstrip('/')}/{name}", storage_options=self._storage_options
+        )
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"QuantizedCheckpoint({self.path!r}, {len(self)} tensors)"
+
+    def summary(self) -> dict:
+        """Per tensor: shape, dtype, target, bytes and error summary (JSON-ready)."""
+        return {
+            "checkpoint": self.meta.get("source"),
+            "complete": bool(self.meta.get("complete")),
+            "tensors": self.tensors,
+        }
 
 
 class QuantizedArray:

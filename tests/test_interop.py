@@ -1,0 +1,105 @@
+"""Outputs in the ecosystem: real xarray opens every output, ``open_xarray`` is bit-exact for
+every type and granularity, per-tensor CF decoding is exact, and a converted checkpoint's
+root opens as one object."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import qstream as qs
+from qstream import QuantSpec
+
+xr = pytest.importorskip("xarray")
+pytest.importorskip("dask.array")
+
+GRANULARITIES = {
+    "tensor": {},
+    "axis0": {"axis": 0},
+    "axis1": {"axis": 1},
+    "blocked": {"axis": 1, "block_size": 16},
+}
+
+
+@pytest.fixture(scope="module")
+def x() -> np.ndarray:
+    rng = np.random.default_rng(4)
+    return (rng.standard_normal((48, 64)) * np.exp(rng.normal(0, 0.5, (48, 1)))).astype(np.float32)
+
+
+def _spec(dtype: str, gran: str) -> QuantSpec:
+    extra = dict(GRANULARITIES[gran])
+    method = "dynamic" if "block_size" in extra else "minmax"
+    sym = not dtype.startswith("uint")
+    return QuantSpec(dtype=dtype, method=method, symmetric=sym, **extra)
+
+
+def _want(out, spec: QuantSpec) -> np.ndarray:
+    """``qstream.dequantize`` of the stored values and parameters."""
+    arr = qs.open_quantized(out)
+    zp = None if qs.QTYPES[spec.dtype].is_float else arr.zero_point
+    return qs.dequantize(
+        arr.quantized(...), arr.scale, zp, axis=spec.axis, block_size=spec.block_size
+    )
+
+
+@pytest.mark.parametrize("gran", list(GRANULARITIES))
+@pytest.mark.parametrize("dtype", list(qs.QTYPES))
+def test_xarray_opens_every_output_and_open_xarray_is_bit_exact(x, tmp_path, dtype, gran):
+    spec = _spec(dtype, gran)
+    out = tmp_path / "q.zarr"
+    qs.quantize_store(x, out, spec, max_memory=1 << 20)
+    ds = xr.open_zarr(out, consolidated=False)
+    assert ds["data"].dims == ("dim_0", "dim_1")
+    if spec.axis is not None and not spec.block_size:  # the channel axis shares its name
+        assert ds["scale"].dims == ds["zero_point"].dims == (f"dim_{spec.axis}",)
+    lazy = qs.open_xarray(out)
+    assert lazy.dtype == np.float32 and lazy.dims == ("dim_0", "dim_1")
+    assert lazy.chunks is not None  # Dask-backed, nothing read yet
+    got = lazy.values
+    np.testing.assert_array_equal(got, _want(out, spec))
+    np.testing.assert_array_equal(got, qs.open_quantized(out)[...])
+    np.testing.assert_array_equal(lazy[5:17, 3:40].values, got[5:17, 3:40])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "uint16", "int4", "uint4", "int2"])
+def test_per_tensor_cf_decoding_is_exact_after_astype_float32(x, tmp_path, dtype):
+    spec = QuantSpec(dtype=dtype, method="minmax", symmetric=not dtype.startswith("uint"))
+    out = tmp_path / "q.zarr"
+    qs.quantize_store(x, out, spec)
+    decoded = xr.open_zarr(out, consolidated=False)["data"]
+    assert decoded.dtype == np.float64  # JSON attributes decode to float64
+    np.testing.assert_array_equal(decoded.astype("float32").values, _want(out, spec))
+
+
+def test_dequantized_output_has_dimension_names(x, tmp_path):
+    qs.quantize_store(x, tmp_path / "q.zarr", QuantSpec(axis=0))
+    qs.dequantize_store(tmp_path / "q.zarr", tmp_path / "d.zarr")
+    a = zarr.open_array(str(tmp_path / "d.zarr"))
+    assert list(a.metadata.dimension_names) == ["dim_0", "dim_1"]
+
+
+def test_converted_checkpoint_root_opens_as_a_mapping_and_a_dataset(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    tensors = {
+        "enc.weight": rng.standard_normal((32, 24)).astype(np.float32),
+        "enc.bias": rng.standard_normal(24).astype(np.float32),
+        "dec.weight": rng.standard_normal((16, 32)).astype(np.float32),
+    }
+    ck = tmp_path / "m.safetensors"
+    save_file(tensors, str(ck))
+    out = tmp_path / "m-int8"
+    qs.convert_checkpoint(ck, out)
+    root = qs.open_quantized(out)
+    assert isinstance(root, qs.QuantizedCheckpoint) and sorted(root) == sorted(tensors)
+    assert isinstance(root["enc.weight"], qs.QuantizedArray)
+    np.testing.assert_array_equal(root["enc.bias"][...], tensors["enc.bias"])  # kept
+    ds = qs.open_xarray(out)
+    assert set(ds.data_vars) == set(tensors)
+    for name in ("enc.weight", "dec.weight"):
+        np.testing.assert_array_equal(ds[name].values, root[name][...])
+        assert ds[name].dims == (f"{name}/dim_0", f"{name}/dim_1")
+    np.testing.assert_array_equal(ds["enc.bias"].values, tensors["enc.bias"])
