@@ -10,8 +10,8 @@ A quantized array is a Zarr v3 group::
 
 Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8, as
 their values (format 3; format 2 stored int4/int2 masked to their bits, e.g. -1 as 15, which
-qstream still reads); float8/float4 as their uint8 bit patterns. Per-tensor integer arrays also carry CF
-``scale_factor``/``add_offset`` on ``data``.
+qstream still reads); float8/float4 as their uint8 bit patterns. Per-tensor integer arrays
+also carry CF ``scale_factor``/``add_offset`` on ``data``. Every array has dimension names.
 
 Life of an output: the group's metadata is written first, in one write, with the job's
 ``fingerprint`` and ``ready: false``; then the member arrays and the parameters; then
@@ -362,7 +362,7 @@ def open_quantized(
 class QuantizedCheckpoint(Mapping):
     """A converted checkpoint on disk: tensor name -> :class:`QuantizedArray` (quantized
     tensors) or ``zarr.Array`` (kept tensors, their original values; bfloat16 widened to
-    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in the order they were converted."""
+    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in conversion order."""
 
     def __init__(self, path, group, allow_incomplete: bool, storage_options: dict | None):
         self.path = path
