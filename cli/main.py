@@ -340,10 +340,12 @@ def dequantize(
             if not quiet:
                 typer.echo(f"{dst}: already complete (same job); nothing to do")
         elif not quiet:
-            typer.echo(
-                f"{src} -> {dst}: {report['dtype']} {tuple(report['shape'])},"
-                f" {report['seconds']:.1f} s"
+            what = (
+                f"{len(report['tensors'])} tensors"
+                if "tensors" in report
+                else str(tuple(report["shape"]))
             )
+            typer.echo(f"{src} -> {dst}: {report['dtype']} {what}, {report['seconds']:.1f} s")
 
 
 @app.command()
@@ -417,6 +419,23 @@ def inspect(
         from rich.table import Table
 
         console = Console()
+        if isinstance(arr, qs.QuantizedCheckpoint):
+            t = Table(title=f"{store}: {len(arr)} tensors, complete: {summary['complete']}")
+            for col in ("tensor", "shape", "dtype", "stored as", "bytes", "SQNR dB"):
+                t.add_column(col)
+            for name, r in summary["tensors"].items():
+                sq = "" if r.get("kept") else _fmt_db((r.get("error") or {}).get("sqnr_db"))
+                t.add_row(
+                    name,
+                    str(r.get("shape")),
+                    str(r.get("dtype")),
+                    "kept" if r.get("kept") else str(r.get("target")),
+                    f"{_fmt_bytes(r.get('bytes_before', 0))} -> "
+                    f"{_fmt_bytes(r.get('bytes_after', 0))}",
+                    sq,
+                )
+            console.print(t)
+            return
         t = Table(title=f"{store}", show_header=False)
         for k in (
             "shape",

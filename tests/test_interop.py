@@ -103,3 +103,26 @@ def test_converted_checkpoint_root_opens_as_a_mapping_and_a_dataset(tmp_path):
         np.testing.assert_array_equal(ds[name].values, root[name][...])
         assert ds[name].dims == (f"{name}/dim_0", f"{name}/dim_1")
     np.testing.assert_array_equal(ds["enc.bias"].values, tensors["enc.bias"])
+
+
+def test_dequantize_and_inspect_take_a_converted_checkpoints_root(tmp_path):
+    from qstream.cli.main import app
+    from safetensors.numpy import save_file
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(7)
+    tensors = {
+        "w1": rng.standard_normal((32, 24)).astype(np.float32),
+        "b1": rng.standard_normal(24).astype(np.float32),
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    out, back = tmp_path / "m-int8", tmp_path / "restored"
+    qs.convert_checkpoint(tmp_path / "m.safetensors", out)
+    result = qs.dequantize_store(out, back)
+    assert set(result["tensors"]) == set(tensors) and not result["already_complete"]
+    root = qs.open_quantized(out)
+    np.testing.assert_array_equal(zarr.open_array(str(back / "w1"))[...], root["w1"][...])
+    np.testing.assert_array_equal(zarr.open_array(str(back / "b1"))[...], tensors["b1"])
+    assert qs.dequantize_store(out, back)["already_complete"]
+    shown = CliRunner().invoke(app, ["inspect", str(out)])
+    assert shown.exit_code == 0 and "w1" in shown.stdout and "kept" in shown.stdout

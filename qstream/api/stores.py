@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..engine.checkpoint import restore
 from ..engine.job import QuantizeJob
 from ..engine.job import dequantize as _dequantize
+from ..io.qarray import is_checkpoint
 from ..io.stores import with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 
@@ -100,7 +102,20 @@ def dequantize_store(
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
     (float32, float16 or bfloat16), under the same destination rules (and with the same
-    ``executor`` and ``store`` choices) as :func:`quantize_store`."""
+    ``executor`` and ``store`` choices) as :func:`quantize_store`.
+
+    ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
+    tensor restored (kept tensors copied as stored), and the result lists them."""
+    if is_checkpoint(src, storage_options):
+        return restore(
+            src,
+            dst,
+            dtype=dtype,
+            max_memory=max_memory,
+            progress=progress,
+            overwrite=overwrite,
+            executor=executor,
+        )
     return _dequantize(
         with_backend(src, store, storage_options, read_only=True),
         with_backend(dst, store, storage_options, read_only=False),

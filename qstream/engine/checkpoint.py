@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,3 +191,91 @@ def _keep(t, path: str) -> dict:
             key = (slice(r, r + rows),) if t.shape else ()
             a[key] = np.asarray(t[key]).astype(stored)
     return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}
+
+
+def restore(
+    src,
+    dst,
+    *,
+    dtype: str = "float32",
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    executor=None,
+) -> dict:
+    """Dequantize every tensor of the converted checkpoint ``src`` into the group ``dst``
+    (kept tensors are copied as stored); see :func:`qstream.dequantize_store`. A re-run
+    resumes: finished tensors are skipped."""
+    from .job import dequantize
+
+    ck = qarray.open_quantized(src)
+    src_loc = location(src) or str(src)
+    qarray.check_separate(src_loc, dst)
+    qarray.check_writable(dst)
+    ident = {"from": src_loc, "dtype": dtype}
+    fp = json.dumps(ident, sort_keys=True)
+    t0 = time.perf_counter()
+    with qarray.locked(dst):
+        existing = qarray.inspect_destination(dst)
+        if existing.kind == "restored":
+            meta = existing.meta
+            same = {k: meta.get(k) for k in ident} == ident
+            existing = qarray.Existing("restored", {**meta, "fingerprint": fp if same else None})
+        action = qarray.decide(existing, fp, overwrite=overwrite, what="restored", dst=dst)
+        if action == "complete":
+            return {**existing.meta["result"], "already_complete": True, "seconds": 0.0}
+        if action.startswith("replace"):
+            qarray.remove_output(dst, existing)
+        names = list(ck)
+        meta = {**ident, "tensors": {n: {} for n in names}, "complete": False}
+        if action != "resume":
+            root = qarray.create_group(dst, {"qstream_restored": meta})
+        else:
+            root = open_group(dst, mode="a")
+        results = {}
+        for name in names:
+            path = f"{os.fspath(dst).rstrip('/')}/{name}"
+            t = ck[name]
+            if isinstance(t, qarray.QuantizedArray):
+                r = dequantize(
+                    f"{os.fspath(src).rstrip('/')}/{name}",
+                    path,
+                    dtype=dtype,
+                    max_memory=max_memory,
+                    progress=progress,
+                    executor=executor,
+                )
+                results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
+            else:
+                results[name] = {"kept": True, "bytes_written": _copy_kept(t, path)}
+        result = {
+            "source": str(src),
+            "destination": str(dst),
+            "dtype": dtype,
+            "tensors": results,
+            "bytes_written": sum(r["bytes_written"] for r in results.values()),
+            "already_complete": False,
+        }
+        qarray.set_meta(root, {**meta, "complete": True, "result": result}, "qstream_restored")
+    return {**result, "seconds": time.perf_counter() - t0}
+
+
+def _copy_kept(a, path: str) -> int:
+    """Copy the kept tensor ``a`` (a zarr array) to ``path``, slab by slab."""
+    import zarr
+
+    out = zarr.create_array(
+        path,
+        shape=a.shape,
+        chunks=a.chunks,
+        dtype=a.dtype,
+        overwrite=True,
+        dimension_names=dimension_names(a.ndim),
+        attributes=dict(a.attrs),
+    )
+    if a.size:
+        rows = max(1, (16 << 20) // max(1, math.prod(a.shape[1:]) * a.dtype.itemsize))
+        for r in range(0, a.shape[0] if a.shape else 1, rows):
+            key = (slice(r, r + rows),) if a.shape else ()
+            out[key] = a[key]
+    return int(a.size * a.dtype.itemsize)

@@ -66,6 +66,7 @@ class Existing:
 
     ``kind``: ``absent``, ``empty``, ``quantized`` (a qstream quantized group),
     ``checkpoint`` (a converted checkpoint), ``dequantized`` (a qstream dequantize output),
+    ``restored`` (a dequantized checkpoint),
     ``zarr`` (any other Zarr array or group), ``file`` or ``foreign`` (a directory or store
     holding other things).
     """
@@ -92,6 +93,8 @@ def _classify_meta(doc: dict) -> Existing:
         return Existing("quantized", attrs["qstream"])
     if doc.get("node_type") == "group" and isinstance(attrs.get("qstream_checkpoint"), dict):
         return Existing("checkpoint", attrs["qstream_checkpoint"])
+    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream_restored"), dict):
+        return Existing("restored", attrs["qstream_restored"])
     q = attrs.get("qstream")
     if doc.get("node_type") == "array" and isinstance(q, dict) and "dequantized_from" in q:
         return Existing("dequantized", q)
@@ -182,6 +185,7 @@ def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, 
     label = {
         "quantized": "a qstream quantized array",
         "checkpoint": "a qstream converted checkpoint",
+        "restored": "a qstream restored checkpoint",
         "dequantized": "a qstream dequantized array",
         "zarr": "a Zarr array or group that qstream did not write",
     }[kind]
@@ -194,7 +198,7 @@ def remove_output(dst, existing: Existing, storage_options: dict | None = None) 
     local = _local(dst)
     if existing.kind == "zarr" or existing.kind == "dequantized":
         members = None  # the whole node
-    elif existing.kind == "checkpoint":
+    elif existing.kind in ("checkpoint", "restored"):
         tensors = existing.meta.get("tensors", {})
         members = ["zarr.json", *sorted({n.split("/")[0] for n in tensors})]
     else:
@@ -329,12 +333,17 @@ def create_group(dst, attrs: dict, storage_options: dict | None = None):
         raise StoreError(f"cannot write {dst}: {e}") from None
 
 
-def set_meta(group, meta: dict) -> None:
-    """Replace the group's ``qstream`` attributes (one atomic metadata write)."""
+def set_meta(group, meta: dict, key: str = "qstream") -> None:
+    """Replace the group's ``key`` attributes (one atomic metadata write)."""
     try:
-        group.attrs["qstream"] = meta
+        group.attrs[key] = meta
     except OSError as e:
         raise StoreError(f"cannot write the metadata of {group.store_path}: {e}") from None
+
+
+def is_checkpoint(path, storage_options: dict | None = None) -> bool:
+    """Whether ``path`` is the root of a converted checkpoint."""
+    return inspect_destination(path, storage_options).kind == "checkpoint"
 
 
 def open_quantized(
