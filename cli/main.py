@@ -538,6 +538,35 @@ def convert(
 
 
 @app.command()
+def export(
+    src: str = typer.Argument(..., help="A converted checkpoint (or one quantized group)."),
+    out: str = typer.Argument(..., help="The .safetensors file (shards go beside it)."),
+    max_shard_size: str = typer.Option(
+        "5GB", "--max-shard-size", help="Split into shards with an index above this size."
+    ),
+    name: str = typer.Option("weight", "--name", help="Tensor name for a single group."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files."),
+    as_json: bool = _JSON,
+    quiet: bool = _QUIET,
+):
+    """Export quantized tensors as safetensors (N, N_scale, N_zero_point: the
+    compressed-tensors naming), streaming, with bounded memory."""
+    with _errors():
+        import qstream as qs
+
+        result = qs.export_safetensors(
+            src, out, max_shard_size=_size(max_shard_size), overwrite=overwrite, name=name
+        )
+        if as_json:
+            typer.echo(json.dumps(result))
+        elif not quiet:
+            typer.echo(
+                f"{src} -> {', '.join(result['files'])}: {len(result['tensors'])} tensors,"
+                f" {_fmt_bytes(result['bytes'])}"
+            )
+
+
+@app.command()
 def info() -> None:
     """List the quantized types, round modes and compatibility profiles."""
     from rich.console import Console

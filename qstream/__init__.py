@@ -20,6 +20,7 @@ _EXPORTS = {
     "QuantizedArray": "qstream.io.qarray",
     "QuantizedCheckpoint": "qstream.io.qarray",
     "open_xarray": "qstream.io.xarrays",
+    "export_safetensors": "qstream.io.export",
     "convert_checkpoint": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.recipe",

@@ -4,6 +4,8 @@ root opens as one object."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import zarr
@@ -126,3 +128,86 @@ def test_dequantize_and_inspect_take_a_converted_checkpoints_root(tmp_path):
     assert qs.dequantize_store(out, back)["already_complete"]
     shown = CliRunner().invoke(app, ["inspect", str(out)])
     assert shown.exit_code == 0 and "w1" in shown.stdout and "kept" in shown.stdout
+
+
+def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
+    import ml_dtypes
+
+    torch = pytest.importorskip("torch")  # loaders read through torch (bf16, float8)
+    from safetensors.torch import load_file
+    from safetensors.torch import save_file as save_torch
+
+    def as_numpy(t):
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        if t.dtype == torch.float8_e4m3fn:
+            return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+        return t.numpy()
+
+    rng = np.random.default_rng(9)
+    tensors = {
+        "q8.weight": rng.standard_normal((40, 64)).astype(np.float32),
+        "u8.weight": rng.standard_normal((24, 32)).astype(np.float32) + 0.5,
+        "q4.weight": rng.standard_normal((16, 256)).astype(np.float32),
+        "f8.weight": rng.standard_normal((20, 48)).astype(np.float32),
+        "keep.norm": rng.standard_normal((8, 8)).astype(ml_dtypes.bfloat16),
+        "bias": rng.standard_normal(16).astype(np.float32),
+    }
+    ck = tmp_path / "m.safetensors"
+
+    save_torch(
+        {
+            k: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16)
+            if v.dtype == ml_dtypes.bfloat16
+            else torch.from_numpy(v)
+            for k, v in tensors.items()
+        },
+        str(ck),
+    )
+    recipe = qs.Recipe.from_dict(
+        {
+            "defaults": {"dtype": "int8", "axis": 0},
+            "rules": [
+                {"pattern": "u8.*", "spec": {"dtype": "uint8", "axis": None, "symmetric": False}},
+                {
+                    "pattern": "q4.*",
+                    "spec": {"dtype": "int4", "axis": 1, "block_size": 128, "method": "dynamic"},
+                },
+                {"pattern": "f8.*", "spec": {"dtype": "float8_e4m3fn"}},
+                {"pattern": "keep.*", "action": "keep"},
+            ],
+        }
+    )
+    out = tmp_path / "m-q"
+    qs.convert_checkpoint(ck, out, recipe)
+    result = qs.export_safetensors(out, tmp_path / "e.safetensors", max_shard_size=4000)
+    assert len(result["files"]) > 2  # shards and an index
+    index = json.loads((tmp_path / "e.safetensors.index.json").read_text())
+    loaded = {}
+    for f in sorted(set(index["weight_map"].values())):
+        loaded.update({k: as_numpy(v) for k, v in load_file(str(tmp_path / f)).items()})
+    assert set(loaded) == set(index["weight_map"])
+    root = qs.open_quantized(out)
+    for name in ("q8.weight", "u8.weight", "q4.weight"):
+        arr = root[name]
+        q = loaded[name]
+        s = loaded[f"{name}_scale"]
+        zp = loaded.get(f"{name}_zero_point")
+        # the loader's arithmetic: (q - zero_point) * scale in float32, broadcasting
+        if arr.spec.block_size:  # groups: [out, in / group] parameters
+            mine = qs.dequantize(
+                q.astype(arr.qtype.dtype), s, zp, axis=1, block_size=arr.spec.block_size
+            )
+        else:
+            mine = (q.astype(np.float32) - (0 if zp is None else zp.astype(np.float32))) * s
+        np.testing.assert_array_equal(mine, arr[...])
+    assert "u8.weight_zero_point" in loaded and "q8.weight_zero_point" not in loaded
+    f8 = loaded["f8.weight"]
+    assert f8.dtype == np.dtype(ml_dtypes.float8_e4m3fn)
+    f8q = f8.astype(np.float32)
+    np.testing.assert_array_equal(f8q * loaded["f8.weight_scale"], root["f8.weight"][...])
+    assert loaded["keep.norm"].dtype == np.dtype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(loaded["keep.norm"], tensors["keep.norm"])
+    np.testing.assert_array_equal(loaded["bias"], tensors["bias"])
+    with pytest.raises(qs.StoreError, match="exists"):
+        qs.export_safetensors(out, tmp_path / "e.safetensors", max_shard_size=4000)

@@ -1,0 +1,231 @@
+"""Export quantized outputs as safetensors, streaming, for loaders outside qstream.
+
+Naming follows the compressed-tensors convention of int8/int4 checkpoints (what vLLM and
+Hugging Face ``compressed-tensors`` read for "int-quantized" weights): a quantized tensor
+``N`` is written as
+
+- ``N``: the stored values (``I8``/``U8``/``I16``/``U16``/``I32``; int4/uint4/int2/uint2 one
+  value per byte in ``I8``/``U8``; float8_e4m3fn/e5m2 as ``F8_E4M3``/``F8_E5M2``; the other
+  float types as ``U8`` bit patterns),
+- ``N_scale``: float32, shaped to broadcast against ``N``: ``[1]`` per tensor, the channel
+  axis kept and every other axis 1 per axis (``[out, 1]`` for axis 0 of a matrix), the group
+  layout ``[out, in / group]`` blocked,
+- ``N_zero_point``: the zero point in the values' integer type, same shape as ``N_scale``
+  (omitted when every zero point is 0, i.e. symmetric),
+
+so ``(N - N_zero_point) * N_scale`` in float32 is ``qstream.dequantize`` bit for bit. Kept
+tensors are written in their original dtype (bfloat16 included). ``__metadata__["qstream"]``
+(JSON) records each quantized tensor's type, axis and block size. Above ``max_shard_size`` the
+tensors are split over ``stem-0000K-of-0000N.safetensors`` with a ``stem.safetensors.index.json``
+(``weight_map``), as Hugging Face sharded checkpoints are. Memory stays bounded: tensors are
+read and written in slabs of ~64 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+
+from ..errors import InvalidParameterError, StoreError
+from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
+
+SLAB = 64 << 20
+_INT_TAGS = {
+    "int8": "I8",
+    "uint8": "U8",
+    "int16": "I16",
+    "uint16": "U16",
+    "int32": "I32",
+    "int4": "I8",
+    "int2": "I8",
+    "uint4": "U8",
+    "uint2": "U8",
+}
+_FLOAT_TAGS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+_PLAIN_TAGS = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+
+
+class _Entry:
+    """One tensor of the export: its safetensors dtype tag, shape and a slab reader."""
+
+    def __init__(self, name: str, tag: str, shape, itemsize: int, read):
+        self.name, self.tag, self.shape = name, tag, tuple(int(d) for d in shape)
+        self.nbytes = math.prod(self.shape) * itemsize
+        self.read = read  # read(row0, row1) -> C-contiguous array of the rows (or all for 0-d)
+
+
+def _entries(name: str, t) -> list[_Entry]:
+    if isinstance(t, QuantizedArray):
+        return _quantized_entries(name, t)
+    import ml_dtypes
+
+    dtype = dict(t.attrs.get("qstream", {})).get("dtype", np.dtype(t.dtype).name)
+    if dtype not in _PLAIN_TAGS:
+        raise InvalidParameterError(f"{name}: no safetensors type for {dtype}")
+    out = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+
+    def read(r0, r1, t=t, out=out):
+        v = np.asarray(t[r0:r1] if t.ndim else t[...])
+        return np.ascontiguousarray(v.astype(out, copy=False))
+
+    return [_Entry(name, _PLAIN_TAGS[dtype], t.shape, out.itemsize, read)]
+
+
+def _quantized_entries(name: str, arr: QuantizedArray) -> list[_Entry]:
+    qt = arr.qtype
+    if qt.name in _INT_TAGS:
+        tag = _INT_TAGS[qt.name]
+        values = np.dtype(qt.widened)
+    else:
+        tag = _FLOAT_TAGS.get(qt.name, "U8")
+        values = np.dtype(np.uint8)
+
+    def read(r0, r1):
+        q = arr.quantized((slice(r0, r1),) if arr.ndim else ...)
+        v = q.astype(values) if qt.name in _INT_TAGS else q.view(np.uint8)
+        return np.ascontiguousarray(v)
+
+    entries = [_Entry(name, tag, arr.shape, values.itemsize, read)]
+    s, z = _param_shape(arr)
+    scale = arr.scale.reshape(s).astype(np.float32)
+    entries.append(_Entry(f"{name}_scale", "F32", s, 4, lambda r0, r1: scale[r0:r1]))
+    if not qt.is_float and np.any(arr.zero_point != 0):
+        zp = arr.zero_point.reshape(z).astype(values)
+        entries.append(
+            _Entry(f"{name}_zero_point", tag, z, values.itemsize, lambda r0, r1: zp[r0:r1])
+        )
+    return entries
+
+
+def _param_shape(arr: QuantizedArray) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shape of the exported scale / zero point (see the module docstring)."""
+    if arr.axis is None:
+        return (1,), (1,)
+    if arr.spec.block_size:
+        return arr.scale.shape, arr.scale.shape
+    shape = [1] * arr.ndim
+    shape[arr.axis] = arr.shape[arr.axis]
+    return tuple(shape), tuple(shape)
+
+
+def _shards(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
+    shards: list[list[_Entry]] = [[]]
+    size = 0
+    for e in entries:
+        if shards[-1] and size + e.nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(e)
+        size += e.nbytes
+    return shards
+
+
+def _write_file(path: str, entries: list[_Entry], metadata: dict[str, str]) -> None:
+    header: dict = {"__metadata__": metadata}
+    offset = 0
+    for e in entries:
+        header[e.name] = {"dtype": e.tag, "shape": list(e.shape), "data_offsets": [offset, 0]}
+        offset += e.nbytes
+        header[e.name]["data_offsets"][1] = offset
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            for e in entries:
+                rows = e.shape[0] if e.shape else 1
+                per_row = max(1, e.nbytes // max(1, rows))
+                step = max(1, SLAB // per_row)
+                written = 0
+                for r0 in range(0, rows, step):
+                    chunk = e.read(r0, min(rows, r0 + step))
+                    f.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
+                    written += chunk.nbytes
+                if written != e.nbytes:
+                    raise StoreError(f"{e.name}: wrote {written} bytes, expected {e.nbytes}")
+        os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise StoreError(f"cannot write {path}: {e}") from None
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def export_safetensors(
+    src,
+    out,
+    *,
+    max_shard_size: int = 5 * 10**9,
+    overwrite: bool = False,
+    name: str = "weight",
+    storage_options: dict | None = None,
+) -> dict:
+    """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
+    group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
+    it, with an index, above ``max_shard_size`` bytes); see the module docstring for the
+    naming. Returns the files written and the tensors' names."""
+    opened = open_quantized(src, storage_options=storage_options)
+    items = opened.items() if isinstance(opened, QuantizedCheckpoint) else [(name, opened)]
+    entries = [e for n, t in items for e in _entries(n, t)]
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        raise InvalidParameterError("tensor names collide with the _scale/_zero_point suffixes")
+    out = os.fspath(out)
+    if not out.endswith(".safetensors"):
+        raise InvalidParameterError(f"{out}: the export target must end in .safetensors")
+    shards = _shards(entries, int(max_shard_size))
+    stem = out[: -len(".safetensors")]
+    files = (
+        [out]
+        if len(shards) == 1
+        else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
+    index = f"{stem}.safetensors.index.json"
+    targets = files + ([index] if len(shards) > 1 else [])
+    existing = [f for f in targets if os.path.exists(f)]
+    if existing and not overwrite:
+        raise StoreError(f"{existing[0]} exists; pass overwrite=True to replace it")
+    meta = {
+        "format": "pt",
+        "qstream": json.dumps(
+            {
+                n: {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
+                for n, t in items
+                if isinstance(t, QuantizedArray)
+            },
+            sort_keys=True,
+        ),
+        "naming": "compressed-tensors: N, N_scale, N_zero_point",
+    }
+    for path, shard in zip(files, shards, strict=True):
+        _write_file(path, shard, meta)
+    if len(shards) > 1:
+        weight_map = {
+            e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
+        }
+        doc = {"metadata": {"total_size": sum(e.nbytes for e in entries)}, "weight_map": weight_map}
+        tmp = f"{index}.{os.getpid()}.partial"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=2)
+        os.replace(tmp, index)
+    return {"files": targets, "tensors": names, "bytes": sum(e.nbytes for e in entries)}
