@@ -18,7 +18,7 @@ tensors are written in their original dtype (bfloat16 included). ``__metadata__[
 (JSON) records each quantized tensor's type, axis and block size. Above ``max_shard_size`` the
 tensors are split over ``stem-0000K-of-0000N.safetensors`` with a ``stem.safetensors.index.json``
 (``weight_map``), as Hugging Face sharded checkpoints are. Memory stays bounded: tensors are
-read and written in slabs of ~64 MiB.
+read and written in slabs of ~16 MiB.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import InvalidParameterError, StoreError
 from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
-SLAB = 64 << 20
+SLAB = 16 << 20
 _INT_TAGS = {
     "int8": "I8",
     "uint8": "U8",
@@ -97,7 +97,7 @@ def _quantized_entries(name: str, arr: QuantizedArray) -> list[_Entry]:
 
     def read(r0, r1):
         q = arr.quantized((slice(r0, r1),) if arr.ndim else ...)
-        v = q.astype(values) if qt.name in _INT_TAGS else q.view(np.uint8)
+        v = q.astype(values, copy=False) if qt.name in _INT_TAGS else q.view(np.uint8)
         return np.ascontiguousarray(v)
 
     entries = [_Entry(name, tag, arr.shape, values.itemsize, read)]
