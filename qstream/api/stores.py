@@ -106,7 +106,7 @@ def dequantize_store(
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
     tensor restored (kept tensors copied as stored), and the result lists them."""
-    if is_checkpoint(src, storage_options):
+    if is_checkpoint(with_backend(src, store, storage_options, read_only=True), storage_options):
         return restore(
             src,
             dst,
