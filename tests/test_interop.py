@@ -211,3 +211,129 @@ def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(loaded["bias"], tensors["bias"])
     with pytest.raises(qs.StoreError, match="exists"):
         qs.export_safetensors(out, tmp_path / "e.safetensors", max_shard_size=4000)
+
+
+# ---------------------------------------------------------------- packed sub-byte storage
+
+SUB_BYTE = ["int4", "uint4", "int2", "uint2", "float4_e2m1fn"]
+
+
+def _oracle_pack(codes: list[int], bits: int) -> bytes:
+    """zarr-extensions packbits, bit by bit: element i at bits [i*k, (i+1)*k) of the
+    sequence, bit j of the sequence in byte j // 8 at position j % 8 (LSB first)."""
+    seq = [(c >> b) & 1 for c in codes for b in range(bits)]
+    seq += [0] * (-len(seq) % 8)
+    return bytes(sum(seq[i + b] << b for b in range(8)) for i in range(0, len(seq), 8))
+
+
+@pytest.mark.parametrize("bits, signed", [(4, True), (4, False), (2, True), (2, False)])
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 31, 64, 1001])
+def test_pack_matches_the_bit_by_bit_oracle_and_unpack_inverts_it(bits, signed, n):
+    from qstream.io.packing import pack, unpack
+
+    rng = np.random.default_rng(n * 7 + bits)
+    codes = rng.integers(0, 1 << bits, n).astype(np.uint8)
+    packed = pack(codes, bits)
+    assert packed.tobytes() == _oracle_pack(codes.tolist(), bits)
+    out = np.empty(n, np.int8 if signed else np.uint8)
+    unpack(packed, n, bits, signed, out)
+    half = 1 << (bits - 1)
+    want = [(c ^ half) - half for c in codes.tolist()] if signed else codes.tolist()
+    assert out.tolist() == want
+
+
+@pytest.mark.parametrize("dtype", SUB_BYTE)
+def test_sub_byte_outputs_are_packed_and_plain_zarr_reads_the_values(tmp_path, dtype):
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((96, 200)).astype(np.float32)  # incompressible enough
+    src = zarr.create_array(
+        str(tmp_path / "src.zarr"),
+        shape=x.shape,
+        chunks=(32, 200),
+        dtype="float32",
+        compressors=None,
+    )
+    src[...] = x
+    spec = QuantSpec(dtype=dtype, axis=0, symmetric=not dtype.startswith("uint"))
+    out = tmp_path / "q.zarr"
+    qs.quantize_store(str(tmp_path / "src.zarr"), out, spec)
+    data = zarr.open_array(str(out / "data"))  # zarr-python alone (qstream's entry points)
+    assert np.dtype(data.dtype) == qs.QTYPES[dtype].dtype
+    assert data.metadata.to_dict()["codecs"][0]["name"] == "packbits"
+    stored = data[...]
+    np.testing.assert_array_equal(
+        stored.astype(np.float32), qs.open_quantized(out).quantized(...).astype(np.float32)
+    )
+    qs.quantize_store(str(tmp_path / "src.zarr"), tmp_path / "q8.zarr", QuantSpec(axis=0))
+
+    def size(p):
+        return sum(f.stat().st_size for f in (p / "data").rglob("c*") if f.is_file())
+
+    ratio = size(out) / size(tmp_path / "q8.zarr")
+    assert ratio <= (0.55 if qs.QTYPES[dtype].bits == 4 else 0.3), ratio
+
+
+def test_packed_chunks_read_through_the_direct_path_equal_zarrs_decode(tmp_path):
+    """Chunks written by zarr's own codec pipeline (zstd over packbits) and read by qstream's
+    direct chunk path, and the other way round."""
+    import ml_dtypes
+
+    from qstream.io.chunks import chunk_files
+    from qstream.io.zarr_ext import PackBits
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(-8, 8, (70, 45)).astype(ml_dtypes.int4)
+    a = zarr.create_array(
+        str(tmp_path / "z.zarr"),
+        shape=codes.shape,
+        chunks=(16, 20),
+        dtype=ml_dtypes.int4,
+        serializer=PackBits(),
+        fill_value=0,
+    )
+    a[...] = codes
+    files = chunk_files(a)
+    assert files is not None and files.bits == 4 and files.signed
+    got = np.empty(codes.shape, ml_dtypes.int4)
+    files.read((slice(0, 70), slice(0, 45)), got)
+    np.testing.assert_array_equal(got.astype(np.int8), codes.astype(np.int8))
+    flipped = (-codes.astype(np.int8)).clip(-8, 7).astype(ml_dtypes.int4)
+    files.write((slice(16, 48), slice(0, 40)), flipped[16:48, 0:40])
+    back = zarr.open_array(str(tmp_path / "z.zarr"))[...]
+    np.testing.assert_array_equal(
+        back[16:48, 0:40].astype(np.int8), flipped[16:48, 0:40].astype(np.int8)
+    )
+    np.testing.assert_array_equal(back[:16].astype(np.int8), codes[:16].astype(np.int8))
+
+
+def test_a_short_packed_chunk_is_a_store_error_naming_it(tmp_path):
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    src = zarr.create_array(
+        str(tmp_path / "s.zarr"),
+        shape=x.shape,
+        chunks=(32, 64),
+        dtype="float32",
+        compressors=None,
+    )
+    src[...] = x
+    out = tmp_path / "q.zarr"
+    qs.quantize_store(str(tmp_path / "s.zarr"), out, QuantSpec(dtype="int4", axis=0))
+    chunk = next(p for p in (out / "data").rglob("c*") if p.is_file())
+    chunk.write_bytes(chunk.read_bytes()[:-7])
+    with pytest.raises(qs.StoreError, match="chunk"):
+        qs.dequantize_store(out, tmp_path / "d.zarr")
+
+
+def test_format_2_outputs_one_value_per_byte_still_read(tmp_path, x):
+    """Before packing (format 2) int4 was stored in an int8 array, masked to 4 bits."""
+    out = tmp_path / "q.zarr"
+    qs.quantize_store(x, out, QuantSpec(dtype="int4", axis=0))
+    want = qs.open_quantized(out)[...]
+    g = zarr.open_group(str(out), mode="a")
+    q = g["data"][...]
+    meta = dict(g.attrs["qstream"])
+    del g["data"]
+    old = g.create_array("data", shape=q.shape, chunks=q.shape, dtype="int8", fill_value=0)
+    old[...] = q.view(np.int8) & 0x0F  # -1 stored as 15
+    g.attrs["qstream"] = {**meta, "version": 2}
+    np.testing.assert_array_equal(qs.open_quantized(out)[...], want)

@@ -103,7 +103,7 @@ def _convert(
                 t, spec, max_memory=max_memory, executor=executor, checkpoint=(source, name)
             )
             report = job.run(path, progress=progress, overwrite=overwrite)
-            q_bytes = math.prod(t.shape) * max(1, spec.qtype.dtype.itemsize)
+            q_bytes = qarray.stored_nbytes(t.shape, spec.qtype)
             params = report.calibration.get("params") if report.calibration else None
             result = {
                 "kept": False,

@@ -439,12 +439,10 @@ class QuantizeJob:
             "source": source.description,
             "dtype": qt.name,
             "axis": plan.axis,
-            "storage": "one value per byte"
-            if qt.bits < 8
-            else ("uint8 bit patterns" if qt.is_float else "native"),
+            "storage": qarray.storage_of(qt),
         }
         group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
-        store_dtype = qt.widened if not qt.is_float else np.dtype(np.uint8)
+        store_dtype, serializer = qarray.data_encoding(qt)
         zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
         try:
             group.create_array(
@@ -452,6 +450,7 @@ class QuantizeJob:
                 shape=plan.shape,
                 chunks=plan.chunks,
                 dtype=store_dtype,
+                serializer=serializer,
                 fill_value=0,
                 compressors=source.compressors,
                 config=qarray.WRITE_ALL_CHUNKS,
@@ -559,7 +558,7 @@ class QuantizeJob:
             passes=self.passes,
             seconds=time.perf_counter() - t0,
             bytes_read=self.bytes_read,
-            bytes_written=int(math.prod(plan.shape) * max(1, qt.dtype.itemsize)),
+            bytes_written=qarray.stored_nbytes(plan.shape, qt),
             resumed_blocks=resumed,
             missing_chunks=self.source.missing_chunks(),
         )

@@ -314,14 +314,7 @@ class QuantizeWork:
                 zp_out = self.dest.writer("zero_point")
                 self.dest.writer("scale")[pk] = np.asarray(s, np.float32)
                 zp_out[pk] = z.astype(zp_out.array.dtype)
-        if q.dtype == stored:
-            data[b.key] = q
-        elif qt.bits < 8 and not qt.is_float and qt.qmin < 0:
-            # int4/int2: the value, sign-extended, so that any reader of the int8 container
-            # gets it (ml_dtypes reads the low bits either way)
-            data[b.key] = q.astype(stored)
-        else:
-            data[b.key] = q.view(stored)
+        data[b.key] = q.view(stored) if q.dtype != stored else q  # float8: bit patterns
         return errs
 
     def _params(self, key: tuple[slice, ...], x: np.ndarray):

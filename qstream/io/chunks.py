@@ -35,6 +35,7 @@ import numpy as np
 
 from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
+from .packing import pack, packed_nbytes, unpack
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
@@ -55,6 +56,8 @@ class ChunkFiles:
     codec: Any  # a numcodecs codec, or None (raw bytes)
     encode_key: Any  # chunk coordinates -> relative path
     direct: bool = field(default=DIRECT_IO)  # O_DIRECT writes (turned off if refused)
+    bits: int = 0  # packed sub-byte values (``packbits``, no padding byte): bits each; 0: not
+    signed: bool = False  # packed values are sign-extended when unpacked
 
     def path(self, coords) -> str:
         """The file of chunk ``coords``."""
@@ -63,7 +66,8 @@ class ChunkFiles:
     @property
     def chunk_nbytes(self) -> int:
         """Bytes of one uncompressed chunk (edge chunks are stored whole too)."""
-        return int(np.prod(self.chunks)) * self.dtype.itemsize
+        n = int(np.prod(self.chunks))
+        return packed_nbytes(n, self.bits) if self.bits else n * self.dtype.itemsize
 
     def _whole(self, inner: tuple[slice, ...]) -> bool:
         return all(s.start == 0 and s.stop == c for s, c in zip(inner, self.chunks, strict=True))
@@ -86,7 +90,7 @@ class ChunkFiles:
         """``region`` as a view of the mapped chunk file, without a copy, when it lies inside
         one stored uncompressed chunk; else None (use :meth:`read`). Writing to the view
         changes only this process's copy."""
-        if self.codec is not None or not _POSIX:
+        if self.codec is not None or self.bits or not _POSIX:
             return None
         pieces = list(self.chunks_of(region))
         if len(pieces) != 1:
@@ -108,19 +112,29 @@ class ChunkFiles:
     def _read_chunk(self, coords, dest: np.ndarray) -> None:
         """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
         path = self.path(coords)
-        flat = dest.reshape(-1).view(np.uint8)
+        if self.bits:  # the packed bytes first, then unpacked into ``dest``
+            flat = scratch("chunk-packed", (self.chunk_nbytes,), np.uint8)
+            if not self._decode_into(path, flat, dest):
+                return
+            unpack(flat, dest.size, self.bits, self.signed, dest)
+            return
+        self._decode_into(path, dest.reshape(-1).view(np.uint8), dest)
+
+    def _decode_into(self, path: str, flat: np.ndarray, dest: np.ndarray) -> bool:
+        """The stored bytes of the chunk file ``path`` (decoded) into ``flat``; False (and
+        ``dest`` filled with the fill value) when the chunk was never written."""
         try:
             with open(path, "rb", buffering=0) as f:
                 if self.codec is None:  # straight into the caller's buffer
-                    _check_size(f, dest.nbytes, path)
+                    _check_size(f, flat.nbytes, path)
                     _read_exact(f, memoryview(flat), path)
-                    return
+                    return True
                 size = os.fstat(f.fileno()).st_size
                 buf = scratch("chunk-bytes", (size,), np.uint8)
                 _read_exact(f, memoryview(buf), path)
         except FileNotFoundError:
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
-            return
+            return False
         # every decoder here accepts a frame that decodes to fewer bytes than ``out`` holds and
         # leaves the rest as it was: check the size the frame declares (or decode it whole)
         declared = _declared_size(self.codec, buf)
@@ -138,6 +152,7 @@ class ChunkFiles:
             raise StoreError(
                 f"corrupt chunk {path}: decodes to {declared} bytes, expected {flat.size}"
             )
+        return True
 
     # ---- writing
 
@@ -160,7 +175,7 @@ class ChunkFiles:
                     chunk[...] = self.fill_value
                 chunk[inner] = src
                 src = chunk
-            payload = src.reshape(-1).view(np.uint8)
+            payload = pack(src, self.bits) if self.bits else src.reshape(-1).view(np.uint8)
             if self.codec is not None:
                 payload = self.codec.encode(payload)
             self._put(self.path(coords), payload, made)
@@ -243,17 +258,26 @@ def chunk_files(arr) -> ChunkFiles | None:
     if arr.filters or not arr.shape:
         return None
     dtype = np.dtype(arr.dtype)
-    if (dtype.itemsize > 1 and dtype.byteorder == ">") or dtype.kind not in "biuf":
-        return None
     meta = arr.metadata
+    bits, signed = 0, False
     if meta.zarr_format == 3:
         from zarr.codecs import BytesCodec
 
+        from .zarr_ext import PackBits
+
         ser = arr.serializer
-        # configurations through to_dict(): zarr 3.1 holds enums where zarr 3.4 holds strings
-        endian = _config(ser).get("endian") if isinstance(ser, BytesCodec) else "none"
-        if endian not in ("little", None) and not (endian == "big" and dtype.itemsize == 1):
+        if isinstance(ser, PackBits):
+            if ser.padding_encoding != "none":
+                return None
+            zdt = meta.data_type
+            bits, signed = zdt.bits, zdt.signed
+        elif not isinstance(ser, BytesCodec):
             return None
+        else:
+            # configurations through to_dict(): zarr 3.1 holds enums, zarr 3.4 strings
+            endian = _config(ser).get("endian")
+            if endian not in ("little", None) and not (endian == "big" and dtype.itemsize == 1):
+                return None
         codec = _v3_compressor(arr.compressors)
     else:
         if meta.order != "C":
@@ -263,6 +287,8 @@ def chunk_files(arr) -> ChunkFiles | None:
         if len(comps) > 1:
             return None
     if codec is False:
+        return None
+    if not bits and ((dtype.itemsize > 1 and dtype.byteorder == ">") or dtype.kind not in "biuf"):
         return None
     fill = arr.fill_value
     root = os.path.join(str(store.root), arr.store_path.path)
@@ -274,6 +300,8 @@ def chunk_files(arr) -> ChunkFiles | None:
         fill_value=0 if fill is None else fill,
         codec=codec,
         encode_key=meta.encode_chunk_key,
+        bits=bits,
+        signed=signed,
     )
 
 

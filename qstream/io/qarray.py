@@ -8,10 +8,11 @@ A quantized array is a Zarr v3 group::
       zero_point    the type's integer container (float types: float32 zeros)
       _progress     the resume snapshot of the quantize pass (``qstream.io.progress``)
 
-Sub-byte integers (int4/uint4/int2/uint2) are stored one element per byte in int8/uint8, as
-their values (format 3; format 2 stored int4/int2 masked to their bits, e.g. -1 as 15, which
-qstream still reads); float8/float4 as their uint8 bit patterns. Per-tensor integer arrays
-also carry CF ``scale_factor``/``add_offset`` on ``data``. Every array has dimension names.
+Sub-byte types (int4/uint4/int2/uint2/float4_e2m1fn) are packed, two or four per byte, in the
+zarr-extensions data types and ``packbits`` codec (format 3; format 2 stored them one per
+byte in int8/uint8, masked to their bits, and is still read); float8 as uint8 bit
+patterns. Per-tensor integer arrays also carry CF ``scale_factor``/``add_offset`` on
+``data``. Every array has dimension names.
 
 Life of an output: the group's metadata is written first, in one write, with the job's
 ``fingerprint`` and ``ready: false``; then the member arrays and the parameters; then
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Mapping
@@ -331,6 +333,32 @@ def create_group(dst, attrs: dict, storage_options: dict | None = None):
         raise StoreError(f"{dst} was created by another process meanwhile; run again") from None
     except (PermissionError, OSError) as e:
         raise StoreError(f"cannot write {dst}: {e}") from None
+
+
+def data_encoding(qt) -> tuple[np.dtype, object]:
+    """How ``data`` of type ``qt`` is stored: (Zarr dtype, serializer). Sub-byte types are
+    packed with the ``packbits`` codec (zarr-extensions data types ``int4``, ``uint4``,
+    ``int2``, ``uint2``, ``float4_e2m1fn``); float8 types as uint8 bit patterns; the rest
+    natively."""
+    if qt.bits < 8:
+        from .zarr_ext import PackBits, register
+
+        register()
+        return qt.dtype, PackBits()
+    return (np.dtype(np.uint8) if qt.is_float else qt.widened), "auto"
+
+
+def storage_of(qt) -> str:
+    """The ``storage`` entry of an output's metadata."""
+    if qt.bits < 8:
+        return f"packed, {8 // qt.bits} per byte (packbits)"
+    return "uint8 bit patterns" if qt.is_float else "native"
+
+
+def stored_nbytes(shape, qt) -> int:
+    """Bytes of the values of an array of ``shape`` and type ``qt`` as stored (uncompressed)."""
+    n = math.prod(shape)
+    return -(-n * qt.bits // 8) if qt.bits < 8 else n * max(1, qt.dtype.itemsize)
 
 
 def set_meta(group, meta: dict, key: str = "qstream") -> None:

@@ -50,6 +50,10 @@ def with_backend(target, backend: str | None, storage_options: dict | None, *, r
 def _store(path, *, mode: str, storage_options: dict | None):
     import zarr
 
+    from .zarr_ext import register
+
+    register()  # qstream's sub-byte data types and codec, also without entry points
+
     if not isinstance(path, (str, os.PathLike)):
         return path  # a zarr store object already
     p = os.fspath(path)

@@ -1,0 +1,203 @@
+"""Sub-byte Zarr data types and the ``packbits`` codec, as zarr-extensions defines them.
+
+Data types ``int4``, ``uint4``, ``int2``, ``uint2`` and ``float4_e2m1fn``
+(``zarr-extensions/data-types/*``), whose NumPy form is the ``ml_dtypes`` type (one element
+per byte in memory), and the ``packbits`` array -> bytes codec (``zarr-extensions/codecs/
+packbits``): elements in C order, ``k`` bits each (4 or 2 here), element ``i`` at bits
+``[i*k, (i+1)*k)`` of the byte sequence counting from each byte's least-significant bit, the
+last byte padded with zero bits; ``padding_encoding`` ``"none"`` (default), ``"first_byte"``
+or ``"last_byte"`` (one byte holding the number of padding bits). Decoding sign-extends the
+signed integer types.
+
+They are registered with zarr-python through entry points (``zarr.data_type``,
+``zarr.codecs``), so plain ``zarr.open_array`` reads qstream's packed outputs when qstream is
+installed, and by :func:`register` whenever qstream opens a store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import ml_dtypes
+import numpy as np
+from zarr.abc.codec import ArrayBytesCodec
+from zarr.core.dtype.common import DataTypeValidationError, HasItemSize
+from zarr.core.dtype.wrapper import ZDType
+
+from .packing import pack, packed_nbytes, unpack
+
+PADDING = ("none", "first_byte", "last_byte")
+
+
+# --------------------------------------------------------------------------- data types
+
+
+@dataclass(frozen=True, kw_only=True)
+class _SubByte(ZDType, HasItemSize):
+    """A zarr-extensions sub-byte data type backed by its ``ml_dtypes`` NumPy type."""
+
+    _zarr_v3_name: ClassVar[str]
+    _native: ClassVar[np.dtype]
+    bits: ClassVar[int]
+    signed: ClassVar[bool]
+
+    @classmethod
+    def from_native_dtype(cls, dtype):
+        if np.dtype(dtype) == cls._native:
+            return cls()
+        raise DataTypeValidationError(f"Invalid data type {dtype}; expected {cls._native}")
+
+    def to_native_dtype(self):
+        return self._native
+
+    @classmethod
+    def _from_json_v2(cls, data):
+        raise DataTypeValidationError(f"{cls._zarr_v3_name} is a Zarr v3 data type only")
+
+    @classmethod
+    def _from_json_v3(cls, data):
+        if data == cls._zarr_v3_name:
+            return cls()
+        raise DataTypeValidationError(f"expected {cls._zarr_v3_name!r}, got {data!r}")
+
+    def to_json(self, zarr_format):
+        if zarr_format == 3:
+            return self._zarr_v3_name
+        raise ValueError(f"{self._zarr_v3_name} exists in Zarr format 3 only")
+
+    def _check_scalar(self, data) -> bool:
+        return isinstance(data, (int, float, np.integer, np.floating)) or (
+            isinstance(data, np.generic) and data.dtype == self._native
+        )
+
+    def cast_scalar(self, data):
+        if not self._check_scalar(data):
+            raise TypeError(f"cannot convert {data!r} to {self._zarr_v3_name}")
+        return np.array(data).astype(self._native)[()]
+
+    def default_scalar(self):
+        return self.cast_scalar(0)
+
+    def from_json_scalar(self, data, *, zarr_format):
+        if isinstance(data, (int, float)):
+            return self.cast_scalar(data)
+        raise TypeError(f"invalid fill value {data!r} for {self._zarr_v3_name}")
+
+    def to_json_scalar(self, data, *, zarr_format):
+        v = np.array(self.cast_scalar(data))
+        return float(v.astype(np.float32)) if self._float else int(v.astype(np.int64))
+
+    @property
+    def item_size(self) -> int:
+        return 1
+
+    _float: ClassVar[bool] = False
+
+
+def _subtype(name: str, bits: int, signed: bool, is_float: bool = False) -> type[_SubByte]:
+    native = np.dtype(getattr(ml_dtypes, name))
+    return dataclass(frozen=True, kw_only=True)(
+        type(
+            name.capitalize().replace("_", ""),
+            (_SubByte,),
+            {
+                "_zarr_v3_name": name,
+                "_native": native,
+                "dtype_cls": type(native),
+                "bits": bits,
+                "signed": signed,
+                "_float": is_float,
+                "__module__": __name__,
+                "__qualname__": name.capitalize().replace("_", ""),
+            },
+        )
+    )
+
+
+Int4 = _subtype("int4", 4, True)
+Uint4 = _subtype("uint4", 4, False)
+Int2 = _subtype("int2", 2, True)
+Uint2 = _subtype("uint2", 2, False)
+Float4E2m1fn = _subtype("float4_e2m1fn", 4, False, is_float=True)
+DATA_TYPES = (Int4, Uint4, Int2, Uint2, Float4E2m1fn)
+BITS = {t._zarr_v3_name: t.bits for t in DATA_TYPES}
+
+
+# --------------------------------------------------------------------------- the codec
+
+
+@dataclass(frozen=True)
+class PackBits(ArrayBytesCodec):
+    """The zarr-extensions ``packbits`` codec for qstream's sub-byte types."""
+
+    is_fixed_size = True
+    padding_encoding: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.padding_encoding not in PADDING:
+            raise ValueError(f"padding_encoding must be one of {PADDING}")
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        cfg = dict(data.get("configuration") or {})
+        if cfg.get("first_bit") not in (None, 0) or cfg.get("last_bit") is not None:
+            raise ValueError("packbits: first_bit / last_bit are not supported by qstream")
+        return cls(padding_encoding=cfg.get("padding_encoding", "none"))
+
+    def to_dict(self) -> dict:
+        return {"name": "packbits", "configuration": {"padding_encoding": self.padding_encoding}}
+
+    def _bits(self, chunk_spec) -> tuple[int, bool]:
+        dtype = chunk_spec.dtype
+        if not isinstance(dtype, _SubByte):
+            raise ValueError(f"qstream's packbits codec packs sub-byte types, not {dtype}")
+        return dtype.bits, dtype.signed
+
+    async def _decode_single(self, chunk_bytes, chunk_spec):
+        bits, signed = self._bits(chunk_spec)
+        raw = np.asarray(chunk_bytes.as_numpy_array()).view(np.uint8)
+        if self.padding_encoding == "first_byte":
+            raw = raw[1:]
+        elif self.padding_encoding == "last_byte":
+            raw = raw[:-1]
+        n = int(np.prod(chunk_spec.shape))
+        if raw.size != packed_nbytes(n, bits):
+            raise ValueError(
+                f"packbits chunk holds {raw.size} bytes, expected {packed_nbytes(n, bits)}"
+            )
+        out = np.empty(chunk_spec.shape, chunk_spec.dtype.to_native_dtype())
+        unpack(raw, n, bits, signed, out)
+        return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
+
+    async def _encode_single(self, chunk_array, chunk_spec):
+        bits, _ = self._bits(chunk_spec)
+        a = np.asarray(chunk_array.as_numpy_array())
+        body = pack(a, bits)
+        pad = (-a.size * bits) % 8
+        if self.padding_encoding == "first_byte":
+            body = np.concatenate([np.array([pad], np.uint8), body])
+        elif self.padding_encoding == "last_byte":
+            body = np.concatenate([body, np.array([pad], np.uint8)])
+        return chunk_spec.prototype.buffer.from_array_like(body)
+
+    def compute_encoded_size(self, input_byte_length: int, chunk_spec) -> int:
+        bits, _ = self._bits(chunk_spec)
+        extra = 0 if self.padding_encoding == "none" else 1
+        return packed_nbytes(input_byte_length, bits) + extra
+
+
+_REGISTERED = [False]
+
+
+def register() -> None:
+    """Register the data types and the codec with zarr-python (idempotent)."""
+    if _REGISTERED[0]:
+        return
+    from zarr.core.dtype import data_type_registry
+    from zarr.registry import register_codec
+
+    for t in DATA_TYPES:
+        data_type_registry.register(t._zarr_v3_name, t)
+    register_codec("packbits", PackBits)
+    _REGISTERED[0] = True
