@@ -240,6 +240,15 @@ def test_pack_matches_the_bit_by_bit_oracle_and_unpack_inverts_it(bits, signed, 
     half = 1 << (bits - 1)
     want = [(c ^ half) - half for c in codes.tolist()] if signed else codes.tolist()
     assert out.tolist() == want
+    # the direct chunk path's kernels: the same bytes and values
+    from qstream.kernels.packing import pack_codes, unpack_codes
+
+    fast = np.full(packed.size, 0xAA, np.uint8)
+    pack_codes(codes, bits, fast)
+    assert fast.tobytes() == packed.tobytes()
+    back = np.empty(n, np.uint8)
+    unpack_codes(packed, n, bits, signed, back)
+    assert back.view(out.dtype).tolist() == want
 
 
 @pytest.mark.parametrize("dtype", SUB_BYTE)

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
-from .packing import pack, packed_nbytes, unpack
+from .packing import packed_nbytes
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
@@ -116,7 +116,9 @@ class ChunkFiles:
             flat = scratch("chunk-packed", (self.chunk_nbytes,), np.uint8)
             if not self._decode_into(path, flat, dest):
                 return
-            unpack(flat, dest.size, self.bits, self.signed, dest)
+            from ..kernels.packing import unpack_codes
+
+            unpack_codes(flat, dest.size, self.bits, self.signed, dest.reshape(-1).view(np.uint8))
             return
         self._decode_into(path, dest.reshape(-1).view(np.uint8), dest)
 
@@ -175,7 +177,13 @@ class ChunkFiles:
                     chunk[...] = self.fill_value
                 chunk[inner] = src
                 src = chunk
-            payload = pack(src, self.bits) if self.bits else src.reshape(-1).view(np.uint8)
+            payload = src.reshape(-1).view(np.uint8)
+            if self.bits:
+                from ..kernels.packing import pack_codes
+
+                packed = scratch("chunk-pack", (packed_nbytes(payload.size, self.bits),), np.uint8)
+                pack_codes(payload, self.bits, packed)
+                payload = packed
             if self.codec is not None:
                 payload = self.codec.encode(payload)
             self._put(self.path(coords), payload, made)
