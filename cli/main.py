@@ -461,7 +461,9 @@ def convert(
     checkpoint: str = typer.Argument(
         ..., help="safetensors (file, dir or index), .npz, .npy, Zarr group, or torch .pt/.bin"
     ),
-    dst: str = typer.Argument(..., help="Destination directory (a Zarr group)."),
+    dst: str = typer.Argument(
+        ..., help="Destination: a directory (a Zarr group), or a .safetensors file."
+    ),
     recipe: Path | None = typer.Option(None, "--recipe", help="TOML recipe (see README)."),
     max_memory: str | None = _MEM,
     overwrite: bool = typer.Option(
@@ -470,6 +472,9 @@ def convert(
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
+    max_shard_size: str = typer.Option(
+        "5GB", "--max-shard-size", help="With a .safetensors DST: shard above this size."
+    ),
 ):
     """Quantize a model checkpoint tensor by tensor, per a recipe."""
     with _errors():
@@ -499,6 +504,7 @@ def convert(
                 overwrite=overwrite,
                 on_tensor=on_tensor,
                 executor=ex,
+                max_shard_size=_size(max_shard_size),
             )
         if as_json:
             typer.echo(json.dumps(report))
@@ -535,6 +541,8 @@ def convert(
             f"{len(rows)} quantized, {kept} kept; {_fmt_bytes(report['bytes_before'])}"
             f" -> {_fmt_bytes(report['bytes_after'])} in {report['seconds']:.1f} s"
         )
+        if report.get("files"):
+            console.print("written: " + ", ".join(report["files"]))
 
 
 @app.command()

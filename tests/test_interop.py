@@ -346,3 +346,28 @@ def test_format_2_outputs_one_value_per_byte_still_read(tmp_path, x):
     old[...] = q.view(np.int8) & 0x0F  # -1 stored as 15
     g.attrs["qstream"] = {**meta, "version": 2}
     np.testing.assert_array_equal(qs.open_quantized(out)[...], want)
+
+
+def test_convert_to_safetensors_in_one_call_matches_convert_then_export(tmp_path):
+    from qstream.cli.main import app
+    from safetensors.numpy import load_file, save_file
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(10)
+    tensors = {
+        "a.weight": rng.standard_normal((48, 40)).astype(np.float32),
+        "a.bias": rng.standard_normal(40).astype(np.float32),
+    }
+    ck = tmp_path / "m.safetensors"
+    save_file(tensors, str(ck))
+    direct = CliRunner().invoke(app, ["convert", str(ck), str(tmp_path / "d.safetensors")])
+    assert direct.exit_code == 0, direct.output
+    assert not (tmp_path / "d.safetensors.qstream-work").exists()  # the working group is gone
+    qs.convert_checkpoint(ck, tmp_path / "z")
+    qs.export_safetensors(tmp_path / "z", tmp_path / "e.safetensors")
+    a, b = load_file(str(tmp_path / "d.safetensors")), load_file(str(tmp_path / "e.safetensors"))
+    assert set(a) == set(b) == {"a.weight", "a.weight_scale", "a.bias"}
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    again = CliRunner().invoke(app, ["convert", str(ck), str(tmp_path / "d.safetensors")])
+    assert again.exit_code == 1 and "exists" in again.output

@@ -20,6 +20,7 @@ def convert_checkpoint(
     on_tensor: Callable[[TensorEvent], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     executor=None,
+    max_shard_size: int = 5 * 10**9,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -30,7 +31,24 @@ def convert_checkpoint(
     ``on_tensor`` is called before and after each tensor; ``progress(done, total)`` per block.
     ``executor``: see :func:`qstream.quantize_store` (with a cluster, the checkpoint and
     ``dst`` must be on a filesystem every worker shares).
+
+    ``dst`` ending in ``.safetensors``: the tensors are converted into a working Zarr group
+    beside it (``DST.qstream-work``, the quantized size), exported as safetensors (see
+    :func:`qstream.export_safetensors`; sharded above ``max_shard_size``) and the working group
+    is removed; an interrupted run keeps it, so the same call resumes.
     """
+    if str(dst).endswith(".safetensors"):
+        return _to_safetensors(
+            checkpoint,
+            dst,
+            recipe,
+            max_memory=max_memory,
+            overwrite=overwrite,
+            on_tensor=on_tensor,
+            progress=progress,
+            executor=executor,
+            max_shard_size=max_shard_size,
+        )
     return convert(
         checkpoint,
         dst,
@@ -41,3 +59,22 @@ def convert_checkpoint(
         progress=progress,
         executor=executor,
     )
+
+
+def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw) -> dict:
+    import os
+    import shutil
+
+    from ..errors import StoreError
+    from ..io.export import export_safetensors
+    from ..io.qarray import inspect_destination
+
+    dst = os.fspath(dst)
+    if os.path.exists(dst) and not overwrite:
+        raise StoreError(f"{dst} exists; pass overwrite=True to replace it")
+    work = f"{dst}.qstream-work"
+    result = convert(checkpoint, work, recipe or Recipe(), overwrite=overwrite, **kw)
+    exported = export_safetensors(work, dst, max_shard_size=max_shard_size, overwrite=overwrite)
+    if inspect_destination(work).kind == "checkpoint":  # ours: the conversion made it
+        shutil.rmtree(work)
+    return {**result, "destination": dst, "files": exported["files"]}
