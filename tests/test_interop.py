@@ -218,6 +218,12 @@ def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
 SUB_BYTE = ["int4", "uint4", "int2", "uint2", "float4_e2m1fn"]
 
 
+def _raw_source(path, x: np.ndarray, chunks) -> None:
+    """An uncompressed float32 Zarr array of ``x`` (outputs then store their bytes as is)."""
+    a = zarr.create_array(str(path), shape=x.shape, chunks=chunks, dtype=x.dtype, compressors=None)
+    a[...] = x
+
+
 def _oracle_pack(codes: list[int], bits: int) -> bytes:
     """zarr-extensions packbits, bit by bit: element i at bits [i*k, (i+1)*k) of the
     sequence, bit j of the sequence in byte j // 8 at position j % 8 (LSB first)."""
@@ -255,14 +261,7 @@ def test_pack_matches_the_bit_by_bit_oracle_and_unpack_inverts_it(bits, signed, 
 def test_sub_byte_outputs_are_packed_and_plain_zarr_reads_the_values(tmp_path, dtype):
     rng = np.random.default_rng(12)
     x = rng.standard_normal((96, 200)).astype(np.float32)  # incompressible enough
-    src = zarr.create_array(
-        str(tmp_path / "src.zarr"),
-        shape=x.shape,
-        chunks=(32, 200),
-        dtype="float32",
-        compressors=None,
-    )
-    src[...] = x
+    _raw_source(tmp_path / "src.zarr", x, (32, 200))
     spec = QuantSpec(dtype=dtype, axis=0, symmetric=not dtype.startswith("uint"))
     out = tmp_path / "q.zarr"
     qs.quantize_store(str(tmp_path / "src.zarr"), out, spec)
@@ -317,14 +316,7 @@ def test_packed_chunks_read_through_the_direct_path_equal_zarrs_decode(tmp_path)
 
 def test_a_short_packed_chunk_is_a_store_error_naming_it(tmp_path):
     x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
-    src = zarr.create_array(
-        str(tmp_path / "s.zarr"),
-        shape=x.shape,
-        chunks=(32, 64),
-        dtype="float32",
-        compressors=None,
-    )
-    src[...] = x
+    _raw_source(tmp_path / "s.zarr", x, (32, 64))
     out = tmp_path / "q.zarr"
     qs.quantize_store(str(tmp_path / "s.zarr"), out, QuantSpec(dtype="int4", axis=0))
     chunk = next(p for p in (out / "data").rglob("c*") if p.is_file())
