@@ -472,6 +472,9 @@ class QuantizeJob:
                 pc = list(plan.chunks)
                 pc[plan.axis] = max(1, pc[plan.axis] // self.spec.block_size)
                 kw["chunks"] = tuple(pc)
+                # group scales are as many as 1/block_size of the data and hardly compress:
+                # stored raw, a block's parameter chunks cost a write, not a zstd pass
+                kw["compressors"] = None
             group.create_array("scale", dtype=np.float32, **kw)
             group.create_array("zero_point", dtype=zp_dtype, **kw)
             if cal.params is not None and math.prod(plan.param_shape):

@@ -298,12 +298,17 @@ class QuantizeWork:
         )
         for region, x in pieces:
             rel = _relative(region, b.key)
-            s, z, layout = self._params(region, x)
             qp = q[rel] if rel else q
             copy_back = not qp.flags.c_contiguous  # the piece is not a run of the block
             if copy_back:
                 qp = scratch("quantized-piece", x.shape, qt.dtype)
-            err = self._quantize_piece(x, s, z, layout, qp)
+            fused = self._dynamic_fused(x, qp) if plan.dynamic else None
+            if fused is not None:  # ranges, parameters and values in one pass
+                s, z, layout = fused
+                err = self._errors(x, s, z, layout, qp)
+            else:
+                s, z, layout = self._params(region, x)
+                err = self._quantize_piece(x, s, z, layout, qp)
             if err.nonfinite.any() and plan.spec.nan_policy == "error":
                 raise NonFiniteBlock(b)  # before anything of this block is written
             if copy_back:
@@ -311,9 +316,10 @@ class QuantizeWork:
             merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
             if plan.dynamic:
                 pk = param_region(region, plan.axis, plan.spec.block_size)
-                zp_out = self.dest.writer("zero_point")
                 self.dest.writer("scale")[pk] = np.asarray(s, np.float32)
-                zp_out[pk] = z.astype(zp_out.array.dtype)
+                if z.any():  # all-zero zero points (symmetric) are the fill value: not written
+                    zp_out = self.dest.writer("zero_point")
+                    zp_out[pk] = z.astype(zp_out.array.dtype)
         data[b.key] = q.view(stored) if q.dtype != stored else q  # float8: bit patterns
         return errs
 
@@ -346,15 +352,63 @@ class QuantizeWork:
         s, z = self.scale[sl], self.zero_point[sl]
         return s, z, plan_layout(x.shape, s.shape, plan.axis, None)
 
-    def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
-        """Quantize ``x`` into ``out`` and return its error statistics; NaN follows the
-        spec's ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
-        from ..core.affine import affine_dequantize, affine_quantize
+    def _dynamic_fused(self, x, out):
+        """For a dynamic blocked spec: ``(scale, zero_point, layout)`` of ``x``'s parameter
+        blocks with ``out`` quantized, in one fused kernel pass (bit-identical to
+        :meth:`_params` + :meth:`_quantize_piece`); None where that kernel does not apply
+        (float types, int32, float64 sources, round modes other than half to even)."""
+        from ..core.layout import blocked_param_shape
+        from ..kernels import blocked
+        from ..kernels.runtime import run
         from ..rounding import round_code
 
         plan = self.plan
         qt, spec = plan.qt, plan.spec
-        lo_q, hi_q = qt.qrange(spec.narrow_range)
+        if (
+            qt.is_float
+            or qt.bits > 16
+            or x.dtype != np.float32
+            or round_code(spec.round_mode) != round_code("half_to_even")
+        ):
+            return None
+        pshape = blocked_param_shape(x.shape, plan.axis, spec.block_size)
+        layout = plan_layout(x.shape, pshape, plan.axis, spec.block_size)
+        qmin, qmax = qt.qrange(spec.narrow_range)
+        if not spec.symmetric:
+            mode, steps, zp = blocked.ASYM, 1.0, 0.0
+        elif qt.signed:
+            mode, steps, zp = blocked.SYM_SIGNED, float(min(qmax, -qmin)), 0.0
+        else:
+            zp = float((qmin + qmax + 1) // 2)
+            mode, steps = blocked.SYM_UNSIGNED, float(min(qmax - zp, zp - qmin))
+        s = np.empty(layout.pshape3, np.float32)
+        z = np.empty(layout.pshape3, np.float64)
+        run(
+            blocked.dynamic_blocked_half_to_even,
+            layout.view(np.ascontiguousarray(x)),
+            layout.cblock,
+            layout.iblock,
+            mode,
+            float(qmin),
+            float(qmax),
+            steps,
+            zp,
+            np.float32(qmin),
+            np.float32(qt.qmax),
+            np.int32(qt.mask),
+            s,
+            z,
+            layout.view(out.view(qt.container)),
+        )
+        return s.reshape(pshape), z.reshape(pshape), layout
+
+    def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
+        """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
+        from ..core.affine import affine_quantize
+        from ..rounding import round_code
+
+        plan = self.plan
+        qt, spec = plan.qt, plan.spec
         affine_quantize(
             x,
             s,
@@ -365,6 +419,16 @@ class QuantizeWork:
             narrow_range=spec.narrow_range,
             out=out,
         )
+        return self._errors(x, s, z, layout, out)
+
+    def _errors(self, x, s, z, layout, out) -> ErrorStats:
+        """The error statistics of ``x`` quantized as ``out``; NaN then follows the spec's
+        ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
+        from ..core.affine import affine_dequantize
+
+        plan = self.plan
+        qt, spec = plan.qt, plan.spec
+        lo_q, hi_q = qt.qrange(spec.narrow_range)
         if qt.is_float:
             xhat = affine_dequantize(out, s, None, layout, qt)
             s_e = layout.expand(s).astype(np.float64)

@@ -1,0 +1,81 @@
+"""Group-wise (blocked) dynamic quantization fused into one pass: per parameter block, the
+exact finite range, the scale and zero point, and the quantized values.
+
+The arithmetic is the same, operation for operation, as the unfused path: ``slot_ranges``
+(finite min/max by integer order keys), ``params_from_range`` (float64, scale rounded to
+float32, ``rint`` zero point) and the ``half_to_even`` quantize kernel (float32 ``rint(x /
+s) + z``, saturated to ``[lo, hi]``, masked), so the results are bit-identical to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .bits import KEY_MAX, KEY_MIN, from_order_key, nonfinite, order_key
+
+SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def dynamic_blocked_half_to_even(
+    x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, scale, zero_point, out
+):
+    """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
+    ``scale`` (float32) / ``zero_point`` (float64) ``[O, Cp, Ip]``; ``mode`` (``SYM_SIGNED``:
+    ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``, zero point
+    ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin - lo / s)``
+    clipped); ``lo``/``hi`` float32 saturation bounds; ``out`` the integer container."""
+    n_outer, n_c, n_inner = x.shape
+    n_cp = scale.shape[1]
+    n_ip = scale.shape[2]
+    for w in prange(n_outer * n_cp):  # each work item owns a row of parameter blocks
+        o = w // n_cp
+        pc = w - o * n_cp
+        c0 = pc * cblock
+        c1 = min(n_c, c0 + cblock)
+        kmin = np.full(n_ip, KEY_MAX)
+        kmax = np.full(n_ip, KEY_MIN)
+        for c in range(c0, c1):
+            xr = x[o, c]
+            for pi in range(n_ip):
+                a = kmin[pi]
+                b = kmax[pi]
+                for i in range(pi * iblock, min(n_inner, (pi + 1) * iblock)):
+                    v = np.float64(xr[i])
+                    if nonfinite(v) == 0:
+                        k = order_key(v)
+                        a = min(a, k)
+                        b = max(b, k)
+                kmin[pi] = a
+                kmax[pi] = b
+        ss = np.empty(n_ip, np.float32)
+        zs = np.empty(n_ip, np.float32)
+        for pi in range(n_ip):
+            empty = kmin[pi] == KEY_MAX and kmax[pi] == KEY_MIN
+            vlo = 0.0 if empty else min(from_order_key(kmin[pi]), 0.0)
+            vhi = 0.0 if empty else max(from_order_key(kmax[pi]), 0.0)
+            if mode == ASYM:
+                span = vhi - vlo
+                s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
+                z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
+            else:
+                amax = max(-vlo, vhi)
+                s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
+                z = 0.0 if mode == SYM_SIGNED else zp_sym
+            scale[o, pc, pi] = s32
+            zero_point[o, pc, pi] = z
+            ss[pi] = s32
+            zs[pi] = np.float32(z)
+        for c in range(c0, c1):
+            xr = x[o, c]
+            orow = out[o, c]
+            for pi in range(n_ip):
+                s = ss[pi]
+                z = zs[pi]
+                i0 = pi * iblock
+                i1 = min(n_inner, i0 + iblock)
+                xb = xr[i0:i1]
+                ob = orow[i0:i1]
+                for j in range(i1 - i0):
+                    ob[j] = np.int32(min(max(lo, np.rint(xb[j] / s) + z), hi)) & mask
