@@ -57,6 +57,10 @@ QSPECS = {  # case -> (QuantSpec kwargs, quantize_store kwargs)
     "q_percentile": ({"dtype": "int8", "method": "percentile"}, {}),
     "q_entropy": ({"dtype": "int8", "method": "entropy"}, {}),
     "q_blocked": ({"dtype": "int8", "axis": 1, "block_size": 32}, {}),
+    "q_blocked_u4": (
+        {"dtype": "uint4", "axis": 1, "block_size": 128, "symmetric": False},
+        {},
+    ),
     # block size: quantize_store turns max_memory into blocks of max_memory / 16 source bytes
     "q_explicit_b4": ({"dtype": "int8", "scale": 0.001}, {"max_memory": 16 * 4 * MiB}),
     "q_explicit_b64": ({"dtype": "int8", "scale": 0.001}, {"max_memory": 16 * 64 * MiB}),
@@ -85,6 +89,7 @@ DESCRIPTIONS = {
     "q_percentile": "quantize, percentile",
     "q_entropy": "quantize, entropy",
     "q_blocked": "quantize, axis=1 block 32",
+    "q_blocked_u4": "quantize, uint4 asym, axis=1 group 128",
     "dequant": "dequantize_store (int8->f32)",
     "q_explicit_b4": "explicit, 4 MiB blocks",
     "q_explicit_b64": "explicit, 64 MiB blocks",

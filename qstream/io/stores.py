@@ -298,13 +298,23 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
 
 
 def _digest(a: np.ndarray) -> str:
+    """A digest of ``a``'s values (its bytes in C order) for job identity: tile hashes of a
+    parallel 64-bit kernel (:mod:`qstream.kernels.digest`), then BLAKE2b over them."""
     import hashlib
 
-    h = hashlib.blake2b(digest_size=16)
+    from ..kernels.digest import TILE, tile_hashes
+
     flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
-    step = max(1, (64 << 20) // max(1, a.itemsize))
-    for i in range(0, flat.size, step):
-        h.update(flat[i : i + step].view(np.uint8))
+    raw = flat.view(np.uint8)
+    whole = raw.size // 8 * 8
+    words = raw[:whole].view(np.uint64) if raw.ctypes.data % 8 == 0 else None
+    if words is None:  # not 8-byte aligned (a view into a larger buffer): aligned copy
+        words = np.frombuffer(raw[:whole].tobytes(), np.uint64)
+    tiles = np.empty(max(1, -(-raw.size // TILE)), np.uint64)
+    tile_hashes(words, np.ascontiguousarray(raw[whole:]), tiles)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.int64(raw.size).tobytes())
+    h.update(tiles.tobytes())
     return h.hexdigest()
 
 

@@ -1,0 +1,152 @@
+"""Group-wise (blocked dynamic) quantization against the explicit-scale job and gguf-py.
+
+1. Store: on the store benchmark's 2 GiB source (built by ``bench_stores.py`` if missing),
+   the explicit-scale job, blocked int8 group 32 (symmetric) and blocked uint4 group 128
+   (asymmetric) run in turn, each run in a fresh process timing its own
+   ``quantize_store`` call, ``--rounds`` times after one warm round; medians and the ratio to
+   the explicit job's median.
+2. In memory: a 16384 x 4096 float32 matrix (``standard_normal * 0.02``, seed 0), qstream's
+   blocked int8 group 32 (``quantize_store`` into ``memory://``) against gguf-py's
+   ``gguf.quants.quantize(x, Q8_0)`` (``pip install gguf``; skipped if missing), medians of
+   ``--rounds``, with the SQNR of each (10 log10 sum x^2 / sum (x - x_hat)^2, float64).
+
+    python benchmarks/bench_groupwise.py --json /tmp/groupwise.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+STORE_CASES = {
+    "explicit": {"dtype": "int8", "scale": 0.001},
+    "int8-g32": {"dtype": "int8", "axis": 1, "block_size": 32, "method": "dynamic"},
+    "uint4-g128-asym": {
+        "dtype": "uint4",
+        "axis": 1,
+        "block_size": 128,
+        "method": "dynamic",
+        "symmetric": False,
+    },
+}
+
+CHILD = """
+import json, shutil, sys, time
+import qstream as qs
+src, dst, spec = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+shutil.rmtree(dst, ignore_errors=True)
+t = time.perf_counter()
+qs.quantize_store(src, dst, qs.QuantSpec.from_dict(spec))
+print(time.perf_counter() - t)
+shutil.rmtree(dst, ignore_errors=True)
+"""
+
+
+def _sqnr(x, xhat) -> float:
+    import numpy as np
+
+    x = x.astype(np.float64)
+    e = x - xhat.astype(np.float64)
+    return float(10 * np.log10((x * x).sum() / (e * e).sum()))
+
+
+def store_part(args) -> list[dict]:
+    import bench_stores
+
+    info = bench_stores.ensure_data(args.workdir, bench_stores.parse_bytes(args.size), ["raw"])
+    src = info["paths"]["raw"]
+    dst = os.path.join(args.workdir, "out-groupwise.zarr")
+    times: dict[str, list[float]] = {k: [] for k in STORE_CASES}
+    for r in range(args.rounds + 1):
+        for name, spec in STORE_CASES.items():
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, src, dst, json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            if r:
+                times[name].append(float(out.stdout.strip().splitlines()[-1]))
+    base = statistics.median(times["explicit"])
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"case": name, "median_s": med, "ratio": med / base, "runs": ts})
+        print(f"store {name:<16} median {med:6.3f} s  x explicit {med / base:5.2f}  runs {ts}")
+    return rows
+
+
+def memory_part(args) -> dict:
+    import numpy as np
+
+    import qstream as qs
+
+    x = (np.random.default_rng(0).standard_normal((16384, 4096)) * 0.02).astype(np.float32)
+    spec = qs.QuantSpec(dtype="int8", axis=1, block_size=32, method="dynamic")
+
+    def ours():
+        qs.quantize_store(x, "memory://groupwise", spec, overwrite=True)
+
+    ours()
+    ts = []
+    for _ in range(args.rounds):
+        t = time.perf_counter()
+        ours()
+        ts.append(time.perf_counter() - t)
+    q_ours = statistics.median(ts)
+    sq_ours = _sqnr(x, qs.open_quantized("memory://groupwise")[...])
+    result = {"qstream_s": q_ours, "qstream_sqnr_db": sq_ours, "qstream_runs": ts}
+    print(f"memory qstream int8 g32: median {q_ours * 1e3:.0f} ms, SQNR {sq_ours:.2f} dB")
+    try:
+        from gguf import GGMLQuantizationType, quants
+    except ImportError:
+        print("memory gguf-py: not installed (pip install gguf)")
+        return result
+    ts = []
+    for _ in range(max(1, args.rounds)):
+        t = time.perf_counter()
+        packed = quants.quantize(x, GGMLQuantizationType.Q8_0)
+        ts.append(time.perf_counter() - t)
+    q_gguf = statistics.median(ts)
+    sq_gguf = _sqnr(x, quants.dequantize(packed, GGMLQuantizationType.Q8_0))
+    result.update(
+        {
+            "gguf_s": q_gguf,
+            "gguf_sqnr_db": sq_gguf,
+            "gguf_runs": ts,
+            "speedup": q_gguf / q_ours,
+        }
+    )
+    print(
+        f"memory gguf-py Q8_0: median {q_gguf * 1e3:.0f} ms, SQNR {sq_gguf:.2f} dB;"
+        f" qstream {q_gguf / q_ours:.1f}x faster"
+    )
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="2GiB")
+    ap.add_argument("--workdir", default="/tmp/qstream-bench")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--skip-store", action="store_true")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args()
+    result = {"store": [] if args.skip_store else store_part(args), "memory": memory_part(args)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    shutil.rmtree(os.path.join(args.workdir, "out-groupwise.zarr"), ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
