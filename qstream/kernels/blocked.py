@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .bits import KEY_MAX, KEY_MIN, from_order_key, nonfinite, order_key
+from .bits import KEY_MAX, KEY_MIN, from_order_key
+from .stats import slot_range_keys
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 
@@ -36,19 +37,7 @@ def dynamic_blocked_half_to_even(
         c1 = min(n_c, c0 + cblock)
         kmin = np.full(n_ip, KEY_MAX)
         kmax = np.full(n_ip, KEY_MIN)
-        for c in range(c0, c1):
-            xr = x[o, c]
-            for pi in range(n_ip):
-                a = kmin[pi]
-                b = kmax[pi]
-                for i in range(pi * iblock, min(n_inner, (pi + 1) * iblock)):
-                    v = np.float64(xr[i])
-                    if nonfinite(v) == 0:
-                        k = order_key(v)
-                        a = min(a, k)
-                        b = max(b, k)
-                kmin[pi] = a
-                kmax[pi] = b
+        slot_range_keys(x, o, c0, c1, iblock, kmin, kmax)
         ss = np.empty(n_ip, np.float32)
         zs = np.empty(n_ip, np.float32)
         for pi in range(n_ip):

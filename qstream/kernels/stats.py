@@ -69,12 +69,32 @@ def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
         )
 
 
+@njit(inline="always", cache=True)
+def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
+    """Fold rows ``c0 .. c1`` of ``x[o]`` into ``kmin``/``kmax``: the order keys of the finite
+    min/max of each parameter slot ``i // iblock`` (left as they were where none is finite)."""
+    n_inner = x.shape[2]
+    for c in range(c0, c1):
+        xr = x[o, c]
+        for pi in range(kmin.size):
+            a = kmin[pi]
+            b = kmax[pi]
+            for i in range(pi * iblock, min(n_inner, (pi + 1) * iblock)):
+                v = np.float64(xr[i])
+                if nonfinite(v) == 0:
+                    k = order_key(v)
+                    a = min(a, k)
+                    b = max(b, k)
+            kmin[pi] = a
+            kmax[pi] = b
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def slot_ranges(x, cblock, iblock, lo, hi):
     """Finite min/max of each parameter slot of a blocked layout: element ``(o, c, i)`` of
     ``x[O, C, I]`` belongs to slot ``(o, c // cblock, i // iblock)`` of ``lo``/``hi[O, Cp,
     Ip]``; NaN where a slot holds no finite value. Exact (integer order keys)."""
-    n_outer, n_c, n_inner = x.shape
+    n_outer, n_c = x.shape[0], x.shape[1]
     n_cp = lo.shape[1]
     n_ip = lo.shape[2]
     for w in prange(n_outer * n_cp):  # each work item owns a row of slots
@@ -82,19 +102,7 @@ def slot_ranges(x, cblock, iblock, lo, hi):
         pc = w - o * n_cp
         kmin = np.full(n_ip, KEY_MAX)
         kmax = np.full(n_ip, KEY_MIN)
-        for c in range(pc * cblock, min(n_c, (pc + 1) * cblock)):
-            xr = x[o, c]
-            for pi in range(n_ip):
-                a = kmin[pi]
-                b = kmax[pi]
-                for i in range(pi * iblock, min(n_inner, (pi + 1) * iblock)):
-                    v = np.float64(xr[i])
-                    if nonfinite(v) == 0:
-                        k = order_key(v)
-                        a = min(a, k)
-                        b = max(b, k)
-                kmin[pi] = a
-                kmax[pi] = b
+        slot_range_keys(x, o, pc * cblock, min(n_c, (pc + 1) * cblock), iblock, kmin, kmax)
         for pi in range(n_ip):
             empty = kmin[pi] == KEY_MAX and kmax[pi] == KEY_MIN
             lo[o, pc, pi] = np.nan if empty else from_order_key(kmin[pi])
