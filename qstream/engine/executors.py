@@ -97,8 +97,12 @@ def resolve(executor) -> Executor:
     if executor is None or executor == "local":
         return LocalExecutor()
     if executor == "dask":
-        from .dask import DaskExecutor
-
+        try:
+            from .dask import DaskExecutor
+        except ImportError as e:
+            raise InvalidParameterError(
+                f"executor='dask' needs Dask ({e.name} is missing): pip install 'qstream[dask]'"
+            ) from None
         return DaskExecutor()
     if hasattr(executor, "map_ordered") and hasattr(executor, "distributed"):
         return executor
