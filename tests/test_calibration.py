@@ -116,3 +116,49 @@ def test_histogram_methods_clip_heavy_tails_in_store_conversions(tmp_path, metho
     assert 0 < float(cal.scale) * 127 <= amax * 1.0001
     report = qs.quantize_store(x, tmp_path / "q.zarr", qs.QuantSpec(method=method, axis=0))
     assert report.passes == 3 and report.error["sqnr_db"] > 5
+
+
+def _percentile_oracle(hist, lo, hi, percentile, symmetric):
+    """The per-channel NumPy form of the percentile search (as ORT / NVIDIA write it)."""
+    counts = hist["counts"]
+    nb = counts.shape[1]
+    out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+    for c in range(counts.shape[0]):
+        total = counts[c].sum()
+        if total == 0:
+            continue
+        edges = np.linspace(hist["lo"][c], hist["hi"][c], nb + 1)
+        cdf = np.cumsum(counts[c] / total)
+        if symmetric:
+            t = edges[np.searchsorted(cdf, percentile / 100.0)]
+            out_lo[c], out_hi[c] = max(lo[c], -t), min(hi[c], t)
+        else:
+            cut = (100.0 - percentile) / 200.0
+            out_lo[c] = max(lo[c], edges[np.searchsorted(cdf, cut)])
+            out_hi[c] = min(hi[c], edges[np.searchsorted(cdf, 1.0 - cut)])
+    return out_lo, out_hi
+
+
+def test_parallel_percentile_kernel_matches_the_numpy_search_bit_for_bit():
+    from qstream.calibration.histogram import percentile_range
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        c = int(rng.integers(1, 40))
+        nb = int(rng.choice([8, 64, 256, 2048]))
+        counts = rng.integers(0, 5, (c, nb)) * (rng.random((c, nb)) < rng.random())
+        counts[rng.random(c) < 0.1] = 0  # empty channels keep their observed range
+        lo = -np.abs(rng.standard_normal(c)) * rng.choice([0, 1e-3, 1, 1e3])
+        hi = np.abs(rng.standard_normal(c)) * rng.choice([0, 1e-3, 1, 1e3])
+        sym = bool(rng.integers(0, 2))
+        p = float(rng.choice([99.99, 99.9, 90.0, 100.0, 50.0, 0.1]))
+        hist = {
+            "counts": counts,
+            "lo": np.zeros(c) if sym else lo,
+            "hi": np.maximum(-lo, hi) if sym else hi,
+            "abs": sym,
+        }
+        want = _percentile_oracle(hist, lo, hi, p, sym)
+        got = percentile_range(hist, lo, hi, p, symmetric=sym)
+        for w, g in zip(want, got, strict=True):
+            assert w.tobytes() == g.tobytes()  # signed zeros included

@@ -14,22 +14,28 @@ def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool):
     ``[edges[searchsorted(cdf, cut)], edges[searchsorted(cdf, 1 - cut)]]``. The range is then
     clamped to the observed one.
     """
-    counts = hist["counts"]
-    nb = counts.shape[1]
+    from ..kernels.runtime import run
+    from ..kernels.search import percentile_ranges
+
+    counts = np.ascontiguousarray(hist["counts"], np.int64)
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
-    for c in range(counts.shape[0]):
-        total = counts[c].sum()
-        if total == 0:
-            continue
-        edges = np.linspace(hist["lo"][c], hist["hi"][c], nb + 1)
-        cdf = np.cumsum(counts[c] / total)
-        if symmetric:
-            t = edges[np.searchsorted(cdf, percentile / 100.0)]
-            out_lo[c], out_hi[c] = max(lo[c], -t), min(hi[c], t)
-        else:
-            cut = (100.0 - percentile) / 200.0
-            out_lo[c] = max(lo[c], edges[np.searchsorted(cdf, cut)])
-            out_hi[c] = min(hi[c], edges[np.searchsorted(cdf, 1.0 - cut)])
+    n = counts.shape[0]
+
+    def per_channel(v):
+        return np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.float64), (n,)))
+
+    run(
+        percentile_ranges,
+        counts,
+        per_channel(hist["lo"]),
+        per_channel(hist["hi"]),
+        per_channel(lo),
+        per_channel(hi),
+        float(percentile),
+        bool(symmetric),
+        out_lo.reshape(n),
+        out_hi.reshape(n),
+    )
     return out_lo, out_hi
 
 

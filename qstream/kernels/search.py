@@ -15,7 +15,7 @@ it picks the same threshold:
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 
 @njit(cache=True, nogil=True)
@@ -156,3 +156,63 @@ def l2_search(hist, lo, hi, dst_nbins):
         start = next_start
         end = next_end
     return start, end
+
+
+@njit(inline="always", cache=True)
+def _py_max(a, b):
+    """Python's ``max(a, b)``: ``a`` unless ``b`` is greater (so ``max(0.0, -0.0)`` is 0.0)."""
+    return b if b > a else a
+
+
+@njit(inline="always", cache=True)
+def _py_min(a, b):
+    """Python's ``min(a, b)``: ``a`` unless ``b`` is smaller."""
+    return b if b < a else a
+
+
+@njit(inline="always", cache=True)
+def _linspace_at(start, stop, nb, i):
+    """``np.linspace(start, stop, nb + 1)[i]``, computed as NumPy does."""
+    if i == nb:
+        return stop
+    delta = stop - start
+    step = delta / nb
+    if step == 0:
+        return (i / nb) * delta + start
+    return i * step + start
+
+
+@njit(inline="always", cache=True)
+def _search_left(counts, total, v):
+    """``np.searchsorted(np.cumsum(counts / total), v)`` (left), without the arrays."""
+    acc = 0.0
+    for i in range(counts.size):
+        acc += counts[i] / total
+        if acc >= v:
+            return i
+    return counts.size
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, out_hi):
+    """Per channel (in parallel) what ``qstream.calibration.histogram.percentile_range``
+    computes channel by channel, with the same float64 operations in the same order."""
+    nb = counts.shape[1]
+    for c in prange(counts.shape[0]):
+        total = 0
+        for i in range(nb):
+            total += counts[c, i]
+        if total == 0:
+            out_lo[c] = lo[c]
+            out_hi[c] = hi[c]
+            continue
+        if symmetric:
+            t = _linspace_at(hlo[c], hhi[c], nb, _search_left(counts[c], total, percentile / 100.0))
+            out_lo[c] = _py_max(lo[c], -t)
+            out_hi[c] = _py_min(hi[c], t)
+        else:
+            cut = (100.0 - percentile) / 200.0
+            a = _linspace_at(hlo[c], hhi[c], nb, _search_left(counts[c], total, cut))
+            b = _linspace_at(hlo[c], hhi[c], nb, _search_left(counts[c], total, 1.0 - cut))
+            out_lo[c] = _py_max(lo[c], a)
+            out_hi[c] = _py_min(hi[c], b)
