@@ -162,3 +162,61 @@ def test_parallel_percentile_kernel_matches_the_numpy_search_bit_for_bit():
         got = percentile_range(hist, lo, hi, p, symmetric=sym)
         for w, g in zip(want, got, strict=True):
             assert w.tobytes() == g.tobytes()  # signed zeros included
+
+
+def _search_oracle(hist, lo, hi, method, bits, symmetric):
+    """The channel-by-channel form of the threshold searches (one kernel call per channel)."""
+    from qstream.kernels.search import entropy_search, l2_search, mse_search
+
+    counts = hist["counts"]
+    nb = counts.shape[1]
+    out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
+    start = min(128, nb)
+    for c in range(counts.shape[0]):
+        if counts[c].sum() == 0:
+            continue
+        top = float(hist["hi"][c])
+        if method == "l2":
+            s, e = l2_search(counts[c], float(hist["lo"][c]), top, 2**bits)
+            lo32, hi32 = np.float32(hist["lo"][c]), np.float32(top)
+            width = (hi32 - lo32) / np.float32(nb)
+            out_lo[c] = float(lo32 + width * np.float32(s))
+            out_hi[c] = float(lo32 + width * np.float32(e + 1))
+            continue
+        if method == "entropy":
+            t = entropy_search(counts[c], 2 ** (bits - 1), start, 1) * (top / nb)
+        else:
+            i = mse_search(counts[c], top, float(2 ** (bits - 1) - 1), start, 1)
+            t = (i + 0.5) * (top / nb)
+        if symmetric:
+            out_lo[c], out_hi[c] = -t, t
+        else:
+            out_lo[c], out_hi[c] = max(lo[c], -t), min(hi[c], t)
+    return out_lo, out_hi
+
+
+@pytest.mark.parametrize("method", ["entropy", "mse", "l2"])
+def test_parallel_channel_searches_match_the_channel_by_channel_search(method):
+    from qstream.calibration.histogram import search_range
+
+    rng = np.random.default_rng(5)
+    for _ in range(12):
+        c = int(rng.integers(1, 24))
+        nb = int(rng.choice([256, 512, 2048]))
+        counts = (rng.exponential(50, (c, nb)) * (rng.random((c, nb)) < 0.7)).astype(np.int64)
+        counts[rng.random(c) < 0.15] = 0
+        lo = -np.abs(rng.standard_normal(c)) * rng.choice([1e-3, 1, 1e3])
+        hi = np.abs(rng.standard_normal(c)) * rng.choice([1e-3, 1, 1e3])
+        sym = bool(rng.integers(0, 2))
+        signed = method == "l2"
+        hist = {
+            "counts": counts,
+            "lo": lo if signed else np.zeros(c),
+            "hi": hi if signed else np.maximum(-lo, hi),
+            "abs": not signed,
+        }
+        bits = int(rng.choice([4, 8]))
+        want = _search_oracle(hist, lo, hi, method, bits, sym)
+        got = search_range(hist, lo, hi, method, bits, symmetric=sym)
+        for w, g in zip(want, got, strict=True):
+            assert w.tobytes() == g.tobytes()

@@ -54,28 +54,45 @@ def search_range(hist: dict, lo, hi, method: str, bits: int, *, symmetric: bool)
     bin-centre MSE with ``max_bound = 2**(bits-1) - 1``; l2: PyTorch HistogramObserver's walk
     with ``2**bits`` destination bins (its min/max arithmetic in float32).
     """
-    from ..kernels.search import entropy_search, l2_search, mse_search
+    from ..kernels import search
+    from ..kernels.runtime import run
 
-    counts = hist["counts"]
-    nb = counts.shape[1]
+    counts = np.ascontiguousarray(hist["counts"], np.int64)
+    n, nb = counts.shape
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
     start = min(128, nb)
-    for c in range(counts.shape[0]):
-        if counts[c].sum() == 0:
+    hlo = np.ascontiguousarray(np.broadcast_to(np.asarray(hist["lo"], np.float64), (n,)))
+    hhi = np.ascontiguousarray(np.broadcast_to(np.asarray(hist["hi"], np.float64), (n,)))
+    found = np.empty(n, np.int64)
+    end = np.zeros(n, np.int64)
+    code = {"entropy": search.ENTROPY, "mse": search.MSE, "l2": search.L2}[method]
+    run(
+        search.channel_searches,
+        counts,
+        code,
+        hlo,
+        hhi,
+        2 ** (bits - 1),
+        start,
+        float(2 ** (bits - 1) - 1),
+        2**bits,
+        found,
+        end,
+    )
+    for c in range(n):  # the searches ran in parallel; thresholds as the peers form them
+        if found[c] < 0:
             continue
         top = float(hist["hi"][c])
         if method == "l2":
-            s, e = l2_search(counts[c], float(hist["lo"][c]), top, 2**bits)
             lo32, hi32 = np.float32(hist["lo"][c]), np.float32(top)
             width = (hi32 - lo32) / np.float32(nb)
-            out_lo[c] = float(lo32 + width * np.float32(s))
-            out_hi[c] = float(lo32 + width * np.float32(e + 1))
+            out_lo[c] = float(lo32 + width * np.float32(found[c]))
+            out_hi[c] = float(lo32 + width * np.float32(end[c] + 1))
             continue
         if method == "entropy":
-            t = entropy_search(counts[c], 2 ** (bits - 1), start, 1) * (top / nb)
+            t = int(found[c]) * (top / nb)
         else:
-            i = mse_search(counts[c], top, float(2 ** (bits - 1) - 1), start, 1)
-            t = (i + 0.5) * (top / nb)
+            t = (int(found[c]) + 0.5) * (top / nb)
         if symmetric:
             out_lo[c], out_hi[c] = -t, t
         else:

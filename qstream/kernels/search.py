@@ -216,3 +216,27 @@ def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, o
             b = _linspace_at(hlo[c], hhi[c], nb, _search_left(counts[c], total, 1.0 - cut))
             out_lo[c] = _py_max(lo[c], a)
             out_hi[c] = _py_min(hi[c], b)
+
+
+ENTROPY, MSE, L2 = 0, 1, 2
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def channel_searches(counts, method, hlo, hhi, nlevels, start, max_bound, dst_nbins, a, b):
+    """The threshold search of every non-empty channel, in parallel: ``a[c]`` the bin index
+    (entropy, mse) or start bin (l2, with ``b[c]`` its end bin); -1 for an empty channel."""
+    for c in prange(counts.shape[0]):
+        total = 0
+        for i in range(counts.shape[1]):
+            total += counts[c, i]
+        if total == 0:
+            a[c] = -1
+            continue
+        if method == ENTROPY:
+            a[c] = entropy_search(counts[c], nlevels, start, 1)
+        elif method == MSE:
+            a[c] = mse_search(counts[c], hhi[c], max_bound, start, 1)
+        else:
+            s, e = l2_search(counts[c], hlo[c], hhi[c], dst_nbins)
+            a[c] = s
+            b[c] = e
