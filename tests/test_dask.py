@@ -23,6 +23,8 @@ from typer.testing import CliRunner
 import qstream as qs
 from qstream import QuantSpec
 
+from .kill_hook import KILL_HOOK
+
 distributed = pytest.importorskip("distributed")
 
 
@@ -211,26 +213,12 @@ def test_nan_policy_error_fails_on_the_cluster_with_the_whole_count(client, sour
 
 # A client process that SIGKILLs itself at its n-th write event (the client writes the
 # group's metadata, the parameters and the progress snapshots; workers write the chunks).
-CLIENT = textwrap.dedent(
+CLIENT = KILL_HOOK + textwrap.dedent(
     """
-    import json, os, signal, sys, threading
+    import json, sys
     import distributed
     import qstream as qs
 
-    kill_at = int(os.environ.get("KILL_AT", "-1"))
-    count = [0]
-    lock = threading.Lock()
-    real_replace = os.replace
-
-    def replace(a, b, *args, **kw):
-        with lock:
-            n = count[0]
-            count[0] += 1
-        if n == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        real_replace(a, b, *args, **kw)
-
-    os.replace = replace
     address, src, dst, spec = json.loads(sys.argv[1])
     with distributed.Client(address) as c:
         ex = qs.DaskExecutor(c, blocks_per_task=1)

@@ -20,33 +20,17 @@ import zarr
 
 import qstream as qs
 
+from .kill_hook import KILL_HOOK
+
 # The child runs one job. With KILL_AT=n it SIGKILLs itself at the n-th write event: just
 # before or just after each atomic rename (every chunk, metadata and snapshot write of
 # qstream and of zarr's local store goes through one), so every state a kill can leave on
 # disk between two writes is reached, including the creation of the group.
-CHILD = textwrap.dedent(
+CHILD = KILL_HOOK + textwrap.dedent(
     """
-    import json, os, signal, sys, threading
+    import json, sys
     import qstream as qs
 
-    kill_at = int(os.environ.get("KILL_AT", "-1"))
-    count = [0]
-    lock = threading.Lock()
-    real_replace = os.replace
-
-    def event():
-        with lock:
-            n = count[0]
-            count[0] += 1
-        if n == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def replace(a, b, *args, **kw):
-        event()
-        real_replace(a, b, *args, **kw)
-        event()
-
-    os.replace = replace
     src, dst, spec, max_memory = json.loads(sys.argv[1])
     report = qs.quantize_store(src, dst, qs.QuantSpec.from_dict(spec), max_memory=max_memory)
     print(json.dumps({"report": report.to_dict(), "events": count[0]}))
@@ -253,3 +237,84 @@ def test_full_disk_fails_clearly_leaves_nothing_complete_and_resumes_when_space_
         _no_leftovers(dst)
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+# A child that runs one checkpoint operation and SIGKILLs itself at its n-th write event.
+CHECKPOINT_CHILD = KILL_HOOK + textwrap.dedent(
+    """
+    import json, sys
+    import qstream as qs
+
+    op, src, dst = sys.argv[1:4]
+    if op == "to-safetensors":  # convert, then export in shards
+        qs.convert_checkpoint(src, dst, max_shard_size=2000)
+    else:  # restore a converted checkpoint
+        qs.dequantize_store(src, dst)
+    print(json.dumps({"events": count[0]}))
+    """
+)
+
+
+def _checkpoint_child(op, src, dst, kill_at=None):
+    env = _env()
+    if kill_at is not None:
+        env["KILL_AT"] = str(kill_at)
+    return subprocess.run(
+        [sys.executable, "-c", CHECKPOINT_CHILD, op, str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def _files(root: Path, names) -> dict[str, bytes]:
+    return {n: (root / n).read_bytes() for n in names}
+
+
+@pytest.mark.parametrize("op", ["to-safetensors", "restore"])
+def test_sigkill_during_checkpoint_export_or_restore_then_rerun_gives_the_same_files(tmp_path, op):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(4)
+    ck = tmp_path / "m.safetensors"
+    save_file(
+        {
+            "a.weight": rng.standard_normal((48, 40)).astype(np.float32),
+            "a.bias": rng.standard_normal(40).astype(np.float32),
+            "b.weight": rng.standard_normal((32, 48)).astype(np.float32),
+        },
+        str(ck),
+    )
+    if op == "restore":
+        src = tmp_path / "q"
+        qs.convert_checkpoint(ck, src)
+    else:
+        src = ck
+
+    def target(d: Path) -> Path:
+        return d / "out.safetensors" if op == "to-safetensors" else d / "restored"
+
+    def contents(d: Path) -> dict:
+        if op == "to-safetensors":
+            names = sorted(p.name for p in d.iterdir() if p.name.startswith("out"))
+            assert "out.safetensors.index.json" in names
+            assert not any(n.endswith((".partial", ".qstream-work")) for n in names)
+            return _files(d, names)
+        g = zarr.open_group(str(d / "restored"), mode="r")
+        return {n: np.asarray(g[n][...]).tobytes() for n in ("a.weight", "a.bias", "b.weight")}
+
+    (tmp_path / "ref").mkdir()
+    ref = _checkpoint_child(op, src, target(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    events = json.loads(ref.stdout)["events"]
+    want = contents(tmp_path / "ref")
+    for n in sorted({0, 2, events // 3, events // 2, events - 3, events - 2, events - 1}):
+        d = tmp_path / f"k{n}"
+        d.mkdir()
+        killed = _checkpoint_child(op, src, target(d), kill_at=n)
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
+        again = _checkpoint_child(op, src, target(d))
+        assert again.returncode == 0, (n, again.stderr[-2000:])
+        assert contents(d) == want, n
+        assert not [p for p in d.rglob("*") if p.name.endswith(".partial")], n

@@ -62,19 +62,30 @@ def convert_checkpoint(
 
 
 def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw) -> dict:
+    import contextlib
     import os
-    import shutil
 
     from ..errors import StoreError
     from ..io.export import export_safetensors
-    from ..io.qarray import inspect_destination
+    from ..io.qarray import LOCK, inspect_destination, remove_output
 
     dst = os.fspath(dst)
-    if os.path.exists(dst) and not overwrite:
-        raise StoreError(f"{dst} exists; pass overwrite=True to replace it")
+    index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
+    # the working group of an interrupted run (its identity is checked by ``convert``): this
+    # run resumes it and may replace the export files that run wrote
+    resuming = inspect_destination(work).kind == "checkpoint"
+    for done in (dst, index):  # a finished export
+        if os.path.exists(done) and not (overwrite or resuming):
+            raise StoreError(f"{done} exists; pass overwrite=True to replace it")
     result = convert(checkpoint, work, recipe or Recipe(), overwrite=overwrite, **kw)
-    exported = export_safetensors(work, dst, max_shard_size=max_shard_size, overwrite=overwrite)
-    if inspect_destination(work).kind == "checkpoint":  # ours: the conversion made it
-        shutil.rmtree(work)
+    exported = export_safetensors(
+        work, dst, max_shard_size=max_shard_size, overwrite=overwrite, replace_own=resuming
+    )
+    existing = inspect_destination(work)
+    if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays
+        remove_output(work, existing)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(work, LOCK))
+            os.rmdir(work)
     return {**result, "destination": dst, "files": exported["files"]}

@@ -106,7 +106,8 @@ def dequantize_store(
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
     tensor restored (kept tensors copied as stored), and the result lists them."""
-    if is_checkpoint(with_backend(src, store, storage_options, read_only=True), storage_options):
+    src = with_backend(src, store, storage_options, read_only=True)
+    if is_checkpoint(src, storage_options):
         return restore(
             src,
             dst,
@@ -117,7 +118,7 @@ def dequantize_store(
             executor=executor,
         )
     return _dequantize(
-        with_backend(src, store, storage_options, read_only=True),
+        src,
         with_backend(dst, store, storage_options, read_only=False),
         dtype=dtype,
         max_memory=max_memory,

@@ -20,6 +20,16 @@ import numpy as np
 from ..qtypes import QType
 
 
+def symmetric_steps(qt: QType, narrow_range: bool = False) -> tuple[float, float]:
+    """``(steps, zero_point)`` of a symmetric integer range: ``scale = absmax / steps``; signed
+    types have zero point 0, unsigned ones the mid-range code."""
+    qmin, qmax = qt.qrange(narrow_range)
+    if qt.signed:
+        return float(min(qmax, -qmin)), 0.0
+    zp = float((qmin + qmax + 1) // 2)
+    return float(min(qmax - zp, zp - qmin)), zp
+
+
 def params_from_range(lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False):
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays."""
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
@@ -31,12 +41,7 @@ def params_from_range(lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool 
         return scale.astype(np.float32), np.zeros(scale.shape)
     if symmetric:
         amax = np.maximum(-lo, hi)
-        if qt.signed:
-            zp = 0.0
-            steps = min(qmax, -qmin)
-        else:
-            zp = float((qmin + qmax + 1) // 2)
-            steps = min(qmax - zp, zp - qmin)
+        steps, zp = symmetric_steps(qt, narrow_range)
         scale = np.where(amax > 0, amax / steps, 1.0)
         return scale.astype(np.float32), np.full(scale.shape, zp)
     span = hi - lo

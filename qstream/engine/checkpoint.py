@@ -125,6 +125,7 @@ def _convert(
         if on_tensor:
             on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
     _record(root, results, complete=True)
+    qarray.clean_partials(dst)  # of a killed run's root metadata writes
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
     return {
@@ -257,6 +258,7 @@ def restore(
             "already_complete": False,
         }
         qarray.set_meta(root, {**meta, "complete": True, "result": result}, "qstream_restored")
+        qarray.clean_partials(dst)  # of a killed run's root metadata writes
     return {**result, "seconds": time.perf_counter() - t0}
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections import deque
 
 import distributed
 
 from ..errors import InvalidParameterError
+from .executors import in_order
 from .plan import Block
 
 TASK_BYTES = 64 << 20  # source bytes a task reads at least (when there are blocks enough)
@@ -162,34 +162,30 @@ class DaskExecutor:
         run_id = uuid.uuid4().hex[:12]
         name = type(work).__name__.lower()
         [shared] = client.scatter([work], broadcast=True, hash=False)
-        pending: deque[tuple[list[Block], distributed.Future]] = deque()
-        todo = iter(enumerate(batches))
+
+        def submit(batch_i):
+            i, batch = batch_i
+            return client.submit(
+                _run_blocks,
+                shared,
+                batch,
+                self.kernel_threads,
+                key=f"qstream-{name}-{run_id}-{i}",
+                pure=False,
+                retries=2,
+            )
+
+        def fetch(fut):
+            results = fut.result()
+            fut.release()
+            return results
+
+        tasks = in_order(enumerate(batches), submit, window, fetch)
         try:
-            while True:
-                while len(pending) < window:
-                    nxt = next(todo, None)
-                    if nxt is None:
-                        break
-                    i, batch = nxt
-                    fut = client.submit(
-                        _run_blocks,
-                        shared,
-                        batch,
-                        self.kernel_threads,
-                        key=f"qstream-{name}-{run_id}-{i}",
-                        pure=False,
-                        retries=2,
-                    )
-                    pending.append((batch, fut))
-                if not pending:
-                    break
-                batch, fut = pending.popleft()
-                results = fut.result()
-                fut.release()
+            for (_, batch), results in tasks:
                 yield from zip(batch, results, strict=True)
         finally:
-            for _, f in pending:
-                f.cancel()
+            tasks.close()
             shared.release()
 
     def release(self, token: str) -> None:

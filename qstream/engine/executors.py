@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from ..errors import InvalidParameterError
@@ -44,6 +44,28 @@ class Executor(Protocol):
         ...
 
 
+def in_order(items, submit, window: int, result=lambda fut: fut.result()):
+    """``(item, result(submit(item)))`` for each item, in order, with at most ``window`` items
+    submitted and not yet yielded; what was submitted and not yielded is cancelled when the
+    consumer stops or an error is raised."""
+    pending: deque = deque()
+    todo = iter(items)
+    try:
+        while True:
+            while len(pending) < window:
+                item = next(todo, None)
+                if item is None:
+                    break
+                pending.append((item, submit(item)))
+            if not pending:
+                return
+            item, fut = pending.popleft()
+            yield item, result(fut)
+    finally:
+        for _, f in pending:
+            f.cancel()
+
+
 class LocalExecutor:
     """Worker threads of this process; each takes a whole block through read -> kernels ->
     write with its share of Numba's threads, so no kernel waits for a thread that a read or
@@ -60,28 +82,17 @@ class LocalExecutor:
         threads = kernel_threads()
         workers = max(1, min(workers, len(blocks)))
         inflight = max(workers, inflight or 2 * workers)
-        pending: deque[tuple[Block, Future]] = deque()
-        todo = iter(blocks)
         with ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="qstream-worker",
             initializer=limit_threads,
             initargs=(max(1, threads // workers),),
         ) as pool:
+            results = in_order(blocks, lambda b: pool.submit(work, b), inflight)
             try:
-                while True:
-                    while len(pending) < inflight:
-                        b = next(todo, None)
-                        if b is None:
-                            break
-                        pending.append((b, pool.submit(work, b)))
-                    if not pending:
-                        break
-                    block, fut = pending.popleft()
-                    yield block, fut.result()
-            finally:  # an error, or the consumer stopped: drop what has not started
-                for _, f in pending:
-                    f.cancel()
+                yield from results
+            finally:
+                results.close()  # drop what has not started before the pool waits
 
     def release(self, token: str) -> None:
         from .work import forget

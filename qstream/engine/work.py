@@ -357,6 +357,7 @@ class QuantizeWork:
         blocks with ``out`` quantized, in one fused kernel pass (bit-identical to
         :meth:`_params` + :meth:`_quantize_piece`); None where that kernel does not apply
         (float types, int32, float64 sources, round modes other than half to even)."""
+        from ..calibration.params import symmetric_steps
         from ..core.layout import blocked_param_shape
         from ..kernels import blocked
         from ..kernels.runtime import run
@@ -376,11 +377,9 @@ class QuantizeWork:
         qmin, qmax = qt.qrange(spec.narrow_range)
         if not spec.symmetric:
             mode, steps, zp = blocked.ASYM, 1.0, 0.0
-        elif qt.signed:
-            mode, steps, zp = blocked.SYM_SIGNED, float(min(qmax, -qmin)), 0.0
         else:
-            zp = float((qmin + qmax + 1) // 2)
-            mode, steps = blocked.SYM_UNSIGNED, float(min(qmax - zp, zp - qmin))
+            mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
+            steps, zp = symmetric_steps(qt, spec.narrow_range)
         s = np.empty(layout.pshape3, np.float32)
         z = np.empty(layout.pshape3, np.float64)
         run(

@@ -23,6 +23,7 @@ read and written in slabs of ~16 MiB.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -171,6 +172,40 @@ def _write_file(path: str, entries: list[_Entry], metadata: dict[str, str]) -> N
         raise
 
 
+def _written_by_qstream(path: str) -> bool:
+    """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
+    try:
+        with open(path, "rb") as f:
+            if path.endswith(".json"):
+                doc = json.load(f)
+                meta = doc.get("metadata") if isinstance(doc, dict) else None
+            else:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(min(n, 100 << 20)))
+                meta = header.get("__metadata__") if isinstance(header, dict) else None
+    except (OSError, ValueError, struct.error):
+        return False
+    return isinstance(meta, dict) and "qstream" in meta
+
+
+def _remove_stale_partials(target: str) -> None:
+    """Remove ``target.<pid>.partial`` files that a killed export (a dead process) left."""
+    import glob
+    import re
+
+    for tmp in glob.glob(glob.escape(target) + ".*.partial"):
+        m = re.fullmatch(re.escape(target) + r"\.(\d+)\.partial", tmp)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        except OSError:  # alive (another user's process): not ours to touch
+            continue
+
+
 def export_safetensors(
     src,
     out,
@@ -179,11 +214,16 @@ def export_safetensors(
     overwrite: bool = False,
     name: str = "weight",
     storage_options: dict | None = None,
+    replace_own: bool = False,
 ) -> dict:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
     it, with an index, above ``max_shard_size`` bytes); see the module docstring for the
-    naming. Returns the files written and the tensors' names."""
+    naming. Returns the files written and the tensors' names.
+
+    Existing files are refused unless ``overwrite``, except shards of an interrupted export
+    (they carry qstream's metadata and no index was written); ``replace_own`` also replaces a
+    finished export's files qstream wrote (a resumed ``convert ... out.safetensors``)."""
     opened = open_quantized(src, storage_options=storage_options)
     items = opened.items() if isinstance(opened, QuantizedCheckpoint) else [(name, opened)]
     entries = [e for n, t in items for e in _entries(n, t)]
@@ -202,9 +242,15 @@ def export_safetensors(
     )
     index = f"{stem}.safetensors.index.json"
     targets = files + ([index] if len(shards) > 1 else [])
-    existing = [f for f in targets if os.path.exists(f)]
-    if existing and not overwrite:
-        raise StoreError(f"{existing[0]} exists; pass overwrite=True to replace it")
+    if not overwrite:
+        # the last file written (the index, or the only file) marks a finished export; shards
+        # of an interrupted one (ours: they carry qstream's metadata) are written again
+        for f in targets:
+            ours = _written_by_qstream(f)
+            if os.path.exists(f) and not (ours and (replace_own or f != targets[-1])):
+                raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+    for f in targets:
+        _remove_stale_partials(f)
     meta = {
         "format": "pt",
         "qstream": json.dumps(
@@ -223,7 +269,8 @@ def export_safetensors(
         weight_map = {
             e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
         }
-        doc = {"metadata": {"total_size": sum(e.nbytes for e in entries)}, "weight_map": weight_map}
+        total = sum(e.nbytes for e in entries)
+        doc = {"metadata": {"total_size": total, "qstream": "export"}, "weight_map": weight_map}
         tmp = f"{index}.{os.getpid()}.partial"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=2)

@@ -340,10 +340,9 @@ def data_encoding(qt) -> tuple[np.dtype, object]:
     packed with the ``packbits`` codec (zarr-extensions data types ``int4``, ``uint4``,
     ``int2``, ``uint2``, ``float4_e2m1fn``); float8 types as uint8 bit patterns; the rest
     natively."""
-    if qt.bits < 8:
-        from .zarr_ext import PackBits, register
+    if qt.bits < 8:  # (the types and codec are registered whenever a store is opened)
+        from .zarr_ext import PackBits
 
-        register()
         return qt.dtype, PackBits()
     return (np.dtype(np.uint8) if qt.is_float else qt.widened), "auto"
 

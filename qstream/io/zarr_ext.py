@@ -25,7 +25,7 @@ from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.dtype.common import DataTypeValidationError, HasItemSize
 from zarr.core.dtype.wrapper import ZDType
 
-from .packing import pack, packed_nbytes, unpack
+from .packing import packed_nbytes
 
 PADDING = ("none", "first_byte", "last_byte")
 
@@ -166,14 +166,19 @@ class PackBits(ArrayBytesCodec):
             raise ValueError(
                 f"packbits chunk holds {raw.size} bytes, expected {packed_nbytes(n, bits)}"
             )
+        from ..kernels.packing import unpack_codes
+
         out = np.empty(chunk_spec.shape, chunk_spec.dtype.to_native_dtype())
-        unpack(raw, n, bits, signed, out)
+        unpack_codes(np.ascontiguousarray(raw), n, bits, signed, out.reshape(-1).view(np.uint8))
         return chunk_spec.prototype.nd_buffer.from_numpy_array(out)
 
     async def _encode_single(self, chunk_array, chunk_spec):
         bits, _ = self._bits(chunk_spec)
-        a = np.asarray(chunk_array.as_numpy_array())
-        body = pack(a, bits)
+        from ..kernels.packing import pack_codes
+
+        a = np.ascontiguousarray(chunk_array.as_numpy_array()).reshape(-1).view(np.uint8)
+        body = np.empty(packed_nbytes(a.size, bits), np.uint8)
+        pack_codes(a, bits, body)
         pad = (-a.size * bits) % 8
         if self.padding_encoding == "first_byte":
             body = np.concatenate([np.array([pad], np.uint8), body])

@@ -1,0 +1,31 @@
+"""The preamble of child processes that SIGKILL themselves at their n-th write event (env
+``KILL_AT``): just before or just after each atomic rename. Every chunk, metadata and snapshot
+write of qstream and of zarr's local store goes through one, so every state a kill can leave
+on disk between two writes is reached. ``count[0]`` holds the events seen so far."""
+
+import textwrap
+
+KILL_HOOK = textwrap.dedent(
+    """
+    import os, signal, threading
+
+    kill_at = int(os.environ.get("KILL_AT", "-1"))
+    count = [0]
+    _lock = threading.Lock()
+    _real_replace = os.replace
+
+    def _event():
+        with _lock:
+            n = count[0]
+            count[0] += 1
+        if n == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _replace(a, b, *args, **kw):
+        _event()
+        _real_replace(a, b, *args, **kw)
+        _event()
+
+    os.replace = _replace
+    """
+)
