@@ -382,6 +382,7 @@ def child_profile(a: dict) -> dict:
     from qstream.engine.job import QuantizeJob
     from qstream.io import stores as io_stores
     from qstream.io.progress import ProgressLog
+    from qstream.kernels import stats
 
     spec_kwargs, kw = QSPECS[a["target"]]
     _warm_qstream(spec_kwargs)
@@ -412,20 +413,7 @@ def child_profile(a: dict) -> dict:
     timed(QuantizeJob, "ranges", "pass: ranges", passes)
     timed(QuantizeJob, "_histogram_ranges", "pass: histograms", passes)
     timed(QuantizeJob, "_quantize_pass", "pass: quantize", passes)
-    from qstream.kernels import runtime, stats
-
-    real_run = runtime.run
-
-    def run(kernel, *args):
-        if kernel is stats.channel_histograms:
-            t0 = time.perf_counter()
-            real_run(kernel, *args)
-            with lock:
-                steps["histogram kernel"] += time.perf_counter() - t0
-            return
-        real_run(kernel, *args)
-
-    runtime.run = run
+    timed(stats, "channel_histograms", "histogram kernel")
     dst = a["dst"]
     for _ in range(2):
         steps.clear()

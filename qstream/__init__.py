@@ -38,6 +38,7 @@ _EXPORTS = {
     "LocalExecutor": "qstream.engine.executors",
     "DaskExecutor": "qstream.engine.dask",
     "QstreamWorkerPlugin": "qstream.engine.dask",
+    "on_compile": "qstream.kernels.runtime",
 }
 _SUBMODULES = ("compat",)
 

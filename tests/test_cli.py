@@ -84,9 +84,9 @@ def test_dequantize_calibrate_inspect_and_resume_overwrite(src, tmp_path):
 def test_bad_input_gives_one_line_and_exit_code(src, tmp_path):
     cases = [
         (["quantize", tmp_path / "missing.zarr", tmp_path / "o.zarr"], 1, "no such Zarr store"),
-        (["quantize", src, tmp_path / "o.zarr", "--dtype", "int9"], 2, "unknown quantized type"),
-        (["quantize", src, tmp_path / "o.zarr", "--axis", "7"], 2, "axis 7 is out of range"),
-        (["quantize", src, tmp_path / "o.zarr", "--method", "kl"], 2, "unknown method"),
+        (["quantize", src, tmp_path / "o.zarr", "--dtype", "int9"], 2, "unknown --dtype 'int9'"),
+        (["quantize", src, tmp_path / "o.zarr", "--axis", "7"], 2, "--axis 7 is out of range"),
+        (["quantize", src, tmp_path / "o.zarr", "--method", "kl"], 2, "unknown --method 'kl'"),
         (["quantize", src, tmp_path / "o.zarr", "--scale", "0"], 2, "scale must be finite"),
         (["quantize", src, tmp_path / "o.zarr", "--max-memory", "lots"], 2, "not a size"),
         (["dequantize", src, tmp_path / "o2.zarr"], 1, "not a qstream quantized array"),
@@ -135,8 +135,8 @@ def test_convert_sample_with_recipe_resume_and_corrupt_header(tmp_path):
     kept = [n for n, t in report["tensors"].items() if t["kept"]]
     assert "norm.weight" in kept and all("proj.weight" not in n for n in kept)
     assert report["bytes_after"] < report["bytes_before"] * 0.6
-    r = run("convert", ckpt, dst, "--recipe", SAMPLES / "recipe-int8.toml")  # resumes: done
-    assert r.exit_code == 0 and "[34/34]" in r.output
+    r = run("convert", ckpt, dst, "--recipe", SAMPLES / "recipe-int8.toml")  # finished: no-op
+    assert r.exit_code == 0 and r.output.strip() == f"{dst}: already complete (same job); nothing to do"
     bad = tmp_path / "bad.safetensors"
     raw = ckpt.read_bytes()
     bad.write_bytes(raw[:8] + b"{garbage" + raw[16:4096])
@@ -200,3 +200,230 @@ def test_bundled_samples_are_in_the_repository_and_the_notebook_runs(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "entropy calibration" in out.stdout
+
+
+# --------------------------------------------------------------------------- CLI polish
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["quantize", "a.zarr", "b.zarr", "--axis", "foo"],
+            "error: invalid value for '--axis': not an integer (see 'qstream quantize --help')",
+        ),
+        (
+            ["quantize", "a.zarr"],
+            "error: missing argument 'DST' (see 'qstream quantize --help')",
+        ),
+        (
+            ["quantize", "a.zarr", "b.zarr", "--bogus"],
+            "error: no such option: --bogus (see 'qstream quantize --help')",
+        ),
+        (["frobnicate"], "error: no such command 'frobnicate' (see 'qstream --help')"),
+        (
+            ["calibrate", "a.zarr", "--percentile", "x"],
+            "error: invalid value for '--percentile': not a number"
+            " (see 'qstream calibrate --help')",
+        ),
+    ],
+)
+def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, message):
+    r = run(*args)
+    assert r.exit_code == 2
+    assert r.stderr.splitlines() == [message]
+    assert r.stdout == ""
+
+
+def test_version_flag_and_debug_anywhere_on_the_line(src, tmp_path):
+    r = run("--version")
+    assert r.exit_code == 0 and r.stdout.strip() == "qstream 0.1.0"
+    r = run("quantize", src, tmp_path / "o.zarr", "--axis", "9", "--debug")
+    assert r.exit_code == 2
+    assert "Traceback" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: --axis 9 is out of range")
+    r = run("--debug", "quantize", src, tmp_path / "o.zarr", "--axis", "9")
+    assert r.exit_code == 2 and "Traceback" in r.stderr
+
+
+def test_library_errors_name_the_flags_and_plain_values(src, tmp_path):
+    assert run("quantize", src, tmp_path / "q.zarr", "-q").exit_code == 0
+    cases = [
+        (
+            ["quantize", src, tmp_path / "q.zarr", "--axis", "0", "--resume"],
+            1,
+            "pass --overwrite to replace it",
+        ),
+        (
+            ["quantize", src, tmp_path / "o.zarr", "--block-size", "4"],
+            2,
+            "error: --block-size needs an axis",
+        ),
+        (
+            ["quantize", src, tmp_path / "o.zarr", "--method", "dynamic"],
+            2,
+            "error: --method dynamic needs --block-size (one range per block)",
+        ),
+        (
+            ["quantize", src, tmp_path / "o.zarr", "--scale", "0"],
+            2,
+            "error: --scale must be finite and > 0, got zero value 0.0 (1 bad of 1)",
+        ),
+        (
+            ["quantize", src, tmp_path / "o.zarr", "--zero-point", "3"],
+            2,
+            "error: --zero-point needs --scale",
+        ),
+    ]
+    for args, code, text in cases:
+        r = run(*args)
+        assert r.exit_code == code, (args, r.output)
+        assert len(r.stderr.splitlines()) == 1 and text in r.stderr, (args, r.stderr)
+        assert "np.float64" not in r.stderr and "overwrite=True" not in r.stderr
+    x = np.ones((8, 8), np.float32)
+    x[1, 2] = np.inf
+    zarr.create_array(str(tmp_path / "inf.zarr"), shape=x.shape, dtype="float32")[...] = x
+    r = run("quantize", tmp_path / "inf.zarr", tmp_path / "i.zarr")
+    assert r.exit_code == 1
+    assert "Use --nan-policy zero_point or --nan-policy min" in r.stderr
+
+
+def test_checkpoints_and_folders_given_to_quantize_say_what_they_are(tmp_path):
+    np.save(tmp_path / "w.npy", np.ones((4, 4), np.float32))
+    cases = [
+        (tmp_path / "w.npy", "is a NumPy .npy file, not a Zarr array"),
+        (SAMPLES / "tiny-transformer.safetensors", "is a safetensors checkpoint, not a Zarr array"),
+        (SAMPLES, "is a folder of safetensors files, not a Zarr array"),
+    ]
+    for path, what in cases:
+        r = run("quantize", path, tmp_path / "o.zarr")
+        assert r.exit_code == 1
+        assert r.stderr.strip() == (
+            f"error: {path} {what}; checkpoints are read by `qstream convert`"
+        )
+        assert "StorePath" not in r.stderr and not (tmp_path / "o.zarr").exists()
+
+
+def test_help_reads_like_a_cli_with_examples_defaults_and_choices():
+    r = run("quantize", "--help")
+    assert r.exit_code == 0
+    text = r.stdout
+    assert "Usage: qstream quantize [OPTIONS] SRC DST" in text
+    assert "<bool>" not in text and "<str>" not in text and "{src}" not in text
+    assert "Examples:" in text and "qstream quantize weights.zarr q.zarr --axis 0" in text
+    assert "[default: int8]" in text and "float8_e4m3fn" in text
+    assert "entropy" in text and "half_away_from_zero" in text
+    for cmd in ("dequantize", "calibrate", "inspect", "convert", "export"):
+        r = run(cmd, "--help")
+        assert r.exit_code == 0 and "Examples:" in r.stdout and f"qstream {cmd} " in r.stdout
+
+
+def test_rerun_of_finished_job_says_already_complete_in_text_and_json(src, tmp_path):
+    dst = tmp_path / "q.zarr"
+    assert run("quantize", src, dst, "--axis", "0", "-q").exit_code == 0
+    r = run("quantize", src, dst, "--axis", "0")
+    assert r.exit_code == 0
+    assert r.stdout.strip() == f"{dst}: already complete (same job); nothing to do"
+    r = run("quantize", src, dst, "--axis", "0", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["already_complete"] is True
+
+
+def test_progress_names_each_pass_with_known_totals(src, tmp_path):
+    r = run(
+        "quantize", src, tmp_path / "q.zarr", "--axis", "0", "--method", "percentile",
+        "--max-memory", "1MiB",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    n = int(lines[0].split("/")[1].split()[0])
+    assert n > 1 and lines[0] == f"quantize: ranges: 0/{n} blocks (0%)"
+    assert f"quantize: ranges: {n}/{n} blocks (100%)" in lines
+    assert any(ln.startswith("quantize: histograms") and f"{n}/{n} blocks" in ln for ln in lines)
+    assert f"quantize: {n}/{n} blocks (100%)" in lines
+    assert not any("None" in ln for ln in lines)
+
+
+def test_non_tty_summary_is_one_line_per_tensor(tmp_path):
+    r = run("convert", SAMPLES / "tiny-transformer.safetensors", tmp_path / "t.zarr")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    table = lines[lines.index("quantized tensors, worst SQNR first") + 2 :]
+    rows = [ln for ln in table if ln.split() and ln.split()[0].endswith(".weight")]
+    assert len(rows) == 25
+    for ln in rows:
+        name, shape0, shape1, target, sqnr, *_ = ln.split()
+        assert shape0.startswith("[") and target.startswith("int8/") and float(sqnr) > 20
+
+
+def test_json_is_strict_with_null_for_non_finite_numbers(tmp_path):
+    x = (np.arange(64, dtype=np.float32).reshape(8, 8) - 32) * 0.5  # exactly representable
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, dtype="float32")[...] = x
+    r = run("quantize", tmp_path / "x.zarr", tmp_path / "q.zarr", "--scale", "0.5", "--json")
+    assert r.exit_code == 0, r.output
+
+    def refuse(token):
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    report = json.loads(r.stdout, parse_constant=refuse)
+    assert report["error"]["sqnr_db"] is None and report["error"]["mse"] == 0.0
+    assert '"inf"' not in r.stdout and '"nan"' not in r.stdout
+    r = run("inspect", tmp_path / "q.zarr", "--json")
+    assert json.loads(r.stdout, parse_constant=refuse)["error"]["sqnr_db"] is None
+
+
+def test_convert_to_zip_is_refused_up_front_and_writes_nothing(tmp_path):
+    np.savez(tmp_path / "ck.npz", w=np.ones((8, 8), np.float32))
+    r = run("convert", tmp_path / "ck.npz", tmp_path / "ck.zip")
+    assert r.exit_code == 2
+    assert r.stderr.startswith("error: cannot convert into") and "not a .zip" in r.stderr
+    assert not (tmp_path / "ck.zip").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck.npz"]
+
+
+def _nightly(tmp_path, *args, path=None):
+    env = {**os.environ}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        ["bash", str(SAMPLES / "nightly-convert.sh"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+
+
+def test_nightly_script_keeps_the_last_good_report_and_says_when_to_resume(tmp_path):
+    if shutil.which("qstream") is None:
+        pytest.skip("qstream console script not on PATH")
+    ckpt = SAMPLES / "tiny-transformer.safetensors"
+    r = _nightly(tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("usage:")
+    out = tmp_path / "out.zarr"
+    r = _nightly(tmp_path, ckpt, out)
+    assert r.returncode == 0, r.stderr
+    report = tmp_path / "out.zarr.report.json"
+    good = report.read_bytes()
+    assert json.loads(good)["tensors"]
+    r = _nightly(tmp_path, ckpt, out, tmp_path / "missing.toml")  # a failing run
+    assert r.returncode == 2 and report.read_bytes() == good
+    r = _nightly(tmp_path, tmp_path / "nothing.safetensors", out)
+    assert r.returncode == 1 and "checkpoint not found" in r.stderr
+    assert "resume" not in r.stderr and report.read_bytes() == good
+    r = _nightly(tmp_path, ckpt, out, path="/usr/bin:/bin")
+    assert r.returncode == 1 and "not on PATH" in r.stderr and "resume" not in r.stderr
+    assert not list(tmp_path.glob("*.partial*"))
+
+
+def test_first_run_says_it_is_compiling_kernels_and_later_runs_do_not(src, tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "qstream.cli.main", "quantize", str(src)]
+    first = subprocess.run(
+        [*command, str(tmp_path / "a.zarr")], capture_output=True, text=True, env=env
+    )
+    assert first.returncode == 0, first.stderr
+    assert "compiling kernels (first run only" in first.stderr
+    again = subprocess.run(
+        [*command, str(tmp_path / "b.zarr")], capture_output=True, text=True, env=env
+    )
+    assert again.returncode == 0 and "compiling" not in again.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from ..engine.checkpoint import TensorEvent, convert
@@ -13,7 +14,7 @@ __all__ = ["TensorEvent", "convert_checkpoint"]
 def convert_checkpoint(
     checkpoint,
     dst,
-    recipe: Recipe | None = None,
+    recipe: Recipe | str | os.PathLike | None = None,
     *,
     max_memory: int | None = None,
     overwrite: bool = False,
@@ -36,7 +37,11 @@ def convert_checkpoint(
     beside it (``DST.qstream-work``, the quantized size), exported as safetensors (see
     :func:`qstream.export_safetensors`; sharded above ``max_shard_size``) and the working group
     is removed; an interrupted run keeps it, so the same call resumes.
+
+    ``recipe``: a :class:`~qstream.Recipe` or the path of a recipe TOML file.
     """
+    if recipe is not None and not isinstance(recipe, Recipe):
+        recipe = Recipe.load(recipe)
     if str(dst).endswith(".safetensors"):
         return _to_safetensors(
             checkpoint,

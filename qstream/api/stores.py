@@ -57,7 +57,9 @@ def quantize_store(
     ``dst``: a local directory, a ``.zip`` path, ``memory://name`` or an fsspec URL; it must
     be new, empty, or an output of qstream (see below); never the source or a place inside it.
     ``max_memory`` bounds the working memory (bytes, default 1 GiB): the blocks in flight and
-    the calibration histograms. ``progress(done, total)`` is called as blocks land.
+    the calibration histograms. ``progress(done, total)`` is called as blocks land; when
+    ``progress`` also has a ``stage(name, total, done)`` method, it is called as each pass
+    starts ("ranges", "histograms", "search", "quantize"), with the pass's total.
 
     Re-running a job (same spec, same source however its path is spelled) on its unfinished
     output resumes it, and the result and report are bit-identical to an uninterrupted run

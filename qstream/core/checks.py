@@ -27,7 +27,7 @@ def check_scale(scale: np.ndarray) -> None:
         )
         where = f" at index {tuple(int(i) for i in idx)}" if s.ndim else ""
         raise InvalidParameterError(
-            f"scale must be finite and > 0, got {what} value {s[idx]!r}{where}"
+            f"scale must be finite and > 0, got {what} value {float(s[idx])!r}{where}"
             f" ({int(bad.sum())} bad of {s.size})"
         )
 

@@ -21,13 +21,12 @@ def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
 
 def block_ranges(x: np.ndarray, axis: int | None) -> RangeStats:
     """Exact per-channel ranges of a block (its own channels along ``axis``)."""
-    from ..kernels.runtime import run
     from ..kernels.stats import channel_ranges
 
     v = channel_view(x, axis)
     c = v.shape[1]
     stats = RangeStats.empty(c)
-    run(channel_ranges, v, stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf)
+    channel_ranges(v, stats.min, stats.max, stats.count, stats.nan, stats.posinf, stats.neginf)
     first = -1
     if stats.nonfinite:
         first = int(np.argmax(~np.isfinite(x.reshape(-1))))
@@ -83,7 +82,6 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
 def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
-    from ..kernels.runtime import run
 
     compute = np.float64 if qt.bits > 16 else np.float32
     chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
@@ -91,8 +89,7 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     sums = np.zeros((c, N_SUMS))
     xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
     qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
-    run(
-        error_sums,
+    error_sums(
         layout.view(xk),
         layout.view(qk),
         layout.params(np.asarray(s, compute)),

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.layout import dimension_names
+from ..errors import InvalidParameterError
 from ..io import qarray
 from ..io.stores import location, open_group
 from ..recipe import Recipe
@@ -55,6 +56,12 @@ def convert(
     (see :func:`qstream.convert_checkpoint`)."""
     from ..io.checkpoints import open_checkpoint
 
+    if str(dst).lower().endswith(".zip"):  # checked before anything is read or written
+        raise InvalidParameterError(
+            f"cannot convert into {dst}: a converted checkpoint is a directory (a Zarr group)"
+            " or a .safetensors file, not a .zip; convert into a directory, then zip it"
+            " (zip -r0) if a single file is needed"
+        )
     executor = executors.resolve(executor)
     executors.check_shared("checkpoint", checkpoint, executor=executor)
     executors.check_shared("destination", dst, executor=executor)
@@ -81,10 +88,10 @@ def _convert(
     tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress, executor
 ) -> dict:
     t0 = time.perf_counter()
-    root, done = _open_root(dst, source, recipe, overwrite)
+    root, done, complete = _open_root(dst, source, recipe, overwrite)
     results: dict[str, dict] = dict(done)
     names = list(tensors)
-    for i, name in enumerate(names):
+    for i, name in enumerate([] if complete else names):
         t = tensors[name]
         spec = recipe.spec_for(name, t.shape, t.dtype)
         target = "keep" if spec is None else _describe(spec)
@@ -124,8 +131,9 @@ def _convert(
         _record(root, results, complete=False)
         if on_tensor:
             on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
-    _record(root, results, complete=True)
-    qarray.clean_partials(dst)  # of a killed run's root metadata writes
+    if not complete:
+        _record(root, results, complete=True)
+        qarray.clean_partials(dst)  # of a killed run's root metadata writes
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
     return {
@@ -134,8 +142,9 @@ def _convert(
         "tensors": results,
         "bytes_before": before,
         "bytes_after": after,
-        "seconds": time.perf_counter() - t0,
+        "seconds": 0.0 if complete else time.perf_counter() - t0,
         "recipe": recipe.to_dict(),
+        "already_complete": complete,
     }
 
 
@@ -149,7 +158,8 @@ def _describe(spec) -> str:
 
 
 def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
-    """The root group and the tensors a previous run of this conversion finished."""
+    """The root group, the tensors a previous run of this conversion finished, and whether
+    it finished them all (a re-run of a finished conversion does nothing)."""
     ident = {"source": source, "recipe": recipe.to_dict()}
     fp = json.dumps(ident, sort_keys=True)
     existing = qarray.inspect_destination(dst)
@@ -159,11 +169,12 @@ def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
         existing = qarray.Existing("checkpoint", {**meta, "fingerprint": fp if same else None})
     action = qarray.decide(existing, fp, overwrite=overwrite, what="checkpoint", dst=dst)
     if action in ("resume", "complete"):
-        return open_group(dst, mode="a"), dict(existing.meta.get("tensors", {}))
+        done = dict(existing.meta.get("tensors", {}))
+        return open_group(dst, mode="a"), done, action == "complete"
     if action.startswith("replace"):
         qarray.remove_output(dst, existing)
     meta = {"version": 1, **ident, "tensors": {}, "complete": False}
-    return qarray.create_group(dst, {"qstream_checkpoint": meta}), {}
+    return qarray.create_group(dst, {"qstream_checkpoint": meta}), {}, False
 
 
 def _record(root, results: dict, *, complete: bool) -> None:

@@ -165,8 +165,19 @@ class QuantizeJob:
         )
 
     def _scan(
-        self, blocks, work, merge, progress, *, workers=None, inflight=None, new_pass=True
+        self,
+        blocks,
+        work,
+        merge,
+        progress,
+        *,
+        stage=None,
+        workers=None,
+        inflight=None,
+        new_pass=True,
     ) -> None:
+        if stage:
+            report_stage(progress, stage, len(blocks))
         pipeline.run(
             blocks,
             work,
@@ -191,7 +202,7 @@ class QuantizeJob:
             if st.first_nonfinite >= 0:
                 first.append(st.first_nonfinite)
 
-        self._scan(self.blocks, RangesWork(plan, self.ref), merge, progress)
+        self._scan(self.blocks, RangesWork(plan, self.ref), merge, progress, stage="ranges")
         return replace(total, first_nonfinite=min(first) if first else -1)
 
     def _check_nonfinite(self, st: RangeStats) -> None:
@@ -203,7 +214,7 @@ class QuantizeJob:
             raise NonFiniteInputError(
                 f"{self.name}: {st.nonfinite} non-finite values ({int(st.nan.sum())} NaN,"
                 f" {int(st.posinf.sum())} +inf, {int(st.neginf.sum())} -inf); first at index"
-                f" {at}. Use nan_policy='zero_point' or 'min' to quantize them anyway"
+                f" {at}. Use nan_policy='zero_point' or nan_policy='min' to quantize them anyway"
             )
 
     def calibration(self, progress=None) -> Calibration:
@@ -269,11 +280,12 @@ class QuantizeJob:
                     at, glo, ghi = part
                     out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
 
-            self._scan(self.blocks, work, found, progress, workers=workers)
+            self._scan(self.blocks, work, found, progress, stage="histograms", workers=workers)
             return out_lo, out_hi
         workers = self._workers(cap=2)
         row = spec.num_bins * 8
         group = max(1, budget // ((workers + 1) * row))
+        n_groups = -(-plan.channels // group)
         for c0 in range(0, plan.channels, group):
             c1 = min(plan.channels, c0 + group)
             hist = np.zeros((c1 - c0, spec.num_bins), np.int64)
@@ -294,7 +306,19 @@ class QuantizeJob:
             # local: one partial per worker in flight; a cluster combines a task's partials
             inflight = None if self.executor.distributed else workers
             self._scan(
-                blocks, work, merge, progress, workers=workers, inflight=inflight, new_pass=c0 == 0
+                blocks,
+                work,
+                merge,
+                progress,
+                stage="histograms"
+                + (
+                    f" (channels {c0}-{c1 - 1}, group {c0 // group + 1}/{n_groups})"
+                    if n_groups > 1
+                    else ""
+                ),
+                workers=workers,
+                inflight=inflight,
+                new_pass=c0 == 0,
             )
             counts = {"counts": hist, "lo": edges_lo[c0:c1], "hi": edges_hi[c0:c1], "abs": sym}
             out_lo[c0:c1], out_hi[c0:c1] = method_range(
@@ -509,6 +533,7 @@ class QuantizeJob:
             cal.params.zero_point if per else None,
         )
         done = [start]
+        report_stage(progress, "quantize", len(self.blocks), start)
 
         def merge(b, err: ErrorStats) -> None:
             merge_into(errors, err, plan.offset(b.key))  # in block order: deterministic
@@ -655,6 +680,7 @@ def dequantize(
             out_dtype.name,
         )
         workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
+        report_stage(progress, "dequantize", len(blocks))
         try:
             pipeline.run(
                 blocks,
@@ -693,6 +719,14 @@ def _is_zarr_store(obj) -> bool:
 def _fspath(target):
     """A path as a string; a store object as it is."""
     return os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
+
+
+def report_stage(progress, name: str, total: int, done: int = 0) -> None:
+    """Tell a progress reporter which pass starts, when it has a ``stage(name, total, done)``
+    method (plain ``(done, total)`` callables are only called per block)."""
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage(name, total, done)
 
 
 def _counter(progress, total):

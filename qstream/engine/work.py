@@ -218,7 +218,6 @@ class HistogramWork:
     ranges: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, b: Block):
-        from ..kernels.runtime import run
         from ..kernels.stats import channel_histograms
 
         plan = self.plan
@@ -237,8 +236,7 @@ class HistogramWork:
             if (p0, p1) != (r0, r0 + v.shape[1]):  # part of the piece's channels
                 v = np.ascontiguousarray(v[:, p0 - r0 : p1 - r0])
             e = slice(p0 - self.lo_channel, p1 - self.lo_channel)
-            run(
-                channel_histograms,
+            channel_histograms(
                 v,
                 np.ascontiguousarray(self.edges_lo[e]),
                 np.ascontiguousarray(self.edges_hi[e]),

@@ -6,7 +6,9 @@ handy in notebooks and tests), or any fsspec URL (``s3://...``) with ``storage_o
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -285,16 +287,57 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
         node = zarr.open(store=store, mode="r", path=path or "")
     except StoreError:
         raise
-    except FileNotFoundError as e:
-        raise StoreError(f"no Zarr array at {src}: {e}") from None
+    except FileNotFoundError:
+        raise StoreError(f"{src} {_what_is(src)}") from None
     except Exception as e:  # corrupt metadata, unreadable zip, ...
         raise StoreError(f"cannot open {src} as Zarr: {type(e).__name__}: {e}") from None
     if not isinstance(node, zarr.Array):
-        raise StoreError(f"{src} is a Zarr group, not an array (pass the array's path)")
+        raise StoreError(f"{src} {_what_is(src)}")
     where = location(src) or str(src)
     if path:
         where = f"{where}/{path}"
     return Source(node, _describe(node, where))
+
+
+_CHECKPOINT = "; checkpoints are read by qstream.convert_checkpoint"
+
+
+def _what_is(src) -> str:
+    """What a path that is not a Zarr array is, and what reads it (for error messages)."""
+    text = str(src)
+    if "://" in text and not text.startswith("file://"):
+        return "holds no Zarr array"
+    p = Path(text.removeprefix("file://"))
+    if not p.exists():
+        return "does not exist"
+    if p.is_file():
+        kinds = {
+            ".npy": "a NumPy .npy file",
+            ".npz": "a NumPy .npz archive",
+            ".safetensors": "a safetensors checkpoint",
+            ".pt": "a torch checkpoint",
+            ".bin": "a torch checkpoint",
+        }
+        if p.suffix in kinds:
+            return f"is {kinds[p.suffix]}, not a Zarr array{_CHECKPOINT}"
+        if p.name.endswith(".index.json"):
+            return f"is a sharded checkpoint index, not a Zarr array{_CHECKPOINT}"
+        return "is a file, not a Zarr array"
+    meta = p / "zarr.json"
+    if meta.is_file() or (p / ".zgroup").is_file():
+        try:
+            attrs = json.loads(meta.read_text()).get("attributes", {}) if meta.is_file() else {}
+        except (OSError, ValueError):
+            attrs = {}
+        if "qstream" in attrs:
+            return (
+                "is a qstream quantized group, not a plain array; qstream.dequantize_store"
+                " restores it"
+            )
+        return "is a Zarr group, not an array (pass the array's path inside it)"
+    if any(p.glob("*.safetensors")):
+        return f"is a folder of safetensors files, not a Zarr array{_CHECKPOINT}"
+    return "is a folder that is not a Zarr array"
 
 
 def _digest(a: np.ndarray) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import rounding as r
+from .runtime import parallel_kernel
 
 TILE = 16384
 
@@ -90,7 +91,7 @@ def _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, op):
 # Arguments: x float [O, C, I]; scale, zero_point [Op, Cp, Ip] in the compute float type;
 # cblock, iblock (see qstream.layout); lo, hi saturation bounds (NaN -> lo, +inf -> hi);
 # mask: bits kept in the integer container; out: integer container [O, C, I].
-_kernel = njit(parallel=True, cache=True, nogil=True)
+_kernel = parallel_kernel
 
 
 @_kernel
@@ -170,7 +171,7 @@ QUANTIZE_KERNELS = (
 )
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
     """``out = (float32(q) - zero_point) * scale``, computed in the parameters' float type.
 

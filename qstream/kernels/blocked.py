@@ -10,15 +10,16 @@ s) + z``, saturated to ``[lo, hi]``, masked), so the results are bit-identical t
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .bits import KEY_MAX, KEY_MIN, from_order_key
+from .runtime import parallel_kernel
 from .stats import slot_range_keys
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def dynamic_blocked_half_to_even(
     x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, scale, zero_point, out
 ):

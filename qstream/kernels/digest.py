@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .runtime import parallel_kernel
+
 TILE = 1 << 20
 _M1 = np.uint64(0x9E3779B97F4A7C15)
 _M2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -27,7 +29,7 @@ def _mix(h):
     return h
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def tile_hashes(words, tail, out):
     """``out[t]``: the hash of tile ``t`` of ``words`` (uint64, the array's bytes) followed by
     the ``tail`` bytes (uint8, the last ``nbytes % 8``) in the last tile."""

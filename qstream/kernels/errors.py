@@ -22,6 +22,7 @@ from .affine import TILE, tile_coords
 from .bits import bits as _bits
 from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
+from .runtime import parallel_kernel, run
 
 # columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
 N_SUMS = 8
@@ -106,72 +107,85 @@ def _row_sums(xs, qs, ss, zs, qmin, qmax, n, x2, e2, xy, y2, emax, clip, bad):
         bad[j] += 0.0 if fin else 1.0
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath=_FAST)
 def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out):
-    """Add the error sums of one block to ``out[channels, N_SUMS]``.
+    """Add the error sums of one block to ``out[channels, N_SUMS]`` (channels along ``i``
+    when ``chan_inner``, else along ``c`` or one per tensor).
 
     An element counts as clipped when it lies beyond the representable range by more than
     half a step: ``x > (qmax - zp + 0.5) * s`` or ``x < (qmin - zp - 0.5) * s``.
     """
+    kernel = _error_sums_rows if chan_inner else _error_sums_tiles
+    run(kernel, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
+
+
+@parallel_kernel(fastmath=_FAST)
+def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
+    """Channels on the inner axis: groups of 256 channels, each owning its sums."""
     n_outer, n_c, n_inner = x.shape
     p_outer = scale.shape[0]
     p_inner = scale.shape[2]
-    if chan_inner:
-        groups = (n_inner + 255) // 256
-        for g in prange(groups):  # each group owns its channels: no shared sums
-            i0 = g * 256
-            i1 = min(n_inner, i0 + 256)
-            m = i1 - i0
-            n = np.zeros(m)
-            x2 = np.zeros(m)
-            e2 = np.zeros(m)
-            xy = np.zeros(m)
-            y2 = np.zeros(m)
-            clip = np.zeros(m)
-            bad = np.zeros(m)
-            emax = np.zeros(m, np.int64)
-            ss = np.empty(m, scale.dtype)
-            zs = np.empty(m, zero_point.dtype)
-            for o in range(n_outer):
-                po = o if p_outer > 1 else 0
-                for c in range(n_c):
-                    if o == 0 or p_outer > 1:  # the parameters of each element of the row
-                        sr = scale[po, c // cblock]
-                        zr = zero_point[po, c // cblock]
-                        j = 0
-                        while j < m:  # runs sharing one parameter (no division per element)
-                            pi = 0 if p_inner == 1 else (i0 + j) // iblock
-                            end = m if p_inner == 1 else min(m, (pi + 1) * iblock - i0)
-                            ss[j:end] = sr[pi]
-                            zs[j:end] = zr[pi]
-                            j = end
-                    _row_sums(
-                        x[o, c, i0:i1],
-                        q[o, c, i0:i1],
-                        ss,
-                        zs,
-                        qmin,
-                        qmax,
-                        n,
-                        x2,
-                        e2,
-                        xy,
-                        y2,
-                        emax,
-                        clip,
-                        bad,
-                    )
-            for j in range(m):
-                row = out[i0 + j]
-                row[0] += n[j]
-                row[1] += x2[j]
-                row[2] += e2[j]
-                row[3] += xy[j]
-                row[4] += y2[j]
-                row[5] = max(row[5], _from_bits(emax[j]))
-                row[6] += clip[j]
-                row[7] += bad[j]
-        return
+    groups = (n_inner + 255) // 256
+    for g in prange(groups):  # each group owns its channels: no shared sums
+        i0 = g * 256
+        i1 = min(n_inner, i0 + 256)
+        m = i1 - i0
+        n = np.zeros(m)
+        x2 = np.zeros(m)
+        e2 = np.zeros(m)
+        xy = np.zeros(m)
+        y2 = np.zeros(m)
+        clip = np.zeros(m)
+        bad = np.zeros(m)
+        emax = np.zeros(m, np.int64)
+        ss = np.empty(m, scale.dtype)
+        zs = np.empty(m, zero_point.dtype)
+        for o in range(n_outer):
+            po = o if p_outer > 1 else 0
+            for c in range(n_c):
+                if o == 0 or p_outer > 1:  # the parameters of each element of the row
+                    sr = scale[po, c // cblock]
+                    zr = zero_point[po, c // cblock]
+                    j = 0
+                    while j < m:  # runs sharing one parameter (no division per element)
+                        pi = 0 if p_inner == 1 else (i0 + j) // iblock
+                        end = m if p_inner == 1 else min(m, (pi + 1) * iblock - i0)
+                        ss[j:end] = sr[pi]
+                        zs[j:end] = zr[pi]
+                        j = end
+                _row_sums(
+                    x[o, c, i0:i1],
+                    q[o, c, i0:i1],
+                    ss,
+                    zs,
+                    qmin,
+                    qmax,
+                    n,
+                    x2,
+                    e2,
+                    xy,
+                    y2,
+                    emax,
+                    clip,
+                    bad,
+                )
+        for j in range(m):
+            row = out[i0 + j]
+            row[0] += n[j]
+            row[1] += x2[j]
+            row[2] += e2[j]
+            row[3] += xy[j]
+            row[4] += y2[j]
+            row[5] = max(row[5], _from_bits(emax[j]))
+            row[6] += clip[j]
+            row[7] += bad[j]
+
+
+@parallel_kernel(fastmath=_FAST)
+def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
+    """Channels along ``c`` (or one per tensor): sums per tile, folded in tile order."""
+    n_outer, n_c, n_inner = x.shape
+    p_outer = scale.shape[0]
+    p_inner = scale.shape[2]
     n_tiles = (n_inner + TILE - 1) // TILE
     total = n_outer * n_c * n_tiles
     partial = np.zeros((total, N_SUMS))

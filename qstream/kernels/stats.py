@@ -12,30 +12,41 @@ from numba import njit, prange
 
 from .affine import TILE, tile_coords
 from .bits import KEY_MAX, KEY_MIN, from_order_key, nonfinite, order_key
+from .runtime import parallel_kernel, run
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
-    """Per channel c: min/max of the finite values, and counts of finite/NaN/+inf/-inf.
+    """Per channel c of ``x[O, C, I]``: min/max of the finite values, and counts of
+    finite/NaN/+inf/-inf.
 
     Outputs are ``[C]`` arrays, updated in place (merged with what they hold).
     """
+    kernel = _ranges_fast_axis if x.shape[2] == 1 else _ranges_tiles
+    run(kernel, x, mins, maxs, counts, nans, posinf, neginf)
+
+
+@parallel_kernel
+def _ranges_fast_axis(x, mins, maxs, counts, nans, posinf, neginf):
+    """Channels on the fast axis: the outer axis split into parts, a row of partials each."""
+    n_outer, n_c, _ = x.shape
+    parts = min(n_outer, 64)
+    pmin = np.full((parts, n_c), np.inf)
+    pmax = np.full((parts, n_c), -np.inf)
+    pcnt = np.zeros((parts, 4, n_c), np.int64)
+    for p in prange(parts):
+        o0 = p * n_outer // parts
+        o1 = (p + 1) * n_outer // parts
+        for o in range(o0, o1):
+            for c in range(n_c):
+                _update(x[o, c, 0], pmin, pmax, pcnt, p, c)
+    for p in range(parts):
+        _fold(pmin[p], pmax[p], pcnt[p], mins, maxs, counts, nans, posinf, neginf)
+
+
+@parallel_kernel
+def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
+    """Rows of inner elements cut in tiles, each tile's partial folded in tile order."""
     n_outer, n_c, n_inner = x.shape
-    if n_inner == 1:
-        # channel on the fast axis: split the outer axis into parts, one row of partials each
-        parts = min(n_outer, 64)
-        pmin = np.full((parts, n_c), np.inf)
-        pmax = np.full((parts, n_c), -np.inf)
-        pcnt = np.zeros((parts, 4, n_c), np.int64)
-        for p in prange(parts):
-            o0 = p * n_outer // parts
-            o1 = (p + 1) * n_outer // parts
-            for o in range(o0, o1):
-                for c in range(n_c):
-                    _update(x[o, c, 0], pmin, pmax, pcnt, p, c)
-        for p in range(parts):
-            _fold(pmin[p], pmax[p], pcnt[p], mins, maxs, counts, nans, posinf, neginf)
-        return
     n_tiles = (n_inner + TILE - 1) // TILE
     total = n_outer * n_c * n_tiles
     pmin = np.full((total, 1), np.inf)
@@ -89,7 +100,7 @@ def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
             kmax[pi] = b
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def slot_ranges(x, cblock, iblock, lo, hi):
     """Finite min/max of each parameter slot of a blocked layout: element ``(o, c, i)`` of
     ``x[O, C, I]`` belongs to slot ``(o, c // cblock, i // iblock)`` of ``lo``/``hi[O, Cp,
@@ -143,7 +154,6 @@ def _fold(pmin, pmax, pcnt, mins, maxs, counts, nans, posinf, neginf):
         _fold_one(pmin[c], pmax[c], pcnt[:, c], c, mins, maxs, counts, nans, posinf, neginf)
 
 
-@njit(parallel=True, cache=True, nogil=True)
 def channel_histograms(x, lo, hi, use_abs, hist):
     """Add x's finite values to fixed-edge histograms ``hist[C, nbins]`` over ``[lo[c], hi[c]]``.
 
@@ -154,17 +164,29 @@ def channel_histograms(x, lo, hi, use_abs, hist):
     so none are). Counts are integers: merging histograms of any chunking in any order gives
     the same result.
     """
+    kernel = _histograms_by_channel if x.shape[1] >= 8 else _histograms_split
+    run(kernel, x, lo, hi, use_abs, hist)
+
+
+@parallel_kernel
+def _histograms_by_channel(x, lo, hi, use_abs, hist):
+    """Many channels: each channel owns its histogram row."""
+    n_outer, n_c, _ = x.shape
+    nbins = hist.shape[1]
+    for c in prange(n_c):
+        acc = np.zeros(nbins + 1, np.int64)
+        idx = np.empty(_RUN, np.uint32)
+        for o in range(n_outer):
+            _hist_run(x[o, c], lo[c], hi[c], use_abs, acc, idx)
+        for k in range(nbins):
+            hist[c, k] += acc[k]
+
+
+@parallel_kernel
+def _histograms_split(x, lo, hi, use_abs, hist):
+    """Few channels: each channel's values split into parts counted in parallel."""
     n_outer, n_c, n_inner = x.shape
     nbins = hist.shape[1]
-    if n_c >= 8:
-        for c in prange(n_c):  # each channel owns its histogram row
-            acc = np.zeros(nbins + 1, np.int64)
-            idx = np.empty(_RUN, np.uint32)
-            for o in range(n_outer):
-                _hist_run(x[o, c], lo[c], hi[c], use_abs, acc, idx)
-            for k in range(nbins):
-                hist[c, k] += acc[k]
-        return
     n = n_outer * n_inner
     parts = max(1, min(64, n // 65536))
     partial = np.zeros((parts, nbins + 1), np.int64)

@@ -1,0 +1,135 @@
+"""How the command line fails: one line on stderr, an exit code, and the flags a user types
+instead of the library's argument names.
+
+Exit codes: 0 success, 1 failure (bad data, missing/corrupt store, I/O), 2 bad usage (unknown
+option or value, missing argument, bad axis, bad scale...), 130 interrupted. ``--debug``
+(anywhere on the line) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+from contextlib import contextmanager
+
+import typer
+import typer.core
+
+# Recent Typer releases carry their own copy of Click; take its classes from Typer's exports.
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+state = {"debug": False}
+
+# library wording -> command-line wording, applied in order
+_FLAGS = (
+    (re.compile(r"\bnan_policy='(\w+)'"), r"--nan-policy \1"),
+    (re.compile(r"\boverwrite=True\b"), "--overwrite"),
+    (re.compile(r"\bresume=False\b"), "--overwrite"),
+    (re.compile(r"\bunknown method '"), "unknown --method '"),
+    (re.compile(r"\bmethod '(\w+)' needs\b"), r"--method \1 needs"),
+    (re.compile(r"\bzero_point is given without scale\b"), "--zero-point needs --scale"),
+    (re.compile(r"\bzero_point (-?\d+) is outside\b"), r"--zero-point \1 is outside"),
+    (re.compile(r"\bunknown quantized type '"), "unknown --dtype '"),
+    (re.compile(r"\baxis (-?\d+) is out of range\b"), r"--axis \1 is out of range"),
+    (re.compile(r"^scale must be finite and > 0, got"), "--scale must be finite and > 0, got"),
+    (re.compile(r"\b(block_size|round_mode|nan_policy|max_memory|max_shard_size)\b"), None),
+    (re.compile(r"\bqstream\.convert_checkpoint\b"), "`qstream convert`"),
+    (re.compile(r"\bqstream\.dequantize_store\b"), "`qstream dequantize`"),
+    (re.compile(r"\bqstream\.quantize_store\b"), "`qstream quantize`"),
+    (re.compile(r"\bqstream\.export_safetensors\b"), "`qstream export`"),
+)
+
+
+def cli_terms(message: str) -> str:
+    """``message`` with library argument names replaced by the flags that set them."""
+    for pattern, repl in _FLAGS:
+        if repl is None:
+            message = pattern.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+        else:
+            message = pattern.sub(repl, message)
+    return message
+
+
+def fail(message: str, code: int):
+    """Print ``error: message`` (one line, in command-line terms) and exit with ``code``."""
+    typer.echo(f"error: {cli_terms(message)}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def library_errors():
+    """Map library errors to one line and an exit code."""
+    from qstream import InvalidDTypeError, InvalidParameterError, QStreamError
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except typer.BadParameter as e:
+        fail(str(e), 2)
+    except KeyboardInterrupt:
+        fail("interrupted; run the same command again to resume", 130)
+    except Exception as e:
+        if state["debug"]:
+            traceback.print_exc()
+        if isinstance(e, (InvalidParameterError, InvalidDTypeError)):
+            fail(str(e), 2)
+        if isinstance(e, QStreamError):
+            fail(str(e), 1)
+        if isinstance(e, OSError):
+            fail(f"{e.__class__.__name__}: {e}", 1)
+        fail(f"internal error: {e.__class__.__name__}: {e} (re-run with --debug for details)", 1)
+
+
+def _usage_line(e) -> str:
+    """A usage error as one line, with where to look next."""
+    message = e.format_message().replace("\n", " ").rstrip(".")
+    message = re.sub(
+        r"Input should be a valid integer, unable to parse string as an integer",
+        "not an integer",
+        message,
+    )
+    message = re.sub(r"Input should be a valid number.*", "not a number", message)
+    ctx = getattr(e, "ctx", None)
+    where = ctx.command_path if ctx is not None else "qstream"
+    return f"error: {message[:1].lower()}{message[1:]} (see '{where} --help')"
+
+
+class Group(typer.core.TyperGroup):
+    """The ``qstream`` group: usage errors as one line (exit 2), ``--debug`` and
+    ``--version`` anywhere on the line, commands listed in definition order."""
+
+    def list_commands(self, ctx):
+        return list(self.commands)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        args = list(sys.argv[1:] if args is None else args)
+        cut = args.index("--") if "--" in args else len(args)
+        state["debug"] = "--debug" in args[:cut]
+        if "--version" in args[:cut]:
+            import qstream
+
+            typer.echo(f"qstream {qstream.__version__}")
+            return _exit(0, standalone_mode)
+        args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
+        try:
+            rv = super().main(
+                args, prog_name or "qstream", complete_var, standalone_mode=False, **extra
+            )
+        except ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare ``qstream``: the help
+                typer.echo(e.ctx.get_help())
+            else:
+                typer.echo(_usage_line(e), err=True)
+            return _exit(e.exit_code, standalone_mode)
+        except typer.Abort:
+            typer.echo("error: interrupted", err=True)
+            return _exit(130, standalone_mode)
+        return _exit(rv if isinstance(rv, int) else 0, standalone_mode)
+
+
+def _exit(code: int, standalone: bool):
+    if standalone:
+        sys.exit(code)
+    return code

@@ -1,0 +1,78 @@
+"""Serial twins of the parallel kernels give the same bytes; compile notices fire on cache misses."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import qstream as qs
+from qstream.kernels import runtime
+
+SPECS = [
+    dict(dtype="int8"),
+    dict(dtype="uint8", symmetric=False, axis=0),
+    dict(dtype="int8", axis=1),  # channels on the fast axis
+    dict(dtype="int8", axis=0, method="percentile", percentile=99.0),
+    dict(dtype="int8", method="entropy"),
+    dict(dtype="int8", axis=1, method="mse"),
+    dict(dtype="int4", axis=1, block_size=16, method="dynamic"),
+    dict(dtype="uint4", axis=0, block_size=8, method="dynamic", symmetric=False),
+    dict(dtype="int8", axis=0, round_mode="half_away_from_zero"),
+]
+
+
+def _store_bytes(root):
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "_progress" not in p.parts and p.name != ".qstream-lock":
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: "-".join(f"{k}={v}" for k, v in s.items()))
+def test_serial_twins_write_the_same_bytes_and_report_as_parallel_kernels(
+    tmp_path, monkeypatch, spec
+):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((96, 160)) * rng.uniform(0.1, 3, (96, 1))).astype(np.float32)
+    x[3, 5] = np.nan
+    results = {}
+    for name, below in (("serial", 1 << 40), ("parallel", 0)):
+        monkeypatch.setattr(runtime, "SERIAL_BELOW", below)
+        dst = tmp_path / f"{name}.zarr"
+        rep = qs.quantize_store(x, dst, qs.QuantSpec(nan_policy="zero_point", **spec))
+        d = rep.to_dict()
+        d.pop("seconds", None)
+        d.pop("elapsed_s", None)
+        text = json.dumps(d, sort_keys=True, default=str).replace(str(dst), "DST")
+        results[name] = (_store_bytes(dst), text)
+    assert results["serial"][0].keys() == results["parallel"][0].keys()
+    for key in results["serial"][0]:
+        if key.endswith("zarr.json"):
+            continue  # holds the run's timings
+        assert results["serial"][0][key] == results["parallel"][0][key], key
+    assert results["serial"][1] == results["parallel"][1]
+
+
+def test_compile_notice_names_the_kernel_on_a_cache_miss_only(tmp_path):
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        import qstream as qs
+        from qstream.kernels import runtime
+        seen = []
+        runtime.on_compile(seen.append)
+        qs.quantize(np.linspace(-1, 1, 64, dtype=np.float32), 0.01, 0, dtype="int8")
+        print(",".join(seen))
+        """
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert "q_half_to_even" in first.stdout.split(",")[0]
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == ""
