@@ -136,7 +136,8 @@ def test_convert_sample_with_recipe_resume_and_corrupt_header(tmp_path):
     assert "norm.weight" in kept and all("proj.weight" not in n for n in kept)
     assert report["bytes_after"] < report["bytes_before"] * 0.6
     r = run("convert", ckpt, dst, "--recipe", SAMPLES / "recipe-int8.toml")  # finished: no-op
-    assert r.exit_code == 0 and r.output.strip() == f"{dst}: already complete (same job); nothing to do"
+    assert r.exit_code == 0
+    assert r.output.strip() == f"{dst}: already complete (same job); nothing to do"
     bad = tmp_path / "bad.safetensors"
     raw = ckpt.read_bytes()
     bad.write_bytes(raw[:8] + b"{garbage" + raw[16:4096])
@@ -351,7 +352,7 @@ def test_non_tty_summary_is_one_line_per_tensor(tmp_path):
     rows = [ln for ln in table if ln.split() and ln.split()[0].endswith(".weight")]
     assert len(rows) == 25
     for ln in rows:
-        name, shape0, shape1, target, sqnr, *_ = ln.split()
+        _name, shape0, _shape1, target, sqnr, *_ = ln.split()
         assert shape0.startswith("[") and target.startswith("int8/") and float(sqnr) > 20
 
 

@@ -1,4 +1,4 @@
-"""Serial twins of the parallel kernels give the same bytes; compile notices fire on cache misses."""
+"""Serial twins of parallel kernels give the same bytes; compile notices fire on cache misses."""
 
 import json
 import subprocess
