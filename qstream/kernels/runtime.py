@@ -39,6 +39,10 @@ def parallel_kernel(fn=None, **options):
     """``@njit(parallel=True, cache=True, nogil=True, **options)`` plus a serial twin compiled
     from the same source, as the ``serial`` attribute (see the module docstring)."""
 
+    # NumPy's error model (x / 0 is inf or NaN, no exception) in both builds: the one parfors
+    # use inside a prange loop, so the twin computes exactly what the parallel kernel does.
+    options = {"error_model": "numpy", **options}
+
     def wrap(f):
         kernel = njit(parallel=True, cache=True, nogil=True, **options)(f)
         # A distinct qualified name gives the twin its own entries in Numba's cache (the cache
