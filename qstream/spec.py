@@ -225,27 +225,47 @@ class ErrorStats:
     sum_y2: np.ndarray  # sum of x_hat^2
     max_abs: np.ndarray  # max |x - x_hat|
     clipped: np.ndarray  # values that saturated
-    nonfinite: np.ndarray
+    nan: np.ndarray  # NaN inputs (not in the sums)
+    posinf: np.ndarray  # +inf inputs
+    neginf: np.ndarray  # -inf inputs
+
+    INTS = ("count", "clipped", "nan", "posinf", "neginf")
+
+    @property
+    def nonfinite(self) -> np.ndarray:
+        """NaN and infinite inputs per channel."""
+        return self.nan + self.posinf + self.neginf
 
     @classmethod
     def empty(cls, channels: int) -> ErrorStats:
-        f = np.zeros(channels, np.float64)
-        i = np.zeros(channels, np.int64)
-        return cls(i, f, f.copy(), f.copy(), f.copy(), f.copy(), i.copy(), i.copy())
+        return cls(
+            **{
+                f.name: np.zeros(channels, np.int64 if f.name in cls.INTS else np.float64)
+                for f in fields(cls)
+            }
+        )
 
     def summary(self, worst: int = 5) -> dict:
-        """SQNR (dB), MSE, max abs error, cosine similarity, clip fraction, non-finite count;
-        per channel the ``worst`` channels by SQNR when there is more than one."""
+        """SQNR (dB), MSE, max abs error, cosine similarity, clip fraction, non-finite counts
+        (``nonfinite`` = ``nan`` + ``posinf`` + ``neginf``); per channel, when there is more
+        than one, the ``worst`` channels by SQNR and the channels holding the most non-finite
+        values (``nonfinite_channels``, when there are any)."""
         tot = {
             k: getattr(self, k).sum()
-            for k in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2", "clipped", "nonfinite")
+            for k in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2", "clipped")
         }
         out = _metrics(tot["count"], tot["sum_x2"], tot["sum_e2"], tot["sum_xy"], tot["sum_y2"])
         out["max_abs"] = float(self.max_abs.max()) if self.max_abs.size else 0.0
         out["clipped"] = int(tot["clipped"])
         out["clip_fraction"] = float(tot["clipped"] / tot["count"]) if tot["count"] else 0.0
-        out["nonfinite"] = int(tot["nonfinite"])
+        out["nonfinite"] = int(self.nonfinite.sum())
+        for k in ("nan", "posinf", "neginf"):
+            out[k] = int(getattr(self, k).sum())
         if self.count.size > 1:
+            bad = self.nonfinite
+            if bad.any():
+                top = np.argsort(-bad, kind="stable")[: min(worst, int((bad > 0).sum()))]
+                out["nonfinite_channels"] = [self._counts(int(c)) for c in top]
             sq = np.array(
                 [
                     _metrics(
@@ -259,20 +279,33 @@ class ErrorStats:
             )
             order = np.argsort(sq, kind="stable")[:worst]
             out["worst_channels"] = [
-                {"channel": int(c), "sqnr_db": float(sq[c]), "max_abs": float(self.max_abs[c])}
+                {
+                    "channel": int(c),
+                    "sqnr_db": float(sq[c]),
+                    "max_abs": float(self.max_abs[c]),
+                    **self._counts(int(c)),
+                }
                 for c in order
             ]
         return _jsonable(out)
+
+    def _counts(self, c: int) -> dict:
+        return {
+            "channel": c,
+            "nonfinite": int(self.nonfinite[c]),
+            "nan": int(self.nan[c]),
+            "posinf": int(self.posinf[c]),
+            "neginf": int(self.neginf[c]),
+        }
 
     def to_dict(self) -> dict:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ErrorStats:
-        ints = ("count", "clipped", "nonfinite")
         return cls(
             **{
-                f.name: np.asarray(d[f.name], np.int64 if f.name in ints else np.float64)
+                f.name: np.asarray(d[f.name], np.int64 if f.name in cls.INTS else np.float64)
                 for f in fields(cls)
             }
         )

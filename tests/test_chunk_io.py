@@ -204,9 +204,7 @@ def test_progress_snapshot_round_trips_and_replaces_its_chunk_whole(tmp_path, wh
     rng = np.random.default_rng(1)
     stats = ErrorStats(
         *(
-            rng.integers(0, 2**50, 5)
-            if f.name in ("count", "clipped", "nonfinite")
-            else rng.random(5)
+            rng.integers(0, 2**50, 5) if f.name in ErrorStats.INTS else rng.random(5)
             for f in fields(ErrorStats)
         )
     )

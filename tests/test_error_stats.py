@@ -24,7 +24,7 @@ CASES = [
 def test_fused_error_sums_equal_numpy_statement(shape, axis, block, dtype):
     rng = np.random.default_rng(len(shape) + (axis or 0))
     x = (rng.standard_normal(shape) * 3).astype(np.float32)
-    x.flat[3], x.flat[7], x.flat[11] = np.nan, 1e9, -np.inf
+    x.flat[3], x.flat[7], x.flat[11], x.flat[15] = np.nan, 1e9, -np.inf, np.inf
     qt = qs.QTYPES[dtype]
     if axis is None:
         s, z = np.float32(0.05), np.float64(3 if qt.signed else 100)
@@ -49,8 +49,35 @@ def test_fused_error_sums_equal_numpy_statement(shape, axis, block, dtype):
         axis,
     )
     got = block_errors_fused(x, q, s, z, layout, qt, qt.qmin, axis)
-    for k in ("count", "clipped", "nonfinite", "max_abs"):
+    for k in ("count", "clipped", "nan", "posinf", "neginf", "max_abs"):
         np.testing.assert_array_equal(getattr(got, k), getattr(want, k))
     for k in ("sum_x2", "sum_e2", "sum_xy", "sum_y2"):
         np.testing.assert_allclose(getattr(got, k), getattr(want, k), rtol=1e-12)
-    assert got.nonfinite.sum() == 2 and got.clipped.sum() >= 1
+    assert got.nonfinite.sum() == 3 and got.clipped.sum() >= 1
+    assert (got.nan.sum(), got.posinf.sum(), got.neginf.sum()) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1])
+@pytest.mark.parametrize("dtype", ["int8", "float8_e4m3fn"])
+def test_report_splits_non_finite_counts_per_tensor_and_per_channel(tmp_path, axis, dtype):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40, 300)).astype(np.float32)
+    x[2, 7] = x[2, 9] = np.nan
+    x[5, 20] = np.inf
+    x[9, 299] = x[9, 298] = x[30, 1] = -np.inf
+    spec = qs.QuantSpec(dtype=dtype, axis=axis, nan_policy="zero_point")
+    rep = qs.quantize_store(x, tmp_path / "q.zarr", spec, max_memory=1 << 20)
+    e = rep.error
+    assert (e["nonfinite"], e["nan"], e["posinf"], e["neginf"]) == (6, 2, 1, 3)
+    stored = qs.open_quantized(tmp_path / "q.zarr").summary()["error"]
+    assert (stored["nan"], stored["posinf"], stored["neginf"]) == (2, 1, 3)
+    if axis is None:
+        assert "nonfinite_channels" not in e
+        return
+    counts: dict[int, list[int]] = {}
+    for kind, test in enumerate((np.isnan, np.isposinf, np.isneginf)):
+        for idx in zip(*np.nonzero(test(x)), strict=True):
+            counts.setdefault(int(idx[axis]), [0, 0, 0])[kind] += 1
+    want = sorted(counts.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:5]
+    got = [(r["channel"], [r["nan"], r["posinf"], r["neginf"]]) for r in e["nonfinite_channels"]]
+    assert got == want

@@ -74,7 +74,9 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
         s(yf * yf),
         np.atleast_1d(np.abs(e).max(axis=red)) if x.size else np.zeros(c),
         s(beyond.astype(np.int64)),
-        s((~finite).astype(np.int64)),
+        s(np.isnan(x).astype(np.int64)),
+        s((x == np.inf).astype(np.int64)),
+        s((x == -np.inf).astype(np.int64)),
     )
     return stats
 
@@ -110,5 +112,7 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
         sums[:, 5],
         sums[:, 6].astype(np.int64),
         sums[:, 7].astype(np.int64),
+        sums[:, 8].astype(np.int64),
+        sums[:, 9].astype(np.int64),
     )
     return stats

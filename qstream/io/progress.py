@@ -63,11 +63,12 @@ class ProgressLog:
     def load(self) -> tuple[int, ErrorStats]:
         """(blocks landed, their folded error sums)."""
         raw = np.asarray(self.array[...], np.float64)
+        if (raw.size - 1) % len(_FIELDS):  # written by another layout: start over
+            return 0, ErrorStats.empty(0)
         rows = raw[1:].reshape(len(_FIELDS), self.channels)
-        ints = ("count", "clipped", "nonfinite")
         stats = ErrorStats(
             **{
-                name: rows[i].astype(np.int64) if name in ints else rows[i].copy()
+                name: rows[i].astype(np.int64) if name in ErrorStats.INTS else rows[i].copy()
                 for i, name in enumerate(_FIELDS)
             }
         )

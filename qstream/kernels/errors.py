@@ -24,8 +24,9 @@ from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
 from .runtime import parallel_kernel, run
 
-# columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, non-finite
-N_SUMS = 8
+# columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, NaN,
+# +inf, -inf
+N_SUMS = 10
 # reassoc: lets LLVM vectorise the float64 reductions (the order is fixed per tile, so results
 # still do not depend on the thread count). NaN/inf semantics stay exact: no nnan/ninf.
 _FAST = {"reassoc", "nsz"}
@@ -71,7 +72,9 @@ def _run_sums(xs, qs, s, z, lo, hi, acc, t):
         xc = xs.copy()
         qc = qs.copy()
         for i in range(xc.shape[0]):
-            if _nonfinite(np.float64(xc[i])):
+            v = np.float64(xc[i])
+            if _nonfinite(v):
+                acc[t, 7 if v != v else (8 if v > 0 else 9)] += 1
                 xc[i] = 0.0
                 qc[i] = z
         sx2, se2, sxy, sy2, emax, clip, _ = _sums(xc, qc, s, z, lo, hi)
@@ -82,7 +85,6 @@ def _run_sums(xs, qs, s, z, lo, hi, acc, t):
     acc[t, 4] += sy2
     acc[t, 5] = max(acc[t, 5], _from_bits(emax))
     acc[t, 6] += clip
-    acc[t, 7] += bad
 
 
 @njit(inline="always", cache=True, fastmath=_FAST)
@@ -177,7 +179,14 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
             row[4] += y2[j]
             row[5] = max(row[5], _from_bits(emax[j]))
             row[6] += clip[j]
-            row[7] += bad[j]
+        if bad.sum() > 0:  # rare: split the non-finite counts by kind
+            for o in range(n_outer):
+                for c in range(n_c):
+                    xr = x[o, c]
+                    for j in range(m):
+                        v = np.float64(xr[i0 + j])
+                        if _nonfinite(v):
+                            out[i0 + j, 7 if v != v else (8 if v > 0 else 9)] += 1
 
 
 @parallel_kernel(fastmath=_FAST)
