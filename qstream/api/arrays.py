@@ -10,6 +10,7 @@ from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError
 from ..qtypes import float_dtype, is_qtype_dtype, qtype
 from ..rounding import round_code
+from . import small
 
 
 def quantize(
@@ -51,6 +52,10 @@ def quantize(
     Returns:
         The quantized array (sub-byte and float8/float4 types as ``ml_dtypes`` arrays).
     """
+    if axis is None and block_size is None and out is None:
+        q = small.quantize(x, scale, zero_point, dtype, round_mode)
+        if q is not None:
+            return q
     x = checks.as_float_input(x, "x")
     scale = checks.as_scale(scale)
     qt = checks.resolve_output_type(dtype, zero_point)
@@ -81,6 +86,10 @@ def dequantize(
     ONNX), or float64 (computed in float64). int32 inputs are computed in float64
     and rounded once, as the ONNX reference does.
     """
+    if axis is None and block_size is None and out is None and dtype == "float32":
+        y = small.dequantize(q, scale, zero_point)
+        if y is not None:
+            return y
     q = np.asarray(q)
     if not is_qtype_dtype(q.dtype):
         raise InvalidDTypeError(f"q must have a quantized dtype, got {q.dtype}")
