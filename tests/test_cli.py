@@ -428,3 +428,21 @@ def test_first_run_says_it_is_compiling_kernels_and_later_runs_do_not(src, tmp_p
         [*command, str(tmp_path / "b.zarr")], capture_output=True, text=True, env=env
     )
     assert again.returncode == 0 and "compiling" not in again.stderr
+
+
+def test_inspect_and_json_show_nan_and_infinity_counts_apart(tmp_path):
+    x = np.random.default_rng(3).standard_normal((16, 64)).astype(np.float32)
+    x[1, 2] = np.nan
+    x[3, 4] = np.inf
+    x[5, 6] = x[7, 8] = -np.inf
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, dtype="float32")[...] = x
+    r = run(
+        "quantize", tmp_path / "x.zarr", tmp_path / "q.zarr", "--axis", "0",
+        "--nan-policy", "zero_point", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    e = json.loads(r.stdout)["error"]
+    assert (e["nonfinite"], e["nan"], e["posinf"], e["neginf"]) == (4, 1, 1, 2)
+    r = run("inspect", tmp_path / "q.zarr")
+    rows = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if len(ln.split()) == 2)
+    assert (rows["nan"], rows["posinf"], rows["neginf"]) == ("1", "1", "2")
