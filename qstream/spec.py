@@ -311,6 +311,57 @@ class ErrorStats:
         )
 
 
+@dataclass(frozen=True)
+class WorstGroups:
+    """The parameter groups of a blocked spec with the lowest SQNR, worst first (ties: lower
+    group first), so merging any partition of the blocks in any order gives the same list.
+    ``index`` is the flat index of the group in the (blocked) parameter array."""
+
+    sqnr_db: np.ndarray
+    index: np.ndarray
+    max_abs: np.ndarray
+
+    KEEP = 5
+
+    @classmethod
+    def empty(cls) -> WorstGroups:
+        return cls(np.zeros(0), np.zeros(0, np.int64), np.zeros(0))
+
+    @classmethod
+    def of(cls, sqnr_db, index, max_abs) -> WorstGroups:
+        """The ``KEEP`` worst of the given groups."""
+        sqnr_db, index = np.asarray(sqnr_db, np.float64), np.asarray(index, np.int64)
+        order = np.lexsort((index, sqnr_db))[: cls.KEEP]
+        return cls(sqnr_db[order], index[order], np.asarray(max_abs, np.float64)[order])
+
+    def merged(self, other: WorstGroups) -> WorstGroups:
+        return WorstGroups.of(
+            np.concatenate([self.sqnr_db, other.sqnr_db]),
+            np.concatenate([self.index, other.index]),
+            np.concatenate([self.max_abs, other.max_abs]),
+        )
+
+    def summary(self, param_shape, axis: int, block_size: int) -> list[dict]:
+        """One entry per group: its index in the parameter array, its first element, SQNR."""
+        out = []
+        for sq, i, m in zip(self.sqnr_db, self.index, self.max_abs, strict=True):
+            at = [int(v) for v in np.unravel_index(int(i), tuple(param_shape))]
+            first = [v * block_size if d == axis else v for d, v in enumerate(at)]
+            out.append({"group": at, "first_element": first, "sqnr_db": sq, "max_abs": m})
+        return _jsonable(out)
+
+    def to_dict(self) -> dict:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorstGroups:
+        return cls(
+            np.asarray([_unjson_float(v) for v in d["sqnr_db"]], np.float64),
+            np.asarray(d["index"], np.int64),
+            np.asarray(d["max_abs"], np.float64),
+        )
+
+
 def _metrics(n, sx2, se2, sxy, sy2) -> dict:
     n = int(n)
     mse = float(se2 / n) if n else 0.0

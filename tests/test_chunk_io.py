@@ -18,7 +18,7 @@ from qstream.io import chunks as chunk_io
 from qstream.io.chunks import chunk_files
 from qstream.io.progress import ProgressLog
 from qstream.io.stores import ArrayWriter, open_source
-from qstream.spec import ErrorStats
+from qstream.spec import ErrorStats, WorstGroups
 
 SHAPE, CHUNKS = (50, 37), (16, 10)  # edge chunks on both axes
 
@@ -199,8 +199,8 @@ def test_direct_writes_of_unaligned_lengths_and_buffers(tmp_path, monkeypatch):
 def test_progress_snapshot_round_trips_and_replaces_its_chunk_whole(tmp_path, where):
     store = str(tmp_path / "g.zarr") if where == "local" else zarr.storage.MemoryStore()
     group = zarr.open_group(store=store, mode="w")
-    log = ProgressLog.create(group, 5)
-    assert log.load()[0] == 0
+    log = ProgressLog.create(group, 5, worst_groups=True)
+    assert log.load()[0] == 0 and log.load()[2].index.size == 0
     rng = np.random.default_rng(1)
     stats = ErrorStats(
         *(
@@ -208,9 +208,13 @@ def test_progress_snapshot_round_trips_and_replaces_its_chunk_whole(tmp_path, wh
             for f in fields(ErrorStats)
         )
     )
-    log.save(17, stats)
-    done, back = ProgressLog.open(group).load()
+    worst = WorstGroups.of([3.5, -1.0, 7.25], [40, 2**40, 7], [0.5, 0.25, 0.125])
+    log.save(17, stats, worst)
+    done, back, worst_back = ProgressLog.open(group).load()
     assert done == 17
+    for f in fields(WorstGroups):
+        np.testing.assert_array_equal(getattr(worst_back, f.name), getattr(worst, f.name))
+    assert worst_back.index.tolist() == [2**40, 40, 7]
     for f in fields(ErrorStats):
         np.testing.assert_array_equal(getattr(back, f.name), getattr(stats, f.name))
         assert getattr(back, f.name).dtype == getattr(stats, f.name).dtype

@@ -80,3 +80,62 @@ def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
     )
     got = arr.quantized(...)
     np.testing.assert_array_equal(got[finite].astype(np.int32), want[finite].astype(np.int32))
+
+
+def _oracle_worst_groups(x, restored, axis, bs, keep=5):
+    """Per group SQNR over its finite values, straight from the dequantized array (NumPy)."""
+    finite = np.isfinite(x)
+    xf = np.where(finite, x, 0).astype(np.float64)
+    e = xf - np.where(finite, restored, 0).astype(np.float64)
+    moved = [np.moveaxis(a, axis, -1) for a in (xf, e)]
+    n = x.shape[axis]
+    pad = -(-n // bs) * bs - n
+    x2, e2, emax = (
+        np.pad(a, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*a.shape[:-1], -1, bs)
+        for a in (moved[0] ** 2, moved[1] ** 2, np.abs(moved[1]))
+    )
+    x2, e2, emax = x2.sum(-1), e2.sum(-1), emax.max(-1)
+    x2, e2, emax = (np.moveaxis(a, -1, axis) for a in (x2, e2, emax))
+    flat = np.flatnonzero(e2 > 0)
+    sq = 10 * np.log10(x2.reshape(-1)[flat] / e2.reshape(-1)[flat])
+    order = np.lexsort((flat, sq))[:keep]
+    return [
+        ([int(v) for v in np.unravel_index(flat[i], x2.shape)], sq[i], emax.reshape(-1)[flat[i]])
+        for i in order
+    ]
+
+
+@pytest.mark.parametrize(
+    "dtype, axis, bs, method, chunks",
+    [
+        ("int4", 1, 32, "dynamic", (32, 512)),
+        ("uint4", 1, 128, "dynamic", (96, 200)),  # chunks cut through groups
+        ("int8", 0, 16, "dynamic", (24, 512)),
+        ("int8", 1, 64, "minmax", (20, 512)),
+        ("uint8", 0, 16, "minmax", (32, 100)),
+    ],
+)
+def test_report_names_the_worst_groups_like_a_numpy_oracle(
+    tmp_path, dtype, axis, bs, method, chunks
+):
+    src, x = _source(tmp_path, chunks=chunks)
+    spec = QuantSpec(
+        dtype=dtype, axis=axis, block_size=bs, method=method, nan_policy="zero_point",
+        symmetric=dtype.startswith("int"),
+    )  # fmt: skip
+    reports = [
+        qs.quantize_store(str(src), tmp_path / f"q{m}.zarr", spec, max_memory=m)
+        for m in (1 << 20, 64 << 20)
+    ]
+    restored = np.asarray(qs.open_quantized(tmp_path / "q1048576.zarr")[...])
+    want = _oracle_worst_groups(x, restored, axis, bs)
+    for r in reports:
+        got = r.error["worst_groups"]
+        assert [g["group"] for g in got] == [w[0] for w in want]
+        np.testing.assert_allclose([g["sqnr_db"] for g in got], [w[1] for w in want], rtol=1e-9)
+        np.testing.assert_allclose([g["max_abs"] for g in got], [w[2] for w in want], rtol=1e-12)
+        for g in got:
+            assert g["first_element"][axis] == g["group"][axis] * bs
+    assert reports[0].error["worst_groups"] == reports[1].error["worst_groups"]
+    stored = qs.open_quantized(tmp_path / "q1048576.zarr").summary()["error"]["worst_groups"]
+    assert stored == reports[0].error["worst_groups"]

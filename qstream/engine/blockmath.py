@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from ..spec import ErrorStats, RangeStats
+from ..spec import ErrorStats, RangeStats, WorstGroups
 
 
 def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
@@ -116,3 +116,47 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
         sums[:, 9].astype(np.int64),
     )
     return stats
+
+
+def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape) -> WorstGroups:
+    """The worst parameter groups (lowest SQNR) of one quantized piece of a blocked spec.
+
+    ``first``: the piece's first parameter index along each axis; ``param_shape``: the whole
+    parameter array's shape (group indices are flat indices into it). Groups without error
+    are never among the worst.
+    """
+    from ..kernels.errors import group_sums
+
+    compute = np.float64 if qt.bits > 16 else np.float32
+    xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
+    x2, e2, emax = (np.empty(layout.pshape3) for _ in range(3))
+    group_sums(
+        layout.view(xk),
+        layout.view(qk),
+        layout.params(np.asarray(s, compute)),
+        layout.params(np.asarray(z, compute)),
+        layout.cblock,
+        layout.iblock,
+        float(lo_q),
+        float(qt.qmax),
+        x2,
+        e2,
+        emax,
+    )
+    x2, e2, emax = x2.reshape(-1), e2.reshape(-1), emax.reshape(-1)
+    lossy = np.flatnonzero(e2 > 0)
+    if lossy.size == 0:
+        return WorstGroups.empty()
+    with np.errstate(divide="ignore"):
+        sqnr = 10.0 * np.log10(x2[lossy] / e2[lossy])
+    keep = WorstGroups.KEEP
+    if lossy.size > 4 * keep:  # a superset of the worst, ties at the cut included
+        cut = np.partition(sqnr, keep - 1)[keep - 1]
+        pick = sqnr <= cut
+        lossy, sqnr = lossy[pick], sqnr[pick]
+    local = np.unravel_index(lossy, layout.param_shape)
+    index = np.ravel_multi_index(
+        tuple(i + f for i, f in zip(local, first, strict=True)), tuple(param_shape)
+    )
+    return WorstGroups.of(sqnr, index, emax[lossy])

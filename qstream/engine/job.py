@@ -45,6 +45,7 @@ from ..spec import (
     QuantReport,
     QuantSpec,
     RangeStats,
+    WorstGroups,
     merge_into,
 )
 from . import executors, pipeline
@@ -504,7 +505,7 @@ class QuantizeJob:
             if cal.params is not None and math.prod(plan.param_shape):
                 group["scale"][...] = cal.params.scale
                 group["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
-            ProgressLog.create(group, plan.channels)
+            ProgressLog.create(group, plan.channels, worst_groups=self._worst_groups())
         except StoreError:
             raise
         except OSError as e:
@@ -518,11 +519,15 @@ class QuantizeJob:
         """Quantize the blocks after the progress snapshot; fold their error sums onto it."""
         plan = self.plan
         log = ProgressLog.open(group)
-        start, errors = log.load()
+        start, errors, worst = log.load()
+        fresh = WorstGroups.empty() if self._worst_groups() else None
         if errors.count.size != plan.channels or start > len(self.blocks):
-            start, errors = 0, ErrorStats.empty(plan.channels)
+            start, errors, worst = 0, ErrorStats.empty(plan.channels), fresh
         if start and not self._blocks_landed(group, start):
-            start, errors = 0, ErrorStats.empty(plan.channels)
+            start, errors, worst = 0, ErrorStats.empty(plan.channels), fresh
+        if (worst is None) != (fresh is None):
+            start, errors, worst = 0, ErrorStats.empty(plan.channels), fresh
+        found = [worst]
         todo = self.blocks[start:]
         per = cal.params is not None and not self.spec.block_size
         work = QuantizeWork(
@@ -535,11 +540,14 @@ class QuantizeJob:
         done = [start]
         report_stage(progress, "quantize", len(self.blocks), start)
 
-        def merge(b, err: ErrorStats) -> None:
+        def merge(b, result) -> None:
+            err, groups = result
             merge_into(errors, err, plan.offset(b.key))  # in block order: deterministic
+            if groups is not None:
+                found[0] = found[0].merged(groups)
             done[0] += 1
             if log.due():
-                log.save(done[0], errors)
+                log.save(done[0], errors, found[0])
             if progress:
                 progress(done[0], len(self.blocks))
 
@@ -556,8 +564,8 @@ class QuantizeJob:
             if done[0] > start:
                 # e.g. a full disk: the last snapshot stays, and its blocks are redone
                 with contextlib.suppress(OSError):
-                    log.save(done[0], errors)
-        return errors, start
+                    log.save(done[0], errors, found[0])
+        return (errors, found[0]), start
 
     def _blocks_landed(self, group, n: int) -> bool:
         """Whether the data chunks of the first ``n`` blocks exist (local stores; elsewhere a
@@ -573,10 +581,21 @@ class QuantizeJob:
                 return False
         return True
 
-    def _finish(self, group, calibration: dict, errors, dst, t0, resumed) -> QuantReport:
+    def _worst_groups(self) -> bool:
+        """Whether the report lists the worst parameter groups (blocked integer specs)."""
+        return bool(self.spec.block_size) and not self.plan.qt.is_float
+
+    def _finish(self, group, calibration: dict, found, dst, t0, resumed) -> QuantReport:
         plan, qt = self.plan, self.plan.qt
         meta = dict(group.attrs["qstream"])
+        errors, worst = found
         err = errors.summary()
+        if worst is not None:
+            err["worst_groups"] = worst.summary(
+                blocked_param_shape(plan.shape, plan.axis, self.spec.block_size),
+                plan.axis,
+                self.spec.block_size,
+            )
         report = QuantReport(
             spec=self.spec,
             source=self.source.description,

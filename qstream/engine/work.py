@@ -16,11 +16,17 @@ from typing import Any
 
 import numpy as np
 
-from ..core.layout import param_region, plan_layout
+from ..core.layout import blocked_param_shape, param_region, plan_layout
 from ..core.scratch import scratch
 from ..qtypes import QType, qtype
-from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
-from .blockmath import block_errors, block_errors_fused, block_ranges, channel_view
+from ..spec import ErrorStats, QuantSpec, RangeStats, WorstGroups, merge_into
+from .blockmath import (
+    block_errors,
+    block_errors_fused,
+    block_ranges,
+    block_worst_groups,
+    channel_view,
+)
 from .plan import Block
 
 _OPEN: dict[tuple, Any] = {}
@@ -282,7 +288,8 @@ class QuantizeWork:
     scale: np.ndarray | None
     zero_point: np.ndarray | None
 
-    def __call__(self, b: Block) -> ErrorStats:
+    def __call__(self, b: Block) -> tuple[ErrorStats, WorstGroups | None]:
+        """The block's error statistics and, for a blocked spec, its worst groups."""
         plan = self.plan
         qt = plan.qt
         source = self.source.open()
@@ -290,6 +297,8 @@ class QuantizeWork:
         stored = data.array.dtype
         q = scratch("quantized", b.shape, qt.dtype)
         errs = ErrorStats.empty(plan.block_channels(b))
+        bs = plan.spec.block_size
+        worst = WorstGroups.empty() if bs and not qt.is_float else None  # integer types
         # a dynamic block takes its ranges from all of it; else piece by piece
         pieces = (
             [(b.key, read_region(source, b.key))] if plan.dynamic else read_pieces(source, b.key)
@@ -309,6 +318,21 @@ class QuantizeWork:
                 err = self._quantize_piece(x, s, z, layout, qp)
             if err.nonfinite.any() and plan.spec.nan_policy == "error":
                 raise NonFiniteBlock(b)  # before anything of this block is written
+            if worst is not None:
+                pk = param_region(region, plan.axis, bs)
+                worst = worst.merged(
+                    block_worst_groups(
+                        x,
+                        qp,
+                        s,
+                        z,
+                        layout,
+                        qt,
+                        qt.qrange(plan.spec.narrow_range)[0],
+                        [k.start for k in pk],
+                        blocked_param_shape(plan.shape, plan.axis, bs),
+                    )
+                )
             if copy_back:
                 q[rel] = qp
             merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
@@ -319,7 +343,7 @@ class QuantizeWork:
                     zp_out = self.dest.writer("zero_point")
                     zp_out[pk] = z.astype(zp_out.array.dtype)
         data[b.key] = q.view(stored) if q.dtype != stored else q  # float8: bit patterns
-        return errs
+        return errs, worst
 
     def _params(self, key: tuple[slice, ...], x: np.ndarray):
         """(scale, zero_point, layout) for the region ``key`` holding ``x``."""
@@ -356,7 +380,6 @@ class QuantizeWork:
         :meth:`_params` + :meth:`_quantize_piece`); None where that kernel does not apply
         (float types, int32, float64 sources, round modes other than half to even)."""
         from ..calibration.params import symmetric_steps
-        from ..core.layout import blocked_param_shape
         from ..kernels import blocked
         from ..kernels.runtime import run
         from ..rounding import round_code

@@ -20,7 +20,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from ..spec import ErrorStats
+from ..spec import ErrorStats, WorstGroups
 
 NAME = "_progress"
 _FIELDS = [f.name for f in fields(ErrorStats)]
@@ -29,20 +29,24 @@ SAVE_EVERY = float(os.environ.get("QSTREAM_PROGRESS_EVERY", "1.0"))
 
 
 class ProgressLog:
-    """The resume snapshot of a quantize pass (see module docstring)."""
+    """The resume snapshot of a quantize pass (see module docstring). A blocked spec's
+    snapshot also holds the worst groups so far (``WorstGroups.KEEP`` of them, NaN-padded)."""
 
     def __init__(self, array) -> None:
         from .stores import ArrayWriter
 
         self.array = array
-        self.channels = (array.shape[0] - 1) // len(_FIELDS)
+        attrs = array.attrs.asdict()
+        self.keep = int(attrs.get("worst_groups", 0))
+        self.channels = int(attrs.get("channels", (array.shape[0] - 1) // len(_FIELDS)))
         self._writer = ArrayWriter(array)
         self._last = time.monotonic()
 
     @classmethod
-    def create(cls, group, channels: int) -> ProgressLog:
+    def create(cls, group, channels: int, *, worst_groups: bool = False) -> ProgressLog:
         """A new ``_progress`` array in ``group`` saying that no block has landed."""
-        n = 1 + len(_FIELDS) * channels
+        keep = WorstGroups.KEEP if worst_groups else 0
+        n = 1 + len(_FIELDS) * channels + 3 * keep
         arr = group.create_array(
             NAME,
             shape=(n,),
@@ -51,36 +55,51 @@ class ProgressLog:
             fill_value=0,
             compressors=None,
             dimension_names=["progress"],
+            attributes={"channels": channels, "worst_groups": keep},
         )
         log = cls(arr)
-        log.save(0, ErrorStats.empty(channels))
+        log.save(0, ErrorStats.empty(channels), WorstGroups.empty() if keep else None)
         return log
 
     @classmethod
     def open(cls, group) -> ProgressLog:
         return cls(group[NAME])
 
-    def load(self) -> tuple[int, ErrorStats]:
-        """(blocks landed, their folded error sums)."""
+    def load(self) -> tuple[int, ErrorStats, WorstGroups | None]:
+        """(blocks landed, their folded error sums, their worst groups)."""
         raw = np.asarray(self.array[...], np.float64)
-        if (raw.size - 1) % len(_FIELDS):  # written by another layout: start over
-            return 0, ErrorStats.empty(0)
-        rows = raw[1:].reshape(len(_FIELDS), self.channels)
+        body = len(_FIELDS) * self.channels
+        if raw.size != 1 + body + 3 * self.keep:  # written by another layout: start over
+            return 0, ErrorStats.empty(0), None
+        rows = raw[1 : 1 + body].reshape(len(_FIELDS), self.channels)
         stats = ErrorStats(
             **{
                 name: rows[i].astype(np.int64) if name in ErrorStats.INTS else rows[i].copy()
                 for i, name in enumerate(_FIELDS)
             }
         )
-        return int(raw[0]), stats
+        worst = None
+        if self.keep:
+            sq, index, max_abs = raw[1 + body :].reshape(3, self.keep)
+            n = int(np.count_nonzero(~np.isnan(index)))
+            worst = WorstGroups(sq[:n].copy(), index[:n].astype(np.int64), max_abs[:n].copy())
+        return int(raw[0]), stats, worst
 
-    def save(self, done: int, stats: ErrorStats) -> None:
-        """Record that blocks ``0 .. done - 1`` have landed with the folded sums ``stats``."""
+    def save(self, done: int, stats: ErrorStats, worst: WorstGroups | None = None) -> None:
+        """Record that blocks ``0 .. done - 1`` have landed with the folded sums ``stats``
+        (and, for a blocked spec, the worst groups among them)."""
         raw = np.empty(self.array.shape[0], np.float64)
         raw[0] = done
-        rows = raw[1:].reshape(len(_FIELDS), self.channels)
+        body = len(_FIELDS) * self.channels
+        rows = raw[1 : 1 + body].reshape(len(_FIELDS), self.channels)
         for i, name in enumerate(_FIELDS):
             rows[i] = getattr(stats, name)
+        if self.keep:
+            tail = raw[1 + body :].reshape(3, self.keep)
+            tail[:] = np.nan
+            n = worst.index.size if worst is not None else 0
+            if n:
+                tail[0, :n], tail[1, :n], tail[2, :n] = worst.sqnr_db, worst.index, worst.max_abs
         self._writer[(slice(0, raw.size),)] = raw
         self._last = time.monotonic()
 

@@ -226,3 +226,40 @@ def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                 out[ch, k] = max(out[ch, k], partial[t, k])
             else:
                 out[ch, k] += partial[t, k]
+
+
+@parallel_kernel(fastmath=_FAST)
+def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax):
+    """Per parameter group ``(o, c // cblock, i // iblock)`` of a blocked layout: the sums
+    of ``x^2`` and ``e^2`` and the largest ``|e|`` over its finite values, into ``x2``,
+    ``e2``, ``emax`` ``[O, Cp, Ip]``. Each work item owns a row of groups (no shared sums);
+    the run sums are those of :func:`error_sums`."""
+    n_outer, n_c, n_inner = x.shape
+    p_outer = scale.shape[0]
+    n_cp = scale.shape[1]
+    n_ip = scale.shape[2]
+    for w in prange(n_outer * n_cp):
+        o = w // n_cp
+        pc = w - o * n_cp
+        po = o if p_outer > 1 else 0
+        acc = np.zeros((n_ip, N_SUMS))
+        for c in range(pc * cblock, min(n_c, (pc + 1) * cblock)):
+            for pi in range(n_ip):
+                i0 = pi * iblock
+                i1 = min(n_inner, i0 + iblock)
+                s = scale[po, pc, pi]
+                z = zero_point[po, pc, pi]
+                _run_sums(
+                    x[o, c][i0:i1],
+                    q[o, c][i0:i1],
+                    s,
+                    z,
+                    (qmin - z - 0.5) * s,
+                    (qmax - z + 0.5) * s,
+                    acc,
+                    pi,
+                )
+        for pi in range(n_ip):
+            x2[o, pc, pi] = acc[pi, 1]
+            e2[o, pc, pi] = acc[pi, 2]
+            emax[o, pc, pi] = acc[pi, 5]
