@@ -33,7 +33,10 @@ _FLAGS = (
     (re.compile(r"\bunknown quantized type '"), "unknown --dtype '"),
     (re.compile(r"\baxis (-?\d+) is out of range\b"), r"--axis \1 is out of range"),
     (re.compile(r"^scale must be finite and > 0, got"), "--scale must be finite and > 0, got"),
-    (re.compile(r"\b(block_size|round_mode|nan_policy|max_memory|max_shard_size)\b"), None),
+    (
+        re.compile(r"\b(block_size|round_mode|nan_policy|max_memory|max_shard_size|scale_dtype)\b"),
+        None,
+    ),
     (re.compile(r"\bqstream\.convert_checkpoint\b"), "`qstream convert`"),
     (re.compile(r"\bqstream\.dequantize_store\b"), "`qstream dequantize`"),
     (re.compile(r"\bqstream\.quantize_store\b"), "`qstream quantize`"),

@@ -223,6 +223,13 @@ def quantize(
     zero_point: int | None = typer.Option(
         None, "--zero-point", metavar="Z", help="Explicit zero point (with --scale)."
     ),
+    scale_dtype: str = typer.Option(
+        "float32",
+        "--scale-dtype",
+        metavar="TYPE",
+        help="How scales are stored: float32, or float16 (half the size; each scale rounded"
+        " to float16 before quantizing).",
+    ),
     nan_policy: str = typer.Option(
         "error",
         "--nan-policy",
@@ -255,6 +262,7 @@ def quantize(
             nan_policy=nan_policy,
             scale=scale,
             zero_point=zero_point,
+            scale_dtype=scale_dtype,
         )
         with _executor(scheduler) as ex, progress("quantize", quiet or as_json) as cb:
             report = qs.quantize_store(

@@ -19,6 +19,7 @@ from .rounding import ROUND_MODES
 
 METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
 HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")
+SCALE_DTYPES = ("float32", "float16")
 NAN_POLICIES = ("error", "zero_point", "min")
 
 
@@ -60,6 +61,10 @@ class QuantSpec:
         scale, zero_point: explicit parameters (a number, or a list shaped like the parameter
             array); they skip calibration.
         num_bins: histogram bins for the histogram methods.
+        scale_dtype: how scales are stored: ``float32`` (default) or ``float16`` (half the
+            size; each scale is rounded to the nearest float16, clamped to [2**-24, 65504],
+            before anything is quantized with it, and zero points are derived from the
+            rounded scale, so the stored parameters reproduce the stored values exactly).
     """
 
     dtype: str = "int8"
@@ -74,6 +79,7 @@ class QuantSpec:
     scale: Any = None
     zero_point: Any = None
     num_bins: int = 2048
+    scale_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         qt = qtype(self.dtype)
@@ -110,6 +116,11 @@ class QuantSpec:
                 object.__setattr__(self, name, v.tolist())
         if self.zero_point is not None and self.scale is None:
             raise InvalidParameterError("zero_point is given without scale")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise InvalidParameterError(
+                f"unknown scale_dtype {self.scale_dtype!r}; expected one of:"
+                f" {', '.join(SCALE_DTYPES)}"
+            )
 
     @property
     def qtype(self):
@@ -121,8 +132,15 @@ class QuantSpec:
             return "per_tensor"
         return "per_axis" if self.block_size is None else "blocked"
 
+    @property
+    def half_scales(self) -> bool:
+        return self.scale_dtype == "float16"
+
     def to_dict(self) -> dict:
-        return _jsonable(asdict(self))
+        d = _jsonable(asdict(self))
+        if d["scale_dtype"] == "float32":  # the default: specs (and job identities) as before
+            del d["scale_dtype"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> QuantSpec:

@@ -457,3 +457,33 @@ def test_inspect_and_json_show_nan_and_infinity_counts_apart(tmp_path):
     r = run("inspect", tmp_path / "q.zarr")
     rows = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if len(ln.split()) == 2)
     assert (rows["nan"], rows["posinf"], rows["neginf"]) == ("1", "1", "2")
+
+
+def test_float16_scales_from_the_command_line_are_stored_and_exported_as_float16(src, tmp_path):
+    from safetensors.numpy import load_file
+
+    q = tmp_path / "q.zarr"
+    r = run(
+        "quantize", src, q, "--dtype", "int4", "--axis", "1", "--block-size", "32",
+        "--method", "dynamic", "--scale-dtype", "float16", "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["spec"]["scale_dtype"] == "float16"
+    assert zarr.open_group(str(q))["scale"].dtype == np.float16
+    assert run("export", q, tmp_path / "w.safetensors", "-q").exit_code == 0
+    tensors = load_file(str(tmp_path / "w.safetensors"))
+    assert tensors["weight_scale"].dtype == np.float16
+    np.testing.assert_array_equal(
+        tensors["weight_scale"].astype(np.float32), qstream_scale(q).reshape(64, -1)
+    )
+    r = run("quantize", src, tmp_path / "b.zarr", "--scale-dtype", "bf16")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (
+        "error: unknown --scale-dtype 'bf16'; expected one of: float32, float16"
+    )
+
+
+def qstream_scale(path):
+    import qstream
+
+    return qstream.open_quantized(path).scale

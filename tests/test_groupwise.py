@@ -36,16 +36,24 @@ def _run(src, dst, spec):
 
 
 CASES = [
-    (dtype, axis, bs, sym)
+    (dtype, axis, bs, sym, "float32")
     for dtype in ("int8", "uint8", "int4", "uint4", "int2", "uint2", "int16")
     for axis, bs in ((1, 32), (1, 128), (0, 16))
     for sym in (True, False)
-] + [("int8", 1, 256, True), ("uint4", 1, 64, False), ("int8", 1, 16, True)]
+] + [
+    ("int8", 1, 256, True, "float32"),
+    ("uint4", 1, 64, False, "float32"),
+    ("int8", 1, 16, True, "float32"),
+    ("int8", 1, 32, True, "float16"),
+    ("uint4", 1, 128, False, "float16"),
+    ("int4", 0, 16, False, "float16"),
+    ("uint8", 1, 32, True, "float16"),
+]
 
 
-@pytest.mark.parametrize("dtype, axis, bs, sym", CASES)
+@pytest.mark.parametrize("dtype, axis, bs, sym, scale_dtype", CASES)
 def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
-    tmp_path, monkeypatch, dtype, axis, bs, sym
+    tmp_path, monkeypatch, dtype, axis, bs, sym, scale_dtype
 ):
     src, x = _source(tmp_path)
     spec = QuantSpec(
@@ -56,6 +64,7 @@ def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
         symmetric=sym,
         nan_policy="zero_point",
         narrow_range=dtype == "int8" and bs == 16,
+        scale_dtype=scale_dtype,
     )
     fused_report, fused = _run(src, tmp_path / "fused.zarr", spec)
     monkeypatch.setattr(QuantizeWork, "_dynamic_fused", lambda self, x, out: None)
@@ -80,6 +89,39 @@ def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
     )
     got = arr.quantized(...)
     np.testing.assert_array_equal(got[finite].astype(np.int32), want[finite].astype(np.int32))
+    assert zarr.open_group(str(tmp_path / "fused.zarr"))["scale"].dtype == np.dtype(scale_dtype)
+
+
+def _x_with_extreme_groups():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((8, 256)).astype(np.float32)
+    x[1, :32] *= 1e-9  # needs a scale below 2**-24: clamped up
+    x[2, 32:64] *= 1e7  # needs a scale above 65504: clamped, values saturate
+    return x
+
+
+@pytest.mark.parametrize("method", ["dynamic", "minmax"])
+def test_float16_scales_round_once_and_reproduce_the_stored_values(tmp_path, method):
+    from qstream.calibration.params import half_scales
+
+    x = _x_with_extreme_groups()
+    spec = QuantSpec(dtype="int8", axis=1, block_size=32, method=method, scale_dtype="float16")
+    rep = qs.quantize_store(x, tmp_path / "h.zarr", spec)
+    ref = qs.quantize_store(
+        x, tmp_path / "f.zarr", QuantSpec(**{**spec.to_dict(), "scale_dtype": "float32"})
+    )
+    half, full = qs.open_quantized(tmp_path / "h.zarr"), qs.open_quantized(tmp_path / "f.zarr")
+    assert zarr.open_group(str(tmp_path / "h.zarr"))["scale"].dtype == np.float16
+    np.testing.assert_array_equal(half.scale.astype(np.float32), half_scales(full.scale))
+    assert half.scale.min() == 2.0**-24 and half.scale.max() == 65504
+    want = qs.quantize(
+        x, half.scale, np.zeros(half.scale.shape, np.int8), axis=1, block_size=32, dtype="int8"
+    )
+    np.testing.assert_array_equal(half.quantized(...), want)
+    assert rep.error["clipped"] > ref.error["clipped"]  # the 1e7 group saturates
+    assert spec.to_dict()["scale_dtype"] == "float16"
+    assert QuantSpec.from_dict(spec.to_dict()) == spec
+    assert "scale_dtype" not in QuantSpec(dtype="int8").to_dict()  # job identities as before
 
 
 def _oracle_worst_groups(x, restored, axis, bs, keep=5):

@@ -10,7 +10,9 @@ Conventions (stated because the peers differ):
 - a zero range (all values 0) gives scale 1.
 - float8/float4: ``scale = absmax / max_finite``, zero point 0.
 
-Arithmetic is in float64; the scale is stored as float32.
+Arithmetic is in float64; the scale is stored as float32, or rounded to float16 first
+(``half_scale=True``, see :func:`half_scales`), in which case the zero point is derived from
+the rounded scale.
 """
 
 from __future__ import annotations
@@ -30,21 +32,37 @@ def symmetric_steps(qt: QType, narrow_range: bool = False) -> tuple[float, float
     return float(min(qmax - zp, zp - qmin)), zp
 
 
-def params_from_range(lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False):
-    """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays."""
+HALF_MIN = 2.0**-24  # the smallest positive float16
+HALF_MAX = 65504.0  # the largest finite float16
+
+
+def half_scales(scale) -> np.ndarray:
+    """Scales rounded to the nearest float16 (ties to even) and clamped to ``[2**-24,
+    65504]`` (so none becomes 0 or inf), as float32 values."""
+    s = np.asarray(scale, np.float32)
+    h = np.clip(s, HALF_MIN, HALF_MAX).astype(np.float16)
+    return h.astype(np.float32)
+
+
+def params_from_range(
+    lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False, half_scale: bool = False
+):
+    """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays;
+    ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first."""
+    fix = half_scales if half_scale else (lambda s: s)
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
     qmin, qmax = qt.qrange(narrow_range)
     if qt.is_float:
         amax = np.maximum(-lo, hi)
         scale = np.where(amax > 0, amax / qt.qmax, 1.0)
-        return scale.astype(np.float32), np.zeros(scale.shape)
+        return fix(scale.astype(np.float32)), np.zeros(scale.shape)
     if symmetric:
         amax = np.maximum(-lo, hi)
         steps, zp = symmetric_steps(qt, narrow_range)
         scale = np.where(amax > 0, amax / steps, 1.0)
-        return scale.astype(np.float32), np.full(scale.shape, zp)
+        return fix(scale.astype(np.float32)), np.full(scale.shape, zp)
     span = hi - lo
-    scale = np.where(span > 0, span / (qmax - qmin), 1.0).astype(np.float32)
+    scale = fix(np.where(span > 0, span / (qmax - qmin), 1.0).astype(np.float32))
     zp = np.clip(np.rint(qmin - lo / scale.astype(np.float64)), qmin, qmax)
     return scale, zp

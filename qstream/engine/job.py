@@ -235,7 +235,12 @@ class QuantizeJob:
         from ..calibration.params import params_from_range
 
         scale, zp = params_from_range(
-            lo, hi, plan.qt, symmetric=spec.symmetric, narrow_range=spec.narrow_range
+            lo,
+            hi,
+            plan.qt,
+            symmetric=spec.symmetric,
+            narrow_range=spec.narrow_range,
+            half_scale=spec.half_scales,
         )
         params = QuantParams(
             scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None
@@ -353,6 +358,10 @@ class QuantizeJob:
                 f" {plan.param_shape} of {self.spec.granularity} quantization"
             ) from None
         checks.check_scale(s)
+        if self.spec.half_scales:
+            from ..calibration.params import half_scales
+
+            s = half_scales(s)
         qt = plan.qt
         if not qt.is_float and z.size and (z.min() < qt.qmin or z.max() > qt.qmax):
             raise InvalidParameterError(
@@ -500,7 +509,9 @@ class QuantizeJob:
                 # group scales are as many as 1/block_size of the data and hardly compress:
                 # stored raw, a block's parameter chunks cost a write, not a zstd pass
                 kw["compressors"] = None
-            group.create_array("scale", dtype=np.float32, **kw)
+            group.create_array(
+                "scale", dtype=np.float16 if self.spec.half_scales else np.float32, **kw
+            )
             group.create_array("zero_point", dtype=zp_dtype, **kw)
             if cal.params is not None and math.prod(plan.param_shape):
                 group["scale"][...] = cal.params.scale

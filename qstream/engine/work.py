@@ -338,7 +338,8 @@ class QuantizeWork:
             merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
             if plan.dynamic:
                 pk = param_region(region, plan.axis, plan.spec.block_size)
-                self.dest.writer("scale")[pk] = np.asarray(s, np.float32)
+                scale_out = self.dest.writer("scale")
+                scale_out[pk] = np.asarray(s, scale_out.array.dtype)
                 if z.any():  # all-zero zero points (symmetric) are the fill value: not written
                     zp_out = self.dest.writer("zero_point")
                     zp_out[pk] = z.astype(zp_out.array.dtype)
@@ -356,7 +357,12 @@ class QuantizeWork:
             lo, hi = block_slot_ranges(x, plan.axis, bs)
             lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
             s, z = params_from_range(
-                lo, hi, plan.qt, symmetric=plan.spec.symmetric, narrow_range=plan.spec.narrow_range
+                lo,
+                hi,
+                plan.qt,
+                symmetric=plan.spec.symmetric,
+                narrow_range=plan.spec.narrow_range,
+                half_scale=plan.spec.half_scales,
             )
             return s, z, plan_layout(x.shape, s.shape, plan.axis, bs)
         if plan.axis is None:
@@ -416,6 +422,7 @@ class QuantizeWork:
             np.float32(qmin),
             np.float32(qt.qmax),
             np.int32(qt.mask),
+            spec.half_scales,
             s,
             z,
             layout.view(out.view(qt.container)),

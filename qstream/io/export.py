@@ -7,8 +7,9 @@ Hugging Face ``compressed-tensors`` read for "int-quantized" weights): a quantiz
 - ``N``: the stored values (``I8``/``U8``/``I16``/``U16``/``I32``; int4/uint4/int2/uint2 one
   value per byte in ``I8``/``U8``; float8_e4m3fn/e5m2 as ``F8_E4M3``/``F8_E5M2``; the other
   float types as ``U8`` bit patterns),
-- ``N_scale``: float32, shaped to broadcast against ``N``: ``[1]`` per tensor, the channel
-  axis kept and every other axis 1 per axis (``[out, 1]`` for axis 0 of a matrix), the group
+- ``N_scale``: float32 (float16 when stored so, ``scale_dtype="float16"``), shaped to
+  broadcast against ``N``: ``[1]`` per tensor, the channel axis kept and every other axis 1
+  per axis (``[out, 1]`` for axis 0 of a matrix), the group
   layout ``[out, in / group]`` blocked,
 - ``N_zero_point``: the zero point in the values' integer type, same shape as ``N_scale``
   (omitted when every zero point is 0, i.e. symmetric),
@@ -103,8 +104,17 @@ def _quantized_entries(name: str, arr: QuantizedArray) -> list[_Entry]:
 
     entries = [_Entry(name, tag, arr.shape, values.itemsize, read)]
     s, z = _param_shape(arr)
-    scale = arr.scale.reshape(s).astype(np.float32)
-    entries.append(_Entry(f"{name}_scale", "F32", s, 4, lambda r0, r1: scale[r0:r1]))
+    half = arr.group["scale"].dtype == np.float16  # stored as float16: exported as such
+    scale = arr.scale.reshape(s).astype(np.float16 if half else np.float32)
+    entries.append(
+        _Entry(
+            f"{name}_scale",
+            "F16" if half else "F32",
+            s,
+            scale.itemsize,
+            lambda r0, r1: scale[r0:r1],
+        )
+    )
     if not qt.is_float and np.any(arr.zero_point != 0):
         zp = arr.zero_point.reshape(z).astype(values)
         entries.append(

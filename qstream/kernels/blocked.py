@@ -9,8 +9,10 @@ s) + z``, saturated to ``[lo, hi]``, masked), so the results are bit-identical t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .bits import KEY_MAX, KEY_MIN, from_order_key
 from .runtime import parallel_kernel
@@ -19,15 +21,27 @@ from .stats import slot_range_keys
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 
 
+@njit(inline="always", cache=True)
+def half_scale(s):
+    """A float32 scale as ``qstream.calibration.params.half_scales`` rounds it: clamped to
+    ``[2**-24, 65504]``, then to the nearest float16 value (ties to even)."""
+    x = min(max(np.float64(s), 2.0**-24), 65504.0)
+    e = math.frexp(x)[1]  # x = m * 2**e with 0.5 <= m < 1
+    ulp = math.ldexp(1.0, max(e - 1, -14) - 10)
+    return np.float32(np.rint(x / ulp) * ulp)
+
+
 @parallel_kernel
 def dynamic_blocked_half_to_even(
-    x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, scale, zero_point, out
+    x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, half, scale, zero_point, out
 ):
     """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
     ``scale`` (float32) / ``zero_point`` (float64) ``[O, Cp, Ip]``; ``mode`` (``SYM_SIGNED``:
     ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``, zero point
     ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin - lo / s)``
-    clipped); ``lo``/``hi`` float32 saturation bounds; ``out`` the integer container."""
+    clipped); ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16
+    values (:func:`half_scale`) before the zero point and the values; ``out`` the integer
+    container."""
     n_outer, n_c, n_inner = x.shape
     n_cp = scale.shape[1]
     n_ip = scale.shape[2]
@@ -48,10 +62,14 @@ def dynamic_blocked_half_to_even(
             if mode == ASYM:
                 span = vhi - vlo
                 s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
+                if half:
+                    s32 = half_scale(s32)
                 z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
             else:
                 amax = max(-vlo, vhi)
                 s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
+                if half:
+                    s32 = half_scale(s32)
                 z = 0.0 if mode == SYM_SIGNED else zp_sym
             scale[o, pc, pi] = s32
             zero_point[o, pc, pi] = z
