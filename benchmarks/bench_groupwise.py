@@ -5,6 +5,8 @@
    (asymmetric) run in turn, each run in a fresh process timing its own
    ``quantize_store`` call, ``--rounds`` times after one warm round; medians and the ratio to
    the explicit job's median.
+3. Checkpoint: ``convert`` of a 1 GiB safetensors checkpoint with a blocked uint4 recipe
+   against ``quantize_store`` of the store with the same spec, as throughput (GB/s).
 2. In memory: a 16384 x 4096 float32 matrix (``standard_normal * 0.02``, seed 0), qstream's
    blocked int8 group 32 (``quantize_store`` into ``memory://``) against gguf-py's
    ``gguf.quants.quantize(x, Q8_0)`` (``pip install gguf``; skipped if missing), medians of
@@ -132,15 +134,99 @@ def memory_part(args) -> dict:
     return result
 
 
+CONVERT_CHILD = """
+import shutil, sys, time
+import qstream as qs
+ckpt, dst, recipe = sys.argv[1], sys.argv[2], sys.argv[3]
+shutil.rmtree(dst, ignore_errors=True)
+t = time.perf_counter()
+qs.convert_checkpoint(ckpt, dst, recipe)
+print(time.perf_counter() - t)
+shutil.rmtree(dst, ignore_errors=True)
+"""
+
+CONVERT_RECIPE = """[defaults]
+dtype = "uint4"
+axis = 1
+block_size = 128
+symmetric = false
+method = "dynamic"
+"""
+
+
+def checkpoint_part(args) -> dict:
+    """``convert`` of a safetensors checkpoint (16 float32 tensors of 4096 x 4096, 1 GiB)
+    with a blocked recipe (uint4, groups of 128 along axis 1, asymmetric) against
+    ``quantize_store`` of the 2 GiB store with the same spec: throughput of each (GB/s of
+    source read), fresh process per run."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    import bench_stores
+
+    ckpt = os.path.join(args.workdir, "ckpt-1GiB.safetensors")
+    if not os.path.exists(ckpt):
+        rng = np.random.default_rng(0)
+        tensors = {
+            f"layers.{i}.weight": (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
+            for i in range(16)
+        }
+        save_file(tensors, ckpt + ".partial")
+        os.replace(ckpt + ".partial", ckpt)
+    recipe = os.path.join(args.workdir, "recipe-uint4-g128.toml")
+    with open(recipe, "w") as f:
+        f.write(CONVERT_RECIPE)
+    info = bench_stores.ensure_data(args.workdir, bench_stores.parse_bytes(args.size), ["raw"])
+    src = info["paths"]["raw"]
+    dst = os.path.join(args.workdir, "out-groupwise-ckpt.zarr")
+    spec = STORE_CASES["uint4-g128-asym"]
+    conv, store = [], []
+    for r in range(args.rounds + 1):
+        a = subprocess.run(
+            [sys.executable, "-c", CONVERT_CHILD, ckpt, dst, recipe],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        b = subprocess.run(
+            [sys.executable, "-c", CHILD, src, dst, json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        if r:
+            conv.append(float(a.stdout.strip().splitlines()[-1]))
+            store.append(float(b.stdout.strip().splitlines()[-1]))
+    ckpt_bytes, store_bytes = 16 * 4096 * 4096 * 4, bench_stores.parse_bytes(args.size)
+    c_gbps = ckpt_bytes / statistics.median(conv) / 1e9
+    s_gbps = store_bytes / statistics.median(store) / 1e9
+    print(
+        f"convert uint4 g128 (1 GiB safetensors): median {statistics.median(conv):.2f} s,"
+        f" {c_gbps:.2f} GB/s; quantize_store same spec ({args.size}):"
+        f" {statistics.median(store):.2f} s, {s_gbps:.2f} GB/s; convert / store throughput"
+        f" {c_gbps / s_gbps:.2f}"
+    )
+    return {
+        "convert_s": conv,
+        "store_s": store,
+        "convert_gbps": c_gbps,
+        "store_gbps": s_gbps,
+        "throughput_ratio": c_gbps / s_gbps,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="2GiB")
     ap.add_argument("--workdir", default="/tmp/qstream-bench")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--skip-store", action="store_true")
+    ap.add_argument("--skip-checkpoint", action="store_true")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     result = {"store": [] if args.skip_store else store_part(args), "memory": memory_part(args)}
+    if not args.skip_checkpoint:
+        result["checkpoint"] = checkpoint_part(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
