@@ -159,10 +159,9 @@ def checkpoint_part(args) -> dict:
     with a blocked recipe (uint4, groups of 128 along axis 1, asymmetric) against
     ``quantize_store`` of the 2 GiB store with the same spec: throughput of each (GB/s of
     source read), fresh process per run."""
+    import bench_stores
     import numpy as np
     from safetensors.numpy import save_file
-
-    import bench_stores
 
     ckpt = os.path.join(args.workdir, "ckpt-1GiB.safetensors")
     if not os.path.exists(ckpt):
