@@ -487,3 +487,19 @@ def qstream_scale(path):
     import qstream
 
     return qstream.open_quantized(path).scale
+
+
+def test_rerun_of_a_finished_safetensors_conversion_says_already_complete(tmp_path):
+    ckpt = SAMPLES / "tiny-transformer.safetensors"
+    out = tmp_path / "t.safetensors"
+    assert run("convert", ckpt, out, "-q").exit_code == 0
+    before = out.read_bytes()
+    r = run("convert", ckpt, out)
+    assert r.exit_code == 0
+    assert r.stdout.strip() == f"{out}: already complete (same job); nothing to do"
+    r = run("convert", ckpt, out, "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["already_complete"] is True
+    r = run("convert", ckpt, out, "--recipe", SAMPLES / "recipe-int8.toml")  # another job
+    assert r.exit_code == 1
+    assert r.stderr.strip() == f"error: {out} exists; pass --overwrite to replace it"
+    assert out.read_bytes() == before

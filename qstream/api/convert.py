@@ -68,13 +68,27 @@ def convert_checkpoint(
 
 def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw) -> dict:
     import contextlib
+    import json
     import os
 
     from ..errors import StoreError
-    from ..io.export import export_safetensors
+    from ..io.export import export_safetensors, finished_export
     from ..io.qarray import LOCK, inspect_destination, remove_output
+    from ..io.stores import location
 
     dst = os.fspath(dst)
+    source = location(checkpoint) or str(checkpoint)
+    job = json.dumps({"source": source, "recipe": (recipe or Recipe()).to_dict()}, sort_keys=True)
+    done_files = None if overwrite else finished_export(dst, job)
+    if done_files is not None:  # a finished run of this conversion: nothing to do
+        return {
+            "checkpoint": str(checkpoint),
+            "destination": dst,
+            "files": done_files,
+            "tensors": {},
+            "already_complete": True,
+            "seconds": 0.0,
+        }
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
     # the working group of an interrupted run (its identity is checked by ``convert``): this
@@ -85,7 +99,12 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
             raise StoreError(f"{done} exists; pass overwrite=True to replace it")
     result = convert(checkpoint, work, recipe or Recipe(), overwrite=overwrite, **kw)
     exported = export_safetensors(
-        work, dst, max_shard_size=max_shard_size, overwrite=overwrite, replace_own=resuming
+        work,
+        dst,
+        max_shard_size=max_shard_size,
+        overwrite=overwrite,
+        replace_own=resuming,
+        job=job,
     )
     existing = inspect_destination(work)
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays

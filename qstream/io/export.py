@@ -184,6 +184,27 @@ def _write_file(path: str, entries: list[_Entry], metadata: dict[str, str]) -> N
 
 def _written_by_qstream(path: str) -> bool:
     """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
+    return _export_metadata(path) is not None
+
+
+def finished_export(out, job: str) -> list[str] | None:
+    """The files of a finished export to ``out`` that recorded the identity ``job`` (its
+    last file, the index or the only file, exists and says so), else None."""
+    out = os.fspath(out)
+    index = out[: -len(".safetensors")] + ".safetensors.index.json"
+    if os.path.exists(index):
+        meta = _export_metadata(index)
+        if meta is None or meta.get("qstream_job") != job:
+            return None
+        with open(index) as f:
+            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
+    meta = _export_metadata(out) if os.path.exists(out) else None
+    return [out] if meta is not None and meta.get("qstream_job") == job else None
+
+
+def _export_metadata(path: str) -> dict | None:
+    """qstream's metadata in a safetensors file or index, or None."""
     try:
         with open(path, "rb") as f:
             if path.endswith(".json"):
@@ -194,8 +215,8 @@ def _written_by_qstream(path: str) -> bool:
                 header = json.loads(f.read(min(n, 100 << 20)))
                 meta = header.get("__metadata__") if isinstance(header, dict) else None
     except (OSError, ValueError, struct.error):
-        return False
-    return isinstance(meta, dict) and "qstream" in meta
+        return None
+    return meta if isinstance(meta, dict) and "qstream" in meta else None
 
 
 def _remove_stale_partials(target: str) -> None:
@@ -225,6 +246,7 @@ def export_safetensors(
     name: str = "weight",
     storage_options: dict | None = None,
     replace_own: bool = False,
+    job: str | None = None,
 ) -> dict:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -233,7 +255,8 @@ def export_safetensors(
 
     Existing files are refused unless ``overwrite``, except shards of an interrupted export
     (they carry qstream's metadata and no index was written); ``replace_own`` also replaces a
-    finished export's files qstream wrote (a resumed ``convert ... out.safetensors``)."""
+    finished export's files qstream wrote (a resumed ``convert ... out.safetensors``).
+    ``job``: an identity recorded in the files (see :func:`finished_export`)."""
     opened = open_quantized(src, storage_options=storage_options)
     items = opened.items() if isinstance(opened, QuantizedCheckpoint) else [(name, opened)]
     entries = [e for n, t in items for e in _entries(n, t)]
@@ -273,6 +296,8 @@ def export_safetensors(
         ),
         "naming": "compressed-tensors: N, N_scale, N_zero_point",
     }
+    if job is not None:
+        meta["qstream_job"] = job
     for path, shard in zip(files, shards, strict=True):
         _write_file(path, shard, meta)
     if len(shards) > 1:
@@ -281,6 +306,8 @@ def export_safetensors(
         }
         total = sum(e.nbytes for e in entries)
         doc = {"metadata": {"total_size": total, "qstream": "export"}, "weight_map": weight_map}
+        if job is not None:
+            doc["metadata"]["qstream_job"] = job
         tmp = f"{index}.{os.getpid()}.partial"
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=2)
