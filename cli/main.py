@@ -18,6 +18,7 @@ import qstream
 
 from .errors import Group, library_errors
 from .output import emit_json, error_table, fmt_bytes, fmt_db, progress, table
+from .show import show_calibration, show_report
 
 app = typer.Typer(
     name="qstream",
@@ -246,6 +247,12 @@ def quantize(
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
     store: str = _STORE,
+    histogram: bool = typer.Option(
+        False,
+        "--histogram",
+        help="Per tensor with --method minmax: one more pass, a histogram kept in the output"
+        " for 'qstream inspect --show/--plot' (histogram methods keep theirs anyway).",
+    ),
 ):
     """Quantize a Zarr array into a quantized group (data, scale, zero point)."""
     with library_errors():
@@ -274,6 +281,7 @@ def quantize(
                 overwrite=overwrite,
                 executor=ex,
                 store=store,
+                histogram=histogram,
             )
         if _done_already(dst, report.to_dict(), as_json, quiet):
             return
@@ -352,6 +360,9 @@ def dequantize(
     """
     qstream calibrate acts.zarr --method entropy
     qstream calibrate weights.zarr --axis 0 --method mse --json
+    qstream calibrate acts.zarr --method entropy --show
+    qstream calibrate acts.zarr --compare
+    qstream calibrate weights.zarr --axis 0 --compare --json
     """
 )
 def calibrate(
@@ -367,6 +378,19 @@ def calibrate(
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
     store: str = _STORE,
+    show: bool = typer.Option(
+        False,
+        "--show",
+        help="Draw the histogram (log counts) with the clip threshold and the SQNR predicted"
+        " from it (per channel: its distribution and the worst channels). One histogram pass,"
+        " also for minmax.",
+    ),
+    compare: bool = typer.Option(
+        False,
+        "--compare",
+        help="Set minmax, percentile, entropy, mse and l2 side by side: thresholds, parameters"
+        " and predicted SQNR, from one histogram pass; the calibration shown is --method's.",
+    ),
 ):
     """Print the scale and zero point a spec gives, and the data's range (writes nothing)."""
     with library_errors():
@@ -381,14 +405,13 @@ def calibrate(
             percentile=percentile,
         )
         with _executor(scheduler) as ex, progress("calibrate", quiet or as_json) as cb:
-            cal = qs.calibrate(
-                src,
-                spec,
-                max_memory=_size(max_memory, "--max-memory"),
-                progress=cb,
-                executor=ex,
-                store=store,
-            )
+            kw = {"max_memory": _size(max_memory, "--max-memory"), "progress": cb}
+            if show or compare:  # the same calibration, with its view and predictions
+                cal = qs.compare_methods(
+                    src, spec, None if compare else [method], executor=ex, store=store, **kw
+                )
+            else:
+                cal = qs.calibrate(src, spec, executor=ex, store=store, **kw)
         if as_json:
             emit_json(cal.to_dict())
             return
@@ -410,12 +433,17 @@ def calibrate(
             ["", "min", "max", "mean"],
             rows,
         )
+        if show or compare:
+            show_calibration(cal, src)
 
 
 @command(
     """
     qstream inspect q.zarr
     qstream inspect model-int8.zarr --json
+    qstream inspect q.zarr --show
+    qstream inspect q.zarr --plot report.png
+    qstream inspect model-int8.zarr/layers.0.mlp.up_proj.weight --show
     """
 )
 def inspect(
@@ -423,13 +451,38 @@ def inspect(
         ..., metavar="STORE", help="A quantized group or a converted checkpoint."
     ),
     as_json: bool = _JSON,
+    show: bool = typer.Option(
+        False,
+        "--show",
+        help="Draw the stored calibration histogram with its clip threshold (per tensor), the"
+        " per-channel SQNR distribution and the worst channels (per channel).",
+    ),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE",
+        help="Write a one-page figure (.png or .svg): histogram with thresholds, per-channel"
+        " SQNR, error summary. Needs matplotlib: pip install 'qstream[plot]'.",
+    ),
 ):
     """Show a quantized array's spec, parameters, calibration and error report."""
     with library_errors():
         import qstream as qs
 
+        if plot is not None:
+            _check_plot(plot)
         arr = qs.open_quantized(store, allow_incomplete=True)
+        if (show or plot) and isinstance(arr, qs.QuantizedCheckpoint):
+            first = next((n for n, t in arr.tensors.items() if not t.get("kept")), "NAME")
+            raise typer.BadParameter(
+                f"--show and --plot draw one quantized tensor: pass {store}/{first} (or"
+                " another tensor of this checkpoint)"
+            )
         summary = arr.summary()
+        if plot is not None:
+            from qstream.viz.mpl import save_figure
+
+            save_figure(arr.view, plot)
         if as_json:
             emit_json(summary)
             return
@@ -472,7 +525,21 @@ def inspect(
             p = summary[name]
             rows.append([name, f"{p['shape']} min {p['min']:.6g} max {p['max']:.6g}"])
         table(str(store), ["", ""], rows, header=False)
-        error_table("quantization error", summary.get("error"))
+        error_table("quantization error", summary.get("error"), worst=not show)
+        if show:
+            show_report(arr.view, store)
+        if plot is not None:
+            typer.echo(f"figure written to {plot}")
+
+
+def _check_plot(path: Path) -> None:
+    """Refuse a --plot file qstream cannot write, before any work."""
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise typer.BadParameter(f"--plot {path}: the figure is written as .png or .svg")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter("--plot needs matplotlib: pip install 'qstream[plot]'") from None
 
 
 @command(

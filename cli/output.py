@@ -90,8 +90,8 @@ def table(title: str | None, columns: list[str], rows: list[list[str]], *, heade
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-def error_table(title: str, error: dict | None) -> None:
-    """The error summary of a report, and its worst channels."""
+def error_table(title: str, error: dict | None, *, worst: bool = True) -> None:
+    """The error summary of a report, and (``worst``) its worst channels."""
     if not error:
         return
     rows = []
@@ -111,7 +111,7 @@ def error_table(title: str, error: dict | None) -> None:
             v = error[k]
             rows.append([k, fmt_db(v) if k == "sqnr_db" else fmt_num(v)])
     table(title, ["", ""], rows, header=False)
-    worst = error.get("worst_channels") or error.get("worst_groups")
+    worst = worst and (error.get("worst_channels") or error.get("worst_groups"))
     if worst:
         key = "channel" if "worst_channels" in error else "group"
         table(

@@ -16,6 +16,7 @@ _EXPORTS = {
     "quantize_store": "qstream.api.stores",
     "dequantize_store": "qstream.api.stores",
     "calibrate": "qstream.api.stores",
+    "compare_methods": "qstream.api.views",
     "open_quantized": "qstream.io.qarray",
     "QuantizedArray": "qstream.io.qarray",
     "QuantizedCheckpoint": "qstream.io.qarray",

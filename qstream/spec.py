@@ -305,6 +305,7 @@ class ErrorStats:
                 }
                 for c in order
             ]
+            out["channels"] = self.channel_summary().to_dict()
         return _jsonable(out)
 
     def _counts(self, c: int) -> dict:
@@ -315,6 +316,17 @@ class ErrorStats:
             "posinf": int(self.posinf[c]),
             "neginf": int(self.neginf[c]),
         }
+
+    def channel_summary(self):
+        """The per-channel SQNR as a bounded :class:`~qstream.calibration.views.ChannelSummary`
+        (quantiles, a histogram over the channels, the worst channels with their clip
+        fraction and max error)."""
+        from .calibration.views import ChannelSummary, channel_sqnr
+
+        clip = np.where(self.count > 0, self.clipped / np.maximum(self.count, 1), 0.0)
+        return ChannelSummary.from_sqnr(
+            channel_sqnr(self.sum_x2, self.sum_e2), clip_fraction=clip, max_abs=self.max_abs
+        )
 
     def to_dict(self) -> dict:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
@@ -420,6 +432,7 @@ class Calibration:
     stats: RangeStats | None
     thresholds: dict = field(default_factory=dict)  # method detail: chosen lo/hi per channel
     params: QuantParams | None = None
+    view: Any = None  # CalibrationView (qstream.calibration.views): what the views draw
 
     @property
     def scale(self) -> np.ndarray:
@@ -437,6 +450,8 @@ class Calibration:
         }
         if with_params and self.params is not None:
             d["params"] = self.params.to_dict()
+        if self.view is not None:
+            d["view"] = self.view.to_dict()
         return d
 
     def summary(self, limit: int = 16) -> dict:
@@ -457,13 +472,14 @@ class Calibration:
         stats = None
         if self.stats is not None:
             stats = {f.name: shrink(getattr(self.stats, f.name)) for f in fields(self.stats)}
-        return _jsonable(
-            {
-                "spec": self.spec.to_dict(),
-                "stats": stats,
-                "thresholds": {k: shrink(v) for k, v in self.thresholds.items()},
-            }
-        )
+        out = {
+            "spec": self.spec.to_dict(),
+            "stats": stats,
+            "thresholds": {k: shrink(v) for k, v in self.thresholds.items()},
+        }
+        if self.view is not None:  # bounded: see qstream.calibration.views
+            out["view"] = self.view.to_dict()
+        return _jsonable(out)
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
@@ -478,7 +494,29 @@ class Calibration:
                 p["block_size"],
             )
         stats = RangeStats.from_dict(d["stats"]) if d.get("stats") else None
-        return cls(spec, stats, d.get("thresholds", {}), params)
+        view = None
+        if d.get("view"):
+            from .calibration.views import CalibrationView
+
+            view = CalibrationView.from_dict(d["view"])
+        return cls(spec, stats, d.get("thresholds", {}), params, view)
+
+    # ---- views (qstream.viz): a table and an inline SVG in notebooks; matplotlib on demand
+
+    def _repr_html_(self) -> str:
+        from .calibration.views import ReportView
+        from .viz.html import view_html
+
+        return view_html(ReportView.from_calibration(self))
+
+    def plot(self, ax=None):
+        """Draw the histogram with the chosen (and compared) thresholds on ``ax`` (a new
+        figure when None) with matplotlib (``pip install 'qstream[plot]'``); returns the
+        axes."""
+        from .calibration.views import ReportView
+        from .viz.mpl import plot_view
+
+        return plot_view(ReportView.from_calibration(self), ax=ax)
 
 
 @dataclass(frozen=True)
@@ -509,3 +547,20 @@ class QuantReport:
         check_keys(d, [f.name for f in fields(cls)], "QuantReport")
         d["spec"] = QuantSpec.from_dict(d["spec"])
         return cls(**d)
+
+    # ---- views (qstream.viz): a table and an inline SVG in notebooks; matplotlib on demand
+
+    def _repr_html_(self) -> str:
+        from .calibration.views import ReportView
+        from .viz.html import view_html
+
+        return view_html(ReportView.from_report(self))
+
+    def plot(self, ax=None):
+        """Draw the calibration histogram with its thresholds (per tensor) or the per-channel
+        SQNR distribution (per channel) on ``ax`` (a new figure when None) with matplotlib
+        (``pip install 'qstream[plot]'``); returns the axes."""
+        from .calibration.views import ReportView
+        from .viz.mpl import plot_view
+
+        return plot_view(ReportView.from_report(self), ax=ax)

@@ -33,6 +33,13 @@ for method in ("minmax", "percentile", "mse", "l2"):
     )
     print(f"{method:>10}: SQNR {r.error['sqnr_db']:6.2f} dB")
 
+# %% every method from one histogram pass: thresholds and the SQNR predicted from the histogram
+cal = qs.compare_methods(here / "activations.zarr", qs.QuantSpec(method="mse"))
+for p in cal.view.predictions:
+    print(f"{p.method:>10}: clip at {p.hi:6.3f}, predicted SQNR {p.sqnr_db:6.2f} dB")
+print("best predicted:", cal.view.best)
+cal  # noqa: B018  (in Jupyter: a table and the histogram with every threshold; cal.plot())
+
 # %% the same arithmetic as a framework's operator, bit for bit
 x = np.load(here / "weights.npy")
 q_onnx = qs.compat.onnx.quantize_linear(x, np.float32(0.001), np.int8(0))

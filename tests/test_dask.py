@@ -344,3 +344,12 @@ def test_whole_channel_blocks_searched_by_workers_give_the_merged_histograms_ran
             other.summary(), sort_keys=True
         )
         np.testing.assert_array_equal(a.params.scale, other.params.scale)
+
+
+@pytest.mark.parametrize("axis", [None, 0])
+def test_dask_compare_methods_gives_the_local_comparison(client, source, axis):
+    spec = _spec({"dtype": "int8", "axis": axis, "method": "mse", "num_bins": 256})
+    a = qs.compare_methods(str(source), spec)
+    b = qs.compare_methods(str(source), spec, executor=qs.DaskExecutor(client, blocks_per_task=4))
+    assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
+    assert len(b.view.predictions) == 5

@@ -50,6 +50,7 @@ def quantize_store(
     storage_options: dict | None = None,
     executor=None,
     store: str | None = None,
+    histogram: bool = False,
 ) -> QuantReport:
     """Quantize the array ``src`` into the quantized group ``dst``.
 
@@ -78,6 +79,11 @@ def quantize_store(
     e.g. ``key``, ``secret``, ``client_kwargs``) or ``"obstore"`` (``storage_options`` are
     obstore's config, e.g. ``endpoint``, ``access_key_id``, ``region``). ``src``/``dst`` may
     also be ready ``zarr`` store objects.
+
+    ``histogram``: a per-tensor ``minmax`` job makes one more pass, a histogram of the source
+    kept in the output's metadata for its views (``qstream inspect OUT --show``,
+    ``report.plot()``); histogram methods keep the histogram they searched anyway, and
+    per-axis outputs keep per-channel summaries (see :mod:`qstream.calibration.views`).
     """
     job = QuantizeJob(
         with_backend(src, store, storage_options, read_only=True),
@@ -85,6 +91,7 @@ def quantize_store(
         max_memory=max_memory,
         storage_options=storage_options,
         executor=executor,
+        view_histogram=histogram,
     )
     dst = with_backend(dst, store, storage_options, read_only=False)
     return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)

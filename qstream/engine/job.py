@@ -83,10 +83,15 @@ class QuantizeJob:
         storage_options=None,
         executor=None,
         checkpoint: tuple[str, str] | None = None,
+        view_histogram: bool = False,
     ):
         """``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is, so that
-        workers in other processes can open the tensor themselves."""
+        workers in other processes can open the tensor themselves. ``view_histogram``: a
+        per-tensor minmax calibration makes one histogram pass for the views (histogram
+        methods keep theirs anyway)."""
         self.spec = spec
+        self.view_histogram = view_histogram
+        self._view_hist = None  # the per-tensor histogram for the views (calibration views)
         self.token = uuid.uuid4().hex
         self.executor = executors.resolve(executor)
         if checkpoint is None:
@@ -232,7 +237,12 @@ class QuantizeJob:
         if spec.method in HISTOGRAM_METHODS:
             lo, hi = self._histogram_ranges(lo, hi, progress)
             thresholds = {"min": lo, "max": hi, "num_bins": spec.num_bins}
+        elif self.view_histogram and plan.channels == 1:
+            from .compare import view_histogram
+
+            self._view_hist = view_histogram(self, lo, hi, progress)
         from ..calibration.params import params_from_range
+        from ..calibration.views import calibration_view
 
         scale, zp = params_from_range(
             lo,
@@ -245,7 +255,8 @@ class QuantizeJob:
         params = QuantParams(
             scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None
         )
-        return Calibration(spec, st, thresholds, params)
+        view = calibration_view(spec, st, lo, hi, self._view_hist)
+        return Calibration(spec, st, thresholds, params, view)
 
     def _histogram_ranges(self, lo, hi, progress):
         """Pass 2 and the threshold search. When every block holds whole channels (channels
@@ -330,6 +341,10 @@ class QuantizeJob:
             out_lo[c0:c1], out_hi[c0:c1] = method_range(
                 counts, lo[c0:c1], hi[c0:c1], spec, plan.qt.bits
             )
+            if plan.channels == 1:  # kept for the views, in bounded size
+                from ..calibration.views import Histogram
+
+                self._view_hist = Histogram.from_counts(hist[0], edges_lo[0], edges_hi[0], abs=sym)
             del hist, counts
         return out_lo, out_hi
 

@@ -505,6 +505,32 @@ class QuantizedArray:
             "source": self.meta.get("source"),
         }
 
+    # ---- views (qstream.viz): what was kept in the metadata, drawn without the source
+
+    @property
+    def view(self):
+        """The :class:`~qstream.calibration.views.ReportView` of this output's metadata: the
+        calibration histogram and thresholds (per tensor), the per-channel SQNR summary, the
+        error report."""
+        from ..calibration.views import ReportView
+
+        where = str(self.group.store_path).removeprefix("file://")
+        title = f"{self.spec.dtype} {list(self.shape)} ({where})"
+        return ReportView.from_meta(self.meta, title=title)
+
+    def _repr_html_(self) -> str:
+        from ..viz.html import view_html
+
+        return view_html(self.view)
+
+    def plot(self, ax=None):
+        """Draw the stored calibration histogram with its thresholds (per tensor) or the
+        per-channel SQNR (per channel) on ``ax`` with matplotlib (``pip install
+        'qstream[plot]'``); returns the axes."""
+        from ..viz.mpl import plot_view
+
+        return plot_view(self.view, ax=ax)
+
     def quantized(self, key=...) -> np.ndarray:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
         raw = np.asarray(self.data[key])

@@ -1,0 +1,132 @@
+"""Standalone SVG charts (a string, no dependency): a histogram on a log (or linear) count
+scale with threshold lines, for notebooks and files.
+
+Every bin is one ``<rect class="bar">`` (``bar clipped`` beyond the chosen clip range; empty
+bins have height 0), every threshold one ``<line class="threshold" data-method=...>``.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from ..calibration.views import Histogram
+
+COLORS = {
+    "minmax": "#6b7280",
+    "percentile": "#2563eb",
+    "entropy": "#dc2626",
+    "mse": "#16a34a",
+    "l2": "#9333ea",
+    "median": "#0f766e",
+    "worst": "#b91c1c",
+}
+BAR = "#94a3b8"
+CLIPPED = "#f87171"
+
+
+def color(method: str) -> str:
+    return COLORS.get(method, "#111827")
+
+
+def fmt(v: float) -> str:
+    """A short number for axis labels."""
+    if v == 0:
+        return "0"
+    if not math.isfinite(v):
+        return str(v)
+    return f"{v:.3g}" if abs(v) >= 1e-3 and abs(v) < 1e4 else f"{v:.2e}"
+
+
+def histogram_svg(
+    hist: Histogram,
+    markers: list[tuple[str, float]] = (),
+    *,
+    clip: tuple[float, float] | None = None,
+    log: bool = True,
+    width: int = 560,
+    height: int = 220,
+    title: str | None = None,
+    xlabel: str | None = None,
+) -> str:
+    """An SVG document of ``hist``: one bar per bin (height ``log10(1 + count)`` on a log
+    scale), bins outside ``clip`` (``|x| > max(-lo, hi)`` on a ``|x|`` histogram) in red, and a
+    labelled vertical line per ``(method, x)`` marker."""
+    left, right, top, bottom = 56, 16, 24 if title else 10, 36
+    pw, ph = width - left - right, height - top - bottom
+    counts = [int(c) for c in hist.counts]
+    peak = max(counts) if counts else 0
+
+    def yval(c: int) -> float:
+        if peak == 0:
+            return 0.0
+        return math.log10(1 + c) / math.log10(1 + peak) if log else c / peak
+
+    span = hist.hi - hist.lo if hist.hi > hist.lo else 1.0
+
+    def xpos(v: float) -> float:
+        return left + pw * (min(max(v, hist.lo), hist.hi) - hist.lo) / span
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="white"/>',
+    ]
+    if title:
+        out.append(f'<text x="{left}" y="15" font-weight="bold">{escape(title)}</text>')
+    edges = hist.edges
+    outside = hist.clipped(clip)
+    bw = pw / max(1, hist.nbins)
+    for i, c in enumerate(counts):
+        h = ph * yval(c)
+        lo_e, hi_e = edges[i], edges[i + 1]
+        clipped = bool(outside[i])
+        cls = "bar clipped" if clipped else "bar"
+        fill = CLIPPED if clipped else BAR
+        out.append(
+            f'<rect class="{cls}" x="{left + i * bw:.2f}" y="{top + ph - h:.2f}"'
+            f' width="{max(bw - 0.3, 0.3):.2f}" height="{h:.2f}" fill="{fill}">'
+            f"<title>[{fmt(lo_e)}, {fmt(hi_e)}): {c}</title></rect>"
+        )
+    # axes
+    out.append(
+        f'<line class="axis" x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}"'
+        ' stroke="#111827"/>'
+    )
+    out.append(
+        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#111827"/>'
+    )
+    for v in (hist.lo, (hist.lo + hist.hi) / 2, hist.hi):
+        x = xpos(v)
+        out.append(
+            f'<text x="{x:.1f}" y="{top + ph + 14}" text-anchor="middle">{escape(fmt(v))}</text>'
+        )
+    label = xlabel or ("|x|" if hist.abs else "x")
+    out.append(
+        f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle"'
+        f' fill="#374151">{escape(label)}</text>'
+    )
+    out.append(f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>')
+    out.append(f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">0</text>')
+    scale_name = "count (log)" if log else "count"
+    out.append(
+        f'<text x="12" y="{top + ph / 2:.1f}" transform="rotate(-90 12 {top + ph / 2:.1f})"'
+        f' text-anchor="middle" fill="#374151">{scale_name}</text>'
+    )
+    # thresholds, labels staggered so neighbours stay readable
+    for k, (name, v) in enumerate(markers):
+        x = xpos(v)
+        col = color(name)
+        out.append(
+            f'<line class="threshold" data-method="{escape(name)}" data-x="{v!r}"'
+            f' x1="{x:.2f}" y1="{top}" x2="{x:.2f}" y2="{top + ph}" stroke="{col}"'
+            ' stroke-width="1.5" stroke-dasharray="4 2"/>'
+        )
+        anchor = "end" if x > left + pw * 0.8 else "start"
+        dx = -3 if anchor == "end" else 3
+        out.append(
+            f'<text x="{x + dx:.1f}" y="{top + 10 + 12 * (k % 4)}" text-anchor="{anchor}"'
+            f' fill="{col}">{escape(name)} {escape(fmt(v))}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
