@@ -79,7 +79,12 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     dst = os.fspath(dst)
     source = location(checkpoint) or str(checkpoint)
     job = json.dumps({"source": source, "recipe": (recipe or Recipe()).to_dict()}, sort_keys=True)
-    done_files = None if overwrite else finished_export(dst, job)
+    index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
+    work = f"{dst}.qstream-work"
+    # the working group of an interrupted run (its identity is checked by ``convert``): this
+    # run resumes it and may replace the export files that run wrote
+    resuming = inspect_destination(work).kind == "checkpoint"
+    done_files = None if overwrite or resuming else finished_export(dst, job)
     if done_files is not None:  # a finished run of this conversion: nothing to do
         return {
             "checkpoint": str(checkpoint),
@@ -89,11 +94,6 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
             "already_complete": True,
             "seconds": 0.0,
         }
-    index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
-    work = f"{dst}.qstream-work"
-    # the working group of an interrupted run (its identity is checked by ``convert``): this
-    # run resumes it and may replace the export files that run wrote
-    resuming = inspect_destination(work).kind == "checkpoint"
     for done in (dst, index):  # a finished export
         if os.path.exists(done) and not (overwrite or resuming):
             raise StoreError(f"{done} exists; pass overwrite=True to replace it")
@@ -112,4 +112,5 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(work, LOCK))
             os.rmdir(work)
-    return {**result, "destination": dst, "files": exported["files"]}
+    # (a resumed run whose conversion had finished still exported and cleaned up: not a no-op)
+    return {**result, "destination": dst, "files": exported["files"], "already_complete": False}
