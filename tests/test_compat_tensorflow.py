@@ -540,7 +540,7 @@ QUANTIZE_ERRORS = [
         InvalidParameterError,
         "Value for attr 'round_mode' of \"UP\"",
     ),
-    ((X2, -1.0, 1.0, "int8"), {}, InvalidDTypeError, "Value for attr 'T'"),
+    ((X2, -1.0, 1.0, "int64"), {}, InvalidDTypeError, "Value for attr 'T'"),
     ((X2.astype(np.int32), -1.0, 1.0, "qint8"), {}, InvalidDTypeError, "float"),
 ]
 

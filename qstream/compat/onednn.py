@@ -17,17 +17,12 @@ import numpy as np
 from ..core.affine import affine_dequantize, affine_quantize
 from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..qtypes import qtype
+from ..qtypes import is_qtype_dtype, qtype
 from ..rounding import OP_DIV_ADD
+from ._names import resolve_type
 
-_DST = {
-    "s8": "int8",
-    "int8": "int8",
-    "u8": "uint8",
-    "uint8": "uint8",
-    "f8_e4m3": "float8_e4m3fn",
-    "f8_e5m2": "float8_e5m2",
-}
+# oneDNN's data_type names of the Quantize destinations, and qstream's names for them.
+_DST = {"s8": "int8", "u8": "uint8", "f8_e4m3": "float8_e4m3fn", "f8_e5m2": "float8_e5m2"}
 
 
 def _params(shape, scales, zps, qtype_: str, axis: int):
@@ -62,13 +57,15 @@ def quantize(
     axis: int = 1,
     dst_dtype: str = "int8",
 ) -> np.ndarray:
-    """oneDNN Graph ``Quantize``: ``dst = saturate(round_half_even(src / scale + zp))``."""
+    """oneDNN Graph ``Quantize``: ``dst = saturate(round_half_even(src / scale + zp))``.
+
+    ``dst_dtype``: oneDNN's "s8", "u8", "f8_e4m3", "f8_e5m2" or qstream's "int8", "uint8",
+    "float8_e4m3fn", "float8_e5m2" (or their dtypes).
+    """
     src = np.asarray(src)
     if src.dtype != np.float32:
         raise InvalidDTypeError(f"Quantize takes f32 src, got {src.dtype}")
-    if dst_dtype not in _DST:
-        raise InvalidDTypeError(f"dst_dtype must be one of {', '.join(_DST)}, got {dst_dtype!r}")
-    qt = _qtype(_DST[dst_dtype])
+    qt = _qtype(resolve_type(dst_dtype, _DST, "oneDNN Quantize dst_dtype"))
     layout, s, z = _params(src.shape, scales, zps, qtype, axis)
     if qt.is_float:
         if z is not None and np.any(z != 0):
@@ -89,10 +86,12 @@ def dequantize(
 ) -> np.ndarray:
     """oneDNN Graph ``Dequantize``: ``dst = (src - zp) * scale`` in f32."""
     src = np.asarray(src)
-    names = {"int8", "uint8", "float8_e4m3fn", "float8_e5m2"}
+    if not (is_qtype_dtype(src.dtype) and _qtype(src.dtype).name in _DST.values()):
+        raise InvalidDTypeError(
+            f"Dequantize takes s8, u8, f8_e4m3 or f8_e5m2 src (int8, uint8, float8_e4m3fn,"
+            f" float8_e5m2), got {src.dtype}"
+        )
     qt = _qtype(src.dtype)
-    if qt.name not in names:
-        raise InvalidDTypeError(f"Dequantize takes s8, u8, f8_e4m3 or f8_e5m2 src, got {src.dtype}")
     layout, s, z = _params(src.shape, scales, zps, qtype, axis)
     return affine_dequantize(src, s, z, layout, qt, np.dtype(np.float32))
 

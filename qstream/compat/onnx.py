@@ -21,58 +21,62 @@ from ..core.affine import affine_dequantize, affine_quantize
 from ..core.layout import blocked_param_shape, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import QType, float_dtype, is_qtype_dtype, qtype
+from ._names import resolve_type
 
-# TensorProto element-type codes (onnx.TensorProto) of the types these operators use.
+# TensorProto element types these operators use: code -> (ONNX's name, qstream's name).
 _TENSOR_TYPES = {
-    1: "float32",
-    2: "uint8",
-    3: "int8",
-    4: "uint16",
-    5: "int16",
-    6: "int32",
-    10: "float16",
-    11: "float64",
-    16: "bfloat16",
-    17: "float8_e4m3fn",
-    18: "float8_e4m3fnuz",
-    19: "float8_e5m2",
-    20: "float8_e5m2fnuz",
-    21: "uint4",
-    22: "int4",
-    23: "float4_e2m1fn",
-    25: "uint2",
-    26: "int2",
+    1: ("FLOAT", "float32"),
+    2: ("UINT8", "uint8"),
+    3: ("INT8", "int8"),
+    4: ("UINT16", "uint16"),
+    5: ("INT16", "int16"),
+    6: ("INT32", "int32"),
+    10: ("FLOAT16", "float16"),
+    11: ("DOUBLE", "float64"),
+    16: ("BFLOAT16", "bfloat16"),
+    17: ("FLOAT8E4M3FN", "float8_e4m3fn"),
+    18: ("FLOAT8E4M3FNUZ", "float8_e4m3fnuz"),
+    19: ("FLOAT8E5M2", "float8_e5m2"),
+    20: ("FLOAT8E5M2FNUZ", "float8_e5m2fnuz"),
+    21: ("UINT4", "uint4"),
+    22: ("INT4", "int4"),
+    23: ("FLOAT4E2M1", "float4_e2m1fn"),
+    25: ("UINT2", "uint2"),
+    26: ("INT2", "int2"),
 }
 _FLOAT_INPUTS = ("float32", "float16", "bfloat16", "float64")
+_ONNX_NAMES = dict(_TENSOR_TYPES.values())
+_QUANTIZED_NAMES = {k: v for k, v in _ONNX_NAMES.items() if v not in _FLOAT_INPUTS}
+_REAL_NAMES = {k: v for k, v in _ONNX_NAMES.items() if v in _FLOAT_INPUTS}
 
 
-def _type_name(t) -> str:
-    """A TensorProto code, a name or a dtype as a qstream type name."""
+def _type_name(t, names: dict[str, str], what: str) -> str:
+    """qstream's name of an element type given as a TensorProto code, ONNX's name ("FLOAT",
+    "INT8", "FLOAT8E4M3FN" ..., any case), qstream's name or a dtype, among ``names``."""
     if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
-        if int(t) not in _TENSOR_TYPES:
-            raise InvalidDTypeError(f"unsupported ONNX element type {int(t)}")
-        return _TENSOR_TYPES[int(t)]
-    if isinstance(t, str) and t.lower() in _FLOAT_INPUTS:
-        return t.lower()
-    try:
-        dt = np.dtype(t)
-    except TypeError:
-        return qtype(t).name
-    if is_qtype_dtype(dt):
-        return qtype(dt).name
-    return dt.name
+        name = _TENSOR_TYPES.get(int(t), (None, None))[1]
+        if name not in names.values():
+            codes = ", ".join(
+                f"{c} ({o})" for c, (o, n) in _TENSOR_TYPES.items() if n in names.values()
+            )
+            raise InvalidDTypeError(f"unsupported {what} {int(t)}; expected one of: {codes}")
+        return name
+    return resolve_type(t, names, what)
+
+
+_OUT = "ONNX QuantizeLinear output_dtype"
 
 
 def _output_type(zero_point, output_dtype) -> QType:
     if zero_point is not None:
         zt = qtype(np.asarray(zero_point).dtype)
-        if output_dtype and qtype(_type_name(output_dtype)) != zt:
+        if output_dtype and qtype(_type_name(output_dtype, _QUANTIZED_NAMES, _OUT)) != zt:
             raise InvalidParameterError(
                 f"Mismatched output data-types: output_dtype={output_dtype},"
                 f" zero_point type={zt.name}"
             )
         return zt
-    return qtype(_type_name(output_dtype)) if output_dtype else qtype("uint8")
+    return qtype(_type_name(output_dtype, _QUANTIZED_NAMES, _OUT) if output_dtype else "uint8")
 
 
 def _layout(shape, scale, axis, block_size):
@@ -148,7 +152,7 @@ def quantize_linear(
     layout, take = _layout(x.shape, scale, axis, block_size)
     scale = scale[take] if take is not ... else scale.reshape(layout.param_shape or ())
     if precision:
-        p = float_dtype(_type_name(precision))
+        p = float_dtype(_type_name(precision, _REAL_NAMES, "ONNX precision"))
         x, scale = x.astype(p), scale.astype(p)
     zp = _zero_point_values(y_zero_point, scale, take)
     if zp is not None and not qt.is_float:
@@ -182,7 +186,11 @@ def dequantize_linear(
     layout, take = _layout(q.shape, scale, axis, block_size)
     scale_used = scale[take] if take is not ... else scale.reshape(layout.param_shape or ())
     zp = _zero_point_values(x_zero_point, scale_used, take)
-    out_dtype = float_dtype(_type_name(output_dtype) if output_dtype else scale.dtype)
+    out_dtype = float_dtype(
+        _type_name(output_dtype, _REAL_NAMES, "ONNX DequantizeLinear output_dtype")
+        if output_dtype
+        else scale.dtype
+    )
     return affine_dequantize(q, scale_used, zp, layout, qt, out_dtype)
 
 

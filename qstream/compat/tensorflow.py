@@ -57,11 +57,11 @@ Documented choices:
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidDTypeError, InvalidParameterError
+from ._names import resolve_type
 
 __all__ = ["dequantize", "quantize"]
 
@@ -72,6 +72,10 @@ _TYPES: dict[str, np.dtype] = {
     "quint16": np.dtype(np.uint16),
     "qint32": np.dtype(np.int32),
 }
+# TF's names and qstream's: attr T of QuantizeV2, attr dtype of Dequantize ("float" is the
+# op's own spelling of float32, as in its error messages).
+_T_NAMES = {n: t.name for n, t in _TYPES.items()}
+_DTYPE_NAMES = {"float": "float32", "float32": "float32", "bfloat16": "bfloat16"}
 _MODES = ("MIN_COMBINED", "MIN_FIRST", "SCALED")
 _ROUND_MODES = ("HALF_AWAY_FROM_ZERO", "HALF_TO_EVEN")
 # Width, in elements, of the vectorised float -> qint8/qint16 conversion on the AVX build.
@@ -135,6 +139,19 @@ def _to_int(
 # --------------------------------------------------------------------------------------------
 
 
+def _type_attr(attr: str, value, names: dict[str, str]) -> str:
+    """qstream's name of a type attribute given by TF's name, qstream's name, a dtype or a
+    ``tf.DType``; else TF's error, listing both spellings."""
+    try:
+        return resolve_type(value, names, f"attr {attr!r}")
+    except InvalidDTypeError:
+        qs = ", ".join(dict.fromkeys(names.values()))
+        raise InvalidDTypeError(
+            f"Value for attr '{attr}' of {value!r} is not in the list of allowed values:"
+            f" {', '.join(names)} (or qstream's names: {qs})"
+        ) from None
+
+
 def _check_mode(mode: str) -> None:
     if mode not in _MODES:
         raise InvalidParameterError(
@@ -191,11 +208,7 @@ def quantize(
     ``output`` has T's plain NumPy dtype (qint8 -> int8, ...). ``output_min``/``output_max``
     are float32: scalars on the per-tensor path, 1-D (one entry per slice) on the per-axis path.
     """
-    if T not in _TYPES:
-        raise InvalidDTypeError(
-            f"Value for attr 'T' of {T!r} is not in the list of allowed values: {', '.join(_TYPES)}"
-        )
-    dtype = _TYPES[T]
+    dtype = np.dtype(_type_attr("T", T, _T_NAMES))
     _check_mode(mode)
     if round_mode not in _ROUND_MODES:
         raise InvalidParameterError(
@@ -324,15 +337,7 @@ def dequantize(
     No range adjustment is made, and ``min > max`` is accepted, as in TF.
     """
     _check_mode(mode)
-    try:
-        out_dtype = np.dtype(dtype)
-    except TypeError:
-        out_dtype = None
-    if out_dtype not in (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16)):
-        raise InvalidDTypeError(
-            f"Value for attr 'dtype' of {dtype!r} is not in the list of allowed values:"
-            " bfloat16, float"
-        )
+    out_dtype = np.dtype(_type_attr("dtype", dtype, _DTYPE_NAMES))
     if out_dtype != np.float32 and mode != "MIN_COMBINED":
         raise InvalidParameterError(
             f"When output type is bfloat16, Mode string must be 'MIN_COMBINED', is '{mode}'"

@@ -8,10 +8,15 @@ and its kernels differ in where the zero point is added (measured against torch 
   unfused; NaN -> the type's minimum (qint32) or 0 (per-channel qint8/quint8);
 - +inf and overflow saturate to the maximum, -inf to the minimum.
 
-Dequantize is ``float(q - zp) * float(scale)`` per tensor (the subtraction wraps in int32, as
-torch's does), and ``(q - zp) * scale`` in float64 rounded once to float32 per channel (exact
-match for ``|q - zp| < 2**24``; beyond that torch's qint32 vector path rounds differently).
-``dtype`` is a string: "qint8", "quint8" or "qint32"; results are plain NumPy integer arrays.
+Dequantize (measured against torch 2.13, every int32 value):
+
+- per tensor: ``float(int32(q - zp)) * float(scale)``: the difference in int32 (it wraps, as
+  torch's does), converted to float32, then multiplied in float32;
+- per channel: ``float((float(q) - float(zp)) * double(scale))``: the subtraction in float32
+  (both operands rounded to float32 first), the product in float64, rounded once to float32.
+
+``dtype`` is torch's name ("qint8", "quint8", "qint32", also ``torch.qint8`` or
+"torch.qint8") or qstream's ("int8", "uint8", "int32"); results are plain NumPy integer arrays.
 """
 
 from __future__ import annotations
@@ -23,18 +28,17 @@ from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import qtype
 from ..rounding import OP_FMA, OP_MUL_ADD
+from ._names import resolve_type
 
 _TYPES = {"qint8": "int8", "quint8": "uint8", "qint32": "int32"}
 F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
 
 
-def _qtype(dtype: str):
-    name = str(dtype).removeprefix("torch.")
-    if name not in _TYPES:
-        raise InvalidDTypeError(
-            f"unsupported torch quantized dtype {dtype!r}; expected one of {', '.join(_TYPES)}"
-        )
-    return name, qtype(_TYPES[name])
+def _qtype(dtype):
+    """``(torch name, QType)`` of a torch quantized dtype given by torch's or qstream's name."""
+    qt = qtype(resolve_type(dtype, _TYPES, "torch quantized dtype", prefix="torch."))
+    return {v: k for k, v in _TYPES.items()}[qt.name], qt
 
 
 def _float_input(x) -> np.ndarray:
@@ -108,18 +112,15 @@ def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:
         )
     qt = qtype(q.dtype)
     scale = np.asarray(scale, dtype=np.float64)
-    zp = np.asarray(zero_point, dtype=np.float64)
+    zp = np.asarray(zero_point)
     if axis is None:
-        if qt.bits > 16:
-            diff = (q.astype(np.int64) - int(zp)).astype(np.int32)  # wraps, as torch's int32 does
-            return diff.astype(F32) * scale.astype(F32)
         layout = plan_layout(q.shape, (), None, None)
-        return affine_dequantize(q, scale.astype(F32).reshape(()), zp.reshape(()), layout, qt)
+        z = np.asarray(int(zp), np.int64)
+        return affine_dequantize(q, scale.reshape(()), z, layout, qt, integer_difference=True)
     if not 0 <= axis < q.ndim:
         raise InvalidParameterError(f"Channel axis out of range: {axis}, expected [0, {q.ndim})")
     layout = plan_layout(q.shape, scale.reshape(-1).shape, axis, None)
-    if qt.bits > 16:
-        diff = q.astype(np.int64) - np.rint(layout.expand(zp.reshape(-1))).astype(np.int64)
-        return (diff * layout.expand(scale.reshape(-1))).astype(F32)
-    y = affine_dequantize(q, scale.reshape(-1), zp.reshape(-1), layout, qt, np.dtype(np.float64))
-    return y.astype(F32)
+    z = np.rint(zp.reshape(-1).astype(np.float64)) if zp.dtype.kind == "f" else zp.reshape(-1)
+    return affine_dequantize(
+        q, scale.reshape(-1), z.astype(np.int64), layout, qt, scale_dtype=F64, zp_dtype=F32
+    )

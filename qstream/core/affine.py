@@ -7,7 +7,7 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from ..qtypes import QType
-from ..rounding import OP_MUL_ADD
+from ..rounding import FLOAT32_OPS
 from . import buffers
 from .layout import Layout, plan_layout
 
@@ -31,14 +31,15 @@ def affine_quantize(
     """Quantize without validating values: the shared core of every profile.
 
     ``scale``/``zero_point`` have ``layout.param_shape`` (or one element); ``code`` is a round
-    mode code or a torch op code (``qstream.rounding``), for which ``scale`` is the reciprocal.
-    ``zp_dtype`` forces the float type the zero point is added in (torch adds in float32);
+    mode code or an operation code (``qstream.rounding``: torch's, for which ``scale`` is the
+    reciprocal, oneDNN's, or nGraph's real-type forms). ``zp_dtype`` forces the float type the
+    zero point is added in (torch adds in float32, nGraph in the input's type);
     ``narrow_range`` saturates at ``qmin + 1`` (integer types).
     """
     out = _check_out(out, x.shape, qt.dtype)
     if x.size == 0:
         return out
-    div = F32 if code >= OP_MUL_ADD else np.result_type(x.dtype, scale.dtype)
+    div = F32 if code in FLOAT32_OPS else np.result_type(x.dtype, scale.dtype)
     if qt.is_float:
         out[...] = _quantize_float(x, scale, zero_point, layout, qt, div, saturate)
         return out
@@ -83,8 +84,20 @@ def affine_dequantize(
     out_dtype: np.dtype = F32,
     *,
     out: np.ndarray | None = None,
+    scale_dtype: np.dtype | None = None,
+    zp_dtype: np.dtype | None = None,
+    integer_difference: bool = False,
 ) -> np.ndarray:
-    """Dequantize without validating values: the shared core of every profile."""
+    """Dequantize without validating values: the shared core of every profile.
+
+    Default (ONNX): ``(float32(q) - zp) * scale`` in float32, or in float64 for int32 inputs
+    and float64 outputs. ``scale_dtype`` / ``zp_dtype`` force the float type of the product /
+    of the subtraction (torch per channel: ``(float32(q) - float32(zp))`` times a float64
+    scale). ``integer_difference``: ``R(q - zp) * scale`` with R = ``scale_dtype`` (default
+    ``out_dtype``), the difference formed in integers and wrapped to 32 bits, then converted
+    to R and multiplied in R (nGraph, torch per-tensor qint32). The result is rounded to
+    ``out_dtype`` at the end.
+    """
     out = _check_out(out, q.shape, out_dtype)
     if q.size == 0:
         return out
@@ -92,23 +105,28 @@ def affine_dequantize(
         y = q.astype(F32) * layout.expand(scale)
         out[...] = y.astype(out_dtype)
         return out
-    compute = F64 if (out_dtype == F64 or qt.bits > 16) else F32
+    from ..kernels import runtime
+    from ..kernels.affine import dequantize_affine, dequantize_affine_int
+
+    if integer_difference:
+        compute = np.dtype(scale_dtype or out_dtype)
+        if compute not in (F32, F64):
+            raise InvalidParameterError(
+                f"integer_difference computes in float32 or float64, not {compute}"
+            )
+        kernel = dequantize_affine_int
+        z = np.asarray(_zeros_like(zero_point, scale))
+        zk = layout.params((z if z.dtype.kind in "iu" else np.rint(z)).astype(np.int64))
+    else:
+        compute = F64 if (out_dtype == F64 or qt.bits > 16) else F32
+        kernel = dequantize_affine
+        zk = layout.params(_zeros_like(zero_point, scale).astype(zp_dtype or compute))
+        compute = np.dtype(scale_dtype or compute)
     qk = np.ascontiguousarray(q, dtype=qt.widened)
     sk = layout.params(scale.astype(compute))
-    zk = layout.params(_zeros_like(zero_point, scale).astype(compute))
-    target = out if out_dtype in (F32, F64) and out_dtype == compute else np.empty(q.shape, compute)
-    from ..kernels import runtime
-    from ..kernels.affine import dequantize_affine
-
-    runtime.run(
-        dequantize_affine,
-        layout.view(qk),
-        sk,
-        zk,
-        layout.cblock,
-        layout.iblock,
-        layout.view(target),
-    )
+    direct = out_dtype in (F32, F64) and (out_dtype == compute or scale_dtype is not None)
+    target = out if direct else np.empty(q.shape, compute)
+    runtime.run(kernel, layout.view(qk), sk, zk, layout.cblock, layout.iblock, layout.view(target))
     if target is not out:
         out[...] = target.astype(out_dtype)
     return out

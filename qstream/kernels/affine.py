@@ -154,6 +154,33 @@ def q_div_add_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, o
     _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.div_add_half_to_even)
 
 
+@_kernel
+def q_real_half_away_from_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(
+        x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.real_half_away_from_zero
+    )
+
+
+@_kernel
+def q_real_half_toward_zero(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.real_half_toward_zero)
+
+
+@_kernel
+def q_real_half_up(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.real_half_up)
+
+
+@_kernel
+def q_real_half_down(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.real_half_down)
+
+
+@_kernel
+def q_real_half_to_even(x, scale, zero_point, cblock, iblock, lo, hi, mask, out):
+    _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, r.real_half_to_even)
+
+
 # Indexed by qstream.rounding codes.
 QUANTIZE_KERNELS = (
     q_half_to_even,
@@ -168,15 +195,18 @@ QUANTIZE_KERNELS = (
     q_mul_add_half_to_even,
     q_fma_half_to_even,
     q_div_add_half_to_even,
+    q_real_half_away_from_zero,
+    q_real_half_toward_zero,
+    q_real_half_up,
+    q_real_half_down,
+    q_real_half_to_even,
 )
 
 
-@parallel_kernel
-def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
-    """``out = (float32(q) - zero_point) * scale``, computed in the parameters' float type.
-
-    q: integer ``[O, C, I]``; scale, zero_point: ``[Op, Cp, Ip]``; out: float ``[O, C, I]``.
-    """
+@njit(inline="always", cache=True)
+def _dequantize_all(q, scale, zero_point, cblock, iblock, out, op):
+    """The parallel loop over tiles of a dequantize kernel; ``op(q, s, z)`` is the element
+    operation."""
     n_outer, n_c, n_inner = q.shape
     p_outer = scale.shape[0]
     n_tiles = (n_inner + TILE - 1) // TILE
@@ -191,13 +221,32 @@ def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
             s = sr[0]
             z = zr[0]
             for i in range(n):
-                os[i] = (np.float32(qs[i]) - z) * s
+                os[i] = op(qs[i], s, z)
         elif iblock == 1:
             ss = sr[i0:i1]
             zs = zr[i0:i1]
             for i in range(n):
-                os[i] = (np.float32(qs[i]) - zs[i]) * ss[i]
+                os[i] = op(qs[i], ss[i], zs[i])
         else:
             for i in range(n):
                 b = (i0 + i) // iblock
-                os[i] = (np.float32(qs[i]) - zr[b]) * sr[b]
+                os[i] = op(qs[i], sr[b], zr[b])
+
+
+@parallel_kernel
+def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
+    """``out = (float32(q) - zero_point) * scale``, in the parameters' float types (the
+    subtraction in zero_point's, the product in the wider of both).
+
+    q: integer ``[O, C, I]``; scale, zero_point: ``[Op, Cp, Ip]``; out: float ``[O, C, I]``.
+    """
+    _dequantize_all(q, scale, zero_point, cblock, iblock, out, r.dq_float32_difference)
+
+
+@parallel_kernel
+def dequantize_affine_int(q, scale, zero_point, cblock, iblock, out):
+    """``out = R(q - zero_point) * scale`` with R scale's float type: the difference in
+    integers (wrapped to 32 bits), converted to R, multiplied in R (nGraph's ``(REAL)(q -
+    offset) * scale``, torch's per-tensor qint32). zero_point: int64 ``[Op, Cp, Ip]``.
+    """
+    _dequantize_all(q, scale, zero_point, cblock, iblock, out, r.dq_integer_difference)
