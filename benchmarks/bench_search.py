@@ -2,12 +2,12 @@
 
 Cases (2 Numba threads), on 65536 channels x 2048 bins by default:
 
-* qstream ``search_range`` (entropy, mse, l2) and ``percentile_range`` over every channel;
-  entropy once more with a progress callback (its overhead)
-* the direct searches the fast ones replaced (``entropy_search_reference``,
-  ``mse_search_reference``), in the same parallel loop over channels the old kernel had, on an
+* qstream ``search_range`` (entropy, mse, l2; 8 and 4 bits) and ``percentile_range`` over
+  every channel; entropy once more with a progress callback (its overhead)
+* the searches the fast ones replaced (``entropy_search_reference``, ``mse_search_reference``,
+  ``l2_search_reference``), in the same parallel loop over channels the old kernel had, on an
   evenly spaced subset of channels (``--old-channels``, default 64) and extrapolated per
-  channel; their chosen bins are asserted equal to the fast searches' on that subset
+  channel; their chosen bins are compared with the fast searches' (exit status 1 if any differ)
 * ONNX Runtime's per-tensor entropy search: ``HistogramCollector(method="entropy",
   num_bins=2048, num_quantized_bins=128)`` collects one tensor, then
   ``get_entropy_threshold(hist, 128)`` is timed
@@ -81,12 +81,14 @@ def old_kernel():
     from qstream.kernels import search as S
 
     @njit(parallel=True, nogil=True)
-    def old_channel_searches(counts, method, hhi, nlevels, start, max_bound, a):
+    def old_channel_searches(counts, method, hlo, hhi, nlevels, start, max_bound, a, b):
         for c in prange(counts.shape[0]):
             if method == 0:
                 a[c] = S.entropy_search_reference(counts[c], nlevels, start, 1)
-            else:
+            elif method == 1:
                 a[c] = S.mse_search_reference(counts[c], hhi[c], max_bound, start, 1)
+            else:
+                a[c], b[c] = S.l2_search_reference(counts[c], hlo[c], hhi[c], 2 * nlevels)
 
     return old_channel_searches
 
@@ -128,7 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--channels", type=int, default=65536, help="channels (default 65536)")
     ap.add_argument("--bins", type=int, default=2048, help="bins per histogram (default 2048)")
     ap.add_argument("--width", type=int, default=4096, help="values per channel (default 4096)")
-    ap.add_argument("--reps", type=int, default=3, help="timed runs per case (default 3)")
+    ap.add_argument("--reps", type=int, default=5, help="timed runs per case (default 5)")
     ap.add_argument("--old-channels", type=int, default=64, help="subset for the old searches")
     ap.add_argument("--ort-reps", type=int, default=3, help="timed ORT searches (default 3)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
@@ -173,66 +175,81 @@ def main(argv=None) -> int:
     ]
     for method, hist, bits in cases:  # load / compile the kernels
         run(method, hist, bits, n=8)
-    rows = []
-    for method, hist, bits in cases:
-        mon = CpuMonitor()
-        r = timed(lambda m=method, h=hist, b=bits: run(m, h, b), args.reps)
-        r["machine"] = mon.report()
-        r["case"] = method if bits == 8 else f"{method} int4"
-        r["method"], r["bits"] = method, bits
-        r["us_per_channel"] = r["median"] / c * 1e6
-        rows.append(r)
-        print(f"# {r['case']}: median {r['median']:.2f} s", flush=True)
+    # interleaved: every repetition times every case once (the order rotates), so that load
+    # from other processes hits the cases alike
     calls = []
-    mon = CpuMonitor()
-    prog = timed(lambda: run("entropy", absh, progress=lambda d, n: calls.append(d)), args.reps)
-    prog["machine"] = mon.report()
+    impls = {
+        (m if b == 8 else f"{m} int4"): (lambda m=m, h=h, b=b: run(m, h, b)) for m, h, b in cases
+    }
+    impls["entropy with progress"] = lambda: run(
+        "entropy", absh, progress=lambda d, n: calls.append(d)
+    )
+    names = list(impls)
+    times = {n: [] for n in names}
+    busy = {n: [] for n in names}
+    for rep in range(args.reps):
+        k = rep % len(names)
+        for name in names[k:] + names[:k]:
+            mon = CpuMonitor()
+            t = time.perf_counter()
+            impls[name]()
+            times[name].append(time.perf_counter() - t)
+            busy[name].append(mon.report().get("foreign_cpu_frac"))
+        print(f"# repetition {rep + 1}/{args.reps} done", flush=True)
+    rows = []
+    for name in names:
+        v = times[name]
+        fb = [b for b in busy[name] if b is not None]
+        rows.append(
+            {
+                "case": name,
+                "median": statistics.median(v),
+                "min": min(v),
+                "times": v,
+                "foreign_cpu_frac": busy[name],
+                "busy_median": statistics.median(fb) if fb else None,
+                "us_per_channel": statistics.median(v) / c * 1e6,
+            }
+        )
+    prog = rows.pop()
     prog["calls_per_run"] = len(calls) // args.reps
 
     # the direct searches on a subset, in the old kernel's parallel loop
     old = old_kernel()
     pick = np.linspace(0, c - 1, args.old_channels).astype(np.int64)
-    sub = np.ascontiguousarray(habs[pick])
-    sub_hi = np.ascontiguousarray(amax[pick])
+    sub_abs = np.ascontiguousarray(habs[pick])
+    sub_sig = np.ascontiguousarray(hsig[pick])
+    hlos = {0: np.zeros(pick.size), 2: np.ascontiguousarray(lo[pick])}
+    his = {0: np.ascontiguousarray(amax[pick]), 2: np.ascontiguousarray(hi[pick])}
     from qstream.kernels import search as S
 
     logt = S.log_table(S.LOG_TABLE_SIZE)
     olds = {}
-    for code, method, bits in ((0, "entropy", 8), (1, "mse", 8), (0, "entropy", 4), (1, "mse", 4)):
-        nl, mb = 2 ** (bits - 1), float(2 ** (bits - 1) - 1)
-        idx, off = S.entropy_groups(nl, args.bins)
-        a_old = np.empty(pick.size, np.int64)
-        old(sub[:2], code, sub_hi[:2], nl, min(128, args.bins), mb, a_old[:2])
-        mon = CpuMonitor()
-        r = timed(
-            lambda code=code, a=a_old, nl=nl, mb=mb: old(
-                sub, code, sub_hi, nl, min(128, args.bins), mb, a
-            ),
-            max(1, args.reps),
-        )
-        r["machine"] = mon.report()
-        a_new = np.empty(pick.size, np.int64)
-        S.channel_searches(
-            sub,
-            code,
-            np.zeros(pick.size),
-            sub_hi,
-            nl,
-            min(128, args.bins),
-            mb,
-            2 * nl,
-            logt,
-            idx,
-            off,
-            a_new,
-            np.zeros(pick.size, np.int64),
-        )
-        r["same_bins"] = bool(np.array_equal(a_old, a_new))
-        r["channels"] = int(pick.size)
-        r["per_channel_s"] = r["median"] / pick.size
-        r["extrapolated_s"] = r["per_channel_s"] * c
-        olds[method if bits == 8 else f"{method} int4"] = r
-        print(f"# old {method} {bits} bits: {r['per_channel_s'] * 1e3:.2f} ms/channel", flush=True)
+    for code, method in ((0, "entropy"), (1, "mse"), (2, "l2")):
+        for bits in (8, 4):
+            nl, mb = 2 ** (bits - 1), float(2 ** (bits - 1) - 1)
+            idx, off = S.entropy_groups(nl, args.bins)
+            sub = sub_sig if code == 2 else sub_abs
+            slo, shi = hlos[2 if code == 2 else 0], his[2 if code == 2 else 0]
+            a_old = np.empty(pick.size, np.int64)
+            b_old = np.zeros(pick.size, np.int64)
+            args_old = (sub, code, slo, shi, nl, min(128, args.bins), mb, a_old, b_old)
+            old(*(v[:2] if isinstance(v, np.ndarray) else v for v in args_old))
+            mon = CpuMonitor()
+            r = timed(lambda a=args_old: old(*a), max(1, args.reps))
+            r["machine"] = mon.report()
+            a_new = np.empty(pick.size, np.int64)
+            b_new = np.zeros(pick.size, np.int64)
+            S.channel_searches(
+                sub, code, slo, shi, nl, min(128, args.bins), mb, 2 * nl, logt, idx, off,
+                a_new, b_new,
+            )  # fmt: skip
+            r["same_bins"] = bool(np.array_equal(a_old, a_new) and np.array_equal(b_old, b_new))
+            r["channels"] = int(pick.size)
+            r["per_channel_s"] = r["median"] / pick.size
+            r["extrapolated_s"] = r["per_channel_s"] * c
+            olds[method if bits == 8 else f"{method} int4"] = r
+            print(f"# old {method} {bits} bits: {r['per_channel_s'] * 1e3:.3f} ms/ch", flush=True)
 
     # ONNX Runtime, per tensor: one tensor of the same kind of values (4 Mi)
     rng = np.random.default_rng(7)
@@ -252,9 +269,9 @@ def main(argv=None) -> int:
     )
     for r in rows:
         o = olds.get(r["case"])
-        old_s = f"{o['extrapolated_s']:.0f}" if o else "-"
+        old_s = f"{o['extrapolated_s']:.1f}" if o else "-"
         ratio = f"{o['extrapolated_s'] / r['median']:.0f}x" if o else "-"
-        busy = r["machine"].get("foreign_cpu_frac")
+        busy = r["busy_median"]
         busy = "-" if busy is None else f"{100 * busy:.0f}%"
         print(
             f"{r['case']:<14}{r['median']:>10.2f}{r['min']:>9.2f}{r['us_per_channel']:>8.1f}"
@@ -267,7 +284,7 @@ def main(argv=None) -> int:
     )
     for m, o in olds.items():
         print(
-            f"old {m}: {o['per_channel_s'] * 1e3:.2f} ms/channel on {o['channels']} channels, "
+            f"old {m}: {o['per_channel_s'] * 1e3:.3f} ms/channel on {o['channels']} channels, "
             f"same bins as new: {o['same_bins']}"
         )
     e = new["entropy"]["median"]
@@ -321,6 +338,9 @@ def main(argv=None) -> int:
         }
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if not all(o["same_bins"] for o in olds.values()):
+        print("ERROR: the fast searches chose other bins than the direct ones", file=sys.stderr)
+        return 1
     return 0
 
 
