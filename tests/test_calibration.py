@@ -165,17 +165,20 @@ def test_parallel_percentile_kernel_matches_the_numpy_search_bit_for_bit():
 
 
 def _search_oracle(hist, lo, hi, method, bits, symmetric):
-    """The channel-by-channel form of the threshold searches (one kernel call per channel)."""
-    from qstream.kernels.search import entropy_search, l2_search, mse_search
+    """The channel-by-channel form of the threshold searches (one kernel call per channel),
+    with the direct O(nbins) per candidate searches the fast ones replace."""
+    from qstream.kernels.search import entropy_search_reference as entropy_search
+    from qstream.kernels.search import l2_search
+    from qstream.kernels.search import mse_search_reference as mse_search
 
     counts = hist["counts"]
     nb = counts.shape[1]
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
     start = min(128, nb)
     for c in range(counts.shape[0]):
-        if counts[c].sum() == 0:
-            continue
         top = float(hist["hi"][c])
+        if counts[c].sum() == 0 or (method == "mse" and top == 0):
+            continue
         if method == "l2":
             s, e = l2_search(counts[c], float(hist["lo"][c]), top, 2**bits)
             lo32, hi32 = np.float32(hist["lo"][c]), np.float32(top)
