@@ -134,28 +134,30 @@ class Progress:
         self.bar = bar
         self.task = None
         self.name = label
+        self.unit = "blocks"
         self.last = -1
 
     def stage(self, name: str, total: int, done: int = 0) -> None:
         self.name = name if name == self.label else f"{self.label}: {name}"
+        self.unit = "channels" if name.startswith("search") else "blocks"
         self.last = -1
         if self.bar is not None:
             if self.task is not None:
                 self.bar.update(self.task, visible=False)
-            self.task = self.bar.add_task(self.name, total=total, completed=done)
+            self.task = self.bar.add_task(self.name, total=total, completed=done, unit=self.unit)
         else:
             self(done, total)
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task(self.name, total=total)
+                self.task = self.bar.add_task(self.name, total=total, unit=self.unit)
             self.bar.update(self.task, completed=done, total=total)
             return
         pct = int(100 * done / max(total, 1))
         if self.last < 0 or pct // 10 != self.last // 10 or done == total:
             self.last = pct
-            print(f"{self.name}: {done}/{total} blocks ({pct}%)", file=sys.stderr, flush=True)
+            print(f"{self.name}: {done}/{total} {self.unit} ({pct}%)", file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -176,7 +178,7 @@ def progress(label: str, quiet: bool):
         with Bars(
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed}/{task.total} blocks"),
+            TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),
             TimeRemainingColumn(),
             console=err,
             transient=True,

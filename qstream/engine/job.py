@@ -279,9 +279,9 @@ class QuantizeJob:
         workers = self._workers()
         per_block = max(plan.block_channels(b) for b in self.blocks) * spec.num_bins * 8
         if self._whole_channels() and workers * per_block <= budget:
-            # on a cluster the workers search too (in parallel processes); here the search
-            # stays in this thread: it is Python-level per channel, and threads would only
-            # take turns holding the GIL
+            # on a cluster the workers search too (in parallel processes); here each block's
+            # channels are searched in this thread as the block comes back, by the parallel
+            # search kernel (one call per block)
             on_workers = (lo, hi) if self.executor.distributed else None
             work = HistogramWork(
                 plan, self.ref, edges_lo, edges_hi, sym, 0, plan.channels, on_workers
@@ -338,8 +338,12 @@ class QuantizeJob:
                 new_pass=c0 == 0,
             )
             counts = {"counts": hist, "lo": edges_lo[c0:c1], "hi": edges_hi[c0:c1], "abs": sym}
+            searching = None
+            if progress is not None and c1 - c0 > 1:  # thousands of channels take seconds
+                report_stage(progress, f"search (channels {c0}-{c1 - 1})", c1 - c0)
+                searching = progress
             out_lo[c0:c1], out_hi[c0:c1] = method_range(
-                counts, lo[c0:c1], hi[c0:c1], spec, plan.qt.bits
+                counts, lo[c0:c1], hi[c0:c1], spec, plan.qt.bits, progress=searching
             )
             if plan.channels == 1:  # kept for the views, in bounded size
                 from ..calibration.views import Histogram

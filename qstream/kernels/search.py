@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .runtime import parallel_kernel
+
 
 @njit(cache=True, nogil=True)
 def entropy_search_reference(hist, nlevels, start_bin, stride):
@@ -751,7 +753,7 @@ def _search_left(counts, total, v):
     return counts.size
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, out_hi):
     """Per channel (in parallel) what ``qstream.calibration.histogram.percentile_range``
     computes channel by channel, with the same float64 operations in the same order."""
@@ -780,7 +782,7 @@ ENTROPY, MSE, L2 = 0, 1, 2
 CHANNELS_PER_TASK = 4  # channels one prange iteration searches with one set of work arrays
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@parallel_kernel
 def channel_searches(
     counts, method, hlo, hhi, nlevels, start, max_bound, dst_nbins, logt, idx, off, a, b
 ):
