@@ -81,16 +81,22 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
     return stats
 
 
+def _error_inputs(x, q, qt):
+    """(parameter float type, x as float32/64, q widened) as the error kernels take them."""
+    compute = np.float64 if qt.bits > 16 else np.float32
+    xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
+    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
+    return compute, xk, qk
+
+
 def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
 
-    compute = np.float64 if qt.bits > 16 else np.float32
+    compute, xk, qk = _error_inputs(x, q, qt)
     chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
     c = 1 if axis is None else x.shape[axis]
     sums = np.zeros((c, N_SUMS))
-    xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
-    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
     error_sums(
         layout.view(xk),
         layout.view(qk),
@@ -127,9 +133,7 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape) -> Wors
     """
     from ..kernels.errors import group_sums
 
-    compute = np.float64 if qt.bits > 16 else np.float32
-    xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
-    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
+    compute, xk, qk = _error_inputs(x, q, qt)
     x2, e2, emax = (np.empty(layout.pshape3) for _ in range(3))
     group_sums(
         layout.view(xk),

@@ -31,9 +31,8 @@ from ..calibration.views import (
 )
 from ..errors import InvalidParameterError
 from ..spec import HISTOGRAM_METHODS, Calibration, QuantParams
-from .blockmath import channel_view
 from .plan import Block, memory_limit
-from .work import HistogramWork, JobPlan, SourceRef, read_pieces
+from .work import HistogramWork, JobPlan, SourceRef, channel_pieces
 
 COMPARED = ("minmax", "percentile", "entropy", "mse", "l2")
 ABS_SEARCH = ("entropy", "mse")  # searched over |x| whatever the spec's symmetry
@@ -64,14 +63,7 @@ class DualHistogramWork:
         nbins = plan.spec.num_bins
         ha = np.zeros((c1 - c0, nbins), np.int64)
         hs = np.zeros((c1 - c0, nbins), np.int64)
-        for region, x in read_pieces(self.source.open(), b.key):
-            v = channel_view(x, plan.stat_axis)
-            r0 = plan.offset(region)
-            p0, p1 = max(c0, r0), min(c1, r0 + v.shape[1])
-            if p1 <= p0:
-                continue
-            if (p0, p1) != (r0, r0 + v.shape[1]):
-                v = np.ascontiguousarray(v[:, p0 - r0 : p1 - r0])
+        for v, p0, p1 in channel_pieces(plan, self.source.open(), b.key, c0, c1):
             e = slice(p0 - self.lo_channel, p1 - self.lo_channel)
             zeros = np.zeros(p1 - p0)
             amax = np.ascontiguousarray(self.amax[e])

@@ -203,6 +203,20 @@ class RangesWork:
         return RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, first)
 
 
+def channel_pieces(plan: JobPlan, source, key, c0: int, c1: int):
+    """The pieces of the block ``key`` as ``[O, C, I]`` channel views restricted to channels
+    ``c0 .. c1``: ``(view, first channel, end channel)`` for each piece holding some."""
+    for region, x in read_pieces(source, key):
+        v = channel_view(x, plan.stat_axis)
+        r0 = plan.offset(region)
+        p0, p1 = max(c0, r0), min(c1, r0 + v.shape[1])
+        if p1 <= p0:
+            continue
+        if (p0, p1) != (r0, r0 + v.shape[1]):  # part of the piece's channels
+            v = np.ascontiguousarray(v[:, p0 - r0 : p1 - r0])
+        yield v, p0, p1
+
+
 @dataclass(frozen=True, eq=False)
 class HistogramWork:
     """Pass 2: fixed-edge histograms of the channels ``lo_channel .. hi_channel`` of a block
@@ -233,14 +247,7 @@ class HistogramWork:
             return None
         nbins = plan.spec.num_bins
         h = np.zeros((c1 - c0, nbins), np.int64)
-        for region, x in read_pieces(self.source.open(), b.key):
-            v = channel_view(x, plan.stat_axis)
-            r0 = plan.offset(region)
-            p0, p1 = max(c0, r0), min(c1, r0 + v.shape[1])
-            if p1 <= p0:
-                continue
-            if (p0, p1) != (r0, r0 + v.shape[1]):  # part of the piece's channels
-                v = np.ascontiguousarray(v[:, p0 - r0 : p1 - r0])
+        for v, p0, p1 in channel_pieces(plan, self.source.open(), b.key, c0, c1):
             e = slice(p0 - self.lo_channel, p1 - self.lo_channel)
             channel_histograms(
                 v,

@@ -593,13 +593,10 @@ def _l2_error(hist, bin_width, start, end, dst_nbins):
 
 
 @njit(cache=True, nogil=True)
-def l2_search_reference(hist, lo, hi, dst_nbins):
-    """PyTorch's greedy walk: returns the (start_bin, end_bin) that bound the chosen range.
-
-    The direct form (every bin in every error): the reference ``l2_search`` reproduces."""
-    nb = hist.shape[0]
-    h = hist.astype(np.float64)
-    bin_width = (hi - lo) / nb
+def _l2_walk(h, bin_width, dst_nbins, bins, m):
+    """PyTorch's greedy quantile walk over the float64 histogram ``h``; the L2 error of a
+    range sums every bin (``m < 0``, the reference) or the ``m`` non-empty ``bins``."""
+    nb = h.shape[0]
     csum = np.cumsum(h)
     total = csum[-1]
     stepsize = 1e-5
@@ -627,13 +624,27 @@ def l2_search_reference(hist, lo, hi, dst_nbins):
             beta = next_beta
         if next_start == start and next_end == end:
             continue
-        norm = _l2_error(h, bin_width, next_start, next_end, dst_nbins)
+        if m < 0:
+            norm = _l2_error(h, bin_width, next_start, next_end, dst_nbins)
+        else:
+            norm = _l2_error_of(h, bins, m, bin_width, next_start, next_end, dst_nbins)
         if norm > norm_min:
             break
         norm_min = norm
         start = next_start
         end = next_end
     return start, end
+
+
+@njit(cache=True, nogil=True)
+def l2_search_reference(hist, lo, hi, dst_nbins):
+    """PyTorch's greedy walk: returns the (start_bin, end_bin) that bound the chosen range.
+
+    The direct form (every bin in every error): the reference ``l2_search`` reproduces."""
+    nb = hist.shape[0]
+    h = hist.astype(np.float64)
+    bin_width = (hi - lo) / nb
+    return _l2_walk(h, bin_width, dst_nbins, np.empty(0, np.int64), -1)
 
 
 @njit(cache=True, nogil=True)
@@ -682,40 +693,7 @@ def l2_search(hist, lo, hi, dst_nbins):
         if h[k] != 0:
             bins[m] = k
             m += 1
-    csum = np.cumsum(h)
-    total = csum[-1]
-    stepsize = 1e-5
-    alpha = 0.0
-    beta = 1.0
-    start = 0
-    end = nb - 1
-    norm_min = np.inf
-    while alpha < beta:
-        next_alpha = alpha + stepsize
-        next_beta = beta - stepsize
-        left = start
-        right = end
-        while left < end and csum[left] < next_alpha * total:
-            left += 1
-        while right > start and csum[right] > next_beta * total:
-            right -= 1
-        next_start = start
-        next_end = end
-        if (left - start) > (end - right):
-            next_start = left
-            alpha = next_alpha
-        else:
-            next_end = right
-            beta = next_beta
-        if next_start == start and next_end == end:
-            continue
-        norm = _l2_error_of(h, bins, m, bin_width, next_start, next_end, dst_nbins)
-        if norm > norm_min:
-            break
-        norm_min = norm
-        start = next_start
-        end = next_end
-    return start, end
+    return _l2_walk(h, bin_width, dst_nbins, bins, m)
 
 
 @njit(inline="always", cache=True)
