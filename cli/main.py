@@ -271,6 +271,7 @@ def quantize(
             zero_point=zero_point,
             scale_dtype=scale_dtype,
         )
+        qs.warm_up([spec], background=True)  # first run: compile the quantize pass meanwhile
         with _executor(scheduler) as ex, progress("quantize", quiet or as_json) as cb:
             report = qs.quantize_store(
                 src,
@@ -589,6 +590,7 @@ def convert(
 
         rec = qs.Recipe.load(recipe) if recipe else qs.Recipe()
         show = not (quiet or as_json)
+        qs.warm_up(rec.specs(), background=True)  # first run: see quantize
 
         def on_tensor(ev):
             if not show or ev.result is None:

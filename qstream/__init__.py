@@ -40,6 +40,7 @@ _EXPORTS = {
     "DaskExecutor": "qstream.engine.dask",
     "QstreamWorkerPlugin": "qstream.engine.dask",
     "on_compile": "qstream.kernels.runtime",
+    "warm_up": "qstream.engine.warmup",
 }
 _SUBMODULES = ("compat",)
 

@@ -59,6 +59,14 @@ class Recipe:
                 return rule.spec
         return self.defaults
 
+    def specs(self) -> list[QuantSpec]:
+        """Every spec the recipe can give (the defaults first), without repeats."""
+        out = [self.defaults]
+        for rule in self.rules:
+            if rule.spec is not None and rule.spec not in out:
+                out.append(rule.spec)
+        return out
+
     def to_dict(self) -> dict:
         return _jsonable(
             {

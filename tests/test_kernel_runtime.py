@@ -76,3 +76,43 @@ def test_compile_notice_names_the_kernel_on_a_cache_miss_only(tmp_path):
     again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == ""
+
+
+def test_background_warm_up_compiles_the_quantize_pass_for_the_job_on_a_first_run(tmp_path):
+    import os
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        import qstream as qs
+        spec = qs.QuantSpec(dtype="int8", axis=0, method="percentile")
+        if sys.argv[1] == "warm":
+            proc = qs.warm_up([spec], background=True)
+            print("started" if proc is not None else "none")
+            if proc is not None:
+                proc.wait()
+        else:
+            from qstream.kernels import runtime
+            seen = []
+            runtime.on_compile(seen.append)
+            x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+            qs.quantize_store(x, sys.argv[2], spec)
+            print(",".join(seen))
+        """
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def child(*args):
+        r = subprocess.run(
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    assert child("warm") == "started"
+    compiled = child("job", str(tmp_path / "q.zarr")).split(",")
+    # the calibration kernels compile in the job; the quantize pass's were compiled ahead
+    assert "_ranges_tiles" in compiled
+    assert not {"q_half_to_even", "_error_sums_tiles"} & set(compiled)
+    assert child("warm") == "none"  # cached now: nothing is started

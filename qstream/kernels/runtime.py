@@ -35,9 +35,11 @@ _serial: bool | None = None  # unknown until the first parallel call has chosen 
 SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 
 
-def parallel_kernel(fn=None, **options):
+def parallel_kernel(fn=None, *, serial_scale: int = 1, **options):
     """``@njit(parallel=True, cache=True, nogil=True, **options)`` plus a serial twin compiled
-    from the same source, as the ``serial`` attribute (see the module docstring)."""
+    from the same source, as the ``serial`` attribute (see the module docstring).
+    ``serial_scale``: the twin runs below ``serial_scale * SERIAL_BELOW`` elements (for
+    kernels whose elements are cheap, e.g. histogram bins scanned once)."""
 
     # NumPy's error model (x / 0 is inf or NaN, no exception) in both builds: the one parfors
     # use inside a prange loop, so the twin computes exactly what the parallel kernel does.
@@ -54,6 +56,7 @@ def parallel_kernel(fn=None, **options):
         twin.__module__ = f.__module__
         twin.__doc__ = f.__doc__
         kernel.serial = njit(cache=True, nogil=True, **options)(twin)
+        kernel.serial_scale = serial_scale
         return kernel
 
     return wrap(fn) if fn is not None else wrap
@@ -72,7 +75,7 @@ def run(kernel, *args) -> None:
     when the threading layer is not thread-safe."""
     global _serial
     twin = getattr(kernel, "serial", None)
-    if twin is not None and _largest(args) < SERIAL_BELOW:
+    if twin is not None and _largest(args) < SERIAL_BELOW * kernel.serial_scale:
         twin(*args)  # no threads: safe from any number of Python threads
         return
     if _serial is False:

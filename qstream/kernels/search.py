@@ -731,7 +731,7 @@ def _search_left(counts, total, v):
     return counts.size
 
 
-@parallel_kernel
+@parallel_kernel(serial_scale=64)  # a bin is read once: threads pay off for many channels only
 def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, out_hi):
     """Per channel (in parallel) what ``qstream.calibration.histogram.percentile_range``
     computes channel by channel, with the same float64 operations in the same order."""
