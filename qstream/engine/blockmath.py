@@ -124,16 +124,13 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     return stats
 
 
-def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=None) -> WorstGroups:
+def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape) -> WorstGroups:
     """The worst parameter groups (lowest SQNR) of one quantized piece of a blocked spec.
 
     ``first``: the piece's first parameter index along each axis; ``param_shape``: the whole
-    parameter array's shape (group indices are flat indices into it); ``sums``: the groups'
-    ``(x2, e2, emax)`` when the fused kernel computed them already. Groups without error are
-    never among the worst.
+    parameter array's shape (group indices are flat indices into it). Groups without error
+    are never among the worst.
     """
-    if sums is not None:
-        return _worst_of(*sums, layout, first, param_shape)
     from ..kernels.errors import group_sums
 
     compute, xk, qk = _error_inputs(x, q, qt)
@@ -151,10 +148,6 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=No
         e2,
         emax,
     )
-    return _worst_of(x2, e2, emax, layout, first, param_shape)
-
-
-def _worst_of(x2, e2, emax, layout, first, param_shape) -> WorstGroups:
     x2, e2, emax = x2.reshape(-1), e2.reshape(-1), emax.reshape(-1)
     lossy = np.flatnonzero(e2 > 0)
     if lossy.size == 0:

@@ -317,9 +317,8 @@ class QuantizeWork:
             if copy_back:
                 qp = scratch("quantized-piece", x.shape, qt.dtype)
             fused = self._dynamic_fused(x, qp) if plan.dynamic else None
-            sums = None
-            if fused is not None:  # ranges, parameters, values and group sums in one pass
-                s, z, layout, sums = fused
+            if fused is not None:  # ranges, parameters and values in one pass
+                s, z, layout = fused
                 err = self._errors(x, s, z, layout, qp)
             else:
                 s, z, layout = self._params(region, x)
@@ -339,7 +338,6 @@ class QuantizeWork:
                         qt.qrange(plan.spec.narrow_range)[0],
                         [k.start for k in pk],
                         blocked_param_shape(plan.shape, plan.axis, bs),
-                        sums,
                     )
                 )
             if copy_back:
@@ -390,8 +388,8 @@ class QuantizeWork:
         return s, z, plan_layout(x.shape, s.shape, plan.axis, None)
 
     def _dynamic_fused(self, x, out):
-        """For a dynamic blocked spec: ``(scale, zero_point, layout, group sums)`` of ``x``'s
-        parameter blocks with ``out`` quantized, in one fused kernel pass (bit-identical to
+        """For a dynamic blocked spec: ``(scale, zero_point, layout)`` of ``x``'s parameter
+        blocks with ``out`` quantized, in one fused kernel pass (bit-identical to
         :meth:`_params` + :meth:`_quantize_piece`); None where that kernel does not apply
         (float types, int32, float64 sources, round modes other than half to even)."""
         from ..calibration.params import symmetric_steps
@@ -418,7 +416,6 @@ class QuantizeWork:
             steps, zp = symmetric_steps(qt, spec.narrow_range)
         s = np.empty(layout.pshape3, np.float32)
         z = np.empty(layout.pshape3, np.float64)
-        sums = tuple(np.empty(layout.pshape3) for _ in range(3))  # x^2, e^2, max |e|
         run(
             blocked.dynamic_blocked_half_to_even,
             layout.view(np.ascontiguousarray(x)),
@@ -436,9 +433,8 @@ class QuantizeWork:
             s,
             z,
             layout.view(out.view(qt.container)),
-            *sums,
         )
-        return s.reshape(pshape), z.reshape(pshape), layout, sums
+        return s.reshape(pshape), z.reshape(pshape), layout
 
     def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""

@@ -15,7 +15,6 @@ import numpy as np
 from numba import njit, prange
 
 from .bits import KEY_MAX, KEY_MIN, from_order_key
-from .errors import N_SUMS, group_run_sums
 from .runtime import parallel_kernel
 from .stats import slot_range_keys
 
@@ -34,24 +33,7 @@ def half_scale(s):
 
 @parallel_kernel
 def dynamic_blocked_half_to_even(
-    x,
-    cblock,
-    iblock,
-    mode,
-    qmin,
-    qmax,
-    steps,
-    zp_sym,
-    lo,
-    hi,
-    mask,
-    half,
-    scale,
-    zero_point,
-    out,
-    x2,
-    e2,
-    emax,
+    x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, half, scale, zero_point, out
 ):
     """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
     ``scale`` (float32) / ``zero_point`` (float64) ``[O, Cp, Ip]``; ``mode`` (``SYM_SIGNED``:
@@ -59,9 +41,7 @@ def dynamic_blocked_half_to_even(
     ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin - lo / s)``
     clipped); ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16
     values (:func:`half_scale`) before the zero point and the values; ``out`` the integer
-    container; ``x2``/``e2``/``emax`` ``[O, Cp, Ip]``: each group's error sums, as
-    ``qstream.kernels.errors.group_sums`` computes them (from the same function, on the
-    group while it is in cache)."""
+    container."""
     n_outer, n_c, n_inner = x.shape
     n_cp = scale.shape[1]
     n_ip = scale.shape[2]
@@ -95,8 +75,6 @@ def dynamic_blocked_half_to_even(
             zero_point[o, pc, pi] = z
             ss[pi] = s32
             zs[pi] = np.float32(z)
-        acc = np.zeros((n_ip, N_SUMS))
-        qb = np.empty(iblock, np.float32)
         for c in range(c0, c1):
             xr = x[o, c]
             orow = out[o, c]
@@ -108,11 +86,4 @@ def dynamic_blocked_half_to_even(
                 xb = xr[i0:i1]
                 ob = orow[i0:i1]
                 for j in range(i1 - i0):
-                    v = min(max(lo, np.rint(xb[j] / s) + z), hi)
-                    ob[j] = np.int32(v) & mask
-                    qb[j] = v
-                group_run_sums(xb, qb[: i1 - i0], s, z, qmin, qmax, acc, pi)
-        for pi in range(n_ip):
-            x2[o, pc, pi] = acc[pi, 1]
-            e2[o, pc, pi] = acc[pi, 2]
-            emax[o, pc, pi] = acc[pi, 5]
+                    ob[j] = np.int32(min(max(lo, np.rint(xb[j] / s) + z), hi)) & mask

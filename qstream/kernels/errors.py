@@ -228,13 +228,6 @@ def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                 out[ch, k] += partial[t, k]
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST)
-def group_run_sums(xs, qs, s, z, qmin, qmax, acc, t):
-    """``_run_sums`` of one run of a parameter group into ``acc[t]``, as one function that
-    the group kernel and the fused blocked kernel both call, so their sums are the same."""
-    _run_sums(xs, qs, s, z, (qmin - z - 0.5) * s, (qmax - z + 0.5) * s, acc, t)
-
-
 @parallel_kernel(fastmath=_FAST)
 def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax):
     """Per parameter group ``(o, c // cblock, i // iblock)`` of a blocked layout: the sums
@@ -254,13 +247,15 @@ def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax
             for pi in range(n_ip):
                 i0 = pi * iblock
                 i1 = min(n_inner, i0 + iblock)
-                group_run_sums(
+                s = scale[po, pc, pi]
+                z = zero_point[po, pc, pi]
+                _run_sums(
                     x[o, c][i0:i1],
                     q[o, c][i0:i1],
-                    scale[po, pc, pi],
-                    zero_point[po, pc, pi],
-                    qmin,
-                    qmax,
+                    s,
+                    z,
+                    (qmin - z - 0.5) * s,
+                    (qmax - z + 0.5) * s,
                     acc,
                     pi,
                 )
