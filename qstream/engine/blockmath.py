@@ -89,7 +89,7 @@ def _error_inputs(x, q, qt):
     return compute, xk, qk
 
 
-def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
+def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
 
@@ -108,6 +108,7 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
         float(qt.qmax),
         chan_inner,
         sums,
+        groups,
     )
     stats = ErrorStats(
         sums[:, 0].astype(np.int64),
@@ -124,13 +125,16 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis) -> ErrorStats:
     return stats
 
 
-def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape) -> WorstGroups:
+def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=None) -> WorstGroups:
     """The worst parameter groups (lowest SQNR) of one quantized piece of a blocked spec.
 
     ``first``: the piece's first parameter index along each axis; ``param_shape``: the whole
-    parameter array's shape (group indices are flat indices into it). Groups without error
-    are never among the worst.
+    parameter array's shape (group indices are flat indices into it); ``sums``: the groups'
+    ``(x2, e2, emax)`` when the error kernel gave them already (else :func:`group_sums`
+    runs). Groups without error are never among the worst.
     """
+    if sums is not None:
+        return _worst_of(*sums, layout, first, param_shape)
     from ..kernels.errors import group_sums
 
     compute, xk, qk = _error_inputs(x, q, qt)
@@ -148,6 +152,10 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape) -> Wors
         e2,
         emax,
     )
+    return _worst_of(x2, e2, emax, layout, first, param_shape)
+
+
+def _worst_of(x2, e2, emax, layout, first, param_shape) -> WorstGroups:
     x2, e2, emax = x2.reshape(-1), e2.reshape(-1), emax.reshape(-1)
     lossy = np.flatnonzero(e2 > 0)
     if lossy.size == 0:

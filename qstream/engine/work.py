@@ -319,10 +319,10 @@ class QuantizeWork:
             fused = self._dynamic_fused(x, qp) if plan.dynamic else None
             if fused is not None:  # ranges, parameters and values in one pass
                 s, z, layout = fused
-                err = self._errors(x, s, z, layout, qp)
+                err, sums = self._errors(x, s, z, layout, qp)
             else:
                 s, z, layout = self._params(region, x)
-                err = self._quantize_piece(x, s, z, layout, qp)
+                err, sums = self._quantize_piece(x, s, z, layout, qp)
             if err.nonfinite.any() and plan.spec.nan_policy == "error":
                 raise NonFiniteBlock(b)  # before anything of this block is written
             if worst is not None:
@@ -338,6 +338,7 @@ class QuantizeWork:
                         qt.qrange(plan.spec.narrow_range)[0],
                         [k.start for k in pk],
                         blocked_param_shape(plan.shape, plan.axis, bs),
+                        sums,
                     )
                 )
             if copy_back:
@@ -455,26 +456,32 @@ class QuantizeWork:
         )
         return self._errors(x, s, z, layout, out)
 
-    def _errors(self, x, s, z, layout, out) -> ErrorStats:
-        """The error statistics of ``x`` quantized as ``out``; NaN then follows the spec's
+    def _errors(self, x, s, z, layout, out):
+        """The error statistics of ``x`` quantized as ``out``, and for a blocked integer spec
+        whose groups are whole runs of the error kernel the groups' ``(x2, e2, emax)`` (else
+        None: :func:`block_worst_groups` computes them); NaN then follows the spec's
         ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
         from ..core.affine import affine_dequantize
+        from ..kernels.errors import groups_are_runs
 
         plan = self.plan
         qt, spec = plan.qt, plan.spec
         lo_q, hi_q = qt.qrange(spec.narrow_range)
+        sums = None
         if qt.is_float:
             xhat = affine_dequantize(out, s, None, layout, qt)
             s_e = layout.expand(s).astype(np.float64)
             z_e = layout.expand(z).astype(np.float64)
             err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
         else:
-            err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis)
+            if spec.block_size and groups_are_runs(layout.cblock, layout.iblock):
+                sums = tuple(np.empty(layout.pshape3) for _ in range(3))
+            err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
         if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
             nan = np.isnan(x)
             zp_e = np.broadcast_to(layout.expand(z), x.shape)
             out[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
-        return err
+        return err, sums
 
 
 @dataclass(frozen=True, eq=False)

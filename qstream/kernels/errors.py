@@ -66,7 +66,8 @@ def _sums(xs, qs, s, z, lo, hi):
 
 @njit(inline="always", cache=True, fastmath=_FAST)
 def _run_sums(xs, qs, s, z, lo, hi, acc, t):
-    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``."""
+    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``; returns
+    the run's own (sum x^2, sum e^2, max |e| bits)."""
     sx2, se2, sxy, sy2, emax, clip, bad = _sums(xs, qs, s, z, lo, hi)
     if bad:  # rare: sum a copy where each NaN/inf is x = 0 with q = zp (so y = 0, e = 0)
         xc = xs.copy()
@@ -85,6 +86,7 @@ def _run_sums(xs, qs, s, z, lo, hi, acc, t):
     acc[t, 4] += sy2
     acc[t, 5] = max(acc[t, 5], _from_bits(emax))
     acc[t, 6] += clip
+    return sx2, se2, emax
 
 
 @njit(inline="always", cache=True, fastmath=_FAST)
@@ -109,15 +111,34 @@ def _row_sums(xs, qs, ss, zs, qmin, qmax, n, x2, e2, xy, y2, emax, clip, bad):
         bad[j] += 0.0 if fin else 1.0
 
 
-def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out):
+def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out, groups=None):
     """Add the error sums of one block to ``out[channels, N_SUMS]`` (channels along ``i``
     when ``chan_inner``, else along ``c`` or one per tensor).
 
     An element counts as clipped when it lies beyond the representable range by more than
     half a step: ``x > (qmax - zp + 0.5) * s`` or ``x < (qmin - zp - 0.5) * s``.
+
+    ``groups``: ``(x2, e2, emax)`` arrays ``[O, Cp, Ip]`` that also receive each parameter
+    group's sums, for a blocked layout whose groups are whole runs of one tile
+    (:func:`groups_are_runs`): the same numbers :func:`group_sums` gives, at no extra pass.
     """
-    kernel = _error_sums_rows if chan_inner else _error_sums_tiles
-    run(kernel, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
+    if chan_inner:
+        run(_error_sums_rows, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
+        return
+    g = groups if groups is not None else (_NO_GROUPS,) * 3
+    run(
+        _error_sums_tiles,
+        x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, *g, groups is not None,
+    )  # fmt: skip
+
+
+_NO_GROUPS = np.zeros((1, 1, 1))
+
+
+def groups_are_runs(cblock: int, iblock: int) -> bool:
+    """Whether each parameter group of a blocked layout is one run of one tile of
+    :func:`error_sums` (one row segment, tiles cut on group boundaries)."""
+    return cblock == 1 and TILE % iblock == 0
 
 
 @parallel_kernel(fastmath=_FAST)
@@ -190,8 +211,11 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
 
 
 @parallel_kernel(fastmath=_FAST)
-def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
-    """Channels along ``c`` (or one per tensor): sums per tile, folded in tile order."""
+def _error_sums_tiles(
+    x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, gx2, ge2, gmax, groups
+):
+    """Channels along ``c`` (or one per tensor): sums per tile, folded in tile order; with
+    ``groups``, each run's own sums also go to its group in ``gx2``/``ge2``/``gmax``."""
     n_outer, n_c, n_inner = x.shape
     p_outer = scale.shape[0]
     p_inner = scale.shape[2]
@@ -208,7 +232,7 @@ def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
             end = i1 if p_inner == 1 else min(i1, (pi + 1) * iblock)
             s = sr[pi]
             z = zr[pi]
-            _run_sums(
+            rx2, re2, rmax = _run_sums(
                 x[o, c][i:end],
                 q[o, c][i:end],
                 s,
@@ -218,6 +242,10 @@ def _error_sums_tiles(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                 partial,
                 t,
             )
+            if groups:
+                gx2[po, pc, pi] = rx2
+                ge2[po, pc, pi] = re2
+                gmax[po, pc, pi] = _from_bits(rmax)
             i = end
     for t in range(total):
         ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
