@@ -46,31 +46,7 @@ def entropy_search_reference(hist, nlevels, start_bin, stride):
     best = np.inf
     best_i = start_bin
     for i in range(start_bin, n + 1, stride):
-        gsum[:] = 0.0
-        gcnt[:] = 0.0
-        for j in range(i):
-            if bins[j] != 0:
-                g = (j * nlevels) // i
-                gsum[g] += bins[j]
-                gcnt[g] += 1.0
-        p_total = tail[0]
-        q_total = 0.0
-        for j in range(i):
-            if bins[j] != 0:
-                g = (j * nlevels) // i
-                q_total += gsum[g] / gcnt[g]
-        kl = 0.0
-        for j in range(i):
-            p = bins[j] + (tail[i] if j == i - 1 else 0.0)
-            if p <= 0:
-                continue
-            if bins[j] == 0:
-                kl = np.inf
-                break
-            g = (j * nlevels) // i
-            pk = p / p_total
-            qk = (gsum[g] / gcnt[g]) / q_total
-            kl += pk * np.log(pk / qk)
+        kl = _entropy_kl_reference(bins, tail, nlevels, i, gsum, gcnt)
         if kl <= best:  # ties: the last candidate wins
             best = kl
             best_i = i
@@ -79,8 +55,8 @@ def entropy_search_reference(hist, nlevels, start_bin, stride):
 
 @njit(cache=True, nogil=True)
 def _entropy_kl_reference(bins, tail, nlevels, i, gsum, gcnt):
-    """Candidate ``i``'s divergence as ``entropy_search_reference`` computes it: the same
-    float64 operations in the same order, so the same value to the bit."""
+    """Candidate ``i``'s divergence, the direct way (O(i)): ``entropy_search_reference``'s
+    step, also used by the fast search to decide near-ties to the bit."""
     gsum[:] = 0.0
     gcnt[:] = 0.0
     for j in range(i):
