@@ -544,27 +544,33 @@ def mse_search(hist, hi, max_bound, start_bin, stride):
     return _mse_search_fast(hist, hi, max_bound, start_bin, stride, mse_scratch(hist.shape[0]))
 
 
+@njit(inline="always", cache=True)
+def _l2_term(hist, k, start, bin_width, dst_w, dst_nbins):
+    """Bin ``k``'s share of PyTorch's analytic L2 error for the range ``start ..`` on a grid of
+    ``dst_nbins`` bins of width ``dst_w``."""
+    density = hist[k] / bin_width
+    b = (k - start) * bin_width
+    e = b + bin_width
+    db = min(max(np.floor(b / dst_w), 0.0), dst_nbins - 1.0)
+    de = min(max(np.floor(e / dst_w), 0.0), dst_nbins - 1.0)
+    lo = b - (db + 0.5) * dst_w
+    hi = dst_w / 2
+    norm = density * (hi * hi * hi - lo * lo * lo) / 3
+    norm += (de - db - 1) * density * (hi * hi * hi - (-hi) * (-hi) * (-hi)) / 3
+    lo2 = -dst_w / 2
+    hi2 = e - (de * dst_w + dst_w / 2)
+    norm += density * (hi2 * hi2 * hi2 - lo2 * lo2 * lo2) / 3
+    return norm
+
+
 @njit(cache=True, nogil=True)
 def _l2_error(hist, bin_width, start, end, dst_nbins):
-    nb = hist.shape[0]
     dst_w = bin_width * (end - start + 1) / dst_nbins
     if dst_w == 0.0:
         return 0.0
     total = 0.0
-    for k in range(nb):
-        density = hist[k] / bin_width
-        b = (k - start) * bin_width
-        e = b + bin_width
-        db = min(max(np.floor(b / dst_w), 0.0), dst_nbins - 1.0)
-        de = min(max(np.floor(e / dst_w), 0.0), dst_nbins - 1.0)
-        lo = b - (db + 0.5) * dst_w
-        hi = dst_w / 2
-        norm = density * (hi * hi * hi - lo * lo * lo) / 3
-        norm += (de - db - 1) * density * (hi * hi * hi - (-hi) * (-hi) * (-hi)) / 3
-        lo2 = -dst_w / 2
-        hi2 = e - (de * dst_w + dst_w / 2)
-        norm += density * (hi2 * hi2 * hi2 - lo2 * lo2 * lo2) / 3
-        total += norm
+    for k in range(hist.shape[0]):
+        total += _l2_term(hist, k, start, bin_width, dst_w, dst_nbins)
     return total
 
 
@@ -631,20 +637,7 @@ def _l2_error_of(hist, bins, m, bin_width, start, end, dst_nbins):
         return 0.0
     total = 0.0
     for j in range(m):
-        k = bins[j]
-        density = hist[k] / bin_width
-        b = (k - start) * bin_width
-        e = b + bin_width
-        db = min(max(np.floor(b / dst_w), 0.0), dst_nbins - 1.0)
-        de = min(max(np.floor(e / dst_w), 0.0), dst_nbins - 1.0)
-        lo = b - (db + 0.5) * dst_w
-        hi = dst_w / 2
-        norm = density * (hi * hi * hi - lo * lo * lo) / 3
-        norm += (de - db - 1) * density * (hi * hi * hi - (-hi) * (-hi) * (-hi)) / 3
-        lo2 = -dst_w / 2
-        hi2 = e - (de * dst_w + dst_w / 2)
-        norm += density * (hi2 * hi2 * hi2 - lo2 * lo2 * lo2) / 3
-        total += norm
+        total += _l2_term(hist, bins[j], start, bin_width, dst_w, dst_nbins)
     return total
 
 
