@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "quantize": "qstream.api.arrays",
     "dequantize": "qstream.api.arrays",
+    "quantize_dynamic": "qstream.api.arrays",
+    "GroupQuantized": "qstream.api.arrays",
     "quantize_store": "qstream.api.stores",
     "dequantize_store": "qstream.api.stores",
     "calibrate": "qstream.api.stores",

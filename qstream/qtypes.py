@@ -15,6 +15,8 @@ import numpy as np
 
 from .errors import InvalidDTypeError
 
+TINY_SCALE = np.float32(2.0**-149)  # the smallest positive float32: no derived scale is below
+
 
 @dataclass(frozen=True)
 class QType:

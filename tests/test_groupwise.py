@@ -5,14 +5,19 @@ in-memory quantizer with the stored parameters."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import qstream as qs
 from qstream import QuantSpec
 from qstream.engine.work import QuantizeWork
+
+from . import oracle
 
 
 def _source(tmp_path, shape=(96, 512), chunks=(32, 512)):
@@ -181,3 +186,157 @@ def test_report_names_the_worst_groups_like_a_numpy_oracle(
     assert reports[0].error["worst_groups"] == reports[1].error["worst_groups"]
     stored = qs.open_quantized(tmp_path / "q1048576.zarr").summary()["error"]["worst_groups"]
     assert stored == reports[0].error["worst_groups"]
+
+
+# --- quantize_dynamic: the in-memory entry point ---------------------------------------------
+
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int4": (-8, 7), "uint4": (0, 15)}
+
+
+def _oracle_group_params(x, dtype, axis, bs, symmetric):
+    """Per group of ``bs`` along ``axis``: the finite range widened to hold 0, then
+    ``absmax / steps`` (symmetric; unsigned types centred on the mid code) or ``(hi - lo) /
+    (qmax - qmin)`` with ``zp = clip(rint(qmin - lo / s))`` (asymmetric), rounded to float32
+    and never below the smallest positive float32; scale 1 for an all-zero or all-non-finite
+    group. Plain Python floats, one group at a time."""
+    tiny = np.float32(2.0**-149)
+    qmin, qmax = QRANGE[dtype]
+    xm = np.moveaxis(x, axis, -1)
+    ng = -(-xm.shape[-1] // bs)
+    s = np.empty((*xm.shape[:-1], ng), np.float32)
+    z = np.empty(s.shape, np.float64)
+    for idx in np.ndindex(*s.shape):
+        g = xm[idx[:-1]][idx[-1] * bs : (idx[-1] + 1) * bs].astype(np.float64)
+        g = g[np.isfinite(g)]
+        lo = min(float(g.min()), 0.0) if g.size else 0.0
+        hi = max(float(g.max()), 0.0) if g.size else 0.0
+        if symmetric:
+            zp = 0.0 if qmin < 0 else float((qmin + qmax + 1) // 2)
+            steps = float(min(qmax, -qmin)) if qmin < 0 else float(min(qmax - zp, zp - qmin))
+            amax = max(-lo, hi)
+            s[idx] = max(np.float32(amax / steps), tiny) if amax > 0 else np.float32(1.0)
+            z[idx] = zp
+        else:
+            span = hi - lo
+            s[idx] = max(np.float32(span / (qmax - qmin)), tiny) if span > 0 else np.float32(1.0)
+            z[idx] = min(max(float(np.rint(qmin - lo / float(s[idx]))), qmin), qmax)
+    return np.moveaxis(s, -1, axis), np.moveaxis(z, -1, axis)
+
+
+@pytest.mark.parametrize("dtype, axis, bs, sym, scale_dtype", CASES)
+@pytest.mark.parametrize("source_dtype", ["float32", "float64"])
+def test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store(
+    tmp_path, dtype, axis, bs, sym, scale_dtype, source_dtype
+):
+    _, x = _source(tmp_path)
+    x = x.astype(source_dtype)
+    spec = QuantSpec(
+        dtype=dtype,
+        axis=axis,
+        block_size=bs,
+        method="dynamic",
+        symmetric=sym,
+        nan_policy="zero_point",
+        narrow_range=dtype == "int8" and bs == 16,
+        scale_dtype=scale_dtype,
+    )
+    r = qs.quantize_dynamic(x, spec)
+    qs.quantize_store(x, tmp_path / "q.zarr", spec)
+    g = zarr.open_group(str(tmp_path / "q.zarr"), mode="r")
+    assert r.q.dtype == qs.QTYPES[dtype].dtype and r.zero_point.dtype == r.q.dtype
+    np.testing.assert_array_equal(r.q.view(np.asarray(g["data"]).dtype), g["data"][...])
+    np.testing.assert_array_equal(r.scale, g["scale"][...])
+    assert r.scale.dtype == np.dtype(scale_dtype)
+    zp = g["zero_point"][...].astype(np.int64)
+    np.testing.assert_array_equal(r.zero_point.astype(np.int64), zp)
+    assert (r.axis, r.block_size) == (axis, bs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    case=st.sampled_from(
+        [("int8", True), ("uint8", True), ("int4", True), ("uint4", False), ("int8", False)]
+    ),
+    axis=st.sampled_from([0, 1]),
+    bs=st.sampled_from([1, 3, 16, 32]),
+)
+def test_quantize_dynamic_matches_a_numpy_oracle_on_any_float32(data, case, axis, bs):
+    dtype, symmetric = case
+    shape = data.draw(st.tuples(st.integers(1, 5), st.integers(1, 70)))
+    special = st.sampled_from(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45, 1.2e-38]
+    )
+    values = st.one_of(st.floats(width=32, allow_nan=True, allow_infinity=True), special)
+    x = np.array(data.draw(st.lists(values, min_size=math.prod(shape), max_size=math.prod(shape))))
+    x = x.astype(np.float32).reshape(shape)
+    r = qs.quantize_dynamic(
+        x, dtype=dtype, axis=axis, block_size=bs, symmetric=symmetric, nan_policy="min"
+    )
+    s, z = _oracle_group_params(x, dtype, axis, bs, symmetric)
+    np.testing.assert_array_equal(r.scale, s)
+    np.testing.assert_array_equal(r.zero_point.astype(np.float64), z)
+    finite = np.isfinite(x)
+    want = oracle.quantize(np.where(finite, x, 0), s, z, *QRANGE[dtype], axis=axis, block_size=bs)
+    np.testing.assert_array_equal(r.q.astype(np.int64)[finite], want[finite])
+    # non-finite values saturate, NaN to the type's minimum (ONNX Runtime), as quantize_store
+    lo, hi = QRANGE[dtype]
+    q = r.q.astype(np.int64)
+    assert (q[np.isposinf(x)] == hi).all() and (q[np.isneginf(x)] == lo).all()
+    assert (q[np.isnan(x)] == lo).all()
+
+
+def test_quantize_dynamic_refuses_nan_by_default_naming_the_first(tmp_path):
+    _, x = _source(tmp_path)
+    with pytest.raises(qs.NonFiniteInputError) as e:
+        qs.quantize_dynamic(x, dtype="int8", axis=1, block_size=32)
+    msg = str(e.value)
+    assert (
+        "first at index (3, 17)" in msg and "35 non-finite values (33 NaN, 1 +inf, 1 -inf)" in msg
+    )
+    x64 = x.astype(np.float64)  # the unfused path checks the same
+    with pytest.raises(qs.NonFiniteInputError, match=r"first at index \(3, 17\)"):
+        qs.quantize_dynamic(x64, dtype="int8", axis=1, block_size=32)
+
+
+def test_quantize_dynamic_nan_to_zero_point_policy(tmp_path):
+    _, x = _source(tmp_path)
+    r = qs.quantize_dynamic(
+        x, dtype="uint4", axis=1, block_size=32, symmetric=False, nan_policy="zero_point"
+    )
+    zp = np.repeat(r.zero_point.astype(np.int64), 32, axis=1)[:, : x.shape[1]]
+    nan = np.isnan(x)
+    np.testing.assert_array_equal(r.q.astype(np.int64)[nan], zp[nan])
+
+
+def test_quantize_dynamic_round_trips_through_dequantize_within_half_a_step():
+    x = (np.random.default_rng(3).standard_normal((40, 250)) * 0.02).astype(np.float32)
+    r = qs.quantize_dynamic(x, dtype="int8", axis=-1, block_size=32)
+    assert r.axis == 1 and r.scale.shape == (40, 8)
+    y = r.dequantize()
+    np.testing.assert_array_equal(
+        y, qs.dequantize(r.q, r.scale, r.zero_point, axis=1, block_size=32)
+    )
+    step = np.repeat(r.scale, 32, axis=1)[:, :250]
+    assert (np.abs(y - x) <= step / 2 * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda x: qs.quantize_dynamic(x, dtype="int8", axis=1), "needs block_size"),
+        (lambda x: qs.quantize_dynamic(x, dtype="int8", axis=1, block_size=8, method="minmax"),
+         "needs method='dynamic'"),
+        (lambda x: qs.quantize_dynamic(x, QuantSpec(dtype="int8", axis=1, block_size=8,
+                                                    method="dynamic"), dtype="int4"),
+         "either a QuantSpec or its fields"),
+        (lambda x: qs.quantize_dynamic(x.astype(np.int32), dtype="int8", axis=1, block_size=8),
+         "must be a floating array"),
+        (lambda x: qs.quantize_dynamic(x, dtype="int8", axis=2, block_size=8), "axis 2 is out"),
+        (lambda x: qs.quantize_dynamic(x, dtype="int8", axis=1, block_size=0), "block_size"),
+    ],
+)  # fmt: skip
+def test_quantize_dynamic_rejects_bad_arguments_by_name(call, message):
+    x = np.ones((4, 16), np.float32)
+    with pytest.raises(qs.QStreamError, match=message):
+        call(x)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ..core import checks
@@ -100,3 +102,101 @@ def dequantize(
     checks.check_scale(scale)
     zp = checks.broadcast_param(zp, scale)
     return affine_dequantize(q, scale, zp, layout, qt, float_dtype(dtype), out=out)
+
+
+class GroupQuantized(NamedTuple):
+    """The result of :func:`quantize_dynamic`: ``q`` shaped like the input, ``scale`` and
+    ``zero_point`` in the ONNX blocked layout (the input's shape with ``shape[axis]`` ->
+    ``ceil(shape[axis] / block_size)``), so ``dequantize(q, scale, zero_point, axis=axis,
+    block_size=block_size)`` is the ONNX ``DequantizeLinear`` of the result."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int
+    block_size: int
+
+    def dequantize(self, dtype="float32") -> np.ndarray:
+        """``(q - zero_point) * scale`` per group, as :func:`dequantize`."""
+        return dequantize(
+            self.q,
+            self.scale,
+            self.zero_point,
+            axis=self.axis,
+            block_size=self.block_size,
+            dtype=dtype,
+        )
+
+
+def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
+    """Group-wise (blocked) dynamic quantization of an in-memory array: each group of
+    ``block_size`` elements along ``axis`` gets its own scale (and zero point) from its own
+    finite range, then is quantized with them. The same codes and parameters as
+    ``quantize_store`` with the same spec (without its error report), in one fused kernel
+    pass for float32 input, integer types up to 16 bits and ``half_to_even`` rounding.
+
+    Args:
+        x: floating array (float16, bfloat16, float32 or float64).
+        spec: a :class:`qstream.QuantSpec` with ``axis`` and ``block_size`` (its method must be
+            ``dynamic``), or None and its fields as keywords (``method`` defaults to
+            ``dynamic``), e.g. ``quantize_dynamic(w, dtype="int8", axis=1, block_size=32)``.
+
+    NaN and infinities follow the spec's ``nan_policy``: ``error`` (the default) raises
+    :class:`qstream.NonFiniteInputError`; ``zero_point`` and ``min`` quantize them as
+    ``quantize_store`` does.
+
+    Returns:
+        A :class:`GroupQuantized` ``(q, scale, zero_point, axis, block_size)``: ``q`` and
+        ``zero_point`` in the output type (sub-byte types as ``ml_dtypes`` arrays, one code
+        per byte), ``scale`` float32, or float16 with ``scale_dtype="float16"``.
+    """
+    from ..core.layout import normalize_axis
+    from ..engine.blockmath import dynamic_blocked, dynamic_params, nan_to_zero_point
+    from ..errors import InvalidParameterError, NonFiniteInputError
+    from ..spec import QuantSpec
+
+    if spec is None:
+        spec = QuantSpec(**{"method": "dynamic", **fields})
+    elif fields:
+        raise InvalidParameterError("give either a QuantSpec or its fields as keywords, not both")
+    if spec.method != "dynamic" or spec.block_size is None or spec.scale is not None:
+        raise InvalidParameterError(
+            "quantize_dynamic needs method='dynamic' with axis and block_size (each group its"
+            " own range); other methods calibrate over the whole array: use"
+            " qstream.quantize_store(x, 'memory://...', spec)"
+        )
+    x = checks.as_float_input(x, "x")
+    axis = normalize_axis(spec.axis, x.ndim)
+    qt = spec.qtype
+    q = np.empty(x.shape, qt.dtype)
+    fused = dynamic_blocked(x, qt, spec, axis, q)
+    if fused is not None:
+        s, z, layout, nonfinite = fused
+    else:
+        s, z, layout = dynamic_params(x, qt, spec, axis)
+        affine_quantize(
+            x,
+            s,
+            z,
+            layout,
+            qt,
+            code=round_code(spec.round_mode),
+            narrow_range=spec.narrow_range,
+            out=q,
+        )
+        nonfinite = 0 if np.isfinite(x).all() else 1
+    if nonfinite:
+        bad = ~np.isfinite(x)
+        if spec.nan_policy == "error":
+            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), x.shape))
+            nan = int(np.isnan(x).sum())
+            raise NonFiniteInputError(
+                f"x: {int(bad.sum())} non-finite values ({nan} NaN,"
+                f" {int(np.isposinf(x).sum())} +inf, {int(np.isneginf(x).sum())} -inf); first"
+                f" at index {first}. Use nan_policy='zero_point' or nan_policy='min' to quantize"
+                " them anyway"
+            )
+        if spec.nan_policy == "zero_point":
+            nan_to_zero_point(x, q, z, layout, qt)
+    scale = s.astype(np.float16) if spec.half_scales else s
+    return GroupQuantized(q, scale, z.astype(qt.dtype), axis, int(spec.block_size))

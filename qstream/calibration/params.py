@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..qtypes import QType
+from ..qtypes import TINY_SCALE, QType
 
 
 def symmetric_steps(qt: QType, narrow_range: bool = False) -> tuple[float, float]:
@@ -48,8 +48,10 @@ def params_from_range(
     lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False, half_scale: bool = False
 ):
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays;
-    ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first."""
-    fix = half_scales if half_scale else (lambda s: s)
+    ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first. A scale that
+    rounds to 0 in float32 (a range of a few subnormals) becomes :data:`TINY_SCALE`, which
+    still holds the range: a stored scale is never 0."""
+    fix = half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
     qmin, qmax = qt.qrange(narrow_range)

@@ -53,6 +53,87 @@ def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.nda
     return lo.reshape(pshape), hi.reshape(pshape)
 
 
+def dynamic_params(x: np.ndarray, qt, spec, axis: int):
+    """``(scale, zero_point, layout)`` of ``x``'s parameter blocks for a dynamic blocked
+    ``spec`` (``axis`` resolved), each block's parameters from its own finite range (a block
+    with none gets scale 1)."""
+    from ..calibration.params import params_from_range
+    from ..core.layout import plan_layout
+
+    lo, hi = block_slot_ranges(x, axis, spec.block_size)
+    lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
+    s, z = params_from_range(
+        lo,
+        hi,
+        qt,
+        symmetric=spec.symmetric,
+        narrow_range=spec.narrow_range,
+        half_scale=spec.half_scales,
+    )
+    return s, z, plan_layout(x.shape, s.shape, axis, spec.block_size)
+
+
+def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
+    """:func:`dynamic_params` and the quantized values written to ``out`` (``qt``'s dtype,
+    shaped like ``x``) in one fused kernel pass, bit-identical to :func:`dynamic_params` then
+    ``affine_quantize``: ``(scale, zero_point, layout, nonfinite)``, ``nonfinite`` the number
+    of (row, block) pieces holding NaN or infinities (whose codes the caller's NaN policy
+    decides). None where the kernel does not apply (float types, int32, float64 sources,
+    round modes other than half to even)."""
+    from ..calibration.params import symmetric_steps
+    from ..core.layout import blocked_param_shape, plan_layout
+    from ..kernels import blocked
+    from ..kernels.runtime import run
+    from ..rounding import round_code
+
+    if (
+        qt.is_float
+        or qt.bits > 16
+        or x.dtype != np.float32
+        or round_code(spec.round_mode) != round_code("half_to_even")
+    ):
+        return None
+    pshape = blocked_param_shape(x.shape, axis, spec.block_size)
+    layout = plan_layout(x.shape, pshape, axis, spec.block_size)
+    qmin, qmax = qt.qrange(spec.narrow_range)
+    if not spec.symmetric:
+        mode, steps, zp = blocked.ASYM, 1.0, 0.0
+    else:
+        mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
+        steps, zp = symmetric_steps(qt, spec.narrow_range)
+    s = np.empty(layout.pshape3, np.float32)
+    z = np.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
+    nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
+    run(
+        blocked.dynamic_blocked_half_to_even,
+        layout.view(np.ascontiguousarray(x)),
+        layout.cblock,
+        layout.iblock,
+        mode,
+        float(qmin),
+        float(qmax),
+        steps,
+        zp,
+        np.float32(qmin),
+        np.float32(qt.qmax),
+        np.int32(qt.mask),
+        spec.half_scales,
+        s,
+        z,
+        layout.view(out.view(qt.container)),
+        nonfinite,
+    )
+    return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum())
+
+
+def nan_to_zero_point(x: np.ndarray, q: np.ndarray, z, layout, qt) -> None:
+    """Set the codes in ``q`` of ``x``'s NaN values to their zero points (the ``zero_point``
+    NaN policy; integer types)."""
+    nan = np.isnan(x)
+    zp_e = np.broadcast_to(layout.expand(z), x.shape)
+    q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+
+
 def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
     """Error statistics of one block; ``scale_e``/``zp_e`` broadcast against ``x``."""
     finite = np.isfinite(x)

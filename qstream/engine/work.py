@@ -26,6 +26,9 @@ from .blockmath import (
     block_ranges,
     block_worst_groups,
     channel_view,
+    dynamic_blocked,
+    dynamic_params,
+    nan_to_zero_point,
 )
 from .plan import Block
 
@@ -359,20 +362,7 @@ class QuantizeWork:
         plan = self.plan
         bs = plan.spec.block_size
         if plan.dynamic:  # blocked, each parameter block its own range
-            from ..calibration.params import params_from_range
-            from .blockmath import block_slot_ranges
-
-            lo, hi = block_slot_ranges(x, plan.axis, bs)
-            lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
-            s, z = params_from_range(
-                lo,
-                hi,
-                plan.qt,
-                symmetric=plan.spec.symmetric,
-                narrow_range=plan.spec.narrow_range,
-                half_scale=plan.spec.half_scales,
-            )
-            return s, z, plan_layout(x.shape, s.shape, plan.axis, bs)
+            return dynamic_params(x, plan.qt, plan.spec, plan.axis)
         if plan.axis is None:
             return (
                 self.scale.reshape(()),
@@ -389,53 +379,10 @@ class QuantizeWork:
         return s, z, plan_layout(x.shape, s.shape, plan.axis, None)
 
     def _dynamic_fused(self, x, out):
-        """For a dynamic blocked spec: ``(scale, zero_point, layout)`` of ``x``'s parameter
-        blocks with ``out`` quantized, in one fused kernel pass (bit-identical to
-        :meth:`_params` + :meth:`_quantize_piece`); None where that kernel does not apply
-        (float types, int32, float64 sources, round modes other than half to even)."""
-        from ..calibration.params import symmetric_steps
-        from ..kernels import blocked
-        from ..kernels.runtime import run
-        from ..rounding import round_code
-
-        plan = self.plan
-        qt, spec = plan.qt, plan.spec
-        if (
-            qt.is_float
-            or qt.bits > 16
-            or x.dtype != np.float32
-            or round_code(spec.round_mode) != round_code("half_to_even")
-        ):
-            return None
-        pshape = blocked_param_shape(x.shape, plan.axis, spec.block_size)
-        layout = plan_layout(x.shape, pshape, plan.axis, spec.block_size)
-        qmin, qmax = qt.qrange(spec.narrow_range)
-        if not spec.symmetric:
-            mode, steps, zp = blocked.ASYM, 1.0, 0.0
-        else:
-            mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
-            steps, zp = symmetric_steps(qt, spec.narrow_range)
-        s = np.empty(layout.pshape3, np.float32)
-        z = np.empty(layout.pshape3, np.float64)
-        run(
-            blocked.dynamic_blocked_half_to_even,
-            layout.view(np.ascontiguousarray(x)),
-            layout.cblock,
-            layout.iblock,
-            mode,
-            float(qmin),
-            float(qmax),
-            steps,
-            zp,
-            np.float32(qmin),
-            np.float32(qt.qmax),
-            np.int32(qt.mask),
-            spec.half_scales,
-            s,
-            z,
-            layout.view(out.view(qt.container)),
-        )
-        return s.reshape(pshape), z.reshape(pshape), layout
+        """:func:`dynamic_blocked` for this job's spec, without the non-finite count (the
+        error pass counts them)."""
+        fused = dynamic_blocked(x, self.plan.qt, self.plan.spec, self.plan.axis, out)
+        return None if fused is None else fused[:3]
 
     def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
@@ -478,9 +425,7 @@ class QuantizeWork:
                 sums = tuple(np.empty(layout.pshape3) for _ in range(3))
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
         if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
-            nan = np.isnan(x)
-            zp_e = np.broadcast_to(layout.expand(z), x.shape)
-            out[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
+            nan_to_zero_point(x, out, z, layout, qt)
         return err, sums
 
 

@@ -14,9 +14,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .bits import KEY_MAX, KEY_MIN, from_order_key
+from ..qtypes import TINY_SCALE
+from .bits import KEY32_MAX, KEY32_MIN, from_order_key32
 from .runtime import parallel_kernel
-from .stats import slot_range_keys
+from .stats import slot_range_keys32
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 
@@ -33,15 +34,32 @@ def half_scale(s):
 
 @parallel_kernel
 def dynamic_blocked_half_to_even(
-    x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, half, scale, zero_point, out
+    x,
+    cblock,
+    iblock,
+    mode,
+    qmin,
+    qmax,
+    steps,
+    zp_sym,
+    lo,
+    hi,
+    mask,
+    half,
+    scale,
+    zero_point,
+    out,
+    nonfinite,
 ):
     """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
-    ``scale`` (float32) / ``zero_point`` (float64) ``[O, Cp, Ip]``; ``mode`` (``SYM_SIGNED``:
-    ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``, zero point
-    ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin - lo / s)``
-    clipped); ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16
-    values (:func:`half_scale`) before the zero point and the values; ``out`` the integer
-    container."""
+    ``scale`` / ``zero_point`` (float32; zero points are integers of at most 16 bits) ``[O,
+    Cp, Ip]``; ``mode`` (``SYM_SIGNED``: ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``:
+    ``absmax / steps``, zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero
+    point ``rint(qmin - lo / s)`` clipped; a scale is never below ``TINY_SCALE``);
+    ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16 values
+    (:func:`half_scale`) before the zero point and the values; ``out`` the integer container;
+    ``nonfinite[O * Cp]``: per row of parameter blocks, how many pieces of it held a NaN or an
+    infinity (the caller applies its NaN policy to them)."""
     n_outer, n_c, n_inner = x.shape
     n_cp = scale.shape[1]
     n_ip = scale.shape[2]
@@ -50,31 +68,29 @@ def dynamic_blocked_half_to_even(
         pc = w - o * n_cp
         c0 = pc * cblock
         c1 = min(n_c, c0 + cblock)
-        kmin = np.full(n_ip, KEY_MAX)
-        kmax = np.full(n_ip, KEY_MIN)
-        slot_range_keys(x, o, c0, c1, iblock, kmin, kmax)
+        kmin = np.full(n_ip, KEY32_MAX)
+        kmax = np.full(n_ip, KEY32_MIN)
+        nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
         ss = np.empty(n_ip, np.float32)
         zs = np.empty(n_ip, np.float32)
         for pi in range(n_ip):
-            empty = kmin[pi] == KEY_MAX and kmax[pi] == KEY_MIN
-            vlo = 0.0 if empty else min(from_order_key(kmin[pi]), 0.0)
-            vhi = 0.0 if empty else max(from_order_key(kmax[pi]), 0.0)
+            empty = kmin[pi] == KEY32_MAX and kmax[pi] == KEY32_MIN
+            vlo = 0.0 if empty else min(np.float64(from_order_key32(kmin[pi])), 0.0)
+            vhi = 0.0 if empty else max(np.float64(from_order_key32(kmax[pi])), 0.0)
             if mode == ASYM:
                 span = vhi - vlo
                 s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
-                if half:
-                    s32 = half_scale(s32)
+                s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
                 z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
             else:
                 amax = max(-vlo, vhi)
                 s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
-                if half:
-                    s32 = half_scale(s32)
+                s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
                 z = 0.0 if mode == SYM_SIGNED else zp_sym
             scale[o, pc, pi] = s32
-            zero_point[o, pc, pi] = z
             ss[pi] = s32
             zs[pi] = np.float32(z)
+            zero_point[o, pc, pi] = zs[pi]
         for c in range(c0, c1):
             xr = x[o, c]
             orow = out[o, c]

@@ -11,7 +11,18 @@ import numpy as np
 from numba import njit, prange
 
 from .affine import TILE, tile_coords
-from .bits import KEY_MAX, KEY_MIN, from_order_key, nonfinite, order_key
+from .bits import (
+    FINITE_KEY32_MAX,
+    FINITE_KEY32_MIN,
+    FINITE_KEY_MAX,
+    FINITE_KEY_MIN,
+    KEY_MAX,
+    KEY_MIN,
+    from_order_key,
+    nonfinite,
+    order_key,
+    order_key32,
+)
 from .runtime import parallel_kernel, run
 
 
@@ -83,21 +94,66 @@ def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
 @njit(inline="always", cache=True)
 def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
     """Fold rows ``c0 .. c1`` of ``x[o]`` into ``kmin``/``kmax``: the order keys of the finite
-    min/max of each parameter slot ``i // iblock`` (left as they were where none is finite)."""
+    min/max of each parameter slot ``i // iblock`` (left as they were where none is finite).
+    Returns how many (row, slot) pieces held a NaN or an infinity."""
     n_inner = x.shape[2]
+    pieces = 0
     for c in range(c0, c1):
         xr = x[o, c]
         for pi in range(kmin.size):
+            i0 = pi * iblock
+            xs = xr[i0 : min(n_inner, i0 + iblock)]
+            # every value's key, finite or not: a branch-free loop that vectorises; NaN and
+            # infinities have keys beyond the finite ones, so they show in the result
             a = kmin[pi]
             b = kmax[pi]
-            for i in range(pi * iblock, min(n_inner, (pi + 1) * iblock)):
-                v = np.float64(xr[i])
-                if nonfinite(v) == 0:
-                    k = order_key(v)
-                    a = min(a, k)
-                    b = max(b, k)
+            for i in range(xs.shape[0]):
+                k = order_key(np.float64(xs[i]))
+                a = min(a, k)
+                b = max(b, k)
+            if a < FINITE_KEY_MIN or b > FINITE_KEY_MAX:  # rare: skip the non-finite ones
+                pieces += 1
+                a = kmin[pi]
+                b = kmax[pi]
+                for i in range(xs.shape[0]):
+                    v = np.float64(xs[i])
+                    if nonfinite(v) == 0:
+                        k = order_key(v)
+                        a = min(a, k)
+                        b = max(b, k)
             kmin[pi] = a
             kmax[pi] = b
+    return pieces
+
+
+@njit(inline="always", cache=True)
+def slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax):
+    """:func:`slot_range_keys` for float32 ``x`` on int32 keys (:func:`order_key32`)."""
+    n_inner = x.shape[2]
+    pieces = 0
+    for c in range(c0, c1):
+        xr = x[o, c]
+        for pi in range(kmin.size):
+            i0 = pi * iblock
+            xs = xr[i0 : min(n_inner, i0 + iblock)]
+            a = kmin[pi]
+            b = kmax[pi]
+            for i in range(xs.shape[0]):
+                k = order_key32(xs[i])
+                a = min(a, k)
+                b = max(b, k)
+            if a < FINITE_KEY32_MIN or b > FINITE_KEY32_MAX:
+                pieces += 1
+                a = kmin[pi]
+                b = kmax[pi]
+                for i in range(xs.shape[0]):
+                    if nonfinite(np.float64(xs[i])) == 0:
+                        k = order_key32(xs[i])
+                        a = min(a, k)
+                        b = max(b, k)
+            kmin[pi] = a
+            kmax[pi] = b
+    return pieces
 
 
 @parallel_kernel
