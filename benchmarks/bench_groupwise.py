@@ -8,8 +8,9 @@
 3. Checkpoint: ``convert`` of a 1 GiB safetensors checkpoint with a blocked uint4 recipe
    against ``quantize_store`` of the store with the same spec, as throughput (GB/s).
 2. In memory: a 16384 x 4096 float32 matrix (``standard_normal * 0.02``, seed 0), qstream's
-   blocked int8 group 32 (``quantize_store`` into ``memory://``) against gguf-py's
-   ``gguf.quants.quantize(x, Q8_0)`` (``pip install gguf``; skipped if missing), medians of
+   blocked int8 group 32 (``quantize_dynamic`` with float32 and with float16 scales, and
+   ``quantize_store`` into ``memory://``) against gguf-py's ``gguf.quants.quantize(x, Q8_0)``
+   (``pip install gguf``; skipped if missing), in interleaved rounds, medians of
    ``--rounds``, with the SQNR of each (10 log10 sum x^2 / sum (x - x_hat)^2, float64).
 
     python benchmarks/bench_groupwise.py --json /tmp/groupwise.json
@@ -86,51 +87,71 @@ def store_part(args) -> list[dict]:
     return rows
 
 
+def _median_time(fn, rounds: int) -> tuple[float, list[float]]:
+    fn()
+    ts = []
+    for _ in range(max(1, rounds)):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), ts
+
+
 def memory_part(args) -> dict:
+    """In memory, 16384 x 4096 float32: qstream's ``quantize_dynamic`` (float32 scales, and
+    float16 scales as Q8_0 stores them) and ``quantize_store`` into ``memory://`` (with its
+    error report and the zarr chunks) against gguf-py's Q8_0 quantizer, side by side."""
     import numpy as np
 
     import qstream as qs
 
     x = (np.random.default_rng(0).standard_normal((16384, 4096)) * 0.02).astype(np.float32)
     spec = qs.QuantSpec(dtype="int8", axis=1, block_size=32, method="dynamic")
-
-    def ours():
-        qs.quantize_store(x, "memory://groupwise", spec, overwrite=True)
-
-    ours()
-    ts = []
-    for _ in range(args.rounds):
-        t = time.perf_counter()
-        ours()
-        ts.append(time.perf_counter() - t)
-    q_ours = statistics.median(ts)
-    sq_ours = _sqnr(x, qs.open_quantized("memory://groupwise")[...])
-    result = {"qstream_s": q_ours, "qstream_sqnr_db": sq_ours, "qstream_runs": ts}
-    print(f"memory qstream int8 g32: median {q_ours * 1e3:.0f} ms, SQNR {sq_ours:.2f} dB")
+    half = qs.QuantSpec(
+        dtype="int8", axis=1, block_size=32, method="dynamic", scale_dtype="float16"
+    )
+    cases = {
+        "quantize_dynamic": lambda: qs.quantize_dynamic(x, spec),
+        "quantize_dynamic-f16-scales": lambda: qs.quantize_dynamic(x, half),
+        "quantize_store-memory": lambda: qs.quantize_store(
+            x, "memory://groupwise", spec, overwrite=True
+        ),
+    }
+    sqnr = {
+        "quantize_dynamic": lambda: _sqnr(x, qs.quantize_dynamic(x, spec).dequantize()),
+        "quantize_dynamic-f16-scales": lambda: _sqnr(x, qs.quantize_dynamic(x, half).dequantize()),
+        "quantize_store-memory": lambda: _sqnr(x, qs.open_quantized("memory://groupwise")[...]),
+    }
     try:
         from gguf import GGMLQuantizationType, quants
+
+        cases["gguf-py Q8_0"] = lambda: quants.quantize(x, GGMLQuantizationType.Q8_0)
+        sqnr["gguf-py Q8_0"] = lambda: _sqnr(
+            x,
+            quants.dequantize(
+                quants.quantize(x, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+            ),
+        )
     except ImportError:
         print("memory gguf-py: not installed (pip install gguf)")
-        return result
-    ts = []
-    for _ in range(max(1, args.rounds)):
-        t = time.perf_counter()
-        packed = quants.quantize(x, GGMLQuantizationType.Q8_0)
-        ts.append(time.perf_counter() - t)
-    q_gguf = statistics.median(ts)
-    sq_gguf = _sqnr(x, quants.dequantize(packed, GGMLQuantizationType.Q8_0))
-    result.update(
-        {
-            "gguf_s": q_gguf,
-            "gguf_sqnr_db": sq_gguf,
-            "gguf_runs": ts,
-            "speedup": q_gguf / q_ours,
-        }
-    )
-    print(
-        f"memory gguf-py Q8_0: median {q_gguf * 1e3:.0f} ms, SQNR {sq_gguf:.2f} dB;"
-        f" qstream {q_gguf / q_ours:.1f}x faster"
-    )
+    times = {name: [] for name in cases}
+    for fn in cases.values():
+        fn()  # compile / warm
+    for _ in range(max(1, args.rounds)):  # interleaved rounds: drift hits every case alike
+        for name, fn in cases.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    gguf = statistics.median(times["gguf-py Q8_0"]) if "gguf-py Q8_0" in times else None
+    result = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        row = {"median_s": med, "runs": ts, "sqnr_db": sqnr[name]()}
+        if gguf:
+            row["x_faster_than_gguf"] = gguf / med
+        result[name] = row
+        vs = f", {gguf / med:5.1f}x gguf-py's speed" if gguf else ""
+        print(f"memory {name:<28} median {med * 1e3:6.1f} ms  SQNR {row['sqnr_db']:.2f} dB{vs}")
     return result
 
 

@@ -340,3 +340,27 @@ def test_quantize_dynamic_rejects_bad_arguments_by_name(call, message):
     x = np.ones((4, 16), np.float32)
     with pytest.raises(qs.QStreamError, match=message):
         call(x)
+
+
+def test_kernel_half_scale_rounds_like_numpy_float16_at_ties_and_boundaries():
+    from numba import njit
+
+    from qstream.calibration.params import half_scales
+    from qstream.kernels.blocked import half_scale
+
+    @njit
+    def each(a):
+        out = np.empty_like(a)
+        for i in range(a.size):
+            out[i] = half_scale(a[i])
+        return out
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(1, 0x7F800000, 200_000, dtype=np.int64).astype(np.int32).view(np.float32)
+    h = np.arange(1, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float64)
+    ties = ((h[:-1] + h[1:]) / 2).astype(np.float32)  # exact: float16 midpoints fit float32
+    edges = np.float32([65504, 65519, 65520, 1e30, 2.0**-24, 2.0**-25, 1e-45, 2.0**-14])
+    a = np.concatenate(
+        [a, h.astype(np.float32), ties, *(np.nextafter(ties, t) for t in (0, np.inf)), edges]
+    ).astype(np.float32)
+    np.testing.assert_array_equal(each(a).view(np.int32), half_scales(a).view(np.int32))
