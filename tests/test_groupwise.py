@@ -364,3 +364,20 @@ def test_kernel_half_scale_rounds_like_numpy_float16_at_ties_and_boundaries():
         [a, h.astype(np.float32), ties, *(np.nextafter(ties, t) for t in (0, np.inf)), edges]
     ).astype(np.float32)
     np.testing.assert_array_equal(each(a).view(np.int32), half_scales(a).view(np.int32))
+
+
+@pytest.mark.parametrize("dtype, sym", [("int8", True), ("uint4", False)])
+def test_memory_store_output_equals_the_disk_output_across_many_blocks(tmp_path, dtype, sym):
+    # the engine reuses its buffers from block to block; an in-memory store must not keep them
+    _, x = _source(tmp_path, shape=(256, 512))
+    x = np.nan_to_num(x, nan=0.0, posinf=1.0, neginf=-1.0)
+    spec = QuantSpec(dtype=dtype, axis=1, block_size=32, method="dynamic", symmetric=sym)
+    qs.quantize_store(x, tmp_path / "d.zarr", spec, max_memory=1 << 20)
+    qs.quantize_store(x, "memory://many-blocks", spec, max_memory=1 << 20, overwrite=True)
+    disk, mem = qs.open_quantized(tmp_path / "d.zarr"), qs.open_quantized("memory://many-blocks")
+    np.testing.assert_array_equal(mem.quantized(...), disk.quantized(...))
+    np.testing.assert_array_equal(mem.scale, disk.scale)
+    np.testing.assert_array_equal(mem.zero_point, disk.zero_point)
+    np.testing.assert_array_equal(
+        qs.open_quantized("memory://many-blocks")[...], qs.open_quantized(tmp_path / "d.zarr")[...]
+    )

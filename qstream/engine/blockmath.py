@@ -237,17 +237,16 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=No
 
 
 def _worst_of(x2, e2, emax, layout, first, param_shape) -> WorstGroups:
+    from ..kernels.errors import worst_candidates
+
     x2, e2, emax = x2.reshape(-1), e2.reshape(-1), emax.reshape(-1)
-    lossy = np.flatnonzero(e2 > 0)
+    # a superset of the worst by ratio (a relative slack far above log10's rounding), then
+    # their SQNR as before: the same groups and values as ranking every group by SQNR
+    lossy = worst_candidates(x2, e2, WorstGroups.KEEP, 1.0 + 1e-9)
     if lossy.size == 0:
         return WorstGroups.empty()
     with np.errstate(divide="ignore"):
         sqnr = 10.0 * np.log10(x2[lossy] / e2[lossy])
-    keep = WorstGroups.KEEP
-    if lossy.size > 4 * keep:  # a superset of the worst, ties at the cut included
-        cut = np.partition(sqnr, keep - 1)[keep - 1]
-        pick = sqnr <= cut
-        lossy, sqnr = lossy[pick], sqnr[pick]
     local = np.unravel_index(lossy, layout.param_shape)
     index = np.ravel_multi_index(
         tuple(i + f for i, f in zip(local, first, strict=True)), tuple(param_shape)

@@ -309,10 +309,12 @@ class QuantizeWork:
         errs = ErrorStats.empty(plan.block_channels(b))
         bs = plan.spec.block_size
         worst = WorstGroups.empty() if bs and not qt.is_float else None  # integer types
-        # a dynamic block takes its ranges from all of it; else piece by piece
-        pieces = (
-            [(b.key, read_region(source, b.key))] if plan.dynamic else read_pieces(source, b.key)
-        )
+        pieces = self._pieces(source, b)
+        if plan.dynamic:  # the block's parameters, gathered from its pieces, written at the end
+            pk_block = param_region(b.key, plan.axis, bs)
+            pshape = tuple(k.stop - k.start for k in pk_block)
+            s_block = scratch("dynamic-scale", pshape, np.float32)
+            z_block = scratch("dynamic-zero-point", pshape, np.float64)
         for region, x in pieces:
             rel = _relative(region, b.key)
             qp = q[rel] if rel else q
@@ -348,14 +350,33 @@ class QuantizeWork:
                 q[rel] = qp
             merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
             if plan.dynamic:
-                pk = param_region(region, plan.axis, plan.spec.block_size)
-                scale_out = self.dest.writer("scale")
-                scale_out[pk] = np.asarray(s, scale_out.array.dtype)
-                if z.any():  # all-zero zero points (symmetric) are the fill value: not written
-                    zp_out = self.dest.writer("zero_point")
-                    zp_out[pk] = z.astype(zp_out.array.dtype)
+                prel = _relative(param_region(region, plan.axis, bs), pk_block)
+                s_block[prel] = s
+                z_block[prel] = z
+        if plan.dynamic:
+            scale_out = self.dest.writer("scale")
+            scale_out[pk_block] = s_block.astype(scale_out.array.dtype, copy=False)
+            if z_block.any():  # all-zero zero points (symmetric) are the fill value: not written
+                zp_out = self.dest.writer("zero_point")
+                zp_out[pk_block] = z_block.astype(zp_out.array.dtype)
         data[b.key] = q.view(stored) if q.dtype != stored else q  # float8: bit patterns
         return errs, worst
+
+    def _pieces(self, source, b: Block):
+        """``(region, x)`` of the block piece by piece (one stored chunk each, so each stays in
+        the CPU's cache between the kernels that use it); for a dynamic spec only where every
+        piece holds whole parameter groups, else the whole block at once."""
+        plan = self.plan
+        if not plan.dynamic:
+            return read_pieces(source, b.key)
+        bs, n = plan.spec.block_size, plan.shape[plan.axis]
+        regions = source.pieces(b.key)
+        if all(
+            r[plan.axis].start % bs == 0 and (r[plan.axis].stop % bs == 0 or r[plan.axis].stop == n)
+            for r in regions
+        ):
+            return ((r, read_region(source, r)) for r in regions)
+        return [(b.key, read_region(source, b.key))]
 
     def _params(self, key: tuple[slice, ...], x: np.ndarray):
         """(scale, zero_point, layout) for the region ``key`` holding ``x``."""

@@ -190,7 +190,9 @@ class ArrayWriter:
         if self.files is not None:
             self.files.write(key, value)
         else:
-            self.array[key] = value
+            # a copy: zarr's MemoryStore keeps the caller's buffer itself for an uncompressed
+            # chunk, and the engine reuses its buffers for the next block
+            self.array[key] = np.array(value, copy=True)
 
 
 def location(target) -> str | None:

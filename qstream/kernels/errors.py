@@ -291,3 +291,31 @@ def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax
             x2[o, pc, pi] = acc[pi, 1]
             e2[o, pc, pi] = acc[pi, 2]
             emax[o, pc, pi] = acc[pi, 5]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def worst_candidates(x2, e2, keep, slack):
+    """Flat indices (ascending) of the groups with error (``e2 > 0``) whose signal-to-error
+    ratio ``x2 / e2`` is at most ``slack`` times the ``keep``-th smallest such ratio: a
+    superset of the ``keep`` lowest-SQNR groups with every tie at the cut included (all of
+    them when fewer have error). Two passes, no temporaries the size of the input."""
+    worst = np.full(keep, np.inf)  # the keep smallest ratios so far, ascending
+    lossy = 0
+    for i in range(x2.size):
+        if e2[i] > 0:
+            lossy += 1
+            r = x2[i] / e2[i]
+            if r < worst[keep - 1]:
+                j = keep - 1
+                while j > 0 and worst[j - 1] > r:
+                    worst[j] = worst[j - 1]
+                    j -= 1
+                worst[j] = r
+    bound = worst[keep - 1] * slack if lossy >= keep else np.inf
+    out = np.empty(min(lossy, x2.size), np.int64)
+    n = 0
+    for i in range(x2.size):
+        if e2[i] > 0 and x2[i] / e2[i] <= bound:
+            out[n] = i
+            n += 1
+    return out[:n]
