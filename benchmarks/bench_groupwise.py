@@ -5,8 +5,10 @@
    (asymmetric) run in turn, each run in a fresh process timing its own
    ``quantize_store`` call, ``--rounds`` times after one warm round; medians and the ratio to
    the explicit job's median.
-3. Checkpoint: ``convert`` of a 1 GiB safetensors checkpoint with a blocked uint4 recipe
-   against ``quantize_store`` of the store with the same spec, as throughput (GB/s).
+3. Checkpoint: ``convert`` of a safetensors checkpoint of the store's size (32 float32
+   tensors of 4096 x 4096 for 2 GiB) with a blocked uint4 recipe against ``quantize_store`` of
+   the store with the same spec, as throughput (GB/s); equal sizes, so the fixed start-up
+   cost of a fresh process weighs the same on both.
 2. In memory: a 16384 x 4096 float32 matrix (``standard_normal * 0.02``, seed 0), qstream's
    blocked int8 group 32 (``quantize_dynamic`` with float32 and with float16 scales, and
    ``quantize_store`` into ``memory://``) against gguf-py's ``gguf.quants.quantize(x, Q8_0)``
@@ -176,22 +178,25 @@ method = "dynamic"
 
 
 def checkpoint_part(args) -> dict:
-    """``convert`` of a safetensors checkpoint (16 float32 tensors of 4096 x 4096, 1 GiB)
-    with a blocked recipe (uint4, groups of 128 along axis 1, asymmetric) against
-    ``quantize_store`` of the 2 GiB store with the same spec: throughput of each (GB/s of
-    source read), fresh process per run."""
+    """``convert`` of a safetensors checkpoint (float32 tensors of 4096 x 4096, as many as
+    make the store's size) with a blocked recipe (uint4, groups of 128 along axis 1,
+    asymmetric) against ``quantize_store`` of the store with the same spec: throughput of
+    each (GB/s of source read), fresh process per run."""
     import bench_stores
     import numpy as np
     from safetensors.numpy import save_file
 
-    ckpt = os.path.join(args.workdir, "ckpt-1GiB.safetensors")
+    size = bench_stores.parse_bytes(args.size)
+    n_tensors = max(1, size // (4096 * 4096 * 4))
+    ckpt = os.path.join(args.workdir, f"ckpt-{n_tensors}x64MiB.safetensors")
     if not os.path.exists(ckpt):
         rng = np.random.default_rng(0)
         tensors = {
             f"layers.{i}.weight": (rng.standard_normal((4096, 4096)) * 0.02).astype(np.float32)
-            for i in range(16)
+            for i in range(n_tensors)
         }
         save_file(tensors, ckpt + ".partial")
+        del tensors
         os.replace(ckpt + ".partial", ckpt)
     recipe = os.path.join(args.workdir, "recipe-uint4-g128.toml")
     with open(recipe, "w") as f:
@@ -217,11 +222,12 @@ def checkpoint_part(args) -> dict:
         if r:
             conv.append(float(a.stdout.strip().splitlines()[-1]))
             store.append(float(b.stdout.strip().splitlines()[-1]))
-    ckpt_bytes, store_bytes = 16 * 4096 * 4096 * 4, bench_stores.parse_bytes(args.size)
+    ckpt_bytes, store_bytes = n_tensors * 4096 * 4096 * 4, size
     c_gbps = ckpt_bytes / statistics.median(conv) / 1e9
     s_gbps = store_bytes / statistics.median(store) / 1e9
     print(
-        f"convert uint4 g128 (1 GiB safetensors): median {statistics.median(conv):.2f} s,"
+        f"convert uint4 g128 ({n_tensors} x 64 MiB safetensors): median"
+        f" {statistics.median(conv):.2f} s,"
         f" {c_gbps:.2f} GB/s; quantize_store same spec ({args.size}):"
         f" {statistics.median(store):.2f} s, {s_gbps:.2f} GB/s; convert / store throughput"
         f" {c_gbps / s_gbps:.2f}"

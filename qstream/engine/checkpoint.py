@@ -3,18 +3,21 @@
 ``dst`` (a local directory) becomes a Zarr group; each tensor is stored at its name: a
 quantized group (see ``qstream.io.qarray``) or, for kept tensors, a plain array of the
 original values (bfloat16 widened exactly to float32, the original dtype in its attributes).
-Tensors are converted one after another, each with the bounded memory of one store job; the
-root's ``attrs["qstream_checkpoint"]`` lists the finished tensors, so a re-run resumes, and
-``complete`` is written last.
+Tensors are converted in order, each with the bounded memory of one store job (two at a time
+on the local executor, each within half the bound); the root's ``attrs["qstream_checkpoint"]``
+lists the finished tensors, so a re-run resumes, and ``complete`` is written last.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,14 +87,22 @@ def convert(
         )
 
 
+TENSORS_IN_FLIGHT = 2  # local runs: one tensor's setup and last blocks overlap the next's
+
+
 def _convert(
     tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress, executor
 ) -> dict:
     t0 = time.perf_counter()
     root, done, complete = _open_root(dst, source, recipe, overwrite)
     results: dict[str, dict] = dict(done)
-    names = list(tensors)
-    for i, name in enumerate([] if complete else names):
+    names = [] if complete else list(tensors)
+    # a local run converts two tensors at once, each with half the memory bound: a job's
+    # fixed costs (its group's metadata, the report) and its last blocks, which leave cores
+    # idle, overlap the other's blocks. Results are recorded and reported in tensor order.
+    in_flight = 1 if executor.distributed else TENSORS_IN_FLIGHT
+    todo = []
+    for i, name in enumerate(names):
         t = tensors[name]
         spec = recipe.spec_for(name, t.shape, t.dtype)
         target = "keep" if spec is None else _describe(spec)
@@ -100,40 +111,64 @@ def _convert(
             if on_tensor:
                 on_tensor(TensorEvent(**{**event.__dict__, "result": done[name]}))
             continue
-        if on_tensor:
-            on_tensor(event)
+        todo.append((event, t, spec))
+
+    def one(t, spec, name) -> dict:
         path = f"{dst}/{name}"
         if spec is None:
-            result = _keep(t, path)
-        else:
-            job = QuantizeJob(
-                t, spec, max_memory=max_memory, executor=executor, checkpoint=(source, name)
-            )
-            report = job.run(path, progress=progress, overwrite=overwrite)
-            q_bytes = qarray.stored_nbytes(t.shape, spec.qtype)
-            params = report.calibration.get("params") if report.calibration else None
-            result = {
-                "kept": False,
-                "error": report.error,
-                "bytes_after": int(q_bytes),
-                "passes": report.passes,
-                "params": bool(params),
-            }
+            return _keep(t, path)
+        job = QuantizeJob(
+            t,
+            spec,
+            max_memory=max_memory,
+            executor=executor,
+            checkpoint=(source, name),
+            memory_share=in_flight,
+        )
+        report = job.run(path, progress=progress, overwrite=overwrite)
+        params = report.calibration.get("params") if report.calibration else None
+        return {
+            "kept": False,
+            "error": report.error,
+            "bytes_after": int(qarray.stored_nbytes(t.shape, spec.qtype)),
+            "passes": report.passes,
+            "params": bool(params),
+        }
+
+    def finished(event, t, future) -> None:
+        result = future.result()
         result.update(
             {
                 "shape": list(t.shape),
                 "dtype": np.dtype(t.dtype).name,
-                "target": target,
+                "target": event.target,
                 "bytes_before": int(t.nbytes),
             }
         )
-        results[name] = result
+        results[event.name] = result
         _record(root, results, complete=False)
         if on_tensor:
             on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
+
+    with ThreadPoolExecutor(in_flight, thread_name_prefix="qstream-tensor") as pool:
+        running: deque = deque()
+        try:
+            for event, t, spec in todo:
+                if len(running) == in_flight:
+                    finished(*running.popleft())
+                if on_tensor:
+                    on_tensor(event)
+                running.append((event, t, pool.submit(one, t, spec, event.name)))
+            while running:
+                finished(*running.popleft())
+        finally:  # a failure: let the other tensor's job end (it stays resumable) first
+            for _, _, future in running:
+                with contextlib.suppress(Exception):
+                    future.result()
     if not complete:
         _record(root, results, complete=True)
         qarray.clean_partials(dst)  # of a killed run's root metadata writes
+    results = {n: results[n] for n in tensors if n in results}  # in the checkpoint's order
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
     return {

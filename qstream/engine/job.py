@@ -84,12 +84,16 @@ class QuantizeJob:
         executor=None,
         checkpoint: tuple[str, str] | None = None,
         view_histogram: bool = False,
+        memory_share: int = 1,
     ):
         """``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is, so that
         workers in other processes can open the tensor themselves. ``view_histogram``: a
         per-tensor minmax calibration makes one histogram pass for the views (histogram
-        methods keep theirs anyway)."""
+        methods keep theirs anyway). ``memory_share``: this many jobs run at once within
+        ``max_memory``; each fits its workers in its share, while its blocks (and so its
+        report, bit for bit) stay those of ``max_memory``."""
         self.spec = spec
+        self.memory_share = max(1, int(memory_share))
         self.view_histogram = view_histogram
         self._view_hist = None  # the per-tensor histogram for the views (calibration views)
         self.token = uuid.uuid4().hex
@@ -166,9 +170,12 @@ class QuantizeJob:
 
     def _workers(self, cap: int | None = None) -> int:
         default = pipeline.default_workers() if cap is None else min(cap, 2)
-        return fit_workers(
-            self.max_memory, self.blocks, max(4, self.source.dtype.itemsize), default
-        )
+        return fit_workers(self.memory, self.blocks, max(4, self.source.dtype.itemsize), default)
+
+    @property
+    def memory(self) -> int:
+        """The working memory this job may use: its share of ``max_memory``."""
+        return memory_limit(self.max_memory) // self.memory_share
 
     def _scan(
         self,
@@ -275,7 +282,7 @@ class QuantizeJob:
         edges_lo = np.zeros(plan.channels) if sym else lo
         edges_hi = np.maximum(-lo, hi) if sym else hi
         out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
-        budget = memory_limit(self.max_memory) // HIST_SHARE
+        budget = self.memory // HIST_SHARE
         workers = self._workers()
         per_block = max(plan.block_channels(b) for b in self.blocks) * spec.num_bins * 8
         if self._whole_channels() and workers * per_block <= budget:
@@ -560,10 +567,12 @@ class QuantizeJob:
         found = [worst]
         todo = self.blocks[start:]
         per = cal.params is not None and not self.spec.block_size
+        dest = DestRef(self.token, _fspath(dst), self.storage_options)
+        dest.register(group)
         work = QuantizeWork(
             plan,
             self.ref,
-            DestRef(self.token, _fspath(dst), self.storage_options),
+            dest,
             cal.params.scale if per else None,
             cal.params.zero_point if per else None,
         )

@@ -110,11 +110,18 @@ class DestRef:
 
         return _cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
 
+    def register(self, group) -> None:
+        """Use the already open destination ``group`` in this process."""
+        _cached((self.token, "group"), lambda: group)
+
     def array(self, name: str):
         from ..io.stores import open_group
 
         def make():
-            group = open_group(self.url, mode="a", storage_options=self.storage_options)
+            group = _cached(
+                (self.token, "group"),
+                lambda: open_group(self.url, mode="a", storage_options=self.storage_options),
+            )
             return group[name]
 
         return _cached((self.token, "array", name), make)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import struct
 import zipfile
@@ -52,6 +53,9 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _TORCH_EXTS = (".pt", ".pth", ".bin")
 
 
+_PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE")  # POSIX
+
+
 @dataclass
 class CheckpointTensor:
     """One tensor of a checkpoint; ``t[key]`` reads just the region ``key`` selects.
@@ -67,6 +71,8 @@ class CheckpointTensor:
     nbytes: int
     source: Any = field(repr=False, compare=False)
     _convert: Callable[[Any], np.ndarray] | None = field(default=None, repr=False, compare=False)
+    # (path, byte offset) of values stored as they are, in C order: regions can be mapped
+    file: tuple[str, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ndim(self) -> int:
@@ -86,6 +92,42 @@ class CheckpointTensor:
         if flip:
             part = np.flip(part, axis=flip)
         return np.array(part, dtype=self.dtype, order="C", copy=True)
+
+    def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
+        """The region ``key`` without a copy where the tensor's values lie in a file as they
+        are (safetensors, ``.npy``, C order, native byte order) and the region is one run of
+        bytes (a range along the first axis, every other axis whole): a private, writable
+        mapping of just those bytes (never written; writable so that kernels see ordinary
+        arrays). None otherwise: then index the tensor."""
+        if self.file is None or self.source.dtype != self.dtype or not _PRIVATE_MAPS:
+            return None
+        key, flip = _forward_key(expand_key(key, self.shape), self.shape)
+        if flip or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
+            return None
+        if any((k.start, k.stop) != (0, n) for k, n in zip(key[1:], self.shape[1:], strict=True)):
+            return None
+        row = math.prod(self.shape[1:]) * self.dtype.itemsize
+        path, offset = self.file
+        first = offset + key[0].start * row if key else offset
+        nbytes = (key[0].stop - key[0].start) * row if key else self.nbytes
+        if nbytes == 0:
+            return None
+        base = first // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        try:
+            with open(path, "rb", buffering=0) as f:
+                m = mmap.mmap(
+                    f.fileno(),
+                    first + nbytes - base,
+                    flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                    offset=base,
+                )
+        except (OSError, ValueError):
+            return None
+        shape = tuple(k.stop - k.start for k in key)
+        return np.frombuffer(m, self.dtype, nbytes // self.dtype.itemsize, first - base).reshape(
+            shape
+        )
 
 
 def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
@@ -161,7 +203,9 @@ def _memmap_tensor(name: str, fmap: _FileMap, offset: int, dtype, shape, fortran
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
     src = fmap.view(offset, dtype, shape, fortran)
-    return CheckpointTensor(name, shape, _native(dtype), math.prod(shape) * dtype.itemsize, src)
+    nbytes = math.prod(shape) * dtype.itemsize
+    file = (fmap.path, offset) if not fortran and _native(dtype) == dtype else None
+    return CheckpointTensor(name, shape, _native(dtype), nbytes, src, file=file)
 
 
 def _native(dtype: np.dtype) -> np.dtype:

@@ -126,13 +126,14 @@ class Source:
         ]
 
     def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
-        """The region ``key`` without a copy (a mapped uncompressed chunk, or a NumPy
-        source's own memory), or None: then use :meth:`read`."""
+        """The region ``key`` without a copy (a mapped uncompressed chunk, a NumPy source's
+        own memory, or a checkpoint tensor's mapped file), or None: then use :meth:`read`."""
         if self.files is not None:
             return self.files.view(key)
         if isinstance(self.array, np.ndarray):
             return self.array[key]
-        return None
+        view = getattr(self.array, "view", None)  # a checkpoint tensor mapped from its file
+        return view(key) if callable(view) else None
 
     def read(self, key: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
         """The values of the region ``key`` as a C-contiguous array (written into ``out``, of
