@@ -88,6 +88,7 @@ def convert(
 
 
 TENSORS_IN_FLIGHT = 2  # local runs: one tensor's setup and last blocks overlap the next's
+RECORD_EVERY = 8  # finished tensors between updates of the root's list of them
 
 
 def _convert(
@@ -135,6 +136,11 @@ def _convert(
             "params": bool(params),
         }
 
+    # the root lists the finished tensors every RECORD_EVERY of them (a count, so that a run
+    # writes the same files whatever its speed): a tensor finished but not listed when a run
+    # is killed is found complete by its own job on the re-run (a cheap check of its
+    # metadata), so listing each one as it ends would only cost a rewrite of the root's
+    # metadata per tensor
     def finished(event, t, future) -> None:
         result = future.result()
         result.update(
@@ -146,7 +152,8 @@ def _convert(
             }
         )
         results[event.name] = result
-        _record(root, results, complete=False)
+        if len(results) % RECORD_EVERY == 0:
+            _record(root, results, complete=False)
         if on_tensor:
             on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
 
@@ -161,10 +168,13 @@ def _convert(
                 running.append((event, t, pool.submit(one, t, spec, event.name)))
             while running:
                 finished(*running.popleft())
-        finally:  # a failure: let the other tensor's job end (it stays resumable) first
-            for _, _, future in running:
+        except BaseException:  # let the other tensor's job end, list what finished, re-raise
+            for item in running:
                 with contextlib.suppress(Exception):
-                    future.result()
+                    finished(*item)
+            with contextlib.suppress(Exception):
+                _record(root, results, complete=False)
+            raise
     if not complete:
         _record(root, results, complete=True)
         qarray.clean_partials(dst)  # of a killed run's root metadata writes
