@@ -150,6 +150,7 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
         ``zero_point`` in the output type (sub-byte types as ``ml_dtypes`` arrays, one code
         per byte), ``scale`` float32, or float16 with ``scale_dtype="float16"``.
     """
+    from ..core import buffers
     from ..core.layout import normalize_axis
     from ..engine.blockmath import dynamic_blocked, dynamic_params, nan_to_zero_point
     from ..errors import InvalidParameterError, NonFiniteInputError
@@ -168,7 +169,7 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
     x = checks.as_float_input(x, "x")
     axis = normalize_axis(spec.axis, x.ndim)
     qt = spec.qtype
-    q = np.empty(x.shape, qt.dtype)
+    q = buffers.empty(x.shape, qt.dtype)  # a large result: from the pool of freed buffers
     fused = dynamic_blocked(x, qt, spec, axis, q)
     if fused is not None:
         s, z, layout, nonfinite = fused

@@ -81,6 +81,7 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     decides). None where the kernel does not apply (float types, int32, float64 sources,
     round modes other than half to even)."""
     from ..calibration.params import symmetric_steps
+    from ..core import buffers
     from ..core.layout import blocked_param_shape, plan_layout
     from ..kernels import blocked
     from ..kernels.runtime import run
@@ -101,8 +102,8 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     else:
         mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
         steps, zp = symmetric_steps(qt, spec.narrow_range)
-    s = np.empty(layout.pshape3, np.float32)
-    z = np.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
+    s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
+    z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
     run(
         blocked.dynamic_blocked_half_to_even,
