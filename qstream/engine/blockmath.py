@@ -167,7 +167,11 @@ def _error_inputs(x, q, qt):
     """(parameter float type, x as float32/64, q widened) as the error kernels take them."""
     compute = np.float64 if qt.bits > 16 else np.float32
     xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
-    qk = np.ascontiguousarray(q).view(qt.dtype).astype(qt.widened, copy=False)
+    qk = np.ascontiguousarray(q).view(qt.dtype)
+    if (qt.bits >= 8 or not qt.signed) and qk.itemsize == np.dtype(qt.widened).itemsize:
+        qk = qk.view(qt.widened)  # the stored bytes are the codes themselves: no conversion
+    else:  # int4/int2 bytes hold the masked code: sign-extended by the conversion
+        qk = qk.astype(qt.widened)
     return compute, xk, qk
 
 
