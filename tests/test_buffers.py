@@ -28,3 +28,30 @@ def test_views_keep_pooled_memory_alive_and_freed_buffers_are_reused():
 def test_small_arrays_are_plain_numpy():
     x = buffers.empty((10,), np.int8)
     assert x.base is None
+
+
+def test_scratch_of_an_ended_thread_is_reused_by_the_next_one():
+    import threading
+
+    from qstream.core import scratch as sc
+
+    addresses = []
+
+    def work():
+        a = sc.scratch("test-spare", (3 << 20,), np.uint8)
+        addresses.append(a.ctypes.data)
+
+    def spare_at(address):
+        with sc._spare_lock:
+            return [b for b in sc._spare if b.ctypes.data == address]
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert len(spare_at(addresses[0])) == 1  # the ended thread's buffer waits in the spares
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert addresses[1] == addresses[0]  # the next thread took it instead of fresh pages
+    with sc._spare_lock:  # bounded: never more than SPARE_LIMIT bytes are kept
+        assert sum(b.nbytes for b in sc._spare) <= sc.SPARE_LIMIT
