@@ -56,12 +56,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("dtype, axis, bs, sym, scale_dtype", CASES)
-def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
-    tmp_path, monkeypatch, dtype, axis, bs, sym, scale_dtype
-):
-    src, x = _source(tmp_path)
-    spec = QuantSpec(
+def _case_spec(dtype, axis, bs, sym, scale_dtype) -> QuantSpec:
+    """The spec of a CASES row (NaN to the zero point; int8 groups of 16 narrow-range)."""
+    return QuantSpec(
         dtype=dtype,
         axis=axis,
         block_size=bs,
@@ -71,6 +68,14 @@ def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
         narrow_range=dtype == "int8" and bs == 16,
         scale_dtype=scale_dtype,
     )
+
+
+@pytest.mark.parametrize("dtype, axis, bs, sym, scale_dtype", CASES)
+def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
+    tmp_path, monkeypatch, dtype, axis, bs, sym, scale_dtype
+):
+    src, x = _source(tmp_path)
+    spec = _case_spec(dtype, axis, bs, sym, scale_dtype)
     fused_report, fused = _run(src, tmp_path / "fused.zarr", spec)
     monkeypatch.setattr(QuantizeWork, "_dynamic_fused", lambda self, x, out: None)
     plain_report, plain = _run(src, tmp_path / "plain.zarr", spec)
@@ -230,16 +235,7 @@ def test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store(
 ):
     _, x = _source(tmp_path)
     x = x.astype(source_dtype)
-    spec = QuantSpec(
-        dtype=dtype,
-        axis=axis,
-        block_size=bs,
-        method="dynamic",
-        symmetric=sym,
-        nan_policy="zero_point",
-        narrow_range=dtype == "int8" and bs == 16,
-        scale_dtype=scale_dtype,
-    )
+    spec = _case_spec(dtype, axis, bs, sym, scale_dtype)
     r = qs.quantize_dynamic(x, spec)
     qs.quantize_store(x, tmp_path / "q.zarr", spec)
     g = zarr.open_group(str(tmp_path / "q.zarr"), mode="r")

@@ -152,7 +152,7 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
     """
     from ..core import buffers
     from ..core.layout import normalize_axis
-    from ..engine.blockmath import dynamic_blocked, dynamic_params, nan_to_zero_point
+    from ..engine.blockmath import dynamic_quantize, nan_to_zero_point
     from ..errors import InvalidParameterError, NonFiniteInputError
     from ..spec import QuantSpec
 
@@ -170,22 +170,7 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
     axis = normalize_axis(spec.axis, x.ndim)
     qt = spec.qtype
     q = buffers.empty(x.shape, qt.dtype)  # a large result: from the pool of freed buffers
-    fused = dynamic_blocked(x, qt, spec, axis, q)
-    if fused is not None:
-        s, z, layout, nonfinite = fused
-    else:
-        s, z, layout = dynamic_params(x, qt, spec, axis)
-        affine_quantize(
-            x,
-            s,
-            z,
-            layout,
-            qt,
-            code=round_code(spec.round_mode),
-            narrow_range=spec.narrow_range,
-            out=q,
-        )
-        nonfinite = 0 if np.isfinite(x).all() else 1
+    s, z, layout, nonfinite = dynamic_quantize(x, qt, spec, axis, q)
     if nonfinite:
         bad = ~np.isfinite(x)
         if spec.nan_policy == "error":

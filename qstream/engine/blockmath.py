@@ -127,6 +127,36 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum())
 
 
+def quantize_spec(x, s, z, layout, qt, spec, out) -> None:
+    """Quantize ``x`` into ``out`` with the parameters ``s``/``z`` and ``spec``'s rounding and
+    range (the unfused path)."""
+    from ..core.affine import affine_quantize
+    from ..rounding import round_code
+
+    affine_quantize(
+        x,
+        s,
+        z,
+        layout,
+        qt,
+        code=round_code(spec.round_mode),
+        narrow_range=spec.narrow_range,
+        out=out,
+    )
+
+
+def dynamic_quantize(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
+    """A dynamic blocked spec's ``(scale, zero_point, layout, nonfinite)`` with ``x``
+    quantized into ``out``: :func:`dynamic_blocked` where it applies, else
+    :func:`dynamic_params` then :func:`quantize_spec` (``nonfinite`` then 0 or 1)."""
+    fused = dynamic_blocked(x, qt, spec, axis, out)
+    if fused is not None:
+        return fused
+    s, z, layout = dynamic_params(x, qt, spec, axis)
+    quantize_spec(x, s, z, layout, qt, spec, out)
+    return s, z, layout, 0 if np.isfinite(x).all() else 1
+
+
 def nan_to_zero_point(x: np.ndarray, q: np.ndarray, z, layout, qt) -> None:
     """Set the codes in ``q`` of ``x``'s NaN values to their zero points (the ``zero_point``
     NaN policy; integer types)."""

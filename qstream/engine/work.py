@@ -29,6 +29,7 @@ from .blockmath import (
     dynamic_blocked,
     dynamic_params,
     nan_to_zero_point,
+    quantize_spec,
 )
 from .plan import Block
 
@@ -414,21 +415,7 @@ class QuantizeWork:
 
     def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
-        from ..core.affine import affine_quantize
-        from ..rounding import round_code
-
-        plan = self.plan
-        qt, spec = plan.qt, plan.spec
-        affine_quantize(
-            x,
-            s,
-            z,
-            layout,
-            qt,
-            code=round_code(spec.round_mode),
-            narrow_range=spec.narrow_range,
-            out=out,
-        )
+        quantize_spec(x, s, z, layout, self.plan.qt, self.plan.spec, out)
         return self._errors(x, s, z, layout, out)
 
     def _errors(self, x, s, z, layout, out):
