@@ -437,7 +437,7 @@ class QuantizeWork:
             err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
         else:
             if spec.block_size and groups_are_runs(layout.cblock, layout.iblock):
-                sums = tuple(np.empty(layout.pshape3) for _ in range(3))
+                sums = tuple(scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
         if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
             nan_to_zero_point(x, out, z, layout, qt)
