@@ -101,3 +101,33 @@ def test_checkpoint_tensor_regions_map_the_file_without_a_copy(tmp_path):
         np.testing.assert_array_equal(v, t[key])
     assert t.view((slice(0, 4), slice(0, 100))) is None  # not one run of bytes: copy instead
     assert t.view((slice(4, 0, -1), slice(0, 256))) is None
+
+
+@pytest.mark.parametrize("stop_after", [0, 2])
+def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tmp_path, stop_after):
+    import threading
+
+    from qstream.engine.checkpoint import Stopped, _Stoppable
+    from qstream.engine.job import QuantizeJob
+
+    x = (np.random.default_rng(6).standard_normal((512, 256)) * 0.02).astype(np.float32)
+    spec = RECIPE.spec_for("w", x.shape, x.dtype)
+    stop = threading.Event()
+
+    def after_blocks(done, total):  # a Ctrl-C (or another tensor's failure) mid-job
+        if done >= stop_after:
+            stop.set()
+
+    if stop_after == 0:
+        stop.set()
+    dst = tmp_path / "stopped"
+    with pytest.raises(Stopped):
+        QuantizeJob(x, spec, max_memory=1 << 20).run(dst, progress=_Stoppable(after_blocks, stop))
+    with pytest.raises(qs.StoreError):  # what it left does not pass for a finished output
+        qs.open_quantized(dst)
+    again = qs.quantize_store(x, dst, spec, max_memory=1 << 20)
+    clean = qs.quantize_store(x, tmp_path / "clean", spec, max_memory=1 << 20)
+    assert json.dumps(again.error, sort_keys=True) == json.dumps(clean.error, sort_keys=True)
+    a, b = (zarr.open_group(str(d), mode="r") for d in (dst, tmp_path / "clean"))
+    for m in ("data", "scale", "zero_point"):
+        np.testing.assert_array_equal(a[m][...], b[m][...])

@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from ..io import qarray
 from ..io.stores import location, open_group
 from ..recipe import Recipe
 from . import executors
-from .job import QuantizeJob
+from .job import QuantizeJob, report_stage
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ def _convert(
     # fixed costs (its group's metadata, the report) and its last blocks, which leave cores
     # idle, overlap the other's blocks. Results are recorded and reported in tensor order.
     in_flight = 1 if executor.distributed else TENSORS_IN_FLIGHT
+    stop = threading.Event()
     todo = []
     for i, name in enumerate(names):
         t = tensors[name]
@@ -126,7 +128,7 @@ def _convert(
             checkpoint=(source, name),
             memory_share=in_flight,
         )
-        report = job.run(path, progress=progress, overwrite=overwrite)
+        report = job.run(path, progress=_Stoppable(progress, stop), overwrite=overwrite)
         params = report.calibration.get("params") if report.calibration else None
         return {
             "kept": False,
@@ -168,7 +170,8 @@ def _convert(
                 running.append((event, t, pool.submit(one, t, spec, event.name)))
             while running:
                 finished(*running.popleft())
-        except BaseException:  # let the other tensor's job end, list what finished, re-raise
+        except BaseException:  # a failure or Ctrl-C: stop the other tensor's job at its next
+            stop.set()  # block (it stays resumable), list what finished, re-raise
             for item in running:
                 with contextlib.suppress(Exception):
                     finished(*item)
@@ -191,6 +194,31 @@ def _convert(
         "recipe": recipe.to_dict(),
         "already_complete": complete,
     }
+
+
+class Stopped(Exception):
+    """A tensor's job stopped between blocks because the conversion is stopping."""
+
+
+class _Stoppable:
+    """A job's progress reporter that forwards to ``progress`` (if any) and raises
+    :class:`Stopped` at the job's next block or pass once ``stop`` is set: the job then ends
+    as a killed one would, resumable."""
+
+    def __init__(self, progress, stop: threading.Event) -> None:
+        self.progress = progress
+        self.stop = stop
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.stop.is_set():
+            raise Stopped("the conversion is stopping")
+        if self.progress is not None:
+            self.progress(done, total)
+
+    def stage(self, name: str, total: int, done: int) -> None:
+        if self.stop.is_set():
+            raise Stopped("the conversion is stopping")
+        report_stage(self.progress, name, total, done)
 
 
 def _describe(spec) -> str:
