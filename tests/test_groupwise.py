@@ -377,3 +377,13 @@ def test_memory_store_output_equals_the_disk_output_across_many_blocks(tmp_path,
     np.testing.assert_array_equal(
         qs.open_quantized("memory://many-blocks")[...], qs.open_quantized(tmp_path / "d.zarr")[...]
     )
+
+
+def test_float16_bits_of_every_positive_float16_value():
+    from qstream.kernels.blocked import float16_bits
+    from qstream.kernels.runtime import run
+
+    h = np.arange(1, 0x7C00, dtype=np.uint16)  # every positive finite float16, subnormals too
+    out = np.empty_like(h)
+    run(float16_bits, h.view(np.float16).astype(np.float32), out)
+    np.testing.assert_array_equal(out, h)

@@ -184,5 +184,12 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
             )
         if spec.nan_policy == "zero_point":
             nan_to_zero_point(x, q, z, layout, qt)
-    scale = s.astype(np.float16) if spec.half_scales else s
+    scale = s
+    if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
+        from ..kernels.blocked import float16_bits
+        from ..kernels.runtime import run
+
+        scale = np.empty(s.shape, np.uint16)
+        run(float16_bits, s.reshape(-1), scale.reshape(-1))
+        scale = scale.view(np.float16)
     return GroupQuantized(q, scale, z.astype(qt.dtype), axis, int(spec.block_size))

@@ -109,3 +109,18 @@ def dynamic_blocked_half_to_even(
                     ob = orow[i0:i1]
                     for j in range(i1 - i0):
                         ob[j] = np.int32(min(max(lo, np.rint(xb[j] / s) + z), hi)) & mask
+
+
+@parallel_kernel
+def float16_bits(s, out):
+    """The float16 bit patterns (``uint16``) of float32 values that are float16 values already
+    (:func:`half_scale`'s results, positive): exponent re-biased and mantissa shortened, or
+    for float16 subnormals the multiple of 2**-24; no rounding happens."""
+    for i in prange(s.size):
+        v = s[i]
+        if v >= np.float32(2.0**-14):
+            b = bits32(v)
+            e = ((b >> np.int32(23)) & np.int32(0xFF)) - np.int32(112)  # 127 - 15
+            out[i] = np.uint16((e << np.int32(10)) | ((b >> np.int32(13)) & np.int32(0x3FF)))
+        else:
+            out[i] = np.uint16(np.int32(v * np.float32(2.0**24)))
