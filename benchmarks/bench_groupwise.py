@@ -55,6 +55,14 @@ shutil.rmtree(dst, ignore_errors=True)
 """
 
 
+def _child_seconds(code: str, *args: str) -> float:
+    """Run ``code`` in a fresh interpreter; the seconds it printed last."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def _sqnr(x, xhat) -> float:
     import numpy as np
 
@@ -72,14 +80,9 @@ def store_part(args) -> list[dict]:
     times: dict[str, list[float]] = {k: [] for k in STORE_CASES}
     for r in range(args.rounds + 1):
         for name, spec in STORE_CASES.items():
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, src, dst, json.dumps(spec)],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+            seconds = _child_seconds(CHILD, src, dst, json.dumps(spec))
             if r:
-                times[name].append(float(out.stdout.strip().splitlines()[-1]))
+                times[name].append(seconds)
     base = statistics.median(times["explicit"])
     rows = []
     for name, ts in times.items():
@@ -87,16 +90,6 @@ def store_part(args) -> list[dict]:
         rows.append({"case": name, "median_s": med, "ratio": med / base, "runs": ts})
         print(f"store {name:<16} median {med:6.3f} s  x explicit {med / base:5.2f}  runs {ts}")
     return rows
-
-
-def _median_time(fn, rounds: int) -> tuple[float, list[float]]:
-    fn()
-    ts = []
-    for _ in range(max(1, rounds)):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts), ts
 
 
 def memory_part(args) -> dict:
@@ -207,21 +200,11 @@ def checkpoint_part(args) -> dict:
     spec = STORE_CASES["uint4-g128-asym"]
     conv, store = [], []
     for r in range(args.rounds + 1):
-        a = subprocess.run(
-            [sys.executable, "-c", CONVERT_CHILD, ckpt, dst, recipe],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        b = subprocess.run(
-            [sys.executable, "-c", CHILD, src, dst, json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+        a = _child_seconds(CONVERT_CHILD, ckpt, dst, recipe)
+        b = _child_seconds(CHILD, src, dst, json.dumps(spec))
         if r:
-            conv.append(float(a.stdout.strip().splitlines()[-1]))
-            store.append(float(b.stdout.strip().splitlines()[-1]))
+            conv.append(a)
+            store.append(b)
     ckpt_bytes, store_bytes = n_tensors * 4096 * 4096 * 4, size
     c_gbps = ckpt_bytes / statistics.median(conv) / 1e9
     s_gbps = store_bytes / statistics.median(store) / 1e9

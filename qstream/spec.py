@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidParameterError
+from .errors import InvalidParameterError, NonFiniteInputError
 from .qtypes import qtype
 from .rounding import ROUND_MODES
 
@@ -205,6 +205,18 @@ class RangeStats:
     @property
     def nonfinite(self) -> int:
         return int(self.nan.sum() + self.posinf.sum() + self.neginf.sum())
+
+    def refusal(self, name: str, shape) -> NonFiniteInputError:
+        """The error that refuses these non-finite values (the ``error`` NaN policy), naming
+        how many of each kind and the first one's index in an array of ``shape``."""
+        at = "?"
+        if self.first_nonfinite >= 0:
+            at = str(tuple(int(i) for i in np.unravel_index(self.first_nonfinite, shape)))
+        return NonFiniteInputError(
+            f"{name}: {self.nonfinite} non-finite values ({int(self.nan.sum())} NaN,"
+            f" {int(self.posinf.sum())} +inf, {int(self.neginf.sum())} -inf); first at index"
+            f" {at}. Use nan_policy='zero_point' or nan_policy='min' to quantize them anyway"
+        )
 
     @classmethod
     def empty(cls, channels: int) -> RangeStats:

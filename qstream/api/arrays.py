@@ -152,8 +152,8 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
     """
     from ..core import buffers
     from ..core.layout import normalize_axis
-    from ..engine.blockmath import dynamic_quantize, nan_to_zero_point
-    from ..errors import InvalidParameterError, NonFiniteInputError
+    from ..engine.blockmath import block_ranges, dynamic_quantize, nan_to_zero_point
+    from ..errors import InvalidParameterError
     from ..spec import QuantSpec
 
     if spec is None:
@@ -171,19 +171,10 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
     qt = spec.qtype
     q = buffers.empty(x.shape, qt.dtype)  # a large result: from the pool of freed buffers
     s, z, layout, nonfinite = dynamic_quantize(x, qt, spec, axis, q)
-    if nonfinite:
-        bad = ~np.isfinite(x)
-        if spec.nan_policy == "error":
-            first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), x.shape))
-            nan = int(np.isnan(x).sum())
-            raise NonFiniteInputError(
-                f"x: {int(bad.sum())} non-finite values ({nan} NaN,"
-                f" {int(np.isposinf(x).sum())} +inf, {int(np.isneginf(x).sum())} -inf); first"
-                f" at index {first}. Use nan_policy='zero_point' or nan_policy='min' to quantize"
-                " them anyway"
-            )
-        if spec.nan_policy == "zero_point":
-            nan_to_zero_point(x, q, z, layout, qt)
+    if nonfinite and spec.nan_policy == "error":
+        raise block_ranges(x, None).refusal("x", x.shape)
+    if nonfinite and spec.nan_policy == "zero_point":
+        nan_to_zero_point(x, q, z, layout, qt)
     scale = s
     if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
         from ..kernels.blocked import float16_bits

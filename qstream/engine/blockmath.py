@@ -193,8 +193,10 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
     return stats
 
 
-def _error_inputs(x, q, qt):
-    """(parameter float type, x as float32/64, q widened) as the error kernels take them."""
+def _error_inputs(x, q, s, z, layout, qt, lo_q) -> tuple:
+    """The leading arguments of the error kernels: ``x`` (float32/64) and ``q`` (widened) as
+    ``[O, C, I]`` views, the parameters in their float type, ``cblock``, ``iblock`` and the
+    code range."""
     compute = np.float64 if qt.bits > 16 else np.float32
     xk = np.ascontiguousarray(x, dtype=np.float64 if x.dtype == np.float64 else np.float32)
     qk = np.ascontiguousarray(q).view(qt.dtype)
@@ -202,18 +204,7 @@ def _error_inputs(x, q, qt):
         qk = qk.view(qt.widened)  # the stored bytes are the codes themselves: no conversion
     else:  # int4/int2 bytes hold the masked code: sign-extended by the conversion
         qk = qk.astype(qt.widened)
-    return compute, xk, qk
-
-
-def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> ErrorStats:
-    """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
-    from ..kernels.errors import N_SUMS, error_sums
-
-    compute, xk, qk = _error_inputs(x, q, qt)
-    chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
-    c = 1 if axis is None else x.shape[axis]
-    sums = np.zeros((c, N_SUMS))
-    error_sums(
+    return (
         layout.view(xk),
         layout.view(qk),
         layout.params(np.asarray(s, compute)),
@@ -222,10 +213,17 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> Error
         layout.iblock,
         float(lo_q),
         float(qt.qmax),
-        chan_inner,
-        sums,
-        groups,
     )
+
+
+def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> ErrorStats:
+    """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
+    from ..kernels.errors import N_SUMS, error_sums
+
+    chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
+    c = 1 if axis is None else x.shape[axis]
+    sums = np.zeros((c, N_SUMS))
+    error_sums(*_error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)
     stats = ErrorStats(
         sums[:, 0].astype(np.int64),
         sums[:, 1],
@@ -252,22 +250,10 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=No
     if sums is not None:
         return _worst_of(*sums, layout, first, param_shape)
     from ..kernels.errors import group_sums
+    from ..kernels.runtime import run
 
-    compute, xk, qk = _error_inputs(x, q, qt)
     x2, e2, emax = (np.empty(layout.pshape3) for _ in range(3))
-    group_sums(
-        layout.view(xk),
-        layout.view(qk),
-        layout.params(np.asarray(s, compute)),
-        layout.params(np.asarray(z, compute)),
-        layout.cblock,
-        layout.iblock,
-        float(lo_q),
-        float(qt.qmax),
-        x2,
-        e2,
-        emax,
-    )
+    run(group_sums, *_error_inputs(x, q, s, z, layout, qt, lo_q), x2, e2, emax)
     return _worst_of(x2, e2, emax, layout, first, param_shape)
 
 

@@ -56,8 +56,7 @@ class DualHistogramWork:
         from ..kernels.stats import channel_histograms
 
         plan = self.plan
-        c0 = max(self.lo_channel, plan.offset(b.key))
-        c1 = min(self.hi_channel, plan.offset(b.key) + plan.block_channels(b))
+        c0, c1 = plan.channels_of(b, self.lo_channel, self.hi_channel)
         if c1 <= c0:
             return None
         nbins = plan.spec.num_bins

@@ -32,7 +32,7 @@ from ..core.layout import (
     normalize_axis,
     param_dimension_names,
 )
-from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
+from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
 from ..io import qarray
 from ..io.progress import ProgressLog
 from ..io.stores import display, location, open_group, open_source
@@ -220,15 +220,7 @@ class QuantizeJob:
 
     def _check_nonfinite(self, st: RangeStats) -> None:
         if self.spec.nan_policy == "error" and st.nonfinite:
-            at = "?"
-            if st.first_nonfinite >= 0:
-                idx = np.unravel_index(st.first_nonfinite, self.plan.shape)
-                at = str(tuple(int(i) for i in idx))
-            raise NonFiniteInputError(
-                f"{self.name}: {st.nonfinite} non-finite values ({int(st.nan.sum())} NaN,"
-                f" {int(st.posinf.sum())} +inf, {int(st.neginf.sum())} -inf); first at index"
-                f" {at}. Use nan_policy='zero_point' or nan_policy='min' to quantize them anyway"
-            )
+            raise st.refusal(self.name, self.plan.shape)
 
     def calibration(self, progress=None) -> Calibration:
         """The statistics passes the spec needs, and the parameters they give."""

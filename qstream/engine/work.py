@@ -148,6 +148,11 @@ class JobPlan:
     def block_channels(self, b: Block) -> int:
         return 1 if self.stat_axis is None else b.shape[self.stat_axis]
 
+    def channels_of(self, b: Block, lo: int, hi: int) -> tuple[int, int]:
+        """The channels ``[c0, c1)`` of block ``b`` within ``[lo, hi)`` (``c1 <= c0``: none)."""
+        first = self.offset(b.key)
+        return max(lo, first), min(hi, first + self.block_channels(b))
+
     def offset(self, key: tuple[slice, ...]) -> int:
         """The first channel of the region ``key``."""
         return key[self.stat_axis].start if self.stat_axis is not None else 0
@@ -252,8 +257,7 @@ class HistogramWork:
         from ..kernels.stats import channel_histograms
 
         plan = self.plan
-        c0 = max(self.lo_channel, plan.offset(b.key))
-        c1 = min(self.hi_channel, plan.offset(b.key) + plan.block_channels(b))
+        c0, c1 = plan.channels_of(b, self.lo_channel, self.hi_channel)
         if c1 <= c0:
             return None
         nbins = plan.spec.num_bins
@@ -378,12 +382,11 @@ class QuantizeWork:
         if not plan.dynamic:
             return read_pieces(source, b.key)
         bs, n = plan.spec.block_size, plan.shape[plan.axis]
-        regions = source.pieces(b.key)
         if all(
             r[plan.axis].start % bs == 0 and (r[plan.axis].stop % bs == 0 or r[plan.axis].stop == n)
-            for r in regions
+            for r in source.pieces(b.key)
         ):
-            return ((r, read_region(source, r)) for r in regions)
+            return read_pieces(source, b.key)
         return [(b.key, read_region(source, b.key))]
 
     def _params(self, key: tuple[slice, ...], x: np.ndarray):

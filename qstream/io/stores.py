@@ -132,8 +132,11 @@ class Source:
             return self.files.view(key)
         if isinstance(self.array, np.ndarray):
             return self.array[key]
-        view = getattr(self.array, "view", None)  # a checkpoint tensor mapped from its file
-        return view(key) if callable(view) else None
+        from .checkpoints import CheckpointTensor
+
+        if isinstance(self.array, CheckpointTensor):  # its values mapped from its file
+            return self.array.view(key)
+        return None
 
     def read(self, key: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
         """The values of the region ``key`` as a C-contiguous array (written into ``out``, of
