@@ -254,7 +254,7 @@ def _record(root, results: dict, *, complete: bool) -> None:
     meta = dict(root.attrs["qstream_checkpoint"])
     meta["tensors"] = results
     meta["complete"] = complete
-    root.attrs["qstream_checkpoint"] = meta
+    qarray.set_meta(root, meta, "qstream_checkpoint")
 
 
 def _keep(t, path: str) -> dict:

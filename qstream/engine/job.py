@@ -169,7 +169,10 @@ class QuantizeJob:
     # ---- passes
 
     def _workers(self, cap: int | None = None) -> int:
-        default = pipeline.default_workers() if cap is None else min(cap, 2)
+        # jobs that share the memory bound share the machine's workers too
+        default = (
+            max(1, pipeline.default_workers() // self.memory_share) if cap is None else min(cap, 2)
+        )
         return fit_workers(self.memory, self.blocks, max(4, self.source.dtype.itemsize), default)
 
     @property
@@ -430,13 +433,14 @@ class QuantizeJob:
             if action == "resume":
                 qarray.clean_partials(dst)
                 group = open_group(dst, mode="a", storage_options=self.storage_options)
+                arrays = None
                 cal, summary = self._stored_calibration(group)
             else:
                 if cal is None:
                     cal = self.calibration(progress)
-                group = self._create(dst, cal, fp)
+                group, arrays = self._create(dst, cal, fp)
                 summary = cal.summary()
-            errors, resumed = self._quantize_pass(dst, group, cal, progress)
+            errors, resumed = self._quantize_pass(dst, group, cal, progress, arrays)
             report = self._finish(group, summary, errors, dst, t0, resumed)
             qarray.clean_partials(dst)
             return report
@@ -452,8 +456,8 @@ class QuantizeJob:
         cal = self.calibration(progress)
         work = tempfile.mkdtemp(prefix="qstream-", suffix=".zarr")
         try:
-            group = self._create(work, cal, fp)
-            errors, resumed = self._quantize_pass(work, group, cal, progress)
+            group, arrays = self._create(work, cal, fp)
+            errors, resumed = self._quantize_pass(work, group, cal, progress, arrays)
             report = self._finish(group, cal.summary(), errors, dst, t0, resumed)
             _pack_zip(work, os.fspath(dst))
             return report
@@ -496,45 +500,51 @@ class QuantizeJob:
         group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
         store_dtype, serializer = qarray.data_encoding(qt)
         zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
+        kw = {
+            "shape": plan.param_shape,
+            "fill_value": 0,
+            "chunk_key_encoding": qarray.FLAT_KEYS,
+            "dimension_names": param_dimension_names(
+                len(plan.shape), plan.axis, self.spec.block_size
+            ),
+        }
+        if plan.axis is not None and not self.spec.block_size:  # ~1 MiB or more each
+            c = plan.chunks[plan.axis]
+            kw["chunks"] = (max(1, min(plan.param_shape[0], c * max(1, _PARAM_CHUNK // c))),)
+        elif plan.axis is not None:  # one parameter chunk per block: dynamic blocks write own
+            pc = list(plan.chunks)
+            pc[plan.axis] = max(1, pc[plan.axis] // self.spec.block_size)
+            kw["chunks"] = tuple(pc)
+            # group scales are as many as 1/block_size of the data and hardly compress:
+            # stored raw, a block's parameter chunks cost a write, not a zstd pass
+            kw["compressors"] = None
+        keep = WorstGroups.KEEP if self._worst_groups() else 0
         try:
-            group.create_array(
-                "data",
-                shape=plan.shape,
-                chunks=plan.chunks,
-                dtype=store_dtype,
-                serializer=serializer,
-                fill_value=0,
-                compressors=source.compressors,
-                config=qarray.WRITE_ALL_CHUNKS,
-                chunk_key_encoding=qarray.FLAT_KEYS,
-                dimension_names=dimension_names(len(plan.shape)),
+            arrays = qarray.create_arrays(
+                group,
+                {
+                    "data": {
+                        "shape": plan.shape,
+                        "chunks": plan.chunks,
+                        "dtype": store_dtype,
+                        "serializer": serializer,
+                        "fill_value": 0,
+                        "compressors": source.compressors,
+                        "config": qarray.WRITE_ALL_CHUNKS,
+                        "chunk_key_encoding": qarray.FLAT_KEYS,
+                        "dimension_names": dimension_names(len(plan.shape)),
+                    },
+                    "scale": {
+                        "dtype": np.float16 if self.spec.half_scales else np.float32,
+                        **kw,
+                    },
+                    "zero_point": {"dtype": zp_dtype, **kw},
+                    ProgressLog.NAME: ProgressLog.array_spec(plan.channels, keep),
+                },
             )
-            kw = {
-                "shape": plan.param_shape,
-                "fill_value": 0,
-                "chunk_key_encoding": qarray.FLAT_KEYS,
-                "dimension_names": param_dimension_names(
-                    len(plan.shape), plan.axis, self.spec.block_size
-                ),
-            }
-            if plan.axis is not None and not self.spec.block_size:  # ~1 MiB or more each
-                c = plan.chunks[plan.axis]
-                kw["chunks"] = (max(1, min(plan.param_shape[0], c * max(1, _PARAM_CHUNK // c))),)
-            elif plan.axis is not None:  # one parameter chunk per block: dynamic blocks write own
-                pc = list(plan.chunks)
-                pc[plan.axis] = max(1, pc[plan.axis] // self.spec.block_size)
-                kw["chunks"] = tuple(pc)
-                # group scales are as many as 1/block_size of the data and hardly compress:
-                # stored raw, a block's parameter chunks cost a write, not a zstd pass
-                kw["compressors"] = None
-            group.create_array(
-                "scale", dtype=np.float16 if self.spec.half_scales else np.float32, **kw
-            )
-            group.create_array("zero_point", dtype=zp_dtype, **kw)
             if cal.params is not None and math.prod(plan.param_shape):
-                group["scale"][...] = cal.params.scale
-                group["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
-            ProgressLog.create(group, plan.channels, worst_groups=self._worst_groups())
+                arrays["scale"][...] = cal.params.scale
+                arrays["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
         except StoreError:
             raise
         except OSError as e:
@@ -542,14 +552,19 @@ class QuantizeJob:
         meta["calibration"] = cal.summary()
         meta["ready"] = True
         qarray.set_meta(group, meta)
-        return group
+        return group, arrays
 
-    def _quantize_pass(self, dst, group, cal: Calibration, progress):
-        """Quantize the blocks after the progress snapshot; fold their error sums onto it."""
+    def _quantize_pass(self, dst, group, cal: Calibration, progress, arrays=None):
+        """Quantize the blocks after the progress snapshot; fold their error sums onto it.
+        ``arrays``: the members of a group :meth:`_create` just made (nothing landed yet)."""
         plan = self.plan
-        log = ProgressLog.open(group)
-        start, errors, worst = log.load()
         fresh = WorstGroups.empty() if self._worst_groups() else None
+        if arrays is None:
+            log = ProgressLog.open(group)
+            start, errors, worst = log.load()
+        else:
+            log = ProgressLog(arrays[ProgressLog.NAME])
+            start, errors, worst = 0, ErrorStats.empty(plan.channels), fresh
         if errors.count.size != plan.channels or start > len(self.blocks):
             start, errors, worst = 0, ErrorStats.empty(plan.channels), fresh
         if start and not self._blocks_landed(group, start):
@@ -560,7 +575,7 @@ class QuantizeJob:
         todo = self.blocks[start:]
         per = cal.params is not None and not self.spec.block_size
         dest = DestRef(self.token, _fspath(dst), self.storage_options)
-        dest.register(group)
+        dest.register(group, arrays)
         work = QuantizeWork(
             plan,
             self.ref,
@@ -582,8 +597,10 @@ class QuantizeJob:
             if progress:
                 progress(done[0], len(self.blocks))
 
+        finished = False
         try:
             self._scan(todo, work, merge, None)
+            finished = True
         except NonFiniteBlock:
             self._check_nonfinite(self.ranges())  # the whole array's count and first index
             raise
@@ -592,8 +609,10 @@ class QuantizeJob:
                 raise
             raise StoreError(f"cannot write {dst}: {e}") from None
         finally:
-            if done[0] > start:
-                # e.g. a full disk: the last snapshot stays, and its blocks are redone
+            # a failed pass (e.g. a full disk) leaves its last snapshot; a finished one needs
+            # none (the report written next supersedes it; a kill before that redoes the
+            # blocks after the last periodic snapshot)
+            if not finished and done[0] > start:
                 with contextlib.suppress(OSError):
                     log.save(done[0], errors, found[0])
         return (errors, found[0]), start

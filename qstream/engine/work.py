@@ -111,9 +111,12 @@ class DestRef:
 
         return _cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
 
-    def register(self, group) -> None:
-        """Use the already open destination ``group`` in this process."""
+    def register(self, group, arrays: dict | None = None) -> None:
+        """Use the already open destination ``group`` (and its open member ``arrays``) in
+        this process."""
         _cached((self.token, "group"), lambda: group)
+        for name, arr in (arrays or {}).items():
+            _cached((self.token, "array", name), lambda arr=arr: arr)
 
     def array(self, name: str):
         from ..io.stores import open_group

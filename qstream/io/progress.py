@@ -42,24 +42,23 @@ class ProgressLog:
         self._writer = ArrayWriter(array)
         self._last = time.monotonic()
 
-    @classmethod
-    def create(cls, group, channels: int, *, worst_groups: bool = False) -> ProgressLog:
-        """A new ``_progress`` array in ``group`` saying that no block has landed."""
-        keep = WorstGroups.KEEP if worst_groups else 0
+    NAME = NAME
+
+    @staticmethod
+    def array_spec(channels: int, keep: int = 0) -> dict:
+        """The ``create_array`` keywords of a new ``_progress`` array for ``channels`` channels
+        (and ``keep`` worst groups). Until its first snapshot it holds no chunk, which reads
+        as zeros: no block has landed."""
         n = 1 + len(_FIELDS) * channels + 3 * keep
-        arr = group.create_array(
-            NAME,
-            shape=(n,),
-            chunks=(n,),
-            dtype=np.float64,
-            fill_value=0,
-            compressors=None,
-            dimension_names=["progress"],
-            attributes={"channels": channels, "worst_groups": keep},
-        )
-        log = cls(arr)
-        log.save(0, ErrorStats.empty(channels), WorstGroups.empty() if keep else None)
-        return log
+        return {
+            "shape": (n,),
+            "chunks": (n,),
+            "dtype": np.float64,
+            "fill_value": 0,
+            "compressors": None,
+            "dimension_names": ["progress"],
+            "attributes": {"channels": channels, "worst_groups": keep},
+        }
 
     @classmethod
     def open(cls, group) -> ProgressLog:
@@ -71,6 +70,8 @@ class ProgressLog:
         body = len(_FIELDS) * self.channels
         if raw.size != 1 + body + 3 * self.keep:  # written by another layout: start over
             return 0, ErrorStats.empty(0), None
+        if raw[0] == 0:  # no snapshot yet (the fill value), or one of no blocks
+            return 0, ErrorStats.empty(self.channels), WorstGroups.empty() if self.keep else None
         rows = raw[1 : 1 + body].reshape(len(_FIELDS), self.channels)
         stats = ErrorStats(
             **{

@@ -45,6 +45,7 @@ from ..core.layout import param_region, plan_layout
 from ..errors import StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
+from . import localmeta
 from .chunks import PARTIAL
 from .stores import _store, open_group
 
@@ -328,11 +329,57 @@ def create_group(dst, attrs: dict, storage_options: dict | None = None):
 
     store = _store(dst, mode="w", storage_options=storage_options)
     try:
+        if localmeta.local_root(store) is not None:
+            return localmeta.new_group(store, attrs)
         return zarr.create_group(store=store, attributes=attrs, zarr_format=3, overwrite=False)
-    except zarr.errors.ContainsGroupError:
+    except (zarr.errors.ContainsGroupError, FileExistsError):
         raise StoreError(f"{dst} was created by another process meanwhile; run again") from None
     except (PermissionError, OSError) as e:
         raise StoreError(f"cannot write {dst}: {e}") from None
+
+
+def create_arrays(group, arrays: dict[str, dict]) -> dict:
+    """Create the member arrays ``{name: zarr.create_array keywords}`` of the new group
+    ``group`` (none may exist yet) in one concurrent write of their metadata; returns
+    ``{name: zarr.Array}``. A ``config`` keyword applies to the returned array objects.
+
+    One ``create_array`` per member costs a round of existence checks and parent-group
+    writes each (~3 ms on a local disk); a converted checkpoint makes four per tensor."""
+    nodes, configs = {}, {}
+    for name, kw in arrays.items():
+        kw = dict(kw)
+        configs[name] = kw.pop("config", None)
+        nodes[name] = _array_metadata(kw)
+    if localmeta.local_root(group.store_path.store) is not None:
+        try:
+            return {n: localmeta.new_array(group, n, m, configs[n]) for n, m in nodes.items()}
+        except FileExistsError as e:
+            raise StoreError(f"{e.filename} was created by another process meanwhile") from None
+    made = dict(group.create_hierarchy(nodes, overwrite=False))
+    out = {}
+    for name, config in configs.items():
+        arr = made[name]
+        out[name] = arr.with_config(config) if config else arr
+    return out
+
+
+_TEMPLATES: dict[str, object] = {}  # create_array keywords -> the metadata they make
+
+
+def _array_metadata(kw: dict):
+    """The Zarr metadata ``zarr.create_array(**kw)`` would write, made once per keywords in
+    memory (the codecs' reprs name every setting)."""
+    import zarr
+    from zarr.storage import MemoryStore
+
+    key = repr(sorted(kw.items()))
+    meta = _TEMPLATES.get(key)
+    if meta is None:
+        meta = zarr.create_array(store=MemoryStore(), **kw).metadata
+        if len(_TEMPLATES) >= 256:
+            _TEMPLATES.clear()
+        _TEMPLATES[key] = meta
+    return meta
 
 
 def data_encoding(qt) -> tuple[np.dtype, object]:
@@ -363,7 +410,10 @@ def stored_nbytes(shape, qt) -> int:
 def set_meta(group, meta: dict, key: str = "qstream") -> None:
     """Replace the group's ``key`` attributes (one atomic metadata write)."""
     try:
-        group.attrs[key] = meta
+        if localmeta.local_root(group.store_path.store) is not None:
+            localmeta.update_group(group, key, meta)
+        else:
+            group.attrs[key] = meta
     except OSError as e:
         raise StoreError(f"cannot write the metadata of {group.store_path}: {e}") from None
 
