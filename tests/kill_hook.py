@@ -1,7 +1,8 @@
 """The preamble of child processes that SIGKILL themselves at their n-th write event (env
-``KILL_AT``): just before or just after each atomic rename. Every chunk, metadata and snapshot
-write of qstream and of zarr's local store goes through one, so every state a kill can leave
-on disk between two writes is reached. ``count[0]`` holds the events seen so far."""
+``KILL_AT``): just before or just after each atomic rename or link. Every chunk, metadata and
+snapshot write of qstream and of zarr's local store goes through one (a new metadata document
+of qstream's is linked into place, a replaced one renamed), so every state a kill can leave on
+disk between two writes is reached. ``count[0]`` holds the events seen so far."""
 
 import textwrap
 
@@ -26,6 +27,14 @@ KILL_HOOK = textwrap.dedent(
         _real_replace(a, b, *args, **kw)
         _event()
 
+    _real_link = os.link
+
+    def _link(a, b, *args, **kw):
+        _event()
+        _real_link(a, b, *args, **kw)
+        _event()
+
     os.replace = _replace
+    os.link = _link
     """
 )

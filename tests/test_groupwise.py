@@ -162,6 +162,7 @@ def _oracle_worst_groups(x, restored, axis, bs, keep=5):
     [
         ("int4", 1, 32, "dynamic", (32, 512)),
         ("uint4", 1, 128, "dynamic", (96, 200)),  # chunks cut through groups
+        ("uint4", 1, 64, "dynamic", (32, 64)),  # one group across each chunk's rows
         ("int8", 0, 16, "dynamic", (24, 512)),
         ("int8", 1, 64, "minmax", (20, 512)),
         ("uint8", 0, 16, "minmax", (32, 100)),

@@ -9,8 +9,8 @@ tile order, so results are identical at every thread count.
 Speed: the inner loops are branch-free and vectorise. The largest error is an integer max
 over the float64 bit patterns of ``|e|`` (non-negative floats order like their bits), because
 Numba's float ``max`` is a compare-and-select that LLVM does not vectorise. A run is summed
-as if every value were finite while non-finite values are counted by their exponent bits;
-only a run that holds some is summed again, skipping them.
+as if every value were finite; only a run whose sum of x^2 is not finite (it holds NaN or
+inf, or x^2 overflowed) is summed again, skipping and counting the non-finite values.
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ def _dequantized(qv, s, z):
 
 @njit(inline="always", cache=True, fastmath=_FAST)
 def _sums(xs, qs, s, z, lo, hi):
-    """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped, non-finite) of a run, as if
-    every value were finite (the non-finite ones are only counted)."""
+    """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped) of a run, as if every
+    value were finite. A NaN or infinite x makes sum x^2 NaN or infinite (its terms are never
+    negative, so nothing cancels): the caller tests that sum instead of counting them here."""
     sx2 = 0.0
     se2 = 0.0
     sxy = 0.0
     sy2 = 0.0
     emax = np.int64(0)
     clip = np.int32(0)
-    bad = np.int32(0)
     for i in range(xs.shape[0]):
         x = np.float64(xs[i])
         y = _dequantized(qs[i], s, z)
@@ -60,33 +60,44 @@ def _sums(xs, qs, s, z, lo, hi):
         sy2 += y * y
         emax = max(emax, _bits(abs(e)))
         clip += np.int32((x > hi) | (x < lo))
-        bad += _nonfinite(x)
-    return sx2, se2, sxy, sy2, emax, clip, bad
+    return sx2, se2, sxy, sy2, emax, clip
 
 
 @njit(inline="always", cache=True, fastmath=_FAST)
-def _run_sums(xs, qs, s, z, lo, hi, acc, t):
-    """Add the sums of a run of elements sharing one scale/zero point to ``acc[t]``; returns
-    the run's own (sum x^2, sum e^2, max |e| bits)."""
-    sx2, se2, sxy, sy2, emax, clip, bad = _sums(xs, qs, s, z, lo, hi)
-    if bad:  # rare: sum a copy where each NaN/inf is x = 0 with q = zp (so y = 0, e = 0)
-        xc = xs.copy()
-        qc = qs.copy()
-        for i in range(xc.shape[0]):
-            v = np.float64(xc[i])
-            if _nonfinite(v):
-                acc[t, 7 if v != v else (8 if v > 0 else 9)] += 1
-                xc[i] = 0.0
-                qc[i] = z
-        sx2, se2, sxy, sy2, emax, clip, _ = _sums(xc, qc, s, z, lo, hi)
-    acc[t, 0] += xs.shape[0] - bad
-    acc[t, 1] += sx2
-    acc[t, 2] += se2
-    acc[t, 3] += sxy
-    acc[t, 4] += sy2
-    acc[t, 5] = max(acc[t, 5], _from_bits(emax))
-    acc[t, 6] += clip
+def _run_sums(xs, qs, s, z, lo, hi, acc):
+    """Add the sums of a run of elements sharing one scale/zero point to the row ``acc``;
+    returns the run's own (sum x^2, sum e^2, max |e| bits)."""
+    sx2, se2, sxy, sy2, emax, clip = _sums(xs, qs, s, z, lo, hi)
+    n = xs.shape[0]
+    if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
+        sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(xs, qs, s, z, lo, hi, acc)
+    acc[0] += n
+    acc[1] += sx2
+    acc[2] += se2
+    acc[3] += sxy
+    acc[4] += sy2
+    acc[5] = max(acc[5], _from_bits(emax))
+    acc[6] += clip
     return sx2, se2, emax
+
+
+@njit(cache=True, nogil=True, fastmath=_FAST)
+def _finite_sums(xs, qs, s, z, lo, hi, acc):
+    """:func:`_sums` of a copy of the run where each NaN/inf is x = 0 with q = zp (so y = 0,
+    e = 0), and the count of finite values; NaN, +inf and -inf are counted into ``acc``. Out
+    of line: the hot loop stays small."""
+    xc = xs.copy()
+    qc = qs.copy()
+    n = xc.shape[0]
+    for i in range(xc.shape[0]):
+        v = np.float64(xc[i])
+        if _nonfinite(v):
+            acc[7 if v != v else (8 if v > 0 else 9)] += 1
+            n -= 1
+            xc[i] = 0.0
+            qc[i] = z
+    sx2, se2, sxy, sy2, emax, clip = _sums(xc, qc, s, z, lo, hi)
+    return sx2, se2, sxy, sy2, emax, clip, n
 
 
 @njit(inline="always", cache=True, fastmath=_FAST)
@@ -226,26 +237,47 @@ def _error_sums_tiles(
         o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
         sr = scale[po, pc]
         zr = zero_point[po, pc]
+        xr = x[o, c]  # views made once per tile, not per run (each costs reference counts)
+        qr = q[o, c]
+        acc = partial[t]
+        if p_inner == 1:  # one parameter for the whole tile
+            s = sr[0]
+            z = zr[0]
+            rx2, re2, rmax = _run_sums(
+                xr[i0:i1], qr[i0:i1], s, z, (qmin - z - 0.5) * s, (qmax - z + 0.5) * s, acc
+            )
+            if groups:  # one group across the row
+                gx2[po, pc, 0] = rx2
+                ge2[po, pc, 0] = re2
+                gmax[po, pc, 0] = _from_bits(rmax)
+            continue
         i = i0
-        while i < i1:  # runs that share a parameter (the whole tile when there is one)
-            pi = 0 if p_inner == 1 else i // iblock
-            end = i1 if p_inner == 1 else min(i1, (pi + 1) * iblock)
+        # runs that share a parameter: _run_sums written out, which Numba's own inlining
+        # compiles ~20% slower here (groups of 32: a run per 32 elements)
+        while i < i1:
+            pi = i // iblock
+            end = min(i1, (pi + 1) * iblock)
             s = sr[pi]
             z = zr[pi]
-            rx2, re2, rmax = _run_sums(
-                x[o, c][i:end],
-                q[o, c][i:end],
-                s,
-                z,
-                (qmin - z - 0.5) * s,
-                (qmax - z + 0.5) * s,
-                partial,
-                t,
-            )
+            lo = (qmin - z - 0.5) * s
+            hi = (qmax - z + 0.5) * s
+            sx2, se2, sxy, sy2, emax, clip = _sums(xr[i:end], qr[i:end], s, z, lo, hi)
+            n = end - i
+            if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
+                sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(
+                    xr[i:end], qr[i:end], s, z, lo, hi, acc
+                )
+            acc[0] += n
+            acc[1] += sx2
+            acc[2] += se2
+            acc[3] += sxy
+            acc[4] += sy2
+            acc[5] = max(acc[5], _from_bits(emax))
+            acc[6] += clip
             if groups:
-                gx2[po, pc, pi] = rx2
-                ge2[po, pc, pi] = re2
-                gmax[po, pc, pi] = _from_bits(rmax)
+                gx2[po, pc, pi] = sx2
+                ge2[po, pc, pi] = se2
+                gmax[po, pc, pi] = _from_bits(emax)
             i = end
     for t in range(total):
         ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
@@ -284,8 +316,7 @@ def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax
                     z,
                     (qmin - z - 0.5) * s,
                     (qmax - z + 0.5) * s,
-                    acc,
-                    pi,
+                    acc[pi],
                 )
         for pi in range(n_ip):
             x2[o, pc, pi] = acc[pi, 1]
