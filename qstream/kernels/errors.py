@@ -71,6 +71,13 @@ def _run_sums(xs, qs, s, z, lo, hi, acc):
     n = xs.shape[0]
     if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
         sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(xs, qs, s, z, lo, hi, acc)
+    _fold(acc, n, sx2, se2, sxy, sy2, emax, clip)
+    return sx2, se2, emax
+
+
+@njit(inline="always", cache=True)
+def _fold(acc, n, sx2, se2, sxy, sy2, emax, clip):
+    """Add a run's sums to the row ``acc`` (count, sums, largest error, clipped)."""
     acc[0] += n
     acc[1] += sx2
     acc[2] += se2
@@ -78,7 +85,6 @@ def _run_sums(xs, qs, s, z, lo, hi, acc):
     acc[4] += sy2
     acc[5] = max(acc[5], _from_bits(emax))
     acc[6] += clip
-    return sx2, se2, emax
 
 
 @njit(cache=True, nogil=True, fastmath=_FAST)
@@ -252,8 +258,8 @@ def _error_sums_tiles(
                 gmax[po, pc, 0] = _from_bits(rmax)
             continue
         i = i0
-        # runs that share a parameter: _run_sums written out, which Numba's own inlining
-        # compiles ~20% slower here (groups of 32: a run per 32 elements)
+        # runs that share a parameter: _run_sums written out (through Numba's inlining of
+        # the whole of it this loop ran ~20% slower; groups of 32 make a run per 32 values)
         while i < i1:
             pi = i // iblock
             end = min(i1, (pi + 1) * iblock)
@@ -267,13 +273,7 @@ def _error_sums_tiles(
                 sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(
                     xr[i:end], qr[i:end], s, z, lo, hi, acc
                 )
-            acc[0] += n
-            acc[1] += sx2
-            acc[2] += se2
-            acc[3] += sxy
-            acc[4] += sy2
-            acc[5] = max(acc[5], _from_bits(emax))
-            acc[6] += clip
+            _fold(acc, n, sx2, se2, sxy, sy2, emax, clip)
             if groups:
                 gx2[po, pc, pi] = sx2
                 ge2[po, pc, pi] = se2
