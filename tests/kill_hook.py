@@ -23,6 +23,8 @@ KILL_HOOK = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGKILL)
 
     def _replace(a, b, *args, **kw):
+        if str(b).endswith((".nbi", ".nbc")):  # Numba's cache, written only when a kernel
+            return _real_replace(a, b, *args, **kw)  # compiles: not an event of the job
         _event()
         _real_replace(a, b, *args, **kw)
         _event()

@@ -22,6 +22,16 @@ from .chunks import PARTIAL
 DOC = "zarr.json"
 
 
+if os.name == "nt":  # a rename refuses an existing target there
+    _move_new = os.rename
+else:  # a rename replaces it: link (atomic, refuses an existing target), then unlink, as
+    # zarr's LocalStore does for its exclusive writes
+
+    def _move_new(src: str, dst: str) -> None:
+        os.link(src, dst)
+        os.unlink(src)
+
+
 def local_root(store) -> str | None:
     """The directory of a local Zarr store, or None."""
     import zarr
@@ -45,8 +55,7 @@ def write_doc(directory: str, metadata, *, new: bool) -> None:
         with open(tmp, "wb") as f:
             f.write(_doc_bytes(metadata))
         if new:
-            os.link(tmp, path)  # atomic, and refuses an existing document
-            os.unlink(tmp)
+            _move_new(tmp, path)
         else:
             os.replace(tmp, path)
     except BaseException:
