@@ -93,3 +93,14 @@ def test_a_new_node_never_replaces_a_document_that_exists(tmp_path):
     with pytest.raises(qs.StoreError, match="created by another process"):
         qarray.create_group(str(path), {"qstream": {}})  # nor a group over a group
     assert json.loads((path / "zarr.json").read_text())["attributes"] == {"qstream": {}}
+
+
+def test_attributes_set_on_one_output_never_reach_the_next_one_made_from_the_same_spec(
+    tmp_path,
+):
+    first = qarray.create_arrays(qarray.create_group(str(tmp_path / "a.zarr"), {}), MEMBERS)
+    first[ProgressLog.NAME].attrs.update({"written": "later"})  # zarr updates in place
+    second = qarray.create_arrays(qarray.create_group(str(tmp_path / "b.zarr"), {}), MEMBERS)
+    assert "written" not in second[ProgressLog.NAME].attrs
+    doc = json.loads((tmp_path / "b.zarr" / ProgressLog.NAME / "zarr.json").read_text())
+    assert doc["attributes"] == {"channels": 3, "worst_groups": 8}

@@ -30,6 +30,8 @@ output at once.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -379,7 +381,8 @@ def _array_metadata(kw: dict):
         if len(_TEMPLATES) >= 256:
             _TEMPLATES.clear()
         _TEMPLATES[key] = meta
-    return meta
+    # a copy with its own attributes: zarr updates an array's attributes in place
+    return dataclasses.replace(meta, attributes=copy.deepcopy(meta.attributes))
 
 
 def data_encoding(qt) -> tuple[np.dtype, object]:
