@@ -102,6 +102,52 @@ def test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path(
     assert zarr.open_group(str(tmp_path / "fused.zarr"))["scale"].dtype == np.dtype(scale_dtype)
 
 
+@pytest.mark.parametrize(
+    "dtype, axis, bs, sym",
+    [
+        ("int8", 1, 32, True),
+        ("uint4", 1, 128, False),
+        ("int4", 1, 64, True),
+        ("int8", 0, 32, True),
+        ("uint4", 0, 16, False),
+    ],
+)
+def test_errors_taken_in_the_fused_pass_equal_the_error_kernel(dtype, axis, bs, sym):
+    """Along the rows: rows longer than the error kernel's tile (16384) and a short last
+    group; along axis 0: groups that are columns, the last block short. With NaN/inf and a
+    huge value, the sums the fused pass takes while the values are in cache, and every
+    group's, are the error kernel's bit for bit."""
+    from qstream.engine.blockmath import block_errors_fused, dynamic_blocked
+    from qstream.qtypes import qtype
+
+    rng = np.random.default_rng(4)
+    shape = (5, 40_010) if axis == 1 else (70, 3_000)
+    x = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    x.flat[16_380:16_390] = [np.nan, np.inf, -np.inf, 1, 2, 3, np.nan, 4, 5, 6]
+    x.flat[-30] = np.float32(3e38)
+    x[3, 100:132] = 0.0
+    x.flat[-80:] = np.nan  # along the rows, a short last group with no finite value
+    qt = qtype(dtype)
+    spec = QuantSpec(dtype=dtype, axis=axis, block_size=bs, method="dynamic", symmetric=sym)
+    q = np.empty(x.shape, qt.dtype)
+    s, z, layout, nonfinite, (stats, groups) = dynamic_blocked(x, qt, spec, axis, q, True)
+    assert nonfinite >= 3  # the (row, group) pieces holding NaN or inf
+    want_groups = tuple(np.zeros(layout.pshape3) for _ in range(3))
+    lo_q = qt.qrange(False)[0]
+    want = block_errors_fused(x, q, s, z, layout, qt, lo_q, None, want_groups)
+    for field in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2", "max_abs", "clipped"):
+        assert getattr(stats, field).tobytes() == getattr(want, field).tobytes(), field
+    assert (stats.nan, stats.posinf, stats.neginf) == (want.nan, want.posinf, want.neginf)
+    assert (int(stats.nan[0]), int(stats.posinf[0]), int(stats.neginf[0])) == (82, 1, 1)
+    for got, exp in zip(groups, want_groups, strict=True):
+        assert got.tobytes() == exp.tobytes()
+    # and the sums are right: a NumPy statement of them, to float rounding
+    fin = np.isfinite(x)
+    xf = np.where(fin, x, 0).astype(np.float64)
+    assert int(stats.count[0]) == int(fin.sum())
+    assert stats.sum_x2[0] == pytest.approx(float((xf * xf).sum()), rel=1e-12)
+
+
 def _x_with_extreme_groups():
     rng = np.random.default_rng(8)
     x = rng.standard_normal((8, 256)).astype(np.float32)

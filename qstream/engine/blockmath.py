@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from ..core.scratch import scratch
 from ..spec import ErrorStats, RangeStats, WorstGroups
 
 
@@ -73,17 +74,23 @@ def dynamic_params(x: np.ndarray, qt, spec, axis: int):
     return s, z, plan_layout(x.shape, s.shape, axis, spec.block_size)
 
 
-def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
+def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors: bool = False):
     """:func:`dynamic_params` and the quantized values written to ``out`` (``qt``'s dtype,
     shaped like ``x``) in one fused kernel pass, bit-identical to :func:`dynamic_params` then
-    ``affine_quantize``: ``(scale, zero_point, layout, nonfinite)``, ``nonfinite`` the number
-    of (row, block) pieces holding NaN or infinities (whose codes the caller's NaN policy
-    decides). None where the kernel does not apply (float types, int32, float64 sources,
-    round modes other than half to even)."""
+    ``affine_quantize``: ``(scale, zero_point, layout, nonfinite, sums)``, ``nonfinite`` the
+    number of (row, block) pieces holding NaN or infinities (whose codes the caller's NaN
+    policy decides). None where the kernel does not apply (float types, int32, float64
+    sources, round modes other than half to even).
+
+    ``errors``: where the layout allows (see ``with_errors``), the same pass also
+    takes the error sums: ``sums`` is then ``(stats, (x2, e2, emax))``, the block's
+    :class:`ErrorStats` (NaN not yet counted against ``nan_policy``) and each group's sums,
+    as :func:`block_errors_fused` would give them; else None."""
     from ..calibration.params import symmetric_steps
     from ..core import buffers
     from ..core.layout import blocked_param_shape, plan_layout
     from ..kernels import blocked
+    from ..kernels.errors import N_SUMS
     from ..kernels.runtime import run
     from ..rounding import round_code
 
@@ -105,6 +112,13 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
     z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
+    errors = errors and blocked.with_errors(layout.cblock, layout.iblock, layout.pshape3[2])
+    sums = np.zeros((1, N_SUMS))
+    groups = (
+        tuple(scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
+        if errors
+        else (_NO_GROUPS,) * 3
+    )
     run(
         blocked.dynamic_blocked_half_to_even,
         layout.view(np.ascontiguousarray(x)),
@@ -117,14 +131,21 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
         zp,
         np.float32(qmin),
         np.float32(qt.qmax),
-        np.int32(qt.mask),
+        np.int32(qt.mask if qt.bits < 8 else 0),
         spec.half_scales,
         s,
         z,
-        layout.view(out.view(qt.container)),
+        layout.view(out.view(qt.widened)),
         nonfinite,
+        errors,
+        sums,
+        *groups,
     )
-    return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum())
+    stats = (_stats_of(sums), groups) if errors else None
+    return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
+
+
+_NO_GROUPS = np.zeros((1, 1, 1))
 
 
 def quantize_spec(x, s, z, layout, qt, spec, out) -> None:
@@ -151,7 +172,7 @@ def dynamic_quantize(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     :func:`dynamic_params` then :func:`quantize_spec` (``nonfinite`` then 0 or 1)."""
     fused = dynamic_blocked(x, qt, spec, axis, out)
     if fused is not None:
-        return fused
+        return fused[:4]
     s, z, layout = dynamic_params(x, qt, spec, axis)
     quantize_spec(x, s, z, layout, qt, spec, out)
     return s, z, layout, 0 if np.isfinite(x).all() else 1
@@ -224,19 +245,15 @@ def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> Error
     c = 1 if axis is None else x.shape[axis]
     sums = np.zeros((c, N_SUMS))
     error_sums(*_error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)
-    stats = ErrorStats(
-        sums[:, 0].astype(np.int64),
-        sums[:, 1],
-        sums[:, 2],
-        sums[:, 3],
-        sums[:, 4],
-        sums[:, 5],
-        sums[:, 6].astype(np.int64),
-        sums[:, 7].astype(np.int64),
-        sums[:, 8].astype(np.int64),
-        sums[:, 9].astype(np.int64),
+    return _stats_of(sums)
+
+
+def _stats_of(sums: np.ndarray) -> ErrorStats:
+    """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]``."""
+    n, clip, nan, pinf, ninf = sums[:, [0, 6, 7, 8, 9]].astype(np.int64).T
+    return ErrorStats(
+        n, sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4], sums[:, 5], clip, nan, pinf, ninf
     )
-    return stats
 
 
 def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=None) -> WorstGroups:

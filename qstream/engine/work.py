@@ -337,9 +337,9 @@ class QuantizeWork:
             if copy_back:
                 qp = scratch("quantized-piece", x.shape, qt.dtype)
             fused = self._dynamic_fused(x, qp) if plan.dynamic else None
-            if fused is not None:  # ranges, parameters and values in one pass
-                s, z, layout = fused
-                err, sums = self._errors(x, s, z, layout, qp)
+            if fused is not None:  # ranges, parameters and values (and errors) in one pass
+                s, z, layout, errors = fused
+                err, sums = self._errors(x, s, z, layout, qp, errors)
             else:
                 s, z, layout = self._params(region, x)
                 err, sums = self._quantize_piece(x, s, z, layout, qp)
@@ -414,35 +414,39 @@ class QuantizeWork:
         return s, z, plan_layout(x.shape, s.shape, plan.axis, None)
 
     def _dynamic_fused(self, x, out):
-        """:func:`dynamic_blocked` for this job's spec, without the non-finite count (the
-        error pass counts them)."""
-        fused = dynamic_blocked(x, self.plan.qt, self.plan.spec, self.plan.axis, out)
-        return None if fused is None else fused[:3]
+        """:func:`dynamic_blocked` for this job's spec with the error sums where it can take
+        them: ``(scale, zero_point, layout, errors)``, without the non-finite count (the
+        error sums count them)."""
+        fused = dynamic_blocked(x, self.plan.qt, self.plan.spec, self.plan.axis, out, True)
+        return None if fused is None else (*fused[:3], fused[4])
 
     def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
         quantize_spec(x, s, z, layout, self.plan.qt, self.plan.spec, out)
         return self._errors(x, s, z, layout, out)
 
-    def _errors(self, x, s, z, layout, out):
+    def _errors(self, x, s, z, layout, out, known=None):
         """The error statistics of ``x`` quantized as ``out``, and for a blocked integer spec
-        whose groups are whole runs of the error kernel the groups' ``(x2, e2, emax)`` (else
-        None: :func:`block_worst_groups` computes them); NaN then follows the spec's
-        ``nan_policy`` (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
+        whose groups the error kernel sums in its pass (``groups_in_pass``) the groups'
+        ``(x2, e2, emax)`` (else None: :func:`block_worst_groups` computes them); ``known``:
+        both, from the fused kernel. NaN then follows the spec's ``nan_policy``
+        (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
         from ..core.affine import affine_dequantize
-        from ..kernels.errors import groups_are_runs
+        from ..kernels.errors import groups_in_pass
 
         plan = self.plan
         qt, spec = plan.qt, plan.spec
         lo_q, hi_q = qt.qrange(spec.narrow_range)
         sums = None
-        if qt.is_float:
+        if known is not None:
+            err, sums = known
+        elif qt.is_float:
             xhat = affine_dequantize(out, s, None, layout, qt)
             s_e = layout.expand(s).astype(np.float64)
             z_e = layout.expand(z).astype(np.float64)
             err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
         else:
-            if spec.block_size and groups_are_runs(layout.cblock, layout.iblock):
+            if spec.block_size and groups_in_pass(layout.cblock, layout.iblock, layout.pshape3[2]):
                 sums = tuple(scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
         if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:

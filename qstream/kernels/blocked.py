@@ -13,7 +13,30 @@ import numpy as np
 from numba import njit, prange
 
 from ..qtypes import TINY_SCALE
-from .bits import KEY32_MAX, KEY32_MIN, bits32, from_bits32, from_order_key32
+from .affine import TILE
+from .bits import (
+    FINITE_KEY32_MAX,
+    FINITE_KEY32_MIN,
+    KEY32_MAX,
+    KEY32_MIN,
+    MAG32,
+    bits32,
+    from_bits,
+    from_bits32,
+    from_order_key32,
+    order_key32,
+)
+from .bits import nonfinite as nonfinite_bits
+from .errors import (
+    FASTMATH,
+    N_SUMS,
+    column_scratch,
+    column_sums,
+    finite_sums,
+    fold_sums,
+    groups_in_pass,
+    sums_at,
+)
 from .runtime import parallel_kernel
 from .stats import slot_range_keys32
 
@@ -35,7 +58,91 @@ def half_scale(s):
     return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
 
 
-@parallel_kernel
+@njit(inline="always", cache=True)
+def _row_keys(xr, iblock, symmetric, kmin, kmax):
+    """The order keys of each group's min/max along the row ``xr`` (groups of ``iblock``),
+    counting NaN/inf like any value; whether a group held one (then the caller computes the
+    row again with :func:`slot_range_keys32`). Symmetric modes need only the largest
+    magnitude: one integer max of the bits without the sign, its key as both ends."""
+    n = np.uint64(xr.shape[0])
+    ub = np.uint64(iblock)
+    bad = False
+    for pi in range(kmin.size):  # index bounds, not slices (see errors.sums_at)
+        i0 = np.uint64(pi) * ub
+        i1 = min(n, i0 + ub)
+        if symmetric:
+            b = np.int32(0)
+            for i in range(i0, i1):
+                b = max(b, bits32(xr[i]) & MAG32)
+            kmin[pi] = ~b  # the key of -|x|max
+            kmax[pi] = b
+            bad |= b > FINITE_KEY32_MAX
+        else:
+            a = KEY32_MAX
+            b = KEY32_MIN
+            for i in range(i0, i1):
+                k = order_key32(xr[i])
+                a = min(a, k)
+                b = max(b, k)
+            kmin[pi] = a
+            kmax[pi] = b
+            bad |= (a < FINITE_KEY32_MIN) | (b > FINITE_KEY32_MAX)
+    return bad
+
+
+@njit(inline="always", cache=True)
+def _column_keys(x, o, c0, c1, symmetric, kmin, kmax):
+    """:func:`_row_keys` for a parameter per element along the rows (groups are columns of
+    rows ``c0 .. c1`` of ``x[o]``): vertical min/max, so the loop vectorises."""
+    kmin[:] = KEY32_MAX
+    kmax[:] = KEY32_MIN
+    for c in range(c0, c1):
+        xr = x[o, c]
+        for j in range(kmin.size):
+            if symmetric:
+                kmax[j] = max(kmax[j], bits32(xr[j]) & MAG32)
+            else:
+                k = order_key32(xr[j])
+                kmin[j] = min(kmin[j], k)
+                kmax[j] = max(kmax[j], k)
+    bad = False
+    for j in range(kmin.size):
+        if symmetric:
+            kmin[j] = ~kmax[j]  # the key of -|x|max
+        bad |= (kmin[j] < FINITE_KEY32_MIN) | (kmax[j] > FINITE_KEY32_MAX)
+    return bad
+
+
+@njit(inline="always", cache=True)
+def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs):
+    """Each group's scale and zero point from its finite range's order keys (the arithmetic
+    of ``params_from_range``)."""
+    for pi in range(kmin.size):
+        empty = kmin[pi] == KEY32_MAX and kmax[pi] == KEY32_MIN
+        vlo = 0.0 if empty else min(np.float64(from_order_key32(kmin[pi])), 0.0)
+        vhi = 0.0 if empty else max(np.float64(from_order_key32(kmax[pi])), 0.0)
+        if mode == ASYM:
+            span = vhi - vlo
+            s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
+            s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
+            z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
+        else:
+            amax = max(-vlo, vhi)
+            s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
+            s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
+            z = 0.0 if mode == SYM_SIGNED else zp_sym
+        ss[pi] = s32
+        zs[pi] = np.float32(z)
+
+
+def with_errors(cblock: int, iblock: int, p_inner: int) -> bool:
+    """Whether :func:`dynamic_blocked_half_to_even` can take the error sums of a layout in
+    the same pass: where ``error_sums`` gives each group's (groups along the row that are
+    whole runs of its tiles, or columns)."""
+    return groups_in_pass(cblock, iblock, p_inner)
+
+
+@parallel_kernel(fastmath=FASTMATH)
 def dynamic_blocked_half_to_even(
     x,
     cblock,
@@ -53,6 +160,11 @@ def dynamic_blocked_half_to_even(
     zero_point,
     out,
     nonfinite,
+    errors,
+    sums,
+    gx2,
+    ge2,
+    gmax,
 ):
     """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
     ``scale`` / ``zero_point`` (float32; zero points are integers of at most 16 bits) ``[O,
@@ -60,55 +172,103 @@ def dynamic_blocked_half_to_even(
     ``absmax / steps``, zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero
     point ``rint(qmin - lo / s)`` clipped; a scale is never below ``TINY_SCALE``);
     ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16 values
-    (:func:`half_scale`) before the zero point and the values; ``out`` the integer container;
-    ``nonfinite[O * Cp]``: per row of parameter blocks, how many pieces of it held a NaN or an
-    infinity (the caller applies its NaN policy to them)."""
+    (:func:`half_scale`) before the zero point and the values; ``out`` the codes in the
+    widened integer type, ``mask``: nonzero for signed sub-byte types, whose stored bytes are
+    the codes masked to their bits; ``nonfinite[O * Cp]``: per row of parameter blocks, how
+    many pieces of it held a NaN or an infinity (the caller applies its NaN policy to them).
+
+    ``errors`` (a layout where :func:`with_errors`): the error sums of
+    ``qstream.kernels.errors.error_sums`` added to ``sums[1, N_SUMS]`` and each group's
+    into ``gx2``/``ge2``/``gmax`` ``[O, Cp, Ip]`` in the same pass, while the group is in
+    cache; the same numbers as that kernel (the same runs, tiles or columns, and fold
+    order)."""
     n_outer, n_c, n_inner = x.shape
     n_cp = scale.shape[1]
     n_ip = scale.shape[2]
     n_work = n_outer * n_cp  # a work item: a row of parameter blocks
     parts = min(n_work, PARTS)
+    un = np.uint64(n_inner)
+    ub = np.uint64(iblock)
+    n_tiles = (n_inner + TILE - 1) // TILE
+    by_column = iblock == 1 and n_ip > 1  # errors.columns
+    partial = np.zeros(
+        ((n_work if by_column else n_outer * n_c * n_tiles) if errors else 0, N_SUMS)
+    )
     for p in prange(parts):  # contiguous runs of work items, scratch allocated once per run
         kmin = np.empty(n_ip, np.int32)
         kmax = np.empty(n_ip, np.int32)
+        acc = np.zeros(N_SUMS)  # the current tile's sums
+        cols = column_scratch()
         for w in range(p * n_work // parts, (p + 1) * n_work // parts):
             o = w // n_cp
             pc = w - o * n_cp
             c0 = pc * cblock
             c1 = min(n_c, c0 + cblock)
-            kmin[:] = KEY32_MAX
-            kmax[:] = KEY32_MIN
-            nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
+            nonfinite[w] = 0
+            if iblock == 1 and n_ip > 1:
+                bad = _column_keys(x, o, c0, c1, mode != ASYM, kmin, kmax)
+            else:
+                bad = cblock > 1 or _row_keys(x[o, c0], iblock, mode != ASYM, kmin, kmax)
+            if bad:
+                kmin[:] = KEY32_MAX
+                kmax[:] = KEY32_MIN
+                nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
             ss = scale[o, pc]
             zs = zero_point[o, pc]
-            for pi in range(n_ip):
-                empty = kmin[pi] == KEY32_MAX and kmax[pi] == KEY32_MIN
-                vlo = 0.0 if empty else min(np.float64(from_order_key32(kmin[pi])), 0.0)
-                vhi = 0.0 if empty else max(np.float64(from_order_key32(kmax[pi])), 0.0)
-                if mode == ASYM:
-                    span = vhi - vlo
-                    s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
-                    s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
-                    z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
-                else:
-                    amax = max(-vlo, vhi)
-                    s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
-                    s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
-                    z = 0.0 if mode == SYM_SIGNED else zp_sym
-                ss[pi] = s32
-                zs[pi] = np.float32(z)
+            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs)
             for c in range(c0, c1):
                 xr = x[o, c]
                 orow = out[o, c]
-                for pi in range(n_ip):
+                if iblock == 1:  # a parameter per element: one loop along the row
+                    for j in range(n_inner):
+                        v = np.rint(xr[j] / ss[j]) + zs[j]
+                        orow[j] = np.int32(min(max(lo, v), hi))
+                    continue
+                t0 = (o * n_c + c) * n_tiles
+                for pi in range(n_ip):  # index bounds, not slices (see errors.sums_at)
                     s = ss[pi]
                     z = zs[pi]
-                    i0 = pi * iblock
-                    i1 = min(n_inner, i0 + iblock)
-                    xb = xr[i0:i1]
-                    ob = orow[i0:i1]
-                    for j in range(i1 - i0):
-                        ob[j] = np.int32(min(max(lo, np.rint(xb[j] / s) + z), hi)) & mask
+                    i0 = np.uint64(pi) * ub
+                    i1 = min(un, i0 + ub)
+                    for j in range(i0, i1):
+                        orow[j] = np.int32(min(max(lo, np.rint(xr[j] / s) + z), hi))
+                    if errors:
+                        elo = (qmin - z - 0.5) * s
+                        ehi = (qmax - z + 0.5) * s
+                        sx2, se2, sxy, sy2, emax, clip = sums_at(xr, orow, i0, i1, s, z, elo, ehi)
+                        n = np.int64(i1 - i0)
+                        if nonfinite_bits(sx2):  # rare: NaN/inf in x, or x^2 overflowed
+                            a, b = np.int64(i0), np.int64(i1)
+                            sx2, se2, sxy, sy2, emax, clip, n = finite_sums(
+                                xr[a:b], orow[a:b], s, z, elo, ehi, acc
+                            )
+                        fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
+                        gx2[o, pc, pi] = sx2
+                        ge2[o, pc, pi] = se2
+                        gmax[o, pc, pi] = from_bits(emax)
+                        if i1 == un or i1 % np.uint64(TILE) == 0:  # the tile ends here
+                            partial[t0 + (np.int64(i1) - 1) // TILE] = acc
+                            acc[:] = 0.0
+                    if mask:
+                        for j in range(i0, i1):
+                            orow[j] &= mask
+            if iblock == 1:
+                if errors and by_column:  # the block's rows are in cache: down the columns
+                    column_sums(
+                        x, out, o, c0, c1, ss, zs, qmin, qmax, cols, partial[w],
+                        gx2[o, pc], ge2[o, pc], gmax[o, pc], True,
+                    )  # fmt: skip
+                if mask:
+                    for c in range(c0, c1):
+                        orow = out[o, c]
+                        for j in range(n_inner):
+                            orow[j] &= mask
+    for t in range(partial.shape[0]):  # tile (or work item) order, as error_sums folds
+        for k in range(N_SUMS):
+            if k == 5:
+                sums[0, k] = max(sums[0, k], partial[t, k])
+            else:
+                sums[0, k] += partial[t, k]
 
 
 @parallel_kernel

@@ -29,7 +29,7 @@ from .runtime import parallel_kernel, run
 N_SUMS = 10
 # reassoc: lets LLVM vectorise the float64 reductions (the order is fixed per tile, so results
 # still do not depend on the thread count). NaN/inf semantics stay exact: no nnan/ninf.
-_FAST = {"reassoc", "nsz"}
+FASTMATH = {"reassoc", "nsz"}
 
 
 @njit(inline="always", cache=True)
@@ -39,20 +39,31 @@ def _dequantized(qv, s, z):
     return np.float64(np.float32((qv - z) * s))
 
 
-@njit(inline="always", cache=True, fastmath=_FAST)
+@njit(inline="always", cache=True, fastmath=FASTMATH)
 def _sums(xs, qs, s, z, lo, hi):
     """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped) of a run, as if every
     value were finite. A NaN or infinite x makes sum x^2 NaN or infinite (its terms are never
     negative, so nothing cancels): the caller tests that sum instead of counting them here."""
+    return sums_at(xs, qs, np.uint64(0), np.uint64(xs.shape[0]), s, z, lo, hi)
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def sums_at(xr, qr, i0, i1, s, z, lo, hi):
+    """:func:`_sums` of the run ``[i0, i1)`` (``uint64`` bounds) of the rows ``xr``/``qr``.
+
+    Kernels that take many short runs of one row call this rather than slice it: a slice
+    costs two atomic reference-count updates, and threads slicing one array contend for its
+    count (the error pass for groups of 32 ran ~15% faster without them). Unsigned indices
+    spare the negative-index test that would keep the loop from vectorising."""
     sx2 = 0.0
     se2 = 0.0
     sxy = 0.0
     sy2 = 0.0
     emax = np.int64(0)
     clip = np.int32(0)
-    for i in range(xs.shape[0]):
-        x = np.float64(xs[i])
-        y = _dequantized(qs[i], s, z)
+    for i in range(i0, i1):
+        x = np.float64(xr[i])
+        y = _dequantized(qr[i], s, z)
         e = x - y
         sx2 += x * x
         se2 += e * e
@@ -63,20 +74,20 @@ def _sums(xs, qs, s, z, lo, hi):
     return sx2, se2, sxy, sy2, emax, clip
 
 
-@njit(inline="always", cache=True, fastmath=_FAST)
+@njit(inline="always", cache=True, fastmath=FASTMATH)
 def _run_sums(xs, qs, s, z, lo, hi, acc):
     """Add the sums of a run of elements sharing one scale/zero point to the row ``acc``;
     returns the run's own (sum x^2, sum e^2, max |e| bits)."""
     sx2, se2, sxy, sy2, emax, clip = _sums(xs, qs, s, z, lo, hi)
     n = xs.shape[0]
     if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
-        sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(xs, qs, s, z, lo, hi, acc)
-    _fold(acc, n, sx2, se2, sxy, sy2, emax, clip)
+        sx2, se2, sxy, sy2, emax, clip, n = finite_sums(xs, qs, s, z, lo, hi, acc)
+    fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
     return sx2, se2, emax
 
 
 @njit(inline="always", cache=True)
-def _fold(acc, n, sx2, se2, sxy, sy2, emax, clip):
+def fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip):
     """Add a run's sums to the row ``acc`` (count, sums, largest error, clipped)."""
     acc[0] += n
     acc[1] += sx2
@@ -87,8 +98,8 @@ def _fold(acc, n, sx2, se2, sxy, sy2, emax, clip):
     acc[6] += clip
 
 
-@njit(cache=True, nogil=True, fastmath=_FAST)
-def _finite_sums(xs, qs, s, z, lo, hi, acc):
+@njit(cache=True, nogil=True, fastmath=FASTMATH)
+def finite_sums(xs, qs, s, z, lo, hi, acc):
     """:func:`_sums` of a copy of the run where each NaN/inf is x = 0 with q = zp (so y = 0,
     e = 0), and the count of finite values; NaN, +inf and -inf are counted into ``acc``. Out
     of line: the hot loop stays small."""
@@ -106,17 +117,20 @@ def _finite_sums(xs, qs, s, z, lo, hi, acc):
     return sx2, se2, sxy, sy2, emax, clip, n
 
 
-@njit(inline="always", cache=True, fastmath=_FAST)
-def _row_sums(xs, qs, ss, zs, qmin, qmax, n, x2, e2, xy, y2, emax, clip, bad):
-    """Channels along the row: element ``j`` is channel ``j`` of the accumulators (one array
-    per sum, vertical updates, so the loop vectorises); ``ss``/``zs`` one value per element."""
-    for j in range(xs.shape[0]):
-        s = ss[j]
-        z = zs[j]
-        x = np.float64(xs[j])
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def _row_sums(xr, qr, j0, ss, zs, s0, qmin, qmax, n, x2, e2, xy, y2, emax, clip):
+    """Channels along the row: element ``j0 + j`` of ``xr``/``qr`` (``uint64`` offsets, no
+    slices) is channel ``j`` of the accumulators (one array per sum, vertical updates, so the
+    loop vectorises); its parameters ``ss[s0 + j]``/``zs[s0 + j]``."""
+    for j in range(n.shape[0]):
+        s = ss[s0 + np.uint64(j)]
+        z = zs[s0 + np.uint64(j)]
+        x = np.float64(xr[j0 + np.uint64(j)])
         fin = _nonfinite(x) == 0
         x = x if fin else 0.0
-        y = _dequantized(qs[j], s, z) if fin else 0.0
+        # computed, then dropped: a call under a condition keeps the loop from vectorising
+        y = _dequantized(qr[j0 + np.uint64(j)], s, z)
+        y = y if fin else 0.0
         e = x - y
         n[j] += 1.0 if fin else 0.0
         x2[j] += x * x
@@ -125,7 +139,6 @@ def _row_sums(xs, qs, ss, zs, qmin, qmax, n, x2, e2, xy, y2, emax, clip, bad):
         y2[j] += y * y
         emax[j] = max(emax[j], _bits(abs(e)))
         clip[j] += 1.0 if (x > (qmax - z + 0.5) * s) | (x < (qmin - z - 0.5) * s) else 0.0
-        bad[j] += 0.0 if fin else 1.0
 
 
 def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, out, groups=None):
@@ -136,29 +149,131 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     half a step: ``x > (qmax - zp + 0.5) * s`` or ``x < (qmin - zp - 0.5) * s``.
 
     ``groups``: ``(x2, e2, emax)`` arrays ``[O, Cp, Ip]`` that also receive each parameter
-    group's sums, for a blocked layout whose groups are whole runs of one tile
-    (:func:`groups_are_runs`): the same numbers :func:`group_sums` gives, at no extra pass.
+    group's sums, for a blocked layout where :func:`groups_in_pass` (groups that are whole
+    runs of one tile, or columns): the numbers :func:`group_sums` gives, at no extra pass.
     """
     if chan_inner:
         run(_error_sums_rows, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
         return
     g = groups if groups is not None else (_NO_GROUPS,) * 3
-    run(
-        _error_sums_tiles,
-        x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, *g, groups is not None,
-    )  # fmt: skip
+    # by columns only into one channel (a column's rows can be different channels)
+    by_column = columns(iblock, scale.shape[2]) and out.shape[0] == 1
+    if groups is not None and not (by_column or groups_in_pass(cblock, iblock, 1)):
+        raise ValueError("error_sums: these groups are not summed in the pass")
+    kernel = _error_sums_columns if by_column else _error_sums_tiles
+    run(kernel, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, *g, groups is not None)
 
 
 _NO_GROUPS = np.zeros((1, 1, 1))
 
 
-def groups_are_runs(cblock: int, iblock: int) -> bool:
-    """Whether each parameter group of a blocked layout is one run of one tile of
-    :func:`error_sums` (one row segment, tiles cut on group boundaries)."""
-    return cblock == 1 and TILE % iblock == 0
+def columns(iblock: int, p_inner: int) -> bool:
+    """Whether a layout has a parameter per element along its rows (blocked along an outer
+    axis): its groups are columns of ``cblock`` rows, summed down the rows
+    (:func:`column_sums`) rather than run by run."""
+    return iblock == 1 and p_inner > 1
 
 
-@parallel_kernel(fastmath=_FAST)
+def groups_in_pass(cblock: int, iblock: int, p_inner: int) -> bool:
+    """Whether :func:`error_sums` gives the sums of each parameter group of a blocked layout:
+    each group one run of one tile (one row segment, tiles cut on group boundaries), or one
+    column (:func:`columns`)."""
+    return (cblock == 1 and TILE % iblock == 0) or columns(iblock, p_inner)
+
+
+STRIP = 256  # columns summed at once: their accumulators stay in the L1 cache
+
+
+@njit(inline="always", cache=True)
+def column_scratch():
+    """The accumulators of :func:`column_sums`, one array each (count, x^2, e^2, x*y, y^2,
+    clipped; max |e| bits)."""
+    return (
+        np.empty(STRIP), np.empty(STRIP), np.empty(STRIP), np.empty(STRIP), np.empty(STRIP),
+        np.empty(STRIP), np.empty(STRIP, np.int64),
+    )  # fmt: skip
+
+
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def column_sums(x, q, o, c0, c1, ss, zs, qmin, qmax, cols, acc, gx2, ge2, gmax, groups):
+    """The error sums of rows ``c0 .. c1`` of ``x[o]``/``q[o]`` whose element ``j`` uses
+    ``ss[j]``/``zs[j]``: down each column, a strip of ``STRIP`` columns at a time, into the
+    scratch :func:`column_scratch` (vertical updates: the loop vectorises), then folded into
+    ``acc`` column by column; with ``groups`` each column's sums also go to ``gx2``/``ge2``/
+    ``gmax`` (rows of the parameter arrays)."""
+    n_inner = x.shape[2]
+    for j0 in range(0, n_inner, STRIP):
+        m = min(n_inner, j0 + STRIP) - j0
+        n, x2, e2, xy = cols[0][:m], cols[1][:m], cols[2][:m], cols[3][:m]
+        y2, clip, emax = cols[4][:m], cols[5][:m], cols[6][:m]
+        n[:] = 0.0
+        x2[:] = 0.0
+        e2[:] = 0.0
+        xy[:] = 0.0
+        y2[:] = 0.0
+        clip[:] = 0.0
+        emax[:] = 0
+        u0 = np.uint64(j0)
+        for c in range(c0, c1):
+            _row_sums(
+                x[o, c], q[o, c], u0, ss, zs, u0, qmin, qmax,
+                n, x2, e2, xy, y2, emax, clip,
+            )  # fmt: skip
+        for j in range(m):
+            acc[0] += n[j]
+            acc[1] += x2[j]
+            acc[2] += e2[j]
+            acc[3] += xy[j]
+            acc[4] += y2[j]
+            acc[5] = max(acc[5], _from_bits(emax[j]))
+            acc[6] += clip[j]
+            if groups:
+                gx2[j0 + j] = x2[j]
+                ge2[j0 + j] = e2[j]
+                gmax[j0 + j] = _from_bits(emax[j])
+        if n.sum() < (c1 - c0) * m:  # rare: a value was not finite; count them by kind
+            for c in range(c0, c1):
+                xr = x[o, c]
+                for j in range(j0, j0 + m):
+                    v = np.float64(xr[j])
+                    if _nonfinite(v):
+                        acc[7 if v != v else (8 if v > 0 else 9)] += 1
+
+
+@parallel_kernel(fastmath=FASTMATH)
+def _error_sums_columns(
+    x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, gx2, ge2, gmax, groups
+):
+    """A parameter per element along the rows (:func:`columns`): each work item, a block of
+    ``cblock`` rows, sums down its columns (:func:`column_sums`); work items fold in order.
+    With ``groups``, each column's sums go to its group in ``gx2``/``ge2``/``gmax``."""
+    n_outer, n_c, _n_inner = x.shape
+    p_outer = scale.shape[0]
+    n_cp = scale.shape[1]
+    total = n_outer * n_cp
+    partial = np.zeros((total, N_SUMS))
+    parts = min(total, 256)
+    for p in prange(parts):
+        cols = column_scratch()
+        for w in range(p * total // parts, (p + 1) * total // parts):
+            o = w // n_cp
+            pc = w - o * n_cp
+            po = o if p_outer > 1 else 0
+            c0 = pc * cblock
+            g = po if groups else 0, pc if groups else 0
+            column_sums(
+                x, q, o, c0, min(n_c, c0 + cblock), scale[po, pc], zero_point[po, pc],
+                qmin, qmax, cols, partial[w], gx2[g], ge2[g], gmax[g], groups,
+            )  # fmt: skip
+    for w in range(total):
+        for k in range(N_SUMS):
+            if k == 5:
+                out[0, k] = max(out[0, k], partial[w, k])
+            else:
+                out[0, k] += partial[w, k]
+
+
+@parallel_kernel(fastmath=FASTMATH)
 def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
     """Channels on the inner axis: groups of 256 channels, each owning its sums."""
     n_outer, n_c, n_inner = x.shape
@@ -175,7 +290,6 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
         xy = np.zeros(m)
         y2 = np.zeros(m)
         clip = np.zeros(m)
-        bad = np.zeros(m)
         emax = np.zeros(m, np.int64)
         ss = np.empty(m, scale.dtype)
         zs = np.empty(m, zero_point.dtype)
@@ -193,21 +307,9 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                         zs[j:end] = zr[pi]
                         j = end
                 _row_sums(
-                    x[o, c, i0:i1],
-                    q[o, c, i0:i1],
-                    ss,
-                    zs,
-                    qmin,
-                    qmax,
-                    n,
-                    x2,
-                    e2,
-                    xy,
-                    y2,
-                    emax,
-                    clip,
-                    bad,
-                )
+                    x[o, c], q[o, c], np.uint64(i0), ss, zs, np.uint64(0), qmin, qmax,
+                    n, x2, e2, xy, y2, emax, clip,
+                )  # fmt: skip
         for j in range(m):
             row = out[i0 + j]
             row[0] += n[j]
@@ -217,7 +319,7 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
             row[4] += y2[j]
             row[5] = max(row[5], _from_bits(emax[j]))
             row[6] += clip[j]
-        if bad.sum() > 0:  # rare: split the non-finite counts by kind
+        if n.sum() < n_outer * n_c * m:  # rare: a value was not finite; count them by kind
             for o in range(n_outer):
                 for c in range(n_c):
                     xr = x[o, c]
@@ -227,7 +329,7 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                             out[i0 + j, 7 if v != v else (8 if v > 0 else 9)] += 1
 
 
-@parallel_kernel(fastmath=_FAST)
+@parallel_kernel(fastmath=FASTMATH)
 def _error_sums_tiles(
     x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, gx2, ge2, gmax, groups
 ):
@@ -267,13 +369,15 @@ def _error_sums_tiles(
             z = zr[pi]
             lo = (qmin - z - 0.5) * s
             hi = (qmax - z + 0.5) * s
-            sx2, se2, sxy, sy2, emax, clip = _sums(xr[i:end], qr[i:end], s, z, lo, hi)
+            sx2, se2, sxy, sy2, emax, clip = sums_at(
+                xr, qr, np.uint64(i), np.uint64(end), s, z, lo, hi
+            )
             n = end - i
             if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
-                sx2, se2, sxy, sy2, emax, clip, n = _finite_sums(
+                sx2, se2, sxy, sy2, emax, clip, n = finite_sums(
                     xr[i:end], qr[i:end], s, z, lo, hi, acc
                 )
-            _fold(acc, n, sx2, se2, sxy, sy2, emax, clip)
+            fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
             if groups:
                 gx2[po, pc, pi] = sx2
                 ge2[po, pc, pi] = se2
@@ -288,7 +392,7 @@ def _error_sums_tiles(
                 out[ch, k] += partial[t, k]
 
 
-@parallel_kernel(fastmath=_FAST)
+@parallel_kernel(fastmath=FASTMATH)
 def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax):
     """Per parameter group ``(o, c // cblock, i // iblock)`` of a blocked layout: the sums
     of ``x^2`` and ``e^2`` and the largest ``|e|`` over its finite values, into ``x2``,

@@ -129,26 +129,27 @@ def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
 @njit(inline="always", cache=True)
 def slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax):
     """:func:`slot_range_keys` for float32 ``x`` on int32 keys (:func:`order_key32`)."""
-    n_inner = x.shape[2]
+    n_inner = np.uint64(x.shape[2])
+    ub = np.uint64(iblock)
     pieces = 0
     for c in range(c0, c1):
         xr = x[o, c]
-        for pi in range(kmin.size):
-            i0 = pi * iblock
-            xs = xr[i0 : min(n_inner, i0 + iblock)]
+        for pi in range(kmin.size):  # index bounds, not slices (see errors.sums_at)
+            i0 = np.uint64(pi) * ub
+            i1 = min(n_inner, i0 + ub)
             a = kmin[pi]
             b = kmax[pi]
-            for i in range(xs.shape[0]):
-                k = order_key32(xs[i])
+            for i in range(i0, i1):
+                k = order_key32(xr[i])
                 a = min(a, k)
                 b = max(b, k)
             if a < FINITE_KEY32_MIN or b > FINITE_KEY32_MAX:
                 pieces += 1
                 a = kmin[pi]
                 b = kmax[pi]
-                for i in range(xs.shape[0]):
-                    if nonfinite(np.float64(xs[i])) == 0:
-                        k = order_key32(xs[i])
+                for i in range(i0, i1):
+                    if nonfinite(np.float64(xr[i])) == 0:
+                        k = order_key32(xr[i])
                         a = min(a, k)
                         b = max(b, k)
             kmin[pi] = a
