@@ -220,13 +220,7 @@ def column_sums(x, q, o, c0, c1, ss, zs, qmin, qmax, cols, acc, gx2, ge2, gmax, 
                 n, x2, e2, xy, y2, emax, clip,
             )  # fmt: skip
         for j in range(m):
-            acc[0] += n[j]
-            acc[1] += x2[j]
-            acc[2] += e2[j]
-            acc[3] += xy[j]
-            acc[4] += y2[j]
-            acc[5] = max(acc[5], _from_bits(emax[j]))
-            acc[6] += clip[j]
+            fold_sums(acc, n[j], x2[j], e2[j], xy[j], y2[j], emax[j], clip[j])
             if groups:
                 gx2[j0 + j] = x2[j]
                 ge2[j0 + j] = e2[j]
@@ -311,14 +305,7 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                     n, x2, e2, xy, y2, emax, clip,
                 )  # fmt: skip
         for j in range(m):
-            row = out[i0 + j]
-            row[0] += n[j]
-            row[1] += x2[j]
-            row[2] += e2[j]
-            row[3] += xy[j]
-            row[4] += y2[j]
-            row[5] = max(row[5], _from_bits(emax[j]))
-            row[6] += clip[j]
+            fold_sums(out[i0 + j], n[j], x2[j], e2[j], xy[j], y2[j], emax[j], clip[j])
         if n.sum() < n_outer * n_c * m:  # rare: a value was not finite; count them by kind
             for o in range(n_outer):
                 for c in range(n_c):
