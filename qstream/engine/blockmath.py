@@ -82,7 +82,7 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     policy decides). None where the kernel does not apply (float types, int32, float64
     sources, round modes other than half to even).
 
-    ``errors``: where the layout allows (see ``with_errors``), the same pass also
+    ``errors``: where the layout allows (``groups_in_pass``), the same pass also
     takes the error sums: ``sums`` is then ``(stats, (x2, e2, emax))``, the block's
     :class:`ErrorStats` (NaN not yet counted against ``nan_policy``) and each group's sums,
     as :func:`block_errors_fused` would give them; else None."""
@@ -90,7 +90,7 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     from ..core import buffers
     from ..core.layout import blocked_param_shape, plan_layout
     from ..kernels import blocked
-    from ..kernels.errors import N_SUMS
+    from ..kernels.errors import N_SUMS, NO_GROUPS, groups_in_pass
     from ..kernels.runtime import run
     from ..rounding import round_code
 
@@ -112,12 +112,12 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
     z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
-    errors = errors and blocked.with_errors(layout.cblock, layout.iblock, layout.pshape3[2])
+    errors = errors and groups_in_pass(layout.cblock, layout.iblock, layout.pshape3[2])
     sums = np.zeros((1, N_SUMS))
     groups = (
         tuple(scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
         if errors
-        else (_NO_GROUPS,) * 3
+        else (NO_GROUPS,) * 3
     )
     run(
         blocked.dynamic_blocked_half_to_even,
@@ -143,9 +143,6 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     )
     stats = (_stats_of(sums), groups) if errors else None
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
-
-
-_NO_GROUPS = np.zeros((1, 1, 1))
 
 
 def quantize_spec(x, s, z, layout, qt, spec, out) -> None:

@@ -26,16 +26,15 @@ from .bits import (
     from_order_key32,
     order_key32,
 )
-from .bits import nonfinite as nonfinite_bits
 from .errors import (
     FASTMATH,
     N_SUMS,
+    STRIP,
     column_scratch,
     column_sums,
-    finite_sums,
-    fold_sums,
-    groups_in_pass,
-    sums_at,
+    columns,
+    fold_partial,
+    run_sums,
 )
 from .runtime import parallel_kernel
 from .stats import slot_range_keys32
@@ -135,13 +134,6 @@ def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs):
         zs[pi] = np.float32(z)
 
 
-def with_errors(cblock: int, iblock: int, p_inner: int) -> bool:
-    """Whether :func:`dynamic_blocked_half_to_even` can take the error sums of a layout in
-    the same pass: where ``error_sums`` gives each group's (groups along the row that are
-    whole runs of its tiles, or columns)."""
-    return groups_in_pass(cblock, iblock, p_inner)
-
-
 @parallel_kernel(fastmath=FASTMATH)
 def dynamic_blocked_half_to_even(
     x,
@@ -177,7 +169,7 @@ def dynamic_blocked_half_to_even(
     the codes masked to their bits; ``nonfinite[O * Cp]``: per row of parameter blocks, how
     many pieces of it held a NaN or an infinity (the caller applies its NaN policy to them).
 
-    ``errors`` (a layout where :func:`with_errors`): the error sums of
+    ``errors`` (a layout where ``errors.groups_in_pass``): the error sums of
     ``qstream.kernels.errors.error_sums`` added to ``sums[1, N_SUMS]`` and each group's
     into ``gx2``/``ge2``/``gmax`` ``[O, Cp, Ip]`` in the same pass, while the group is in
     cache; the same numbers as that kernel (the same runs, tiles or columns, and fold
@@ -190,7 +182,7 @@ def dynamic_blocked_half_to_even(
     un = np.uint64(n_inner)
     ub = np.uint64(iblock)
     n_tiles = (n_inner + TILE - 1) // TILE
-    by_column = iblock == 1 and n_ip > 1  # errors.columns
+    by_column = columns(iblock, n_ip)
     partial = np.zeros(
         ((n_work if by_column else n_outer * n_c * n_tiles) if errors else 0, N_SUMS)
     )
@@ -198,14 +190,14 @@ def dynamic_blocked_half_to_even(
         kmin = np.empty(n_ip, np.int32)
         kmax = np.empty(n_ip, np.int32)
         acc = np.zeros(N_SUMS)  # the current tile's sums
-        cols = column_scratch()
+        cols = column_scratch(STRIP if errors and by_column else 0)
         for w in range(p * n_work // parts, (p + 1) * n_work // parts):
             o = w // n_cp
             pc = w - o * n_cp
             c0 = pc * cblock
             c1 = min(n_c, c0 + cblock)
             nonfinite[w] = 0
-            if iblock == 1 and n_ip > 1:
+            if by_column:
                 bad = _column_keys(x, o, c0, c1, mode != ASYM, kmin, kmax)
             else:
                 bad = cblock > 1 or _row_keys(x[o, c0], iblock, mode != ASYM, kmin, kmax)
@@ -233,16 +225,7 @@ def dynamic_blocked_half_to_even(
                     for j in range(i0, i1):
                         orow[j] = np.int32(min(max(lo, np.rint(xr[j] / s) + z), hi))
                     if errors:
-                        elo = (qmin - z - 0.5) * s
-                        ehi = (qmax - z + 0.5) * s
-                        sx2, se2, sxy, sy2, emax, clip = sums_at(xr, orow, i0, i1, s, z, elo, ehi)
-                        n = np.int64(i1 - i0)
-                        if nonfinite_bits(sx2):  # rare: NaN/inf in x, or x^2 overflowed
-                            a, b = np.int64(i0), np.int64(i1)
-                            sx2, se2, sxy, sy2, emax, clip, n = finite_sums(
-                                xr[a:b], orow[a:b], s, z, elo, ehi, acc
-                            )
-                        fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
+                        sx2, se2, emax = run_sums(xr, orow, i0, i1, s, z, qmin, qmax, acc)
                         gx2[o, pc, pi] = sx2
                         ge2[o, pc, pi] = se2
                         gmax[o, pc, pi] = from_bits(emax)
@@ -264,11 +247,7 @@ def dynamic_blocked_half_to_even(
                         for j in range(n_inner):
                             orow[j] &= mask
     for t in range(partial.shape[0]):  # tile (or work item) order, as error_sums folds
-        for k in range(N_SUMS):
-            if k == 5:
-                sums[0, k] = max(sums[0, k], partial[t, k])
-            else:
-                sums[0, k] += partial[t, k]
+        fold_partial(sums[0], partial[t])
 
 
 @parallel_kernel

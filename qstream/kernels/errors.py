@@ -75,13 +75,17 @@ def sums_at(xr, qr, i0, i1, s, z, lo, hi):
 
 
 @njit(inline="always", cache=True, fastmath=FASTMATH)
-def _run_sums(xs, qs, s, z, lo, hi, acc):
-    """Add the sums of a run of elements sharing one scale/zero point to the row ``acc``;
-    returns the run's own (sum x^2, sum e^2, max |e| bits)."""
-    sx2, se2, sxy, sy2, emax, clip = _sums(xs, qs, s, z, lo, hi)
-    n = xs.shape[0]
+def run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
+    """Add the sums of the run ``[i0, i1)`` (``uint64`` bounds) of the rows ``xr``/``qr``,
+    whose elements share the scale ``s`` and zero point ``z``, to the row ``acc``; returns
+    the run's own (sum x^2, sum e^2, max |e| bits)."""
+    lo = (qmin - z - 0.5) * s
+    hi = (qmax - z + 0.5) * s
+    sx2, se2, sxy, sy2, emax, clip = sums_at(xr, qr, i0, i1, s, z, lo, hi)
+    n = np.int64(i1 - i0)
     if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
-        sx2, se2, sxy, sy2, emax, clip, n = finite_sums(xs, qs, s, z, lo, hi, acc)
+        a, b = np.int64(i0), np.int64(i1)
+        sx2, se2, sxy, sy2, emax, clip, n = finite_sums(xr[a:b], qr[a:b], s, z, lo, hi, acc)
     fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
     return sx2, se2, emax
 
@@ -96,6 +100,14 @@ def fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip):
     acc[4] += sy2
     acc[5] = max(acc[5], _from_bits(emax))
     acc[6] += clip
+
+
+@njit(inline="always", cache=True)
+def fold_partial(acc, part):
+    """Fold a work unit's whole row of sums ``part`` into ``acc`` (max for the largest
+    error, sums for the rest)."""
+    for k in range(N_SUMS):
+        acc[k] = max(acc[k], part[k]) if k == 5 else acc[k] + part[k]
 
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH)
@@ -155,7 +167,7 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     if chan_inner:
         run(_error_sums_rows, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
         return
-    g = groups if groups is not None else (_NO_GROUPS,) * 3
+    g = groups if groups is not None else (NO_GROUPS,) * 3
     # by columns only into one channel (a column's rows can be different channels)
     by_column = columns(iblock, scale.shape[2]) and out.shape[0] == 1
     if groups is not None and not (by_column or groups_in_pass(cblock, iblock, 1)):
@@ -164,9 +176,10 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     run(kernel, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, *g, groups is not None)
 
 
-_NO_GROUPS = np.zeros((1, 1, 1))
+NO_GROUPS = np.zeros((1, 1, 1))  # the group arrays of a kernel asked for no group sums
 
 
+@njit(cache=True)
 def columns(iblock: int, p_inner: int) -> bool:
     """Whether a layout has a parameter per element along its rows (blocked along an outer
     axis): its groups are columns of ``cblock`` rows, summed down the rows
@@ -185,12 +198,12 @@ STRIP = 256  # columns summed at once: their accumulators stay in the L1 cache
 
 
 @njit(inline="always", cache=True)
-def column_scratch():
-    """The accumulators of :func:`column_sums`, one array each (count, x^2, e^2, x*y, y^2,
-    clipped; max |e| bits)."""
+def column_scratch(n):
+    """The accumulators of :func:`column_sums` (``n``: ``STRIP``, or 0 where it is not
+    called), one array each: count, x^2, e^2, x*y, y^2, clipped; max |e| bits."""
     return (
-        np.empty(STRIP), np.empty(STRIP), np.empty(STRIP), np.empty(STRIP), np.empty(STRIP),
-        np.empty(STRIP), np.empty(STRIP, np.int64),
+        np.empty(n), np.empty(n), np.empty(n), np.empty(n), np.empty(n), np.empty(n),
+        np.empty(n, np.int64),
     )  # fmt: skip
 
 
@@ -248,7 +261,7 @@ def _error_sums_columns(
     partial = np.zeros((total, N_SUMS))
     parts = min(total, 256)
     for p in prange(parts):
-        cols = column_scratch()
+        cols = column_scratch(STRIP)
         for w in range(p * total // parts, (p + 1) * total // parts):
             o = w // n_cp
             pc = w - o * n_cp
@@ -260,11 +273,7 @@ def _error_sums_columns(
                 qmin, qmax, cols, partial[w], gx2[g], ge2[g], gmax[g], groups,
             )  # fmt: skip
     for w in range(total):
-        for k in range(N_SUMS):
-            if k == 5:
-                out[0, k] = max(out[0, k], partial[w, k])
-            else:
-                out[0, k] += partial[w, k]
+        fold_partial(out[0], partial[w])
 
 
 @parallel_kernel(fastmath=FASTMATH)
@@ -336,10 +345,8 @@ def _error_sums_tiles(
         qr = q[o, c]
         acc = partial[t]
         if p_inner == 1:  # one parameter for the whole tile
-            s = sr[0]
-            z = zr[0]
-            rx2, re2, rmax = _run_sums(
-                xr[i0:i1], qr[i0:i1], s, z, (qmin - z - 0.5) * s, (qmax - z + 0.5) * s, acc
+            rx2, re2, rmax = run_sums(
+                xr, qr, np.uint64(i0), np.uint64(i1), sr[0], zr[0], qmin, qmax, acc
             )
             if groups:  # one group across the row
                 gx2[po, pc, 0] = rx2
@@ -347,36 +354,19 @@ def _error_sums_tiles(
                 gmax[po, pc, 0] = _from_bits(rmax)
             continue
         i = i0
-        # runs that share a parameter: _run_sums written out (through Numba's inlining of
-        # the whole of it this loop ran ~20% slower; groups of 32 make a run per 32 values)
-        while i < i1:
+        while i < i1:  # runs that share a parameter
             pi = i // iblock
             end = min(i1, (pi + 1) * iblock)
-            s = sr[pi]
-            z = zr[pi]
-            lo = (qmin - z - 0.5) * s
-            hi = (qmax - z + 0.5) * s
-            sx2, se2, sxy, sy2, emax, clip = sums_at(
-                xr, qr, np.uint64(i), np.uint64(end), s, z, lo, hi
+            rx2, re2, rmax = run_sums(
+                xr, qr, np.uint64(i), np.uint64(end), sr[pi], zr[pi], qmin, qmax, acc
             )
-            n = end - i
-            if _nonfinite(sx2):  # rare: NaN/inf in x, or x^2 overflowed
-                sx2, se2, sxy, sy2, emax, clip, n = finite_sums(
-                    xr[i:end], qr[i:end], s, z, lo, hi, acc
-                )
-            fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip)
             if groups:
-                gx2[po, pc, pi] = sx2
-                ge2[po, pc, pi] = se2
-                gmax[po, pc, pi] = _from_bits(emax)
+                gx2[po, pc, pi] = rx2
+                ge2[po, pc, pi] = re2
+                gmax[po, pc, pi] = _from_bits(rmax)
             i = end
     for t in range(total):
-        ch = ((t // n_tiles) % n_c) if n_c == out.shape[0] else 0
-        for k in range(N_SUMS):
-            if k == 5:
-                out[ch, k] = max(out[ch, k], partial[t, k])
-            else:
-                out[ch, k] += partial[t, k]
+        fold_partial(out[((t // n_tiles) % n_c) if n_c == out.shape[0] else 0], partial[t])
 
 
 @parallel_kernel(fastmath=FASTMATH)
@@ -395,20 +385,14 @@ def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax
         po = o if p_outer > 1 else 0
         acc = np.zeros((n_ip, N_SUMS))
         for c in range(pc * cblock, min(n_c, (pc + 1) * cblock)):
+            xr = x[o, c]
+            qr = q[o, c]
             for pi in range(n_ip):
-                i0 = pi * iblock
-                i1 = min(n_inner, i0 + iblock)
+                i0 = np.uint64(pi * iblock)
+                i1 = np.uint64(min(n_inner, pi * iblock + iblock))
                 s = scale[po, pc, pi]
                 z = zero_point[po, pc, pi]
-                _run_sums(
-                    x[o, c][i0:i1],
-                    q[o, c][i0:i1],
-                    s,
-                    z,
-                    (qmin - z - 0.5) * s,
-                    (qmax - z + 0.5) * s,
-                    acc[pi],
-                )
+                run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc[pi])
         for pi in range(n_ip):
             x2[o, pc, pi] = acc[pi, 1]
             e2[o, pc, pi] = acc[pi, 2]
