@@ -116,3 +116,25 @@ def test_background_warm_up_compiles_the_quantize_pass_for_the_job_on_a_first_ru
     assert "_ranges_tiles" in compiled
     assert not {"q_half_to_even", "_error_sums_tiles"} & set(compiled)
     assert child("warm") == "none"  # cached now: nothing is started
+
+
+def test_prefetch_hints_anywhere_without_faulting_or_changing_data():
+    """The prefetch hint may point past an array's end (the fused kernel hints the row after
+    the last one): it never faults and never changes memory."""
+    from numba import njit
+
+    from qstream.kernels.prefetch import prefetch
+
+    @njit
+    def hint_and_sum(x, reach):
+        s = 0.0
+        for i in range(x.size):
+            prefetch(x, i + reach)
+            s += x[i]
+        return s
+
+    x = np.arange(1000, dtype=np.float32)
+    before = x.copy()
+    for reach in (0, 16, 4096, 1 << 40):  # in the array, past its end, far off any mapping
+        assert hint_and_sum(x, reach) == before.sum(dtype=np.float64)
+    np.testing.assert_array_equal(x, before)

@@ -36,6 +36,7 @@ from .errors import (
     fold_partial,
     run_sums,
 )
+from .prefetch import prefetch
 from .runtime import parallel_kernel
 from .stats import slot_range_keys32
 
@@ -222,6 +223,8 @@ def dynamic_blocked_half_to_even(
                     z = zs[pi]
                     i0 = np.uint64(pi) * ub
                     i1 = min(un, i0 + ub)
+                    for j in range(i0, i1, np.uint64(16)):  # the next row (its range pass)
+                        prefetch(xr, j + un)
                     for j in range(i0, i1):
                         orow[j] = np.int32(min(max(lo, np.rint(xr[j] / s) + z), hi))
                     if errors:
