@@ -223,7 +223,8 @@ def dynamic_blocked_half_to_even(
                     z = zs[pi]
                     i0 = np.uint64(pi) * ub
                     i1 = min(un, i0 + ub)
-                    for j in range(i0, i1, np.uint64(16)):  # the next row (its range pass)
+                    # the next row, for its range pass: one hint per cache line (16 float32)
+                    for j in range(i0, i1, np.uint64(16)):
                         prefetch(xr, j + un)
                     for j in range(i0, i1):
                         orow[j] = np.int32(min(max(lo, np.rint(xr[j] / s) + z), hi))
