@@ -43,15 +43,19 @@ _EXPORTS = {
     "QstreamWorkerPlugin": "qstream.engine.dask",
     "on_compile": "qstream.kernels.runtime",
     "warm_up": "qstream.engine.warmup",
+    "register_zarr_types": "qstream.io.zarr_ext",
 }
 _SUBMODULES = ("compat",)
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
+_ALIASES = {"register_zarr_types": "register"}
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        value = getattr(importlib.import_module(_EXPORTS[name]), _ALIASES.get(name, name))
     elif name in _SUBMODULES:
         value = importlib.import_module(f"qstream.{name}")
     else:

@@ -274,6 +274,39 @@ def test_sub_byte_outputs_are_packed_and_plain_zarr_reads_the_values(tmp_path, d
     assert ratio <= (0.55 if qs.QTYPES[dtype].bits == 4 else 0.3), ratio
 
 
+READ_ALONE = """
+import sys, numpy as np, zarr
+if sys.argv[2] == "register":
+    import qstream
+    qstream.register_zarr_types()
+a = zarr.open_array(sys.argv[1], mode="r")
+print(a.dtype, np.asarray(a[...]).astype(np.int8).tolist())
+"""
+
+
+@pytest.mark.parametrize("how", ["register", "entry points"])
+def test_a_fresh_process_reads_packed_outputs_with_zarr_alone(tmp_path, how):
+    """What a user's own script sees: no qstream call has opened a store in it. zarr 3.2 and
+    later load qstream's data types from its entry points; zarr 3.1 needs
+    ``qstream.register_zarr_types()``."""
+    import subprocess
+    import sys
+
+    if how == "entry points" and tuple(map(int, zarr.__version__.split(".")[:2])) < (3, 2):
+        pytest.skip(f"zarr {zarr.__version__} does not load data types from entry points")
+    x = np.random.default_rng(4).standard_normal((8, 10)).astype(np.float32)
+    qs.quantize_store(x, tmp_path / "q.zarr", QuantSpec(dtype="int4", axis=0))
+    want = qs.open_quantized(tmp_path / "q.zarr").quantized(...).astype(np.int8).tolist()
+    out = subprocess.run(
+        [sys.executable, "-c", READ_ALONE, str(tmp_path / "q.zarr" / "data"), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == f"int4 {want}"
+
+
 def test_packed_chunks_read_through_the_direct_path_equal_zarrs_decode(tmp_path):
     """Chunks written by zarr's own codec pipeline (zstd over packbits) and read by qstream's
     direct chunk path, and the other way round."""
