@@ -6,9 +6,10 @@
    ``quantize_store`` call, ``--rounds`` times after one warm round; medians and the ratio to
    the explicit job's median.
 3. Checkpoint: ``convert`` of a safetensors checkpoint of the store's size (32 float32
-   tensors of 4096 x 4096 for 2 GiB) with a blocked uint4 recipe against ``quantize_store`` of
-   the store with the same spec, as throughput (GB/s); equal sizes, so the fixed start-up
-   cost of a fresh process weighs the same on both.
+   tensors of 4096 x 4096 for 2 GiB) with a blocked uint4 recipe, with its default
+   compression (zstd) and with ``compression="none"`` (raw, like the store job's output from
+   its raw source), against ``quantize_store`` of the store with the same spec, as throughput
+   (GB/s); equal sizes, so the fixed start-up cost of a fresh process weighs the same on all.
 2. In memory: a 16384 x 4096 float32 matrix (``standard_normal * 0.02``, seed 0), qstream's
    blocked int8 group 32 (``quantize_dynamic`` with float32 and with float16 scales, and
    ``quantize_store`` into ``memory://``) against gguf-py's ``gguf.quants.quantize(x, Q8_0)``
@@ -153,10 +154,10 @@ def memory_part(args) -> dict:
 CONVERT_CHILD = """
 import shutil, sys, time
 import qstream as qs
-ckpt, dst, recipe = sys.argv[1], sys.argv[2], sys.argv[3]
+ckpt, dst, recipe, compression = sys.argv[1:5]
 shutil.rmtree(dst, ignore_errors=True)
 t = time.perf_counter()
-qs.convert_checkpoint(ckpt, dst, recipe)
+qs.convert_checkpoint(ckpt, dst, recipe, compression=compression)
 print(time.perf_counter() - t)
 shutil.rmtree(dst, ignore_errors=True)
 """
@@ -198,29 +199,38 @@ def checkpoint_part(args) -> dict:
     src = info["paths"]["raw"]
     dst = os.path.join(args.workdir, "out-groupwise-ckpt.zarr")
     spec = STORE_CASES["uint4-g128-asym"]
-    conv, store = [], []
+    conv, raw, store = [], [], []
     for r in range(args.rounds + 1):
-        a = _child_seconds(CONVERT_CHILD, ckpt, dst, recipe)
-        b = _child_seconds(CHILD, src, dst, json.dumps(spec))
+        a = _child_seconds(CONVERT_CHILD, ckpt, dst, recipe, "auto")
+        b = _child_seconds(CONVERT_CHILD, ckpt, dst, recipe, "none")
+        c = _child_seconds(CHILD, src, dst, json.dumps(spec))
         if r:
             conv.append(a)
-            store.append(b)
+            raw.append(b)
+            store.append(c)
     ckpt_bytes, store_bytes = n_tensors * 4096 * 4096 * 4, size
     c_gbps = ckpt_bytes / statistics.median(conv) / 1e9
+    r_gbps = ckpt_bytes / statistics.median(raw) / 1e9
     s_gbps = store_bytes / statistics.median(store) / 1e9
     print(
-        f"convert uint4 g128 ({n_tensors} x 64 MiB safetensors): median"
-        f" {statistics.median(conv):.2f} s,"
-        f" {c_gbps:.2f} GB/s; quantize_store same spec ({args.size}):"
-        f" {statistics.median(store):.2f} s, {s_gbps:.2f} GB/s; convert / store throughput"
-        f" {c_gbps / s_gbps:.2f}"
+        f"quantize_store uint4 g128 ({args.size}): median {statistics.median(store):.2f} s,"
+        f" {s_gbps:.2f} GB/s"
     )
+    for name, ts, gbps in (("zstd", conv, c_gbps), ("none", raw, r_gbps)):
+        print(
+            f"convert uint4 g128 ({n_tensors} x 64 MiB safetensors), compression {name}:"
+            f" median {statistics.median(ts):.2f} s, {gbps:.2f} GB/s, {gbps / s_gbps:.2f}x"
+            " the store job's throughput"
+        )
     return {
         "convert_s": conv,
+        "convert_raw_s": raw,
         "store_s": store,
         "convert_gbps": c_gbps,
+        "convert_raw_gbps": r_gbps,
         "store_gbps": s_gbps,
         "throughput_ratio": c_gbps / s_gbps,
+        "raw_throughput_ratio": r_gbps / s_gbps,
     }
 
 

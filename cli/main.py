@@ -190,6 +190,14 @@ _SCHED = typer.Option(
 _STORE = typer.Option(
     "fsspec", "--store", metavar="KIND", help="How URLs are opened: fsspec or obstore."
 )
+_COMPRESSION = typer.Option(
+    "auto",
+    "--compression",
+    metavar="CODEC",
+    help="How DST's chunks are compressed: auto (the source's codecs if it is a Zarr v3"
+    " array, else zstd), none (raw: fastest), zstd[:LEVEL], gzip[:LEVEL] or"
+    " blosc[:CNAME[:LEVEL]]. Values are the same whatever it is.",
+)
 
 
 # --------------------------------------------------------------------------- commands
@@ -253,6 +261,7 @@ def quantize(
         help="Per tensor with --method minmax: one more pass, a histogram kept in the output"
         " for 'qstream inspect --show/--plot' (histogram methods keep theirs anyway).",
     ),
+    compression: str = _COMPRESSION,
 ):
     """Quantize a Zarr array into a quantized group (data, scale, zero point)."""
     with library_errors():
@@ -283,6 +292,7 @@ def quantize(
                 executor=ex,
                 store=store,
                 histogram=histogram,
+                compression=compression,
             )
         if _done_already(dst, report.to_dict(), as_json, quiet):
             return
@@ -326,6 +336,7 @@ def dequantize(
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
     store: str = _STORE,
+    compression: str = _COMPRESSION,
 ):
     """Dequantize a quantized group into a plain Zarr array."""
     with library_errors():
@@ -343,6 +354,7 @@ def dequantize(
                 overwrite=overwrite,
                 executor=ex,
                 store=store,
+                compression=compression,
             )
         if _done_already(dst, report, as_json, quiet):
             return
@@ -519,6 +531,7 @@ def inspect(
                 "method",
                 "symmetric",
                 "round_mode",
+                "compression",
                 "complete",
             )
         ]
@@ -583,6 +596,14 @@ def convert(
         metavar="SIZE",
         help="With a .safetensors DST: shard above this size.",
     ),
+    compression: str = typer.Option(
+        "auto",
+        "--compression",
+        metavar="CODEC",
+        help="How a directory DST's chunks are compressed: auto (zstd), none (raw: fastest),"
+        " zstd[:LEVEL], gzip[:LEVEL] or blosc[:CNAME[:LEVEL]]. A .safetensors DST is never"
+        " compressed.",
+    ),
 ):
     """Quantize a model checkpoint tensor by tensor, as a recipe says."""
     with library_errors():
@@ -614,6 +635,7 @@ def convert(
                 on_tensor=on_tensor,
                 executor=ex,
                 max_shard_size=_size(max_shard_size, "--max-shard-size"),
+                compression=compression,
             )
         if _done_already(dst, report, as_json, quiet):
             return

@@ -117,6 +117,21 @@ def test_dask_run_writes_the_local_runs_bytes_and_report(client, source, tmp_pat
     assert not list((tmp_path / "dask.zarr").rglob("*.partial"))
 
 
+def test_dask_run_with_raw_chunks_writes_the_local_runs_bytes(client, source, tmp_path):
+    spec = _spec(SPECS["dynamic-blocked-int4"])
+    local = qs.quantize_store(str(source), tmp_path / "local.zarr", spec, compression="none")
+    remote = qs.quantize_store(
+        str(source), tmp_path / "dask.zarr", spec, executor="dask", compression="none"
+    )
+    _same_report(local, remote)
+    for member in ("data", "scale", "zero_point"):
+        files = sorted(p.name for p in (tmp_path / "local.zarr" / member).iterdir())
+        assert files == sorted(p.name for p in (tmp_path / "dask.zarr" / member).iterdir())
+        for f in files:  # raw chunks: the same files, byte for byte
+            a = (tmp_path / "local.zarr" / member / f).read_bytes()
+            assert a == (tmp_path / "dask.zarr" / member / f).read_bytes(), (member, f)
+
+
 def test_dask_default_batching_and_the_string_executor_give_the_same_bytes(
     client, source, tmp_path
 ):

@@ -6,6 +6,8 @@ import os
 from collections.abc import Callable
 
 from ..engine.checkpoint import TensorEvent, convert
+from ..errors import InvalidParameterError
+from ..io import compression as compressions
 from ..recipe import Recipe
 
 __all__ = ["TensorEvent", "convert_checkpoint"]
@@ -22,6 +24,7 @@ def convert_checkpoint(
     progress: Callable[[int, int], None] | None = None,
     executor=None,
     max_shard_size: int = 5 * 10**9,
+    compression: str | None = "auto",
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -39,10 +42,22 @@ def convert_checkpoint(
     is removed; an interrupted run keeps it, so the same call resumes.
 
     ``recipe``: a :class:`~qstream.Recipe` or the path of a recipe TOML file.
+
+    ``compression``: how the tensors' chunks are compressed (see
+    :func:`qstream.quantize_store`; ``"auto"`` is zstd, since no tensor comes from a Zarr v3
+    array). A ``.safetensors`` export is never compressed: its working group is written raw,
+    and ``compression`` may only be ``"auto"`` or ``"none"``.
     """
+    compression = compressions.canonical(compression)
     if recipe is not None and not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe)
     if str(dst).endswith(".safetensors"):
+        if compression not in (compressions.AUTO, compressions.NONE):
+            raise InvalidParameterError(
+                f"compression {compression!r} does not apply to a .safetensors destination"
+                " (safetensors files are never compressed): leave it 'auto', or convert into a"
+                " directory"
+            )
         return _to_safetensors(
             checkpoint,
             dst,
@@ -63,6 +78,7 @@ def convert_checkpoint(
         on_tensor=on_tensor,
         progress=progress,
         executor=executor,
+        compression=compression,
     )
 
 
@@ -83,7 +99,8 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     work = f"{dst}.qstream-work"
     # the working group of an interrupted run (its identity is checked by ``convert``): this
     # run resumes it and may replace the export files that run wrote
-    resuming = inspect_destination(work).kind == "checkpoint"
+    work_root = inspect_destination(work)
+    resuming = work_root.kind == "checkpoint"
     done_files = None if overwrite or resuming else finished_export(dst, job)
     if done_files is not None:  # a finished run of this conversion: nothing to do
         return {
@@ -97,7 +114,14 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     for done in (dst, index):  # a finished export
         if os.path.exists(done) and not (overwrite or resuming):
             raise StoreError(f"{done} exists; pass overwrite=True to replace it")
-    result = convert(checkpoint, work, recipe or Recipe(), overwrite=overwrite, **kw)
+    # the working group is read once and removed: raw chunks are written and read fastest
+    # (one an earlier version began compressed is resumed as it was begun)
+    compression = compressions.NONE
+    if resuming and not overwrite:
+        compression = work_root.meta.get("compression", compressions.AUTO)
+    result = convert(
+        checkpoint, work, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
+    )
     exported = export_safetensors(
         work,
         dst,

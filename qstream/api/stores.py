@@ -51,6 +51,7 @@ def quantize_store(
     executor=None,
     store: str | None = None,
     histogram: bool = False,
+    compression: str | None = "auto",
 ) -> QuantReport:
     """Quantize the array ``src`` into the quantized group ``dst``.
 
@@ -84,6 +85,11 @@ def quantize_store(
     kept in the output's metadata for its views (``qstream inspect OUT --show``,
     ``report.plot()``); histogram methods keep the histogram they searched anyway, and
     per-axis outputs keep per-channel summaries (see :mod:`qstream.calibration.views`).
+
+    ``compression``: how the output's chunks are compressed: ``"auto"`` (a Zarr v3 source's
+    compressors for the codes, else zstd), ``"none"`` (raw: the fastest to write and read),
+    ``"zstd[:LEVEL]"``, ``"gzip[:LEVEL]"`` or ``"blosc[:CNAME[:LEVEL]]"`` (see
+    :mod:`qstream.io.compression`). Values and report are the same whatever it is.
     """
     job = QuantizeJob(
         with_backend(src, store, storage_options, read_only=True),
@@ -92,6 +98,7 @@ def quantize_store(
         storage_options=storage_options,
         executor=executor,
         view_histogram=histogram,
+        compression=compression,
     )
     dst = with_backend(dst, store, storage_options, read_only=False)
     return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
@@ -108,10 +115,12 @@ def dequantize_store(
     storage_options: dict | None = None,
     executor=None,
     store: str | None = None,
+    compression: str | None = "auto",
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
     (float32, float16 or bfloat16), under the same destination rules (and with the same
-    ``executor`` and ``store`` choices) as :func:`quantize_store`.
+    ``executor`` and ``store`` choices) as :func:`quantize_store`. ``compression``: as for
+    :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors.
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
     tensor restored (kept tensors copied as stored), and the result lists them."""
@@ -125,6 +134,7 @@ def dequantize_store(
             progress=progress,
             overwrite=overwrite,
             executor=executor,
+            compression=compression,
         )
     return _dequantize(
         src,
@@ -135,4 +145,5 @@ def dequantize_store(
         overwrite=overwrite,
         storage_options=storage_options,
         executor=executor,
+        compression=compression,
     )

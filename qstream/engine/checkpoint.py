@@ -25,6 +25,7 @@ import numpy as np
 
 from ..core.layout import dimension_names
 from ..errors import InvalidParameterError
+from ..io import compression as compressions
 from ..io import qarray
 from ..io.stores import location, open_group
 from ..recipe import Recipe
@@ -55,10 +56,13 @@ def convert(
     on_tensor: Callable[[TensorEvent], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     executor=None,
+    compression: str | None = compressions.AUTO,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
     (see :func:`qstream.convert_checkpoint`)."""
     from ..io.checkpoints import open_checkpoint
+
+    compression = compressions.canonical(compression)
 
     if str(dst).lower().endswith(".zip"):  # checked before anything is read or written
         raise InvalidParameterError(
@@ -73,18 +77,10 @@ def convert(
     source = location(checkpoint) or str(checkpoint)
     qarray.check_separate(source, dst)
     qarray.check_writable(dst)
+    job = {"max_memory": max_memory, "overwrite": overwrite, "compression": compression}
     with qarray.locked(dst):
         return _convert(
-            tensors,
-            checkpoint,
-            source,
-            dst,
-            recipe,
-            max_memory,
-            overwrite,
-            on_tensor,
-            progress,
-            executor,
+            tensors, checkpoint, source, dst, recipe, on_tensor, progress, executor, **job
         )
 
 
@@ -93,10 +89,21 @@ RECORD_EVERY = 8  # finished tensors between updates of the root's list of them
 
 
 def _convert(
-    tensors, checkpoint, source, dst, recipe, max_memory, overwrite, on_tensor, progress, executor
+    tensors,
+    checkpoint,
+    source,
+    dst,
+    recipe,
+    on_tensor,
+    progress,
+    executor,
+    *,
+    max_memory,
+    overwrite: bool,
+    compression: str,
 ) -> dict:
     t0 = time.perf_counter()
-    root, done, complete = _open_root(dst, source, recipe, overwrite)
+    root, done, complete = _open_root(dst, source, recipe, compression, overwrite)
     results: dict[str, dict] = dict(done)
     names = [] if complete else list(tensors)
     # a local run converts two tensors at once, each with half the memory bound: a job's
@@ -119,7 +126,7 @@ def _convert(
     def one(t, spec, name) -> dict:
         path = f"{dst}/{name}"
         if spec is None:
-            return _keep(t, path)
+            return _keep(t, path, compression)
         job = QuantizeJob(
             t,
             spec,
@@ -127,6 +134,7 @@ def _convert(
             executor=executor,
             checkpoint=(source, name),
             memory_share=in_flight,
+            compression=compression,
         )
         report = job.run(path, progress=_Stoppable(progress, stop), overwrite=overwrite)
         params = report.calibration.get("params") if report.calibration else None
@@ -192,6 +200,7 @@ def _convert(
         "bytes_after": after,
         "seconds": 0.0 if complete else time.perf_counter() - t0,
         "recipe": recipe.to_dict(),
+        "compression": compression,
         "already_complete": complete,
     }
 
@@ -230,15 +239,15 @@ def _describe(spec) -> str:
     return f"{spec.dtype}/{where}/{method}"
 
 
-def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
+def _open_root(dst, source: str, recipe: Recipe, compression: str, overwrite: bool):
     """The root group, the tensors a previous run of this conversion finished, and whether
     it finished them all (a re-run of a finished conversion does nothing)."""
-    ident = {"source": source, "recipe": recipe.to_dict()}
+    ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
     fp = json.dumps(ident, sort_keys=True)
     existing = qarray.inspect_destination(dst)
-    if existing.kind == "checkpoint":  # the fingerprint of a conversion is its source + recipe
+    if existing.kind == "checkpoint":  # a conversion is its source, recipe and compression
         meta = existing.meta
-        same = {"source": meta.get("source"), "recipe": meta.get("recipe")} == ident
+        same = _same_job(meta, ident)
         existing = qarray.Existing("checkpoint", {**meta, "fingerprint": fp if same else None})
     action = qarray.decide(existing, fp, overwrite=overwrite, what="checkpoint", dst=dst)
     if action in ("resume", "complete"):
@@ -250,6 +259,13 @@ def _open_root(dst, source: str, recipe: Recipe, overwrite: bool):
     return qarray.create_group(dst, {"qstream_checkpoint": meta}), {}, False
 
 
+def _same_job(meta: dict, ident: dict) -> bool:
+    """Whether the root metadata ``meta`` is of the job ``ident`` (outputs made before the
+    ``compression`` option were made with ``"auto"``)."""
+    stored = {k: meta.get(k) for k in ident}
+    return {**stored, "compression": meta.get("compression", compressions.AUTO)} == ident
+
+
 def _record(root, results: dict, *, complete: bool) -> None:
     meta = dict(root.attrs["qstream_checkpoint"])
     meta["tensors"] = results
@@ -257,7 +273,7 @@ def _record(root, results: dict, *, complete: bool) -> None:
     qarray.set_meta(root, meta, "qstream_checkpoint")
 
 
-def _keep(t, path: str) -> dict:
+def _keep(t, path: str, compression: str) -> dict:
     import zarr
 
     dtype = np.dtype(t.dtype)
@@ -266,6 +282,7 @@ def _keep(t, path: str) -> dict:
         path,
         shape=t.shape,
         dtype=stored,
+        compressors=compressions.compressors(compression),
         overwrite=True,
         dimension_names=dimension_names(len(t.shape)),
         attributes={"qstream": {"kept": True, "dtype": dtype.name}},
@@ -287,6 +304,7 @@ def restore(
     overwrite: bool = False,
     progress: Callable[[int, int], None] | None = None,
     executor=None,
+    compression: str | None = compressions.AUTO,
 ) -> dict:
     """Dequantize every tensor of the converted checkpoint ``src`` into the group ``dst``
     (kept tensors are copied as stored); see :func:`qstream.dequantize_store`. A re-run
@@ -297,14 +315,15 @@ def restore(
     src_loc = location(src) or str(src)
     qarray.check_separate(src_loc, dst)
     qarray.check_writable(dst)
-    ident = {"from": src_loc, "dtype": dtype}
+    compression = compressions.canonical(compression)
+    ident = {"from": src_loc, "dtype": dtype, "compression": compression}
     fp = json.dumps(ident, sort_keys=True)
     t0 = time.perf_counter()
     with qarray.locked(dst):
         existing = qarray.inspect_destination(dst)
         if existing.kind == "restored":
             meta = existing.meta
-            same = {k: meta.get(k) for k in ident} == ident
+            same = _same_job(meta, ident)
             existing = qarray.Existing("restored", {**meta, "fingerprint": fp if same else None})
         action = qarray.decide(existing, fp, overwrite=overwrite, what="restored", dst=dst)
         if action == "complete":
@@ -329,10 +348,11 @@ def restore(
                     max_memory=max_memory,
                     progress=progress,
                     executor=executor,
+                    compression=compression,
                 )
                 results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
             else:
-                results[name] = {"kept": True, "bytes_written": _copy_kept(t, path)}
+                results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
         result = {
             "source": str(src),
             "destination": str(dst),
@@ -346,7 +366,7 @@ def restore(
     return {**result, "seconds": time.perf_counter() - t0}
 
 
-def _copy_kept(a, path: str) -> int:
+def _copy_kept(a, path: str, compression: str) -> int:
     """Copy the kept tensor ``a`` (a zarr array) to ``path``, slab by slab."""
     import zarr
 
@@ -355,6 +375,7 @@ def _copy_kept(a, path: str) -> int:
         shape=a.shape,
         chunks=a.chunks,
         dtype=a.dtype,
+        compressors=compressions.compressors(compression),
         overwrite=True,
         dimension_names=dimension_names(a.ndim),
         attributes=dict(a.attrs),

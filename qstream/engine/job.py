@@ -33,6 +33,7 @@ from ..core.layout import (
     param_dimension_names,
 )
 from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
+from ..io import compression as compressions
 from ..io import qarray
 from ..io.progress import ProgressLog
 from ..io.stores import display, location, open_group, open_source
@@ -85,14 +86,17 @@ class QuantizeJob:
         checkpoint: tuple[str, str] | None = None,
         view_histogram: bool = False,
         memory_share: int = 1,
+        compression: str | None = compressions.AUTO,
     ):
         """``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is, so that
         workers in other processes can open the tensor themselves. ``view_histogram``: a
         per-tensor minmax calibration makes one histogram pass for the views (histogram
         methods keep theirs anyway). ``memory_share``: this many jobs run at once within
         ``max_memory``; each fits its workers in its share, while its blocks (and so its
-        report, bit for bit) stay those of ``max_memory``."""
+        report, bit for bit) stay those of ``max_memory``. ``compression``: how the output's
+        chunks are compressed (see :mod:`qstream.io.compression`)."""
         self.spec = spec
+        self.compression = compressions.canonical(compression)
         self.memory_share = max(1, int(memory_share))
         self.view_histogram = view_histogram
         self._view_hist = None  # the per-tensor histogram for the views (calibration views)
@@ -158,12 +162,14 @@ class QuantizeJob:
     # ---- identity
 
     def fingerprint(self) -> str:
-        """What makes two runs the same job: the format, the spec and the source (its
-        resolved location and metadata), however their paths were spelled."""
+        """What makes two runs the same job: the format, the spec, the source (its resolved
+        location and metadata, however its path was spelled) and the output's compression."""
         h = hashlib.sha256()
         h.update(f"qstream-format-{qarray.FORMAT_VERSION}".encode())
         h.update(json.dumps(self.spec.to_dict(), sort_keys=True).encode())
         h.update(json.dumps(self.source.description, sort_keys=True, default=str).encode())
+        if self.compression != compressions.AUTO:  # (outputs made before the option keep theirs)
+            h.update(f"compression-{self.compression}".encode())
         return h.hexdigest()[:32]
 
     # ---- passes
@@ -501,6 +507,7 @@ class QuantizeJob:
         store_dtype, serializer = qarray.data_encoding(qt)
         zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
         kw = {
+            "compressors": compressions.compressors(self.compression),
             "shape": plan.param_shape,
             "fill_value": 0,
             "chunk_key_encoding": qarray.FLAT_KEYS,
@@ -529,7 +536,9 @@ class QuantizeJob:
                         "dtype": store_dtype,
                         "serializer": serializer,
                         "fill_value": 0,
-                        "compressors": source.compressors,
+                        "compressors": compressions.compressors(
+                            self.compression, source.compressors
+                        ),
                         "config": qarray.WRITE_ALL_CHUNKS,
                         "chunk_key_encoding": qarray.FLAT_KEYS,
                         "dimension_names": dimension_names(len(plan.shape)),
@@ -682,12 +691,14 @@ def dequantize(
     overwrite=False,
     storage_options=None,
     executor=None,
+    compression=compressions.AUTO,
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` (see
     :func:`qstream.dequantize_store`)."""
     import zarr
 
     t0 = time.perf_counter()
+    compression = compressions.canonical(compression)
     executor = executors.resolve(executor)
     executors.check_shared("source", src, executor=executor)
     executors.check_shared("destination", dst, executor=executor)
@@ -696,7 +707,10 @@ def dequantize(
     src_loc = location(src)
     qarray.check_separate(src_loc, dst)
     qarray.check_writable(dst)
-    h = hashlib.sha256(json.dumps([src_loc, arr.meta.get("fingerprint"), out_dtype.name]).encode())
+    ident = [src_loc, arr.meta.get("fingerprint"), out_dtype.name]
+    if compression != compressions.AUTO:
+        ident.append(compression)
+    h = hashlib.sha256(json.dumps(ident).encode())
     fp = h.hexdigest()[:32]
     existing = qarray.inspect_destination(dst, storage_options)
     action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
@@ -733,7 +747,7 @@ def dequantize(
                 chunks=arr.data.chunks,
                 dtype=stored,
                 fill_value=0,
-                compressors=arr.data.compressors,
+                compressors=compressions.compressors(compression, arr.data.compressors),
                 config=qarray.WRITE_ALL_CHUNKS,
                 chunk_key_encoding=qarray.FLAT_KEYS,
                 dimension_names=dimension_names(arr.ndim),

@@ -47,7 +47,7 @@ from ..core.layout import param_region, plan_layout
 from ..errors import StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
-from . import localmeta
+from . import compression, localmeta
 from .chunks import PARTIAL
 from .stores import _store, open_group
 
@@ -184,8 +184,8 @@ def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, 
         return "replace" if ours else "replace-zarr"
     if ours:
         raise StoreError(
-            f"{dst} holds a different job (other spec, source or format version); pass"
-            " overwrite=True to replace it"
+            f"{dst} holds a different job (other spec, source, compression or format version);"
+            " pass overwrite=True to replace it"
         )
     label = {
         "quantized": "a qstream quantized array",
@@ -551,6 +551,7 @@ class QuantizedArray:
             "symmetric": self.spec.symmetric,
             "round_mode": self.spec.round_mode,
             "complete": bool(self.meta.get("complete")),
+            "compression": compression.describe(self.data.compressors),
             "scale": {**stats(self.scale), "shape": list(self.scale.shape)},
             "zero_point": {**stats(self.zero_point), "shape": list(self.zero_point.shape)},
             "calibration": self.meta.get("calibration"),
