@@ -336,7 +336,13 @@ def dequantize(
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
     store: str = _STORE,
-    compression: str = _COMPRESSION,
+    compression: str = typer.Option(
+        "auto",
+        "--compression",
+        metavar="CODEC",
+        help="How DST's chunks are compressed: auto (those of SRC's codes), none (raw:"
+        " fastest), zstd[:LEVEL], gzip[:LEVEL] or blosc[:CNAME[:LEVEL]].",
+    ),
 ):
     """Dequantize a quantized group into a plain Zarr array."""
     with library_errors():

@@ -288,3 +288,24 @@ def test_cli_compression_option_and_its_mistakes(src, tmp_path):
     )
     assert r.exit_code != 0 and "zstd level must be an integer" in r.output
     assert not (tmp_path / "b.zarr").exists()
+
+
+def test_blosc_chunks_of_multi_byte_values_are_the_bytes_zarr_writes(src, tmp_path):
+    """qstream's own chunk writer shuffles with the typesize zarr records (float32: 4)."""
+    qs.quantize_store(src, tmp_path / "q.zarr", SPEC)
+    qs.dequantize_store(tmp_path / "q.zarr", tmp_path / "d.zarr", compression="blosc:lz4")
+    d = zarr.open_array(str(tmp_path / "d.zarr"))
+    assert _codecs(tmp_path / "d.zarr")[0]["configuration"]["typesize"] == 4
+    z = zarr.create_array(
+        str(tmp_path / "z.zarr"),
+        shape=d.shape,
+        chunks=d.chunks,
+        dtype=d.dtype,
+        compressors=d.compressors,
+        chunk_key_encoding={"name": "default", "separator": "."},
+    )
+    z[...] = d[...]
+    files = sorted(p.name for p in (tmp_path / "d.zarr").iterdir() if p.name.startswith("c."))
+    assert files
+    for f in files:
+        assert (tmp_path / "d.zarr" / f).read_bytes() == (tmp_path / "z.zarr" / f).read_bytes()

@@ -375,7 +375,7 @@ def _copy_kept(a, path: str, compression: str) -> int:
         shape=a.shape,
         chunks=a.chunks,
         dtype=a.dtype,
-        compressors=compressions.compressors(compression),
+        compressors=compressions.compressors(compression, a.compressors),
         overwrite=True,
         dimension_names=dimension_names(a.ndim),
         attributes=dict(a.attrs),

@@ -331,8 +331,12 @@ def _v3_compressor(compressors):
         return numcodecs.GZip(level=cfg.get("level", 5))
     if isinstance(c, BloscCodec):
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[cfg["shuffle"]]
-        return numcodecs.Blosc(
-            cname=cfg["cname"], clevel=cfg["clevel"], shuffle=shuffle, blocksize=cfg["blocksize"]
+        return numcodecs.Blosc(  # typesize: chunks are encoded as bytes, shuffled as zarr does
+            cname=cfg["cname"],
+            clevel=cfg["clevel"],
+            shuffle=shuffle,
+            blocksize=cfg["blocksize"],
+            typesize=cfg.get("typesize"),
         )
     return False
 
