@@ -190,14 +190,18 @@ _SCHED = typer.Option(
 _STORE = typer.Option(
     "fsspec", "--store", metavar="KIND", help="How URLs are opened: fsspec or obstore."
 )
-_COMPRESSION = typer.Option(
-    "auto",
-    "--compression",
-    metavar="CODEC",
-    help="How DST's chunks are compressed: auto (the source's codecs if it is a Zarr v3"
-    " array, else zstd), none (raw: fastest), zstd[:LEVEL], gzip[:LEVEL] or"
-    " blosc[:CNAME[:LEVEL]]. Values are the same whatever it is.",
-)
+
+
+def _compression(auto: str, note: str = ""):
+    """The ``--compression`` option; ``auto``: what ``auto`` means for the command."""
+    return typer.Option(
+        "auto",
+        "--compression",
+        metavar="CODEC",
+        help=f"How DST's chunks are compressed: auto ({auto}), none (raw: fastest),"
+        f" zstd[:LEVEL], gzip[:LEVEL] or blosc[:CNAME[:LEVEL]]. Values are the same whatever"
+        f" it is.{note}",
+    )
 
 
 # --------------------------------------------------------------------------- commands
@@ -261,7 +265,7 @@ def quantize(
         help="Per tensor with --method minmax: one more pass, a histogram kept in the output"
         " for 'qstream inspect --show/--plot' (histogram methods keep theirs anyway).",
     ),
-    compression: str = _COMPRESSION,
+    compression: str = _compression("the source's codecs if it is a Zarr v3 array, else zstd"),
 ):
     """Quantize a Zarr array into a quantized group (data, scale, zero point)."""
     with library_errors():
@@ -336,13 +340,7 @@ def dequantize(
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
     store: str = _STORE,
-    compression: str = typer.Option(
-        "auto",
-        "--compression",
-        metavar="CODEC",
-        help="How DST's chunks are compressed: auto (those of SRC's codes), none (raw:"
-        " fastest), zstd[:LEVEL], gzip[:LEVEL] or blosc[:CNAME[:LEVEL]].",
-    ),
+    compression: str = _compression("those of SRC's codes"),
 ):
     """Dequantize a quantized group into a plain Zarr array."""
     with library_errors():
@@ -602,14 +600,7 @@ def convert(
         metavar="SIZE",
         help="With a .safetensors DST: shard above this size.",
     ),
-    compression: str = typer.Option(
-        "auto",
-        "--compression",
-        metavar="CODEC",
-        help="How a directory DST's chunks are compressed: auto (zstd), none (raw: fastest),"
-        " zstd[:LEVEL], gzip[:LEVEL] or blosc[:CNAME[:LEVEL]]. A .safetensors DST is never"
-        " compressed.",
-    ),
+    compression: str = _compression("zstd", " A .safetensors DST is never compressed."),
 ):
     """Quantize a model checkpoint tensor by tensor, as a recipe says."""
     with library_errors():

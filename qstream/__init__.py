@@ -50,12 +50,9 @@ _SUBMODULES = ("compat",)
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
-_ALIASES = {"register_zarr_types": "register"}
-
-
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), _ALIASES.get(name, name))
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
     elif name in _SUBMODULES:
         value = importlib.import_module(f"qstream.{name}")
     else:

@@ -81,7 +81,7 @@ def _source(tmp_path: Path, shape=(256, 512), chunks=(16, 512)) -> Path:
 
 
 def _contents(dst: Path) -> dict:
-    zarr_ext.register()  # (zarr 3.1 does not load data types from entry points)
+    zarr_ext.register_zarr_types()  # (zarr 3.1 does not load data types from entry points)
     g = zarr.open_group(str(dst), mode="r")
     meta = g.attrs["qstream"]
     return {

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
+from .compression import codec_config
 from .packing import packed_nbytes
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
@@ -283,7 +284,7 @@ def chunk_files(arr) -> ChunkFiles | None:
             return None
         else:
             # configurations through to_dict(): zarr 3.1 holds enums, zarr 3.4 strings
-            endian = _config(ser).get("endian")
+            endian = codec_config(ser).get("endian")
             if endian not in ("little", None) and not (endian == "big" and dtype.itemsize == 1):
                 return None
         codec = _v3_compressor(arr.compressors)
@@ -324,7 +325,7 @@ def _v3_compressor(compressors):
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     c = compressors[0]
-    cfg = _config(c)
+    cfg = codec_config(c)
     if isinstance(c, ZstdCodec):
         return numcodecs.Zstd(level=cfg.get("level", 0), checksum=cfg.get("checksum", False))
     if isinstance(c, GzipCodec):
@@ -339,11 +340,6 @@ def _v3_compressor(compressors):
             typesize=cfg.get("typesize"),
         )
     return False
-
-
-def _config(codec) -> dict:
-    """A zarr v3 codec's JSON configuration (plain strings and numbers)."""
-    return dict(codec.to_dict().get("configuration") or {})
 
 
 def _declared_size(codec, buf: np.ndarray) -> int | None:

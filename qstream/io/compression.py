@@ -85,6 +85,11 @@ def compressors(compression: str, inherited=AUTO):
     return [BloscCodec(cname=args[0], clevel=int(args[1]))]
 
 
+def codec_config(codec) -> dict:
+    """A zarr v3 codec's JSON configuration (plain strings and numbers)."""
+    return dict(codec.to_dict().get("configuration") or {})
+
+
 def describe(codecs) -> str:
     """How an array's chunks are compressed, in the option's spelling (``"none"``,
     ``"zstd:3"``, ``"blosc:lz4:5"``); other codecs by their names."""
@@ -92,8 +97,10 @@ def describe(codecs) -> str:
         return NONE
     out = []
     for c in codecs:
-        d = c.to_dict() if hasattr(c, "to_dict") else {"name": type(c).__name__.lower()}
-        name, cfg = d.get("name"), dict(d.get("configuration") or {})
+        if not hasattr(c, "to_dict"):  # a numcodecs codec (Zarr v2)
+            out.append(type(c).__name__.lower())
+            continue
+        name, cfg = c.to_dict().get("name"), codec_config(c)
         if name in ("zstd", "gzip") and "level" in cfg:
             out.append(f"{name}:{cfg['level']}")
         elif name == "blosc" and "cname" in cfg:

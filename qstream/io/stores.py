@@ -52,9 +52,9 @@ def with_backend(target, backend: str | None, storage_options: dict | None, *, r
 def _store(path, *, mode: str, storage_options: dict | None):
     import zarr
 
-    from .zarr_ext import register
+    from .zarr_ext import register_zarr_types
 
-    register()  # qstream's sub-byte data types and codec, also without entry points
+    register_zarr_types()  # qstream's sub-byte data types and codec, also without entry points
 
     if not isinstance(path, (str, os.PathLike)):
         return path  # a zarr store object already

@@ -10,10 +10,10 @@ or ``"last_byte"`` (one byte holding the number of padding bits). Decoding sign-
 signed integer types.
 
 They are registered with zarr-python through entry points (``zarr.data_type``,
-``zarr.codecs``), and by :func:`register` whenever qstream opens a store. zarr 3.2 and later
-load data-type entry points, so plain ``zarr.open_array`` reads qstream's packed outputs when
-qstream is installed; zarr 3.1 (the last release for Python 3.11) collects them but never
-loads them, so there ``qstream.register_zarr_types()`` must run first.
+``zarr.codecs``), and by :func:`register_zarr_types` whenever qstream opens a store. zarr 3.2
+and later load data-type entry points, so plain ``zarr.open_array`` reads qstream's packed
+outputs when qstream is installed; zarr 3.1 (the last release for Python 3.11) collects them
+but never loads them, so there ``qstream.register_zarr_types()`` must run first.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class PackBits(ArrayBytesCodec):
 _REGISTERED = [False]
 
 
-def register() -> None:
+def register_zarr_types() -> None:
     """Register qstream's sub-byte data types and the ``packbits`` codec with zarr-python
     (idempotent), so that zarr (and xarray through it) opens packed outputs in a process that
     has not opened a store through qstream. Needed with zarr 3.1; zarr 3.2 and later find
