@@ -177,3 +177,202 @@ def test_dask_run_from_s3_to_s3_matches_the_local_run(endpoint, backend):
         _read(endpoint, f"dask-{backend}/q.zarr/data"),
         qs.open_quantized("memory://s3-dask-local").quantized(...),
     )
+
+
+# ---------------------------------------------------------------- faults on the destination
+
+
+def _s3(url: str):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+
+
+class _OnBlock:
+    """A progress reporter that runs ``action`` once, when block ``at`` of the quantize pass
+    has landed."""
+
+    def __init__(self, at: int, action):
+        self.at, self.action, self.fired, self.pass_ = at, action, False, None
+
+    def stage(self, name, total, done):
+        self.pass_ = name
+
+    def __call__(self, done, total):
+        if self.pass_ == "quantize" and done == self.at and not self.fired:
+            self.fired = True
+            self.action()
+
+
+def _many_blocks(seed: int) -> np.ndarray:
+    """1 MiB of float32 that a 1 MiB memory bound cuts in 16 blocks of 64 rows."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((1024, 256)) * 0.1).astype(np.float32)
+
+
+def _stored(url: str, key: str) -> dict[str, bytes]:
+    """Every object under ``key`` and its bytes."""
+    s3 = _s3(url)
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=key + "/").get("Contents", [])
+    return {
+        o["Key"][len(key) + 1 :]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()
+        for o in listing
+    }
+
+
+@pytest.mark.parametrize("lost", ["data/c.1.0", "data/zarr.json"])
+def test_objects_deleted_mid_run_fail_the_job_and_the_rerun_repairs_it(endpoint, backend, lost):
+    x = _many_blocks(11)
+    key = f"lost-{backend}-{lost.replace('/', '-')}"
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (16, 256))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    opts = _options(backend, endpoint)
+    spec = QuantSpec(axis=0)
+    delete = _OnBlock(
+        4, lambda: _s3(endpoint).delete_object(Bucket=BUCKET, Key=f"{key}/q.zarr/{lost}")
+    )
+    with pytest.raises(qs.StoreError, match=r"missing or damaged|taken over"):
+        qs.quantize_store(
+            src, q, spec, storage_options=opts, store=backend, max_memory=1 << 20, progress=delete
+        )
+    assert delete.fired
+    meta = json.loads(_stored(endpoint, f"{key}/q.zarr")["zarr.json"])
+    assert meta["attributes"]["qstream"]["complete"] is False
+    again = qs.quantize_store(src, q, spec, storage_options=opts, store=backend, max_memory=1 << 20)
+    clean = qs.quantize_store(x, "memory://s3-lost", spec, overwrite=True, max_memory=1 << 20)
+    assert again.error == clean.error and not again.already_complete
+    np.testing.assert_array_equal(
+        qs.open_quantized(q, storage_options=_options("fsspec", endpoint)).quantized(...),
+        qs.open_quantized("memory://s3-lost").quantized(...),
+    )
+
+
+def test_a_damaged_complete_output_is_rewritten_by_the_rerun(endpoint, backend):
+    x = _many_blocks(12)
+    key = f"damaged-{backend}"
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (16, 256))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    opts = _options(backend, endpoint)
+    first = qs.quantize_store(src, q, storage_options=opts, store=backend, max_memory=1 << 20)
+    before = _stored(endpoint, f"{key}/q.zarr")
+    _s3(endpoint).delete_object(Bucket=BUCKET, Key=f"{key}/q.zarr/data/c.2.0")
+    again = qs.quantize_store(src, q, storage_options=opts, store=backend, max_memory=1 << 20)
+    assert not again.already_complete and again.error == first.error
+    after = _stored(endpoint, f"{key}/q.zarr")
+    assert set(after) == set(before)
+    assert {k: v for k, v in after.items() if k != "zarr.json" and "_progress" not in k} == {
+        k: v for k, v in before.items() if k != "zarr.json" and "_progress" not in k
+    }
+    third = qs.quantize_store(src, q, storage_options=opts, store=backend, max_memory=1 << 20)
+    assert third.already_complete
+
+
+def test_a_second_job_cannot_replace_an_output_another_job_is_writing(endpoint, backend):
+    x = _many_blocks(13)
+    key = f"two-{backend}"
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (16, 256))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    opts = _options(backend, endpoint)
+    refused = []
+
+    def second():
+        with pytest.raises(qs.StoreError, match="being written by another job") as e:
+            qs.quantize_store(
+                src, q, QuantSpec(axis=1), storage_options=opts, store=backend, overwrite=True
+            )
+        refused.append(str(e.value))
+
+    first = qs.quantize_store(
+        src,
+        q,
+        storage_options=opts,
+        store=backend,
+        max_memory=1 << 20,
+        progress=_OnBlock(3, second),
+    )
+    assert refused and not first.already_complete
+    assert qs.open_quantized(q, storage_options=_options("fsspec", endpoint)).spec.axis is None
+
+
+def test_a_writer_whose_output_was_taken_over_fails_instead_of_marking_it_complete(
+    endpoint, backend, monkeypatch
+):
+    from qstream.io import destination
+
+    monkeypatch.setattr(destination, "LEASE", 0.0)  # the first job's hold has lapsed
+    x = _many_blocks(14)
+    key = f"taken-{backend}"
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (16, 256))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    opts = _options(backend, endpoint)
+
+    def second():
+        qs.quantize_store(
+            src, q, QuantSpec(axis=1), storage_options=opts, store=backend, overwrite=True
+        )
+
+    with pytest.raises(qs.StoreError, match="taken over by another job"):
+        qs.quantize_store(
+            src,
+            q,
+            storage_options=opts,
+            store=backend,
+            max_memory=1 << 20,
+            progress=_OnBlock(3, second),
+        )
+
+
+@pytest.fixture
+def dead_endpoint():
+    """An endpoint that accepts connections and never answers."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join(2)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def test_a_dead_endpoint_ends_the_job_within_its_timeout_with_one_line(
+    dead_endpoint, backend, monkeypatch
+):
+    monkeypatch.setenv("QSTREAM_STORE_TIMEOUT", "4")
+    opts = _options(backend, dead_endpoint)
+    t0 = time.monotonic()
+    with pytest.raises(qs.StoreError) as e:
+        qs.quantize_store(
+            np.ones((8, 8), np.float32),
+            f"s3://{BUCKET}/dead/q.zarr",
+            storage_options=opts,
+            store=backend,
+        )
+    took = time.monotonic() - t0
+    assert took < 20, took
+    message = str(e.value)
+    assert "\n" not in message and f"s3://{BUCKET}/dead/q.zarr" in message
+    assert "timeout" in message.lower() or "timed out" in message.lower()

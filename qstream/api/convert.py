@@ -8,6 +8,7 @@ from collections.abc import Callable
 from ..engine.checkpoint import TensorEvent, convert
 from ..errors import InvalidParameterError
 from ..io import compression as compressions
+from ..io.stores import store_errors
 from ..recipe import Recipe
 
 __all__ = ["TensorEvent", "convert_checkpoint"]
@@ -48,6 +49,24 @@ def convert_checkpoint(
     array). A ``.safetensors`` export is never compressed: its working group is written raw,
     and ``compression`` may only be ``"auto"`` or ``"none"``.
     """
+    with store_errors(dst):
+        return _convert_checkpoint(
+            checkpoint,
+            dst,
+            recipe,
+            max_memory=max_memory,
+            overwrite=overwrite,
+            on_tensor=on_tensor,
+            progress=progress,
+            executor=executor,
+            max_shard_size=max_shard_size,
+            compression=compression,
+        )
+
+
+def _convert_checkpoint(
+    checkpoint, dst, recipe, *, overwrite, max_shard_size, compression, **kw
+) -> dict:
     compression = compressions.canonical(compression)
     if recipe is not None and not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe)
@@ -59,26 +78,10 @@ def convert_checkpoint(
                 " directory"
             )
         return _to_safetensors(
-            checkpoint,
-            dst,
-            recipe,
-            max_memory=max_memory,
-            overwrite=overwrite,
-            on_tensor=on_tensor,
-            progress=progress,
-            executor=executor,
-            max_shard_size=max_shard_size,
+            checkpoint, dst, recipe, overwrite=overwrite, max_shard_size=max_shard_size, **kw
         )
     return convert(
-        checkpoint,
-        dst,
-        recipe or Recipe(),
-        max_memory=max_memory,
-        overwrite=overwrite,
-        on_tensor=on_tensor,
-        progress=progress,
-        executor=executor,
-        compression=compression,
+        checkpoint, dst, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
     )
 
 
@@ -88,8 +91,9 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     import os
 
     from ..errors import StoreError
-    from ..io.export import export_safetensors, finished_export
-    from ..io.qarray import LOCK, inspect_destination, remove_output
+    from ..io.checkpoints import open_checkpoint, source_locations
+    from ..io.destination import check_separate, inspect_destination, remove_output
+    from ..io.export import export_safetensors, finished_export, shard_pattern
     from ..io.stores import location
 
     dst = os.fspath(dst)
@@ -97,6 +101,19 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     job = json.dumps({"source": source, "recipe": (recipe or Recipe()).to_dict()}, sort_keys=True)
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
+    # nothing this run writes may be (or hold) a file the checkpoint is read from
+    sources = source_locations(checkpoint, open_checkpoint(checkpoint))
+    for target in (dst, index, work):
+        check_separate(sources, target)
+    shards = shard_pattern(dst)
+    for src in sources:
+        if os.path.dirname(src) == os.path.dirname(location(dst)) and shards.fullmatch(
+            os.path.basename(src)
+        ):
+            raise StoreError(
+                f"the destination {dst} would be written in shards named like the checkpoint's"
+                f" file {src}; write the output somewhere else"
+            )
     # the working group of an interrupted run (its identity is checked by ``convert``): this
     # run resumes it and may replace the export files that run wrote
     work_root = inspect_destination(work)
@@ -134,7 +151,6 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays
         remove_output(work, existing)
         with contextlib.suppress(OSError):
-            os.unlink(os.path.join(work, LOCK))
             os.rmdir(work)
     # (a resumed run whose conversion had finished still exported and cleaned up: not a no-op)
     return {**result, "destination": dst, "files": exported["files"], "already_complete": False}

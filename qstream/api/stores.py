@@ -9,7 +9,7 @@ from ..engine.checkpoint import restore
 from ..engine.job import QuantizeJob
 from ..engine.job import dequantize as _dequantize
 from ..io.qarray import is_checkpoint
-from ..io.stores import with_backend
+from ..io.stores import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 
 
@@ -25,17 +25,18 @@ def calibrate(
 ) -> Calibration:
     """Gather statistics from ``src`` and derive the scale/zero point ``spec`` asks for
     (writes nothing). ``executor`` and ``store``: see :func:`quantize_store`."""
-    job = QuantizeJob(
-        with_backend(src, store, storage_options, read_only=True),
-        spec or QuantSpec(),
-        max_memory=max_memory,
-        storage_options=storage_options,
-        executor=executor,
-    )
-    try:
-        return job.calibration(progress)
-    finally:
-        job.close()
+    with store_errors(src):
+        job = QuantizeJob(
+            with_backend(src, store, storage_options, read_only=True),
+            spec or QuantSpec(),
+            max_memory=max_memory,
+            storage_options=storage_options,
+            executor=executor,
+        )
+        try:
+            return job.calibration(progress)
+        finally:
+            job.close()
 
 
 def quantize_store(
@@ -91,17 +92,18 @@ def quantize_store(
     ``"zstd[:LEVEL]"``, ``"gzip[:LEVEL]"`` or ``"blosc[:CNAME[:LEVEL]]"`` (see
     :mod:`qstream.io.compression`). Values and report are the same whatever it is.
     """
-    job = QuantizeJob(
-        with_backend(src, store, storage_options, read_only=True),
-        spec or QuantSpec(),
-        max_memory=max_memory,
-        storage_options=storage_options,
-        executor=executor,
-        view_histogram=histogram,
-        compression=compression,
-    )
-    dst = with_backend(dst, store, storage_options, read_only=False)
-    return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
+    with store_errors(_remote(dst, src)):
+        job = QuantizeJob(
+            with_backend(src, store, storage_options, read_only=True),
+            spec or QuantSpec(),
+            max_memory=max_memory,
+            storage_options=storage_options,
+            executor=executor,
+            view_histogram=histogram,
+            compression=compression,
+        )
+        dst = with_backend(dst, store, storage_options, read_only=False)
+        return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
 
 
 def dequantize_store(
@@ -124,11 +126,12 @@ def dequantize_store(
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
     tensor restored (kept tensors copied as stored), and the result lists them."""
-    src = with_backend(src, store, storage_options, read_only=True)
-    if is_checkpoint(src, storage_options):
-        return restore(
-            src,
+    with store_errors(_remote(dst, src)):
+        return _dequantize_any(
+            with_backend(src, store, storage_options, read_only=True),
             dst,
+            storage_options=storage_options,
+            store=store,
             dtype=dtype,
             max_memory=max_memory,
             progress=progress,
@@ -136,14 +139,19 @@ def dequantize_store(
             executor=executor,
             compression=compression,
         )
-    return _dequantize(
-        src,
-        with_backend(dst, store, storage_options, read_only=False),
-        dtype=dtype,
-        max_memory=max_memory,
-        progress=progress,
-        overwrite=overwrite,
-        storage_options=storage_options,
-        executor=executor,
-        compression=compression,
-    )
+
+
+def _remote(*targets):
+    """The first of ``targets`` that is a URL (how failures of the store are named), else
+    the first."""
+    for t in targets:
+        if isinstance(t, str) and "://" in t and not t.startswith(("file://", "memory://")):
+            return t
+    return targets[0]
+
+
+def _dequantize_any(src, dst, *, storage_options, store, **kw) -> dict:
+    if is_checkpoint(src, storage_options):
+        return restore(src, dst, **kw)
+    dst = with_backend(dst, store, storage_options, read_only=False)
+    return _dequantize(src, dst, storage_options=storage_options, **kw)

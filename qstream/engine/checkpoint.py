@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -24,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.layout import dimension_names
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, StoreError
 from ..io import compression as compressions
-from ..io import qarray
+from ..io import destination, qarray
+from ..io.destination import Action, Destination
+from ..io.names import tensor_key
 from ..io.stores import location, open_group
 from ..recipe import Recipe
 from . import executors
@@ -60,7 +61,7 @@ def convert(
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
     (see :func:`qstream.convert_checkpoint`)."""
-    from ..io.checkpoints import open_checkpoint
+    from ..io.checkpoints import open_checkpoint, source_locations
 
     compression = compressions.canonical(compression)
 
@@ -75,12 +76,36 @@ def convert(
     executors.check_shared("destination", dst, executor=executor)
     tensors = open_checkpoint(checkpoint)
     source = location(checkpoint) or str(checkpoint)
-    qarray.check_separate(source, dst)
-    qarray.check_writable(dst)
+    destination.check_separate(source_locations(checkpoint, tensors), dst)
+    destination.check_writable(dst)
+    keys = tensor_keys(tensors)  # (refuses names no tensor may have before anything is written)
+    ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
+    dest = Destination(
+        dst,
+        "checkpoint",
+        json.dumps(ident, sort_keys=True),
+        same_job=lambda meta: _same_job(meta, ident),
+    )
     job = {"max_memory": max_memory, "overwrite": overwrite, "compression": compression}
-    with qarray.locked(dst):
+    with dest.claim(overwrite=overwrite) as (action, existing):
+        if action in (Action.RESUME, Action.COMPLETE):
+            root = open_group(dst, mode="a")
+            done = dict(existing.meta.get("tensors", {}))
+        else:
+            meta = {"version": 1, **ident, "tensors": {}, "complete": False}
+            root, done = qarray.create_group(dst, {"qstream_checkpoint": meta}), {}
         return _convert(
-            tensors, checkpoint, source, dst, recipe, on_tensor, progress, executor, **job
+            tensors,
+            keys,
+            (root, done, action is Action.COMPLETE),
+            checkpoint,
+            source,
+            dest,
+            recipe,
+            on_tensor,
+            progress,
+            executor,
+            **job,
         )
 
 
@@ -90,9 +115,11 @@ RECORD_EVERY = 8  # finished tensors between updates of the root's list of them
 
 def _convert(
     tensors,
+    keys,
+    opened,
     checkpoint,
     source,
-    dst,
+    dest,
     recipe,
     on_tensor,
     progress,
@@ -103,7 +130,8 @@ def _convert(
     compression: str,
 ) -> dict:
     t0 = time.perf_counter()
-    root, done, complete = _open_root(dst, source, recipe, compression, overwrite)
+    dst = dest.target
+    root, done, complete = opened
     results: dict[str, dict] = dict(done)
     names = [] if complete else list(tensors)
     # a local run converts two tensors at once, each with half the memory bound: a job's
@@ -124,7 +152,7 @@ def _convert(
         todo.append((event, t, spec))
 
     def one(t, spec, name) -> dict:
-        path = f"{dst}/{name}"
+        path = dest.child(keys[name])
         if spec is None:
             return _keep(t, path, compression)
         job = QuantizeJob(
@@ -155,6 +183,7 @@ def _convert(
         result = future.result()
         result.update(
             {
+                "key": keys[event.name],
                 "shape": list(t.shape),
                 "dtype": np.dtype(t.dtype).name,
                 "target": event.target,
@@ -188,7 +217,7 @@ def _convert(
             raise
     if not complete:
         _record(root, results, complete=True)
-        qarray.clean_partials(dst)  # of a killed run's root metadata writes
+        destination.clean_partials(dst)  # of a killed run's root metadata writes
     results = {n: results[n] for n in tensors if n in results}  # in the checkpoint's order
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
@@ -239,26 +268,6 @@ def _describe(spec) -> str:
     return f"{spec.dtype}/{where}/{method}"
 
 
-def _open_root(dst, source: str, recipe: Recipe, compression: str, overwrite: bool):
-    """The root group, the tensors a previous run of this conversion finished, and whether
-    it finished them all (a re-run of a finished conversion does nothing)."""
-    ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
-    fp = json.dumps(ident, sort_keys=True)
-    existing = qarray.inspect_destination(dst)
-    if existing.kind == "checkpoint":  # a conversion is its source, recipe and compression
-        meta = existing.meta
-        same = _same_job(meta, ident)
-        existing = qarray.Existing("checkpoint", {**meta, "fingerprint": fp if same else None})
-    action = qarray.decide(existing, fp, overwrite=overwrite, what="checkpoint", dst=dst)
-    if action in ("resume", "complete"):
-        done = dict(existing.meta.get("tensors", {}))
-        return open_group(dst, mode="a"), done, action == "complete"
-    if action.startswith("replace"):
-        qarray.remove_output(dst, existing)
-    meta = {"version": 1, **ident, "tensors": {}, "complete": False}
-    return qarray.create_group(dst, {"qstream_checkpoint": meta}), {}, False
-
-
 def _same_job(meta: dict, ident: dict) -> bool:
     """Whether the root metadata ``meta`` is of the job ``ident`` (outputs made before the
     ``compression`` option were made with ``"auto"``)."""
@@ -273,17 +282,37 @@ def _record(root, results: dict, *, complete: bool) -> None:
     qarray.set_meta(root, meta, "qstream_checkpoint")
 
 
+def tensor_keys(names) -> dict[str, str]:
+    """The key (:func:`~qstream.io.names.tensor_key`) of every tensor name."""
+    keys = {name: tensor_key(name) for name in names}
+    if len(set(keys.values())) != len(keys):  # only cut keys of very long names can collide
+        raise StoreError("two tensor names of the checkpoint map to one key; rename them")
+    return keys
+
+
+def _remove_own(path) -> None:
+    """Remove what a killed run of this job left at a tensor's ``path`` (only a node qstream
+    wrote: a kept or restored array, or a quantized group that its own job did not finish)."""
+    existing = destination.inspect_destination(path)
+    if existing.kind in ("kept", "dequantized"):
+        destination.remove_output(path, existing)
+    elif existing.kind == "empty":
+        destination.clean_partials(path)
+    elif existing.kind != "absent":
+        raise StoreError(f"{path} holds something qstream did not write there; remove it")
+
+
 def _keep(t, path: str, compression: str) -> dict:
     import zarr
 
     dtype = np.dtype(t.dtype)
     stored = np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+    _remove_own(path)  # what a killed run left of this tensor
     a = zarr.create_array(
         path,
         shape=t.shape,
         dtype=stored,
         compressors=compressions.compressors(compression),
-        overwrite=True,
         dimension_names=dimension_names(len(t.shape)),
         attributes={"qstream": {"kept": True, "dtype": dtype.name}},
     )
@@ -313,36 +342,30 @@ def restore(
 
     ck = qarray.open_quantized(src)
     src_loc = location(src) or str(src)
-    qarray.check_separate(src_loc, dst)
-    qarray.check_writable(dst)
+    destination.check_separate(src_loc, dst)
+    destination.check_writable(dst)
     compression = compressions.canonical(compression)
     ident = {"from": src_loc, "dtype": dtype, "compression": compression}
-    fp = json.dumps(ident, sort_keys=True)
+    dest = Destination(
+        dst, "restored", json.dumps(ident, sort_keys=True), same_job=lambda m: _same_job(m, ident)
+    )
     t0 = time.perf_counter()
-    with qarray.locked(dst):
-        existing = qarray.inspect_destination(dst)
-        if existing.kind == "restored":
-            meta = existing.meta
-            same = _same_job(meta, ident)
-            existing = qarray.Existing("restored", {**meta, "fingerprint": fp if same else None})
-        action = qarray.decide(existing, fp, overwrite=overwrite, what="restored", dst=dst)
-        if action == "complete":
+    with dest.claim(overwrite=overwrite) as (action, existing):
+        if action is Action.COMPLETE:
             return {**existing.meta["result"], "already_complete": True, "seconds": 0.0}
-        if action.startswith("replace"):
-            qarray.remove_output(dst, existing)
         names = list(ck)
-        meta = {**ident, "tensors": {n: {} for n in names}, "complete": False}
-        if action != "resume":
-            root = qarray.create_group(dst, {"qstream_restored": meta})
-        else:
+        meta = {**ident, "tensors": {n: {"key": tensor_key(n)} for n in names}, "complete": False}
+        if action is Action.RESUME:
             root = open_group(dst, mode="a")
+        else:
+            root = qarray.create_group(dst, {"qstream_restored": meta})
         results = {}
         for name in names:
-            path = f"{os.fspath(dst).rstrip('/')}/{name}"
+            path = dest.child(tensor_key(name))
             t = ck[name]
             if isinstance(t, qarray.QuantizedArray):
                 r = dequantize(
-                    f"{os.fspath(src).rstrip('/')}/{name}",
+                    destination.tensor_path(src, ck.key_of(name)),
                     path,
                     dtype=dtype,
                     max_memory=max_memory,
@@ -362,7 +385,7 @@ def restore(
             "already_complete": False,
         }
         qarray.set_meta(root, {**meta, "complete": True, "result": result}, "qstream_restored")
-        qarray.clean_partials(dst)  # of a killed run's root metadata writes
+        destination.clean_partials(dst)  # of a killed run's root metadata writes
     return {**result, "seconds": time.perf_counter() - t0}
 
 
@@ -370,13 +393,13 @@ def _copy_kept(a, path: str, compression: str) -> int:
     """Copy the kept tensor ``a`` (a zarr array) to ``path``, slab by slab."""
     import zarr
 
+    _remove_own(path)  # what a killed run left of this tensor
     out = zarr.create_array(
         path,
         shape=a.shape,
         chunks=a.chunks,
         dtype=a.dtype,
         compressors=compressions.compressors(compression, a.compressors),
-        overwrite=True,
         dimension_names=dimension_names(a.ndim),
         attributes=dict(a.attrs),
     )

@@ -34,7 +34,8 @@ from ..core.layout import (
 )
 from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
 from ..io import compression as compressions
-from ..io import qarray
+from ..io import destination, qarray
+from ..io.destination import Action, Destination, Lease
 from ..io.progress import ProgressLog
 from ..io.stores import display, location, open_group, open_source
 from ..qtypes import float_dtype, is_float_dtype
@@ -401,9 +402,9 @@ class QuantizeJob:
     def run(self, dst, *, progress=None, overwrite=False, resume=True) -> QuantReport:
         """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
         t0 = time.perf_counter()
-        qarray.check_separate(self.source.description.get("path"), dst)
+        destination.check_separate(self.source.description.get("path"), dst)
         executors.check_shared("destination", dst, executor=self.executor)
-        qarray.check_writable(dst)
+        destination.check_writable(dst)
         try:
             if _is_zip(dst):
                 return self._run_zip(dst, t0, progress, overwrite)
@@ -416,48 +417,53 @@ class QuantizeJob:
         self.executor.release(self.token)
 
     def _run(self, dst, t0, progress, overwrite, resume) -> QuantReport:
-        fp = self.fingerprint()
-        existing = qarray.inspect_destination(dst, self.storage_options)
-        action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
-        if action == "complete":
-            return self._already_complete(dst, existing.meta)
-        if action == "resume" and not resume:
+        dest = Destination(
+            dst, "quantized", self.fingerprint(), storage_options=self.storage_options
+        )
+        action, existing = dest.look(overwrite=overwrite)
+        if action is Action.COMPLETE:
+            if not self._damaged(dst):
+                return self._already_complete(dst, existing.meta)
+            # its own finished output, since damaged (parts deleted): made again, with the
+            # same bytes and the same report
+            overwrite, action = True, Action.REPLACE
+        if action is Action.RESUME and not resume:
             raise StoreError(f"{dst} holds an unfinished run of this job; pass overwrite=True")
         cal = None
-        if action != "resume" or not existing.meta.get("ready"):
+        if action is not Action.RESUME or not existing.meta.get("ready"):
             cal = self.calibration(progress)  # before anything is written
-        with qarray.locked(dst):
-            # what another process may have done meanwhile decides now
-            existing = qarray.inspect_destination(dst, self.storage_options)
-            action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
-            if action == "complete":
+        with dest.claim(overwrite=overwrite) as (action, existing):
+            # (what another process may have done meanwhile decides now)
+            if action is Action.COMPLETE:
                 return self._already_complete(dst, existing.meta)
-            if action == "resume" and not existing.meta.get("ready"):
-                action = "replace"  # interrupted while it was being created
-            if action.startswith("replace"):
-                qarray.remove_output(dst, existing, self.storage_options)
-            if action == "resume":
-                qarray.clean_partials(dst)
+            if action is Action.RESUME and (
+                not existing.meta.get("ready") or self._members_lost(dst)
+            ):
+                # interrupted while it was being created, or damaged since: made again
+                destination.remove_output(dst, existing, self.storage_options)
+                action = Action.CREATE
+            if action is Action.RESUME:
+                destination.clean_partials(dst)
                 group = open_group(dst, mode="a", storage_options=self.storage_options)
                 arrays = None
                 cal, summary = self._stored_calibration(group)
+                Lease(group, self.token, dst).take()  # a resumed run of this job
             else:
                 if cal is None:
                     cal = self.calibration(progress)
-                group, arrays = self._create(dst, cal, fp)
+                group, arrays = self._create(dst, cal, dest.fingerprint)
                 summary = cal.summary()
             errors, resumed = self._quantize_pass(dst, group, cal, progress, arrays)
             report = self._finish(group, summary, errors, dst, t0, resumed)
-            qarray.clean_partials(dst)
+            destination.clean_partials(dst)
             return report
 
     def _run_zip(self, dst, t0, progress, overwrite) -> QuantReport:
         """A ``.zip`` output is built in a temporary directory and packed at the end (a zip
         cannot be updated in place), so it does not resume."""
         fp = self.fingerprint()
-        existing = qarray.inspect_destination(dst, self.storage_options)
-        action = qarray.decide(existing, fp, overwrite=overwrite, what="quantized", dst=dst)
-        if action == "complete":
+        action, existing = Destination(dst, "quantized", fp).look(overwrite=overwrite)
+        if action is Action.COMPLETE:
             return self._already_complete(dst, existing.meta)
         cal = self.calibration(progress)
         work = tempfile.mkdtemp(prefix="qstream-", suffix=".zarr")
@@ -502,6 +508,8 @@ class QuantizeJob:
             "dtype": qt.name,
             "axis": plan.axis,
             "storage": qarray.storage_of(qt),
+            "writer": self.token,  # checked before ``complete`` is written (Lease)
+            "active": time.time(),
         }
         group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
         store_dtype, serializer = qarray.data_encoding(qt)
@@ -594,6 +602,7 @@ class QuantizeJob:
         )
         done = [start]
         report_stage(progress, "quantize", len(self.blocks), start)
+        lease = Lease(group, self.token, dst)
 
         def merge(b, result) -> None:
             err, groups = result
@@ -603,6 +612,7 @@ class QuantizeJob:
             done[0] += 1
             if log.due():
                 log.save(done[0], errors, found[0])
+            lease.renew()
             if progress:
                 progress(done[0], len(self.blocks))
 
@@ -627,18 +637,41 @@ class QuantizeJob:
         return (errors, found[0]), start
 
     def _blocks_landed(self, group, n: int) -> bool:
-        """Whether the data chunks of the first ``n`` blocks exist (local stores; elsewhere a
-        chunk is one atomic object and is taken as landed)."""
-        from ..io.chunks import chunk_files
+        """Whether the data chunks of the first ``n`` blocks exist (one listing of the store:
+        a killed writer's last chunk, or chunks deleted since)."""
+        from ..io.stores import stored_sizes
 
-        files = chunk_files(group["data"])
-        if files is None:
-            return True
+        data = group["data"]
+        sizes = stored_sizes(data.store_path.store, data.store_path.path)
         for b in self.blocks[:n]:
-            coords = tuple(k.start // c for k, c in zip(b.key, files.chunks, strict=True))
-            if not os.path.exists(files.path(coords)):
+            coords = tuple(k.start // c for k, c in zip(b.key, data.chunks, strict=True))
+            if not sizes.get(data.metadata.encode_chunk_key(coords)):
                 return False
         return True
+
+    def _members_lost(self, dst) -> bool:
+        group = open_group(dst, mode="r", storage_options=self.storage_options)
+        return bool(qarray.missing_members(group))
+
+    def _damaged(self, dst) -> bool:
+        """Whether this job's finished output at ``dst`` lacks some of its parts."""
+        try:
+            group = open_group(dst, mode="r", storage_options=self.storage_options)
+            return bool(qarray.gaps(group))
+        except (StoreError, KeyError):
+            return True
+
+    def _check_landed(self, group, dst) -> None:
+        """Before ``complete`` is written: the output is still this job's, and every part it
+        wrote is in the store (a listing, not a re-read)."""
+        qarray.check_writer(group, self.token, dst)
+        missing = qarray.gaps(group)
+        if missing:
+            raise StoreError(
+                f"{dst}: {len(missing)} parts of the output are missing or damaged after the"
+                f" run ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}):"
+                " something else deleted or changed them; re-run to rewrite them"
+            )
 
     def _worst_groups(self) -> bool:
         """Whether the report lists the worst parameter groups (blocked integer specs)."""
@@ -674,6 +707,7 @@ class QuantizeJob:
             group["data"].attrs.update({"scale_factor": s, "add_offset": -z * s})
         meta.update({"calibration": calibration, "error": err, "report": report.to_dict()})
         meta["complete"] = True
+        self._check_landed(group, dst)
         qarray.set_meta(group, meta)  # written last
         return report
 
@@ -705,38 +739,35 @@ def dequantize(
     arr = qarray.open_quantized(src, storage_options=storage_options)
     out_dtype = float_dtype(dtype)
     src_loc = location(src)
-    qarray.check_separate(src_loc, dst)
-    qarray.check_writable(dst)
+    destination.check_separate(src_loc, dst)
+    destination.check_writable(dst)
     ident = [src_loc, arr.meta.get("fingerprint"), out_dtype.name]
     if compression != compressions.AUTO:
         ident.append(compression)
-    h = hashlib.sha256(json.dumps(ident).encode())
-    fp = h.hexdigest()[:32]
-    existing = qarray.inspect_destination(dst, storage_options)
-    action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
+    fp = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+    dest = Destination(dst, "dequantized", fp, storage_options=storage_options)
     result = {
         "source": display(src),
         "destination": display(dst),
         "dtype": out_dtype.name,
         "shape": list(arr.shape),
         "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize),
-        "already_complete": action == "complete",
+        "already_complete": False,
     }
-    if action == "complete":
-        return {**result, "seconds": 0.0}
     blocks = plan_blocks(arr.shape, arr.data.chunks)
     # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
     # the logical dtype recorded in attrs["qstream"]["dtype"].
     stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
-    meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
     token = uuid.uuid4().hex
-    with qarray.locked(dst):
-        existing = qarray.inspect_destination(dst, storage_options)
-        action = qarray.decide(existing, fp, overwrite=overwrite, what="dequantized", dst=dst)
-        if action == "complete":
+    meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
+    action, _ = dest.look(overwrite=overwrite)
+    if action is Action.COMPLETE and _gaps_at(dst, storage_options):
+        overwrite = True  # its own finished output, damaged: made again
+    with dest.claim(overwrite=overwrite) as (action, existing):
+        if action is Action.COMPLETE:
             return {**result, "already_complete": True, "seconds": 0.0}
-        if action != "create":  # an unfinished or other dequantize output, or a Zarr node
-            qarray.remove_output(dst, replace(existing, kind="zarr"), storage_options)
+        if action is Action.RESUME:  # an unfinished run: made again (blocks are not logged)
+            destination.remove_output(dst, existing, storage_options)
         from ..io.stores import _store
 
         store = _store(dst, mode="w", storage_options=storage_options)
@@ -751,7 +782,9 @@ def dequantize(
                 config=qarray.WRITE_ALL_CHUNKS,
                 chunk_key_encoding=qarray.FLAT_KEYS,
                 dimension_names=dimension_names(arr.ndim),
-                attributes={"qstream": {**meta, "complete": False}},
+                attributes={
+                    "qstream": {**meta, "writer": token, "active": time.time(), "complete": False}
+                },
             )
         except zarr.errors.ContainsArrayError:
             raise StoreError(f"{dst} was created by another process meanwhile") from None
@@ -764,29 +797,51 @@ def dequantize(
         )
         workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
         report_stage(progress, "dequantize", len(blocks))
+        lease = Lease(out, token, dst)
+        tick = _counter(progress, len(blocks))
+
+        def landed(b) -> None:
+            lease.renew()
+            if tick is not None:
+                tick(b)
+
         try:
-            pipeline.run(
-                blocks,
-                work,
-                workers=workers,
-                progress=_counter(progress, len(blocks)),
-                executor=executor,
-            )
+            pipeline.run(blocks, work, workers=workers, progress=landed, executor=executor)
         except OSError as e:
             if isinstance(e, StoreError):
                 raise
             raise StoreError(f"cannot write {dst}: {e}") from None
         finally:
             executor.release(token)
+        qarray.check_writer(out, token, dst)
+        missing = qarray.gaps(out)
+        if missing:
+            raise StoreError(
+                f"{dst}: {len(missing)} chunks are missing or damaged after the run: something"
+                " else deleted or changed them; re-run to write them again"
+            )
         try:
-            out.attrs["qstream"] = {**meta, "complete": True}
+            out.attrs["qstream"] = {**meta, "writer": token, "complete": True}
         except OSError as e:
             raise StoreError(f"cannot write {dst}: {e}") from None
-        qarray.clean_partials(dst)
+        destination.clean_partials(dst)
     return {**result, "seconds": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _gaps_at(dst, storage_options) -> bool:
+    """Whether the array at ``dst`` lacks parts (see :func:`qstream.io.qarray.gaps`)."""
+    import zarr
+
+    from ..io.stores import _store
+
+    try:
+        store = _store(dst, mode="r", storage_options=storage_options)
+        return bool(qarray.gaps(zarr.open_array(store=store, mode="r")))
+    except (OSError, KeyError, ValueError):
+        return True
 
 
 def _is_zip(dst) -> bool:
@@ -832,7 +887,7 @@ def _pack_zip(directory: str, target: str) -> None:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
             for root, _, files in os.walk(directory):
                 for f in sorted(files):
-                    if f == qarray.LOCK:
+                    if f == destination.LOCK:
                         continue
                     full = os.path.join(root, f)
                     zf.write(full, os.path.relpath(full, directory))

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..core.indexing import expand_key
 from ..errors import StoreError
+from .paths import is_inside, kind_of, open_regular, refuse_special
 
 SUPPORTED_FORMATS = (
     ".safetensors, *.safetensors.index.json, a safetensors directory, .npy, .npz, "
@@ -50,6 +51,7 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+MAX_HEADER = 100_000_000  # bytes of a safetensors header (the format's own limit)
 _TORCH_EXTS = (".pt", ".pth", ".bin")
 
 
@@ -114,7 +116,7 @@ class CheckpointTensor:
             return None
         base = first // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
         try:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(path, "checkpoint file") as f:
                 m = mmap.mmap(
                     f.fileno(),
                     first + nbytes - base,
@@ -137,9 +139,12 @@ def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
     truncated, corrupt or unsupported inputs.
     """
     p = os.fspath(path)
-    if not os.path.exists(p):
+    kind = kind_of(p)
+    if kind is None:
         raise StoreError(f"no such file or directory: {p}")
-    if os.path.isdir(p):
+    if kind == "special":
+        refuse_special(p, "checkpoint")
+    if kind == "dir":
         return _open_directory(p)
     low = p.lower()
     if low.endswith(".index.json"):
@@ -155,6 +160,17 @@ def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
     if low.endswith(_TORCH_EXTS):
         return _open_torch(p)
     raise StoreError(f"unsupported checkpoint {p}: supported formats are {SUPPORTED_FORMATS}")
+
+
+def source_locations(path, tensors: dict[str, CheckpointTensor]) -> list[str]:
+    """Where the checkpoint ``path`` (opened as ``tensors``) lives: its own location and
+    every file its tensors are mapped from (a sharded index's shards), links resolved."""
+    from .stores import location
+
+    found = {location(path)} | {
+        os.path.realpath(t.file[0]) for t in tensors.values() if t.file is not None
+    }
+    return sorted(found)
 
 
 # -- indexing ------------------------------------------------------------------------------------
@@ -220,23 +236,22 @@ def _open_safetensors(path: str, only: set[str] | None = None) -> dict[str, Chec
     """Parse and validate a safetensors header; map the tensors (all, or those in ``only``)."""
     where = f"safetensors file {path}"
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        with open_regular(path, "safetensors file") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise StoreError(f"{where} is truncated: {size} bytes, no header length")
             (n,) = struct.unpack("<Q", head)
             if 8 + n > size:
                 raise StoreError(f"{where}: header length {n} is beyond the file size {size}")
+            if n > MAX_HEADER:
+                raise StoreError(
+                    f"{where}: header of {n} bytes is above the format's limit of {MAX_HEADER}"
+                )
             raw = f.read(n)
     except FileNotFoundError:
         raise StoreError(f"no such file: {path}") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StoreError(f"{where}: invalid JSON header ({e})") from None
-    if not isinstance(header, dict):
-        raise StoreError(f"{where}: invalid header (a JSON object is expected)")
+    header = _json_object(raw, f"{where}: invalid JSON header")
     data_start, data_size = 8 + n, size - 8 - n
     fmap = _FileMap(path)
     out: dict[str, CheckpointTensor] = {}
@@ -283,31 +298,79 @@ def _is_uint(x: Any) -> bool:
 
 
 def _open_safetensors_index(path: str) -> dict[str, CheckpointTensor]:
-    """A sharded safetensors checkpoint: ``weight_map`` maps tensor names to shard files."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StoreError(f"safetensors index {path}: invalid JSON ({e})") from None
-    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    """A sharded safetensors checkpoint: ``weight_map`` maps tensor names to shard files,
+    which must lie in the index's folder (see :func:`_check_shard`)."""
+    with open_regular(path, "safetensors index") as f:
+        raw = f.read(MAX_HEADER + 1)
+    if len(raw) > MAX_HEADER:
+        raise StoreError(f"safetensors index {path} is larger than {MAX_HEADER} bytes")
+    index = _json_object(raw, f"safetensors index {path}: invalid JSON")
+    wmap = index.get("weight_map")
     if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
         raise StoreError(f"safetensors index {path}: no valid 'weight_map' object")
     base = os.path.dirname(path)
     shards: dict[str, dict[str, CheckpointTensor]] = {}
     for shard in dict.fromkeys(wmap.values()):
-        shard_path = os.path.join(base, shard)
-        if not os.path.isfile(shard_path):
-            raise StoreError(f"safetensors index {path} names a missing shard: {shard_path}")
+        shard_path = _check_shard(path, base, shard)
+        if kind_of(shard_path) != "file":
+            what = "names a missing shard" if kind_of(shard_path) is None else "names a shard that"
+            tail = "" if kind_of(shard_path) is None else " is not a regular file"
+            raise StoreError(f"safetensors index {path} {what}: {shard!r}{tail}")
         shards[shard] = _open_safetensors(shard_path, {k for k, v in wmap.items() if v == shard})
     out: dict[str, CheckpointTensor] = {}
     for name, shard in wmap.items():
         if name not in shards[shard]:
-            raise StoreError(
-                f"safetensors index {path}: tensor {name!r} is not in shard "
-                f"{os.path.join(base, shard)}"
-            )
+            raise StoreError(f"safetensors index {path}: tensor {name!r} is not in shard {shard!r}")
         out[name] = shards[shard][name]
     return out
+
+
+def _check_shard(index: str, base: str, shard: str) -> str:
+    """The path of the shard file ``shard`` named by ``index``: a plain relative path inside
+    the index's folder ``base`` (no ``..``, no absolute path, no link that leads out of the
+    folder; a Hugging Face cache snapshot's links into its repository's ``blobs`` are in)."""
+    parts = shard.replace("\\", "/").split("/")
+    if (
+        not shard
+        or os.path.isabs(shard)
+        or "\\" in shard
+        or "\x00" in shard
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise StoreError(
+            f"safetensors index {index} names a shard outside its folder: {shard!r}; shards"
+            " must be files beside the index"
+        )
+    path = os.path.join(base, *parts)
+    if not any(is_inside(path, root) for root in _checkpoint_roots(base)):
+        raise StoreError(
+            f"safetensors index {index}: shard {shard!r} is a link to a file outside the"
+            " checkpoint's folder; copy the shards into it (or pass the folder they are in)"
+        )
+    return path
+
+
+def _checkpoint_roots(base: str) -> list[str]:
+    """Where the files of the checkpoint folder ``base`` may lie: the folder, and for a
+    Hugging Face cache snapshot (``.../snapshots/<revision>``) its repository's ``blobs``."""
+    roots = [base]
+    parent = os.path.dirname(os.path.abspath(base))
+    if os.path.basename(parent) == "snapshots":
+        roots.append(os.path.join(os.path.dirname(parent), "blobs"))
+    return roots
+
+
+def _json_object(raw: bytes, where: str) -> dict:
+    """``raw`` parsed as a JSON object, or a :class:`StoreError` starting with ``where``."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StoreError(f"{where} ({e})") from None
+    except RecursionError:
+        raise StoreError(f"{where} (nested too deeply)") from None
+    if not isinstance(doc, dict):
+        raise StoreError(f"{where} (a JSON object is expected)")
+    return doc
 
 
 def _open_directory(path: str) -> dict[str, CheckpointTensor]:
@@ -327,7 +390,16 @@ def _open_directory(path: str) -> dict[str, CheckpointTensor]:
         )
     out: dict[str, CheckpointTensor] = {}
     for fname in files:
-        out.update(_open_safetensors(os.path.join(path, fname)))
+        full = os.path.join(path, fname)
+        if not any(is_inside(full, root) for root in _checkpoint_roots(path)):
+            raise StoreError(
+                f"{full} is a link to a file outside the checkpoint's folder; copy the file"
+                " into it (or pass the file itself)"
+            )
+        for name, t in _open_safetensors(full).items():
+            if name in out:
+                raise StoreError(f"tensor {name!r} is in two files of the folder {path}")
+            out[name] = t
     return out
 
 
@@ -415,6 +487,8 @@ def _open_zarr(path: str) -> dict[str, CheckpointTensor]:
     """Every floating-point array of a Zarr group (names relative to it, joined by '/')."""
     import zarr
 
+    if not path.endswith(".zip"):
+        _refuse_special_documents(path)
     try:
         store = zarr.storage.ZipStore(path, mode="r") if path.endswith(".zip") else path
         node = zarr.open(store, mode="r")
@@ -435,6 +509,15 @@ def _open_zarr(path: str) -> dict[str, CheckpointTensor]:
     return out
 
 
+def _refuse_special_documents(root: str) -> None:
+    """Refuse a Zarr group whose metadata documents include a FIFO, device or socket (zarr
+    would wait forever reading one); chunk folders (``c``) are not walked."""
+    for here, dirs, _ in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "c"]
+        for doc in ("zarr.json", ".zarray", ".zgroup", ".zattrs"):
+            refuse_special(os.path.join(here, doc), "Zarr metadata document")
+
+
 # -- torch ---------------------------------------------------------------------------------------
 
 
@@ -444,8 +527,11 @@ def _open_torch(path: str) -> dict[str, CheckpointTensor]:
         import torch
     except ImportError:
         raise StoreError("reading .pt/.bin needs torch: pip install 'qstream[torch]'") from None
+    # a zip (torch >= 1.6) file is memory-mapped; an older, legacy file cannot be, and is read
+    # whole (still with weights_only: no code in it runs)
+    legacy = not zipfile.is_zipfile(path)
     try:
-        obj = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        obj = torch.load(path, weights_only=True, mmap=not legacy, map_location="cpu")
     except Exception as e:  # torch raises many types (RuntimeError, UnpicklingError, ...)
         raise StoreError(f"torch checkpoint {path}: cannot load ({_one_line(e)})") from None
     dtypes = {

@@ -37,6 +37,7 @@ from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
 from .compression import codec_config
 from .packing import packed_nbytes
+from .paths import open_regular
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
@@ -99,7 +100,7 @@ class ChunkFiles:
         coords, inner, _ = pieces[0]
         path = self.path(coords)
         try:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(path, "chunk") as f:
                 size = _check_size(f, self.chunk_nbytes, path)
                 # private and writable, though never written: the kernels then see ordinary
                 # arrays (a read-only mapping would compile every kernel a second time)
@@ -127,7 +128,7 @@ class ChunkFiles:
         """The stored bytes of the chunk file ``path`` (decoded) into ``flat``; False (and
         ``dest`` filled with the fill value) when the chunk was never written."""
         try:
-            with open(path, "rb", buffering=0) as f:
+            with open_regular(path, "chunk") as f:
                 if self.codec is None:  # straight into the caller's buffer
                     _check_size(f, flat.nbytes, path)
                     _read_exact(f, memoryview(flat), path)

@@ -182,6 +182,14 @@ def _write_file(path: str, entries: list[_Entry], metadata: dict[str, str]) -> N
         raise
 
 
+def shard_pattern(out: str):
+    """The names of the shard files an export to ``out`` may write (a compiled regex)."""
+    import re
+
+    stem = os.path.basename(out)[: -len(".safetensors")]
+    return re.compile(re.escape(stem) + r"-\d{5}-of-\d{5}\.safetensors")
+
+
 def _written_by_qstream(path: str) -> bool:
     """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
     return _export_metadata(path) is not None
@@ -192,31 +200,50 @@ def finished_export(out, job: str) -> list[str] | None:
     last file, the index or the only file, exists and says so), else None."""
     out = os.fspath(out)
     index = out[: -len(".safetensors")] + ".safetensors.index.json"
-    if os.path.exists(index):
-        meta = _export_metadata(index)
+    if os.path.lexists(index):
+        doc = _read_json(index)
+        meta = _qstream_meta(doc.get("metadata") if doc else None)
         if meta is None or meta.get("qstream_job") != job:
             return None
-        with open(index) as f:
-            names = sorted(set(json.load(f).get("weight_map", {}).values()))
+        wmap = doc.get("weight_map")
+        names = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
+        if not all(isinstance(n, str) and shard_pattern(out).fullmatch(n) for n in names):
+            return None  # not an index this export writes
         return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
-    meta = _export_metadata(out) if os.path.exists(out) else None
+    meta = _export_metadata(out) if os.path.lexists(out) else None
     return [out] if meta is not None and meta.get("qstream_job") == job else None
 
 
 def _export_metadata(path: str) -> dict | None:
     """qstream's metadata in a safetensors file or index, or None."""
+    if path.endswith(".json"):
+        doc = _read_json(path)
+        return _qstream_meta(doc.get("metadata") if doc else None)
+    from .paths import open_regular
+
     try:
-        with open(path, "rb") as f:
-            if path.endswith(".json"):
-                doc = json.load(f)
-                meta = doc.get("metadata") if isinstance(doc, dict) else None
-            else:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(min(n, 100 << 20)))
-                meta = header.get("__metadata__") if isinstance(header, dict) else None
-    except (OSError, ValueError, struct.error):
+        with open_regular(path) as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(n, 100 << 20)))
+    except (OSError, ValueError, RecursionError, struct.error):
         return None
+    return _qstream_meta(header.get("__metadata__") if isinstance(header, dict) else None)
+
+
+def _qstream_meta(meta) -> dict | None:
     return meta if isinstance(meta, dict) and "qstream" in meta else None
+
+
+def _read_json(path: str) -> dict | None:
+    """The JSON object in the file ``path`` (at most 100 MB), or None."""
+    from .paths import open_regular
+
+    try:
+        with open_regular(path) as f:
+            doc = json.loads(f.read(100 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _remove_stale_partials(target: str) -> None:
@@ -275,13 +302,22 @@ def export_safetensors(
     )
     index = f"{stem}.safetensors.index.json"
     targets = files + ([index] if len(shards) > 1 else [])
-    if not overwrite:
+    from .paths import kind_of
+
+    for f in targets:
+        kind = kind_of(f)
+        if kind is None:
+            continue
+        ours = kind == "file" and _written_by_qstream(f)
+        if not ours:  # never replaced, whatever ``overwrite`` says
+            raise StoreError(
+                f"{f} exists and is not a qstream export; qstream never replaces what it did"
+                " not write (even with overwrite=True): remove it yourself or export elsewhere"
+            )
         # the last file written (the index, or the only file) marks a finished export; shards
         # of an interrupted one (ours: they carry qstream's metadata) are written again
-        for f in targets:
-            ours = _written_by_qstream(f)
-            if os.path.exists(f) and not (ours and (replace_own or f != targets[-1])):
-                raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+        if not (overwrite or replace_own or f != targets[-1]):
+            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
     for f in targets:
         _remove_stale_partials(f)
     meta = {

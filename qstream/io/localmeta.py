@@ -6,7 +6,7 @@ cores run kernels (each hand-off waits for a time slice). A converted checkpoint
 metadata writes per tensor, so on a local disk qstream writes these documents itself, in the
 calling thread: the bytes are zarr's own serialization of the node's metadata
 (``to_buffer_dict``), written under a temporary name and renamed (readers never see a torn
-document; :func:`qstream.io.qarray.clean_partials` removes a killed writer's leftovers).
+document; :func:`qstream.io.destination.clean_partials` removes a killed writer's leftovers).
 New nodes are linked into place, so a node that exists is never replaced. Elsewhere (object
 stores, memory) zarr writes them as usual.
 """

@@ -20,24 +20,17 @@ Life of an output: the group's metadata is written first, in one write, with the
 state the same job resumes from (members not ready are made again; blocks past the progress
 snapshot are written again).
 
-Destination rules (:func:`decide`): qstream replaces only what is provably its own output, and
-only the parts it owns; a destination that holds anything else is refused, whatever
-``overwrite`` says, unless it is empty or a Zarr node (which ``overwrite`` replaces). Local
-destinations are locked (``flock``) while a job writes them, so two processes never write one
-output at once.
+Destination rules and the life of an output location: :mod:`qstream.io.destination`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import math
 import os
-import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,278 +41,18 @@ from ..errors import StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
 from . import compression, localmeta
-from .chunks import PARTIAL
+from .destination import MEMBERS, inspect_destination, local_path
+from .names import check_key
+from .paths import child
 from .stores import _store, open_group
 
 FORMAT_VERSION = 3
-MEMBERS = ("data", "scale", "zero_point", "_progress")
-LOCK = ".qstream-lock"
 # Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
 # full pass over the data, and quantized/dequantized chunks are almost never empty.
 WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
 # Chunk files side by side ("c.0.0"), not one directory per chunk row ("c/0/0"): creating a
 # directory costs as much as a file, and a block writes one chunk.
 FLAT_KEYS = {"name": "default", "separator": "."}
-
-
-# --------------------------------------------------------------------------- destinations
-
-
-@dataclass(frozen=True)
-class Existing:
-    """What a destination holds now.
-
-    ``kind``: ``absent``, ``empty``, ``quantized`` (a qstream quantized group),
-    ``checkpoint`` (a converted checkpoint), ``dequantized`` (a qstream dequantize output),
-    ``restored`` (a dequantized checkpoint),
-    ``zarr`` (any other Zarr array or group), ``file`` or ``foreign`` (a directory or store
-    holding other things).
-    """
-
-    kind: str
-    meta: dict | None = None
-
-
-def _is_url(dst) -> bool:
-    return isinstance(dst, str) and "://" in dst and not dst.startswith("file://")
-
-
-def _local(dst) -> str | None:
-    """The local directory of ``dst``, or None (a URL, a zip file, a store object)."""
-    if not isinstance(dst, (str, os.PathLike)) or _is_url(dst):
-        return None
-    p = os.fspath(dst).removeprefix("file://")
-    return None if p.endswith(".zip") else p
-
-
-def _classify_meta(doc: dict) -> Existing:
-    attrs = doc.get("attributes") or {}
-    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream"), dict):
-        return Existing("quantized", attrs["qstream"])
-    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream_checkpoint"), dict):
-        return Existing("checkpoint", attrs["qstream_checkpoint"])
-    if doc.get("node_type") == "group" and isinstance(attrs.get("qstream_restored"), dict):
-        return Existing("restored", attrs["qstream_restored"])
-    q = attrs.get("qstream")
-    if doc.get("node_type") == "array" and isinstance(q, dict) and "dequantized_from" in q:
-        return Existing("dequantized", q)
-    return Existing("zarr")
-
-
-def inspect_destination(dst, storage_options: dict | None = None) -> Existing:
-    """Look at ``dst`` without changing it (see :class:`Existing`)."""
-    local = _local(dst)
-    if local is not None:
-        if not os.path.lexists(local):
-            return Existing("absent")
-        if not os.path.isdir(local):
-            return Existing("file")
-        names = [n for n in os.listdir(local) if n != LOCK and not n.endswith(PARTIAL)]
-        if not names:
-            return Existing("empty")
-        if "zarr.json" in names:
-            try:
-                with open(os.path.join(local, "zarr.json"), "rb") as f:
-                    doc = json.load(f)
-            except (OSError, ValueError):
-                return Existing("foreign")
-            return _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
-        if ".zarray" in names or ".zgroup" in names:
-            return Existing("zarr")
-        return Existing("foreign")
-    if isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip") and not _is_url(dst):
-        path = os.fspath(dst).removeprefix("file://")
-        if not os.path.lexists(path):
-            return Existing("absent")
-        import zipfile
-
-        try:
-            with zipfile.ZipFile(path) as zf:
-                doc = json.loads(zf.read("zarr.json"))
-        except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-            return Existing("file")
-        return _classify_meta(doc) if isinstance(doc, dict) else Existing("file")
-    # memory:// and object stores
-    from zarr.core.sync import sync
-
-    store = _store(dst, mode="w", storage_options=storage_options)
-    try:
-        raw = sync(store.get("zarr.json", _prototype()))
-        if raw is not None:
-            doc = json.loads(raw.to_bytes())
-            return _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
-        return Existing("empty") if sync(store.is_empty("")) else Existing("foreign")
-    except (OSError, ValueError) as e:
-        raise StoreError(f"cannot read {dst}: {type(e).__name__}: {e}") from None
-
-
-def _prototype():
-    from zarr.core.buffer import default_buffer_prototype
-
-    return default_buffer_prototype()
-
-
-def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, dst) -> str:
-    """What a job does with a destination: ``create``, ``resume`` (an unfinished output of
-    this job), ``complete`` (this job, finished), ``replace`` (qstream's own output of another
-    job: its members are removed) or ``replace-zarr`` (a Zarr node, with ``overwrite``).
-    Anything else is refused with an error naming the destination and the flag."""
-    kind = existing.kind
-    if kind in ("absent", "empty"):
-        return "create"
-    if kind in ("file", "foreign"):
-        thing = "a file" if kind == "file" else "not empty and is not a Zarr store"
-        raise StoreError(
-            f"{dst} is {thing}; qstream writes only to a new or empty location or over its own"
-            " outputs, and will not delete it (even with overwrite=True): choose another"
-            " destination"
-        )
-    meta = existing.meta or {}
-    ours = kind == what
-    if ours and meta.get("fingerprint") == fingerprint:
-        if overwrite:
-            return "replace"
-        return "complete" if meta.get("complete") else "resume"
-    if overwrite:
-        return "replace" if ours else "replace-zarr"
-    if ours:
-        raise StoreError(
-            f"{dst} holds a different job (other spec, source, compression or format version);"
-            " pass overwrite=True to replace it"
-        )
-    label = {
-        "quantized": "a qstream quantized array",
-        "checkpoint": "a qstream converted checkpoint",
-        "restored": "a qstream restored checkpoint",
-        "dequantized": "a qstream dequantized array",
-        "zarr": "a Zarr array or group that qstream did not write",
-    }[kind]
-    raise StoreError(f"{dst} exists and is {label}; pass overwrite=True to replace it")
-
-
-def remove_output(dst, existing: Existing, storage_options: dict | None = None) -> None:
-    """Remove what :func:`decide` said to replace: qstream's own members (other files stay)
-    or, for ``replace-zarr``, the whole Zarr node."""
-    local = _local(dst)
-    if existing.kind == "zarr" or existing.kind == "dequantized":
-        members = None  # the whole node
-    elif existing.kind in ("checkpoint", "restored"):
-        tensors = existing.meta.get("tensors", {})
-        members = ["zarr.json", *sorted({n.split("/")[0] for n in tensors})]
-    else:
-        members = ["zarr.json", *MEMBERS]
-    if local is not None:
-        if members is None:
-            for name in os.listdir(local):
-                if name == LOCK:
-                    continue
-                full = os.path.join(local, name)
-                if os.path.isdir(full) and not os.path.islink(full):
-                    shutil.rmtree(full)
-                else:
-                    os.unlink(full)
-            return
-        for name in members:
-            full = os.path.join(local, name)
-            if os.path.isdir(full) and not os.path.islink(full):
-                shutil.rmtree(full)
-            elif os.path.lexists(full):
-                os.unlink(full)
-        clean_partials(dst)
-        return
-    if isinstance(dst, (str, os.PathLike)) and os.fspath(dst).endswith(".zip"):
-        return  # a zip output is replaced whole when the new one is packed
-    from zarr.core.sync import sync
-
-    store = _store(dst, mode="w", storage_options=storage_options)
-    if members is None:
-        sync(store.delete_dir(""))
-        return
-    for name in members:
-        if name == "zarr.json":
-            sync(store.delete(name))
-        else:
-            sync(store.delete_dir(name))
-
-
-def clean_partials(dst) -> None:
-    """Remove the temporary files of killed writers from a local output (its root and its
-    member arrays): they are never part of a finished output."""
-    local = _local(dst)
-    if local is None or not os.path.isdir(local):
-        return
-    _remove_partials(local, recurse=False)
-    for name in MEMBERS:
-        if os.path.isdir(os.path.join(local, name)):
-            _remove_partials(os.path.join(local, name), recurse=True)
-
-
-def _remove_partials(directory: str, *, recurse: bool) -> None:
-    for entry in os.scandir(directory):
-        if entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry.path)
-        elif recurse and entry.is_dir(follow_symlinks=False):
-            _remove_partials(entry.path, recurse=True)
-
-
-@contextlib.contextmanager
-def locked(dst):
-    """Hold the write lock of a local destination (made if absent) while the body runs; a
-    second process gets a clear error instead of writing the same output at once. The lock
-    goes with the process: a killed job leaves nothing that blocks the next run."""
-    local = _local(dst)
-    if local is None or os.name != "posix":
-        yield
-        return
-    import fcntl
-
-    try:
-        os.makedirs(local, exist_ok=True)
-        fd = os.open(os.path.join(local, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise StoreError(f"cannot write {dst}: {e.strerror or e}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreError(
-                f"{dst} is being written by another qstream process; wait for it to finish,"
-                " then run again (the job resumes or reports it complete)"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def check_writable(dst) -> None:
-    """Refuse, before any work, a local destination that cannot be made: its nearest existing
-    ancestor is a file, or a directory this process may not write."""
-    local = _local(dst)
-    if local is None:
-        return
-    path = os.path.abspath(local)
-    while not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            return
-        path = parent
-    if path != os.path.abspath(local) and not os.path.isdir(path):
-        raise StoreError(f"cannot write {dst}: {path} is a file, not a directory")
-    if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
-        raise StoreError(f"cannot write {dst}: permission denied on {path}")
-
-
-def check_separate(src_location: str | None, dst, what: str = "destination") -> None:
-    """Refuse a destination equal to, inside, or containing the source."""
-    from .stores import inside, location
-
-    dst_location = location(dst)
-    if inside(dst_location, src_location) or inside(src_location, dst_location):
-        raise StoreError(
-            f"the {what} {dst} overlaps the source {src_location} (the same location, inside it,"
-            " or containing it); write the output somewhere else"
-        )
 
 
 # --------------------------------------------------------------------------- quantized groups
@@ -421,6 +154,79 @@ def set_meta(group, meta: dict, key: str = "qstream") -> None:
         raise StoreError(f"cannot write the metadata of {group.store_path}: {e}") from None
 
 
+def check_writer(node, token: str, dst) -> None:
+    """Refuse to finish an output that another job took over while this one ran: the node's
+    metadata, read again from the store, must still name this job's ``token`` as its writer
+    (two jobs writing one object-store output are not stopped by a lock)."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    sp = node.store_path
+    key = f"{sp.path}/zarr.json".lstrip("/")
+    raw = sync(sp.store.get(key, default_buffer_prototype()))
+    try:
+        doc = json.loads(raw.to_bytes()) if raw is not None else {}
+        writer = doc["attributes"]["qstream"].get("writer")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        writer = None
+    if writer != token:
+        raise StoreError(
+            f"{dst} was taken over by another job while this one ran (its metadata now names"
+            " another writer, or is gone); this run stops without marking it complete: let the"
+            " other job finish, or re-run this one to resume"
+        )
+
+
+def missing_members(group) -> list[str]:
+    """The member documents a quantized group lacks in its store (one listing)."""
+    from .stores import stored_sizes
+
+    sizes = stored_sizes(group.store_path.store, group.store_path.path)
+    return [f"{m}/zarr.json" for m in MEMBERS if f"{m}/zarr.json" not in sizes]
+
+
+def gaps(node) -> list[str]:
+    """What the quantized group (or plain array) ``node`` lacks in its store, from one
+    listing: member documents, and chunks of ``data`` and ``scale`` (of a plain array, its
+    own) absent or of the wrong size (raw chunks must have their exact size, compressed ones
+    must not be empty). ``zero_point`` chunks are not listed: zarr does not store all-zero
+    ones."""
+    import zarr
+
+    from .stores import stored_sizes
+
+    sizes = stored_sizes(node.store_path.store, node.store_path.path)
+    if isinstance(node, zarr.Array):
+        return ["zarr.json"] if "zarr.json" not in sizes else _chunk_gaps(node, "", sizes)
+    members = ("data", "scale", "zero_point")
+    missing = [f"{m}/zarr.json" for m in members if f"{m}/zarr.json" not in sizes]
+    if "zarr.json" not in sizes:
+        missing.insert(0, "zarr.json")
+    for m in ("data", "scale"):
+        if f"{m}/zarr.json" in sizes:
+            missing += _chunk_gaps(node[m], f"{m}/", sizes)
+    return missing
+
+
+def _chunk_gaps(arr, prefix: str, sizes: dict[str, int]) -> list[str]:
+    import itertools
+
+    from zarr.codecs import BytesCodec
+
+    meta = arr.metadata
+    plain = isinstance(getattr(arr, "serializer", None), BytesCodec)
+    raw = plain and not arr.compressors and not getattr(arr, "filters", ())
+    exact = (math.prod(arr.chunks) if arr.shape else 1) * arr.dtype.itemsize if raw else None
+    grid = [range(-(-s // c)) for s, c in zip(arr.shape, arr.chunks, strict=True)]
+    out = []
+    for coords in itertools.product(*grid):
+        key = prefix + meta.encode_chunk_key(coords)
+        size = sizes.get(key)
+        if size is None or size == 0 or (exact is not None and size != exact):
+            out.append(key)
+    return out
+
+
 def is_checkpoint(path, storage_options: dict | None = None) -> bool:
     """Whether ``path`` is the root of a converted checkpoint."""
     return inspect_destination(path, storage_options).kind == "checkpoint"
@@ -462,16 +268,29 @@ class QuantizedCheckpoint(Mapping):
                 f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
                 " resume it, or pass allow_incomplete=True to read the finished tensors"
             )
-        self.tensors: dict = self.meta.get("tensors", {})
+        tensors = self.meta.get("tensors", {})
+        if not isinstance(tensors, dict) or not all(isinstance(t, dict) for t in tensors.values()):
+            raise StoreError(f"{path}: its metadata lists no tensors; the output is damaged")
+        self.tensors: dict = tensors
+        # where each tensor is stored, checked before anything is opened
+        self._keys = {n: check_key(t.get("key", n), path) for n, t in tensors.items()}
         self._storage_options = storage_options
+
+    def key_of(self, name: str) -> str:
+        """The key (path component below the root) the tensor ``name`` is stored under."""
+        return self._keys[name]
 
     def __getitem__(self, name: str):
         if name not in self.tensors:
             raise KeyError(name)
+        key = self._keys[name]
+        local = local_path(self.path)
+        if local is not None:
+            child(local, key, self.path)  # never a link out of the checkpoint
         if self.tensors[name].get("kept"):
-            return self.group[name]
+            return self.group[key]
         return open_quantized(
-            f"{os.fspath(self.path).rstrip('/')}/{name}", storage_options=self._storage_options
+            f"{os.fspath(self.path).rstrip('/')}/{key}", storage_options=self._storage_options
         )
 
     def __iter__(self):

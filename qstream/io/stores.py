@@ -6,6 +6,7 @@ handy in notebooks and tests), or any fsspec URL (``s3://...``) with ``storage_o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,9 +17,107 @@ import numpy as np
 
 from ..errors import StoreError
 from .chunks import ChunkFiles, chunk_files
+from .paths import refuse_special
 
 _MEMORY_STORES: dict[str, Any] = {}
 BACKENDS = ("fsspec", "obstore")  # how URLs (s3://, gs://, ...) are opened
+
+
+_STORE_LIBRARIES = ("obstore", "botocore", "aiobotocore", "s3fs", "fsspec", "aiohttp", "urllib3")
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line (its first line that says something)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(e).__name__
+
+
+def store_failure(e: BaseException, where) -> StoreError | None:
+    """A one-line :class:`StoreError` naming ``where`` (a URL) and the cause, for a failure
+    raised by a store library (obstore, fsspec, s3fs, botocore, aiohttp) or the network;
+    None for anything else."""
+    import asyncio
+
+    top = type(e).__module__.split(".")[0]
+    network = isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError))
+    if (top not in _STORE_LIBRARIES and not network) or isinstance(e, StoreError):
+        return None
+    text = one_line(e)
+    lower = str(e).lower()
+    if "timed out" in lower or "timeout" in lower or isinstance(e, TimeoutError):
+        cause = f"no answer from the store within its timeout ({text})"
+    elif "connect" in lower and ("refused" in lower or "error" in lower):
+        cause = f"cannot connect ({text})"
+    else:
+        cause = text
+    return StoreError(f"{display(where)}: {type(e).__name__}: {cause}")
+
+
+@contextlib.contextmanager
+def store_errors(where):
+    """Failures of store libraries inside the body as one-line :class:`StoreError` naming
+    ``where`` (see :func:`store_failure`)."""
+    try:
+        yield
+    except Exception as e:
+        err = store_failure(e, where)
+        if err is None:
+            raise
+        raise err from None
+
+
+def store_timeout() -> float:
+    """Seconds after which a request to an object store that makes no progress fails, its
+    retries included (``QSTREAM_STORE_TIMEOUT``, default 60): a dead endpoint ends a job
+    with an error, not a hang."""
+    raw = os.environ.get("QSTREAM_STORE_TIMEOUT", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(f"QSTREAM_STORE_TIMEOUT must be seconds > 0, got {raw!r}")
+    return value
+
+
+def _obstore_options(options: dict | None) -> dict:
+    """obstore's options with qstream's timeouts and retries where the caller set none: a
+    stalled connection fails after a third of :func:`store_timeout`, and retries stop once
+    it has passed."""
+    import datetime
+
+    t = store_timeout()
+    out = dict(options or {})
+    client = {
+        "connect_timeout": datetime.timedelta(seconds=min(10.0, t / 4)),
+        "read_timeout": datetime.timedelta(seconds=t / 3),
+        "timeout": datetime.timedelta(seconds=max(300.0, 5 * t)),  # big chunks on slow links
+        **dict(out.get("client_options") or {}),
+    }
+    retry = {
+        "max_retries": 2,
+        "retry_timeout": datetime.timedelta(seconds=t),
+        **dict(out.get("retry_config") or {}),
+    }
+    return {**out, "client_options": client, "retry_config": retry}
+
+
+def _fsspec_options(url: str, options: dict | None) -> dict:
+    """fsspec's options with qstream's timeouts and retries (S3: botocore's connect/read
+    timeouts and attempts) where the caller set none."""
+    out = dict(options or {})
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        t = store_timeout()
+        config = {
+            "connect_timeout": min(10.0, t / 4),
+            "read_timeout": t / 3,
+            "retries": {"total_max_attempts": 2, "mode": "standard"},
+            **dict(out.get("config_kwargs") or {}),
+        }
+        out["config_kwargs"] = config
+    return out
 
 
 def with_backend(target, backend: str | None, storage_options: dict | None, *, read_only: bool):
@@ -43,7 +142,7 @@ def with_backend(target, backend: str | None, storage_options: dict | None, *, r
             "store='obstore' needs the obstore package: pip install 'qstream[s3]'"
         ) from None
     try:
-        inner = obstore.store.from_url(url, **(storage_options or {}))
+        inner = obstore.store.from_url(url, **_obstore_options(storage_options))
     except Exception as e:
         raise StoreError(f"cannot open {url} with obstore: {type(e).__name__}: {e}") from None
     return zarr.storage.ObjectStore(inner, read_only=read_only)
@@ -65,16 +164,26 @@ def _store(path, *, mode: str, storage_options: dict | None):
             raise StoreError(f"no in-memory store named {p!r}")
         return _MEMORY_STORES.setdefault(name, zarr.storage.MemoryStore())
     if "://" in p and not p.startswith("file://"):
-        return zarr.storage.FsspecStore.from_url(
-            p, storage_options=storage_options, read_only=mode == "r"
-        )
+        try:
+            store = zarr.storage.FsspecStore.from_url(
+                p, storage_options=_fsspec_options(p, storage_options), read_only=mode == "r"
+            )
+        except Exception as e:  # an unknown protocol, a missing fsspec backend, bad options
+            raise StoreError(f"cannot open {p}: {one_line(e)}") from None
+        if p.split("://", 1)[0] in ("s3", "s3a") and hasattr(store.fs, "retries"):
+            store.fs.retries = 1  # s3fs's own retries on top of botocore's attempts
+        return store
     p = p.removeprefix("file://")
     if p.endswith(".zip"):
         if mode == "r" and not os.path.exists(p):
             raise StoreError(f"no such file: {p}")
+        refuse_special(p, "zip store")
         return zarr.storage.ZipStore(p, mode="r" if mode == "r" else "a")
     if mode == "r" and not os.path.exists(p):
         raise StoreError(f"no such Zarr store: {p}")
+    if mode == "r":  # zarr would wait forever on a FIFO in place of a metadata document
+        for doc in ("zarr.json", ".zarray", ".zgroup", ".zattrs"):
+            refuse_special(os.path.join(p, doc), "Zarr metadata document")
     return zarr.storage.LocalStore(p, read_only=mode == "r")
 
 
@@ -197,6 +306,47 @@ class ArrayWriter:
             # a copy: zarr's MemoryStore keeps the caller's buffer itself for an uncompressed
             # chunk, and the engine reuses its buffers for the next block
             self.array[key] = np.array(value, copy=True)
+
+
+def stored_sizes(store, prefix: str = "") -> dict[str, int]:
+    """Every key below ``prefix`` of ``store`` (relative to the prefix) and its size in
+    bytes, from one listing (object stores: a paginated LIST, no object is read)."""
+    import zarr
+    from zarr.core.sync import sync
+
+    prefix = prefix.strip("/")
+    if isinstance(store, zarr.storage.LocalStore):
+        top = os.path.join(str(store.root), prefix)
+        out = {}
+        for here, _, files in os.walk(top):
+            for name in files:
+                full = os.path.join(here, name)
+                with contextlib.suppress(FileNotFoundError):
+                    out[os.path.relpath(full, top).replace(os.sep, "/")] = os.lstat(full).st_size
+        return out
+    if isinstance(store, zarr.storage.ObjectStore):
+        import obstore
+
+        entries = obstore.list(store.store, prefix=prefix or None)
+        return {
+            m["path"][len(prefix) :].lstrip("/"): int(m["size"]) for batch in entries for m in batch
+        }
+    if isinstance(store, zarr.storage.FsspecStore):
+        root = f"{store.path.rstrip('/')}/{prefix}".rstrip("/") + "/"
+        found = sync(store.fs._find(root, detail=True))
+        return {
+            name[len(root) :]: int(info.get("size") or 0)
+            for name, info in found.items()
+            if name.startswith(root)
+        }
+
+    async def sizes():
+        return {
+            key[len(prefix) :].lstrip("/"): await store.getsize(key)
+            async for key in store.list_prefix(prefix)
+        }
+
+    return sync(sizes())
 
 
 def location(target) -> str | None:

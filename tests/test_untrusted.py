@@ -1,0 +1,393 @@
+"""Untrusted checkpoints, outputs and destinations (the threat model in the README): tensor
+names are data, never paths; nothing outside DST is written, read or deleted; what qstream did
+not write is never removed; special files are refused without blocking. Each case is run with
+real files and compared by hashing a sandbox before and after."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given
+from hypothesis import strategies as st
+from qstream.cli.main import app
+from typer.testing import CliRunner
+
+import qstream as qs
+from qstream.errors import StoreError
+from qstream.io.names import check_key, name_of, tensor_key
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def safetensors_file(path: Path, tensors: dict[str, np.ndarray], header_extra=None) -> Path:
+    """A safetensors file written by hand (names no library would accept included)."""
+    tags = {"float32": "F32", "float16": "F16"}
+    header, blobs, off = dict(header_extra or {}), [], 0
+    for name, a in tensors.items():
+        raw = np.ascontiguousarray(a).tobytes()
+        header[name] = {
+            "dtype": tags[a.dtype.name],
+            "shape": list(a.shape),
+            "data_offsets": [off, off + len(raw)],
+        }
+        off += len(raw)
+        blobs.append(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return path
+
+
+def snapshot(root: Path, skip: Path | None = None) -> dict[str, str]:
+    """Every entry under ``root`` (not following links) with a hash of its content, except
+    the subtree ``skip``."""
+    out = {}
+    for here, dirs, files in os.walk(root):
+        if skip is not None and Path(here) == skip:
+            dirs[:] = []
+            continue
+        dirs[:] = [d for d in dirs if skip is None or Path(here, d) != skip]
+        for name in dirs + files:
+            p = Path(here, name)
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                out[rel] = "dir"
+    return out
+
+
+@pytest.fixture
+def sandbox(tmp_path):
+    """A folder of the user's things beside and around the destination."""
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "keep.txt").write_text("mine")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("notes")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    return tmp_path
+
+
+CRAFTED = ["../../victim", "../x", "../../../../../../tmp/qstream-escape", "a/../../b"]
+
+
+def _tensors(names, rank=2):
+    rng = np.random.default_rng(0)
+    shape = (4, 8) if rank == 2 else (6,)
+    return {n: rng.standard_normal(shape).astype(np.float32) for n in names}
+
+
+# ---------------------------------------------------------------- names are data
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_crafted_tensor_names_stay_inside_dst_and_keep_their_names(sandbox, rank):
+    tensors = _tensors([*CRAFTED, "ok.weight"], rank)
+    ck = safetensors_file(sandbox / "ck.safetensors", tensors)
+    dst = sandbox / "a" / "b" / "out.zarr"
+    before = snapshot(sandbox, skip=dst)
+    r = cli("convert", ck, dst)
+    assert r.exit_code == 0, r.output
+    assert snapshot(sandbox, skip=dst) == before
+    assert not Path("/tmp/qstream-escape").exists()
+    ck_out = qs.open_quantized(dst)
+    assert list(ck_out) == list(tensors)
+    for name, x in tensors.items():
+        got = ck_out[name][...]
+        tol = 0 if rank == 1 else np.abs(x).max(axis=1, keepdims=True) / 127
+        assert np.all(np.abs(got - x) <= tol + 1e-7)
+    # every entry of DST is a direct, plainly named child
+    assert all(check_key(p.name, dst) == p.name for p in dst.iterdir() if p.is_dir())
+    # dequantize and export of the output stay inside their own destinations too
+    before = snapshot(sandbox, skip=sandbox / "r")
+    qs.dequantize_store(dst, sandbox / "r" / "restored.zarr")
+    qs.export_safetensors(dst, sandbox / "r" / "e.safetensors")
+    assert snapshot(sandbox, skip=sandbox / "r") == before
+    from safetensors.numpy import load_file
+
+    exported = load_file(str(sandbox / "r" / "e.safetensors"))
+    assert set(tensors) <= set(exported)
+
+
+def test_crafted_npz_member_names_stay_inside_dst(sandbox):
+    path = sandbox / "ck.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, x in _tensors(["../x", "../../victim", "w"]).items():
+            with zf.open(name + ".npy", "w") as f:
+                np.lib.format.write_array(f, x)
+    dst = sandbox / "out" / "q.zarr"
+    before = snapshot(sandbox, skip=dst)
+    qs.convert_checkpoint(path, dst)
+    assert snapshot(sandbox, skip=dst) == before
+    assert set(qs.open_quantized(dst)) == {"../x", "../../victim", "w"}
+
+
+def test_a_safetensors_destination_never_empties_the_folder_it_is_written_in(sandbox):
+    ck = safetensors_file(sandbox / "ck.safetensors", _tensors(["../x", "../../victim", "w"]))
+    dst = sandbox / "out" / "model.safetensors"
+    before = snapshot(sandbox / "out")
+    for overwrite in ([], ["--overwrite"], ["--overwrite"]):
+        r = cli("convert", ck, dst, *overwrite)
+        assert r.exit_code == 0, r.output
+        after = snapshot(sandbox / "out")
+        assert {k: v for k, v in after.items() if k in before} == before
+        assert set(after) - set(before) == {"model.safetensors"}
+    assert (sandbox / "victim" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("bad", ["x\x00y", "bad\ud800name", ""])
+def test_names_with_nul_surrogates_or_nothing_are_refused_with_a_targeted_error(sandbox, bad):
+    header = json.dumps({bad: {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}})
+    raw = header.encode("utf-8", "surrogatepass")
+    raw += b" " * (-len(raw) % 8)
+    ck = sandbox / "ck.safetensors"
+    ck.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(16))
+    dst = sandbox / "q.zarr"
+    r = cli("convert", ck, dst)
+    assert r.exit_code == 1
+    assert "internal error" not in r.output
+    assert "tensor name" in r.output or "invalid JSON" in r.output, r.output
+    assert not dst.exists() or not any(p.name != ".qstream-lock" for p in dst.iterdir())
+
+
+@given(st.text(min_size=1, max_size=300))
+def test_tensor_keys_are_one_safe_component_and_reversible(name):
+    try:
+        key = tensor_key(name)
+    except StoreError:
+        assert any(0xD800 <= ord(c) <= 0xDFFF or ord(c) < 32 or ord(c) == 127 for c in name) or (
+            any(__import__("unicodedata").category(c) in ("Cc", "Cs") for c in name)
+        )
+        return
+    assert "/" not in key and "\\" not in key and key not in (".", "..")
+    assert not key.startswith((".", "_")) and len(key) <= 160
+    assert check_key(key, "dst") == key
+    if "~" not in key:
+        assert name_of(key) == name
+
+
+def test_distinct_names_get_distinct_keys():
+    names = ["a/b", "a%2Fb", "a.b", "A.b", ".x", "%2Ex", "_x", "%5Fx", "x" * 400, "x" * 401]
+    keys = [tensor_key(n) for n in names]
+    assert len(set(keys)) == len(keys)
+
+
+# ---------------------------------------------------------------- crafted outputs
+
+
+def _crafted_checkpoint(tmp_path: Path, key: str) -> Path:
+    """A converted checkpoint whose root metadata points a tensor at ``key``."""
+    ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["w"]))
+    out = tmp_path / "crafted.zarr"
+    qs.convert_checkpoint(ck, out)
+    doc = json.loads((out / "zarr.json").read_text())
+    doc["attributes"]["qstream_checkpoint"]["tensors"]["w"]["key"] = key
+    (out / "zarr.json").write_text(json.dumps(doc))
+    return out
+
+
+@pytest.mark.parametrize("key", ["../victim", "/etc", "w/../../victim", ".."])
+def test_a_crafted_converted_checkpoint_is_refused_by_every_reader(sandbox, key):
+    out = _crafted_checkpoint(sandbox, key)
+    before = snapshot(sandbox, skip=sandbox / "r")
+    with pytest.raises(StoreError, match="not a path inside it"):
+        qs.open_quantized(out)
+    for args in (
+        ("dequantize", out, sandbox / "r" / "d.zarr"),
+        ("export", out, sandbox / "r" / "e.safetensors"),
+        ("inspect", out),
+    ):
+        r = cli(*args)
+        assert r.exit_code == 1 and "not a path inside it" in r.output, r.output
+    ck = sandbox / "ck.safetensors"
+    r = cli("convert", ck, out, "--overwrite")  # replacing it deletes nothing outside
+    assert r.exit_code == 1 and "not a path inside it" in r.output
+    assert snapshot(sandbox, skip=sandbox / "r") == before
+
+
+def test_a_link_inside_an_output_is_never_followed_out(sandbox):
+    out = _crafted_checkpoint(sandbox, "w")
+    w = out / "w"
+    for p in sorted(w.rglob("*"), reverse=True):
+        p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
+    w.rmdir()
+    w.symlink_to(sandbox / "victim")
+    before = snapshot(sandbox / "victim")
+    with pytest.raises(StoreError, match="leads outside it"):
+        qs.open_quantized(out)["w"]
+    r = cli("convert", sandbox / "ck.safetensors", out, "--overwrite")
+    assert snapshot(sandbox / "victim") == before, r.output
+
+
+# ---------------------------------------------------------------- destinations
+
+
+def test_overwrite_never_deletes_a_zarr_node_qstream_did_not_write(sandbox):
+    ck = safetensors_file(sandbox / "ck.safetensors", _tensors(["w"]))
+    home = sandbox / "home"
+    home.mkdir()
+    (home / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+    (home / "photos").mkdir()
+    (home / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    (home / ".git").mkdir()
+    before = snapshot(home)
+    for args in ([], ["--overwrite"]):
+        r = cli("convert", ck, home, *args)
+        assert r.exit_code == 1 and "did not write" in r.output, r.output
+    assert snapshot(home) == before
+
+
+def test_crafted_qstream_metadata_cannot_make_overwrite_delete_user_files(sandbox):
+    """A root whose metadata claims the user's folders as tensors: replacing it removes only
+    nodes that are qstream's by their own metadata, file by file."""
+    ck = safetensors_file(sandbox / "ck.safetensors", _tensors(["w"]))
+    home = sandbox / "home"
+    home.mkdir()
+    meta = {"version": 1, "tensors": {"photos": {}, "data": {}}, "complete": True}
+    doc = {"zarr_format": 3, "node_type": "group", "attributes": {"qstream_checkpoint": meta}}
+    (home / "zarr.json").write_text(json.dumps(doc))
+    (home / "photos").mkdir()
+    (home / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+    (home / "data").mkdir()
+    (home / "data" / "c.0").write_bytes(b"user data")
+    r = cli("convert", ck, home, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert (home / "photos" / "cat.jpg").read_bytes() == b"\xff\xd8"
+    assert (home / "data" / "c.0").read_bytes() == b"user data"
+
+
+@pytest.mark.parametrize("layout", ["file", "index"])
+def test_a_checkpoint_is_never_its_own_destination(sandbox, layout):
+    from safetensors.numpy import save_file
+
+    tensors = _tensors(["a.weight", "b.weight"])
+    if layout == "file":
+        src = sandbox / "model.safetensors"
+        save_file(tensors, str(src))
+        dsts = [src]
+    else:
+        d = sandbox / "sharded"
+        d.mkdir()
+        save_file({"a.weight": tensors["a.weight"]}, str(d / "model-00001-of-00002.safetensors"))
+        save_file({"b.weight": tensors["b.weight"]}, str(d / "model-00002-of-00002.safetensors"))
+        wmap = {
+            "a.weight": "model-00001-of-00002.safetensors",
+            "b.weight": "model-00002-of-00002.safetensors",
+        }
+        src = d / "model.safetensors.index.json"
+        src.write_text(json.dumps({"weight_map": wmap}))
+        dsts = [d / "model-00001-of-00002.safetensors", d / "model.safetensors", src]
+    before = snapshot(sandbox)
+    for dst in dsts:
+        r = cli("convert", src, dst, "--overwrite")
+        assert r.exit_code == 1, (dst, r.output)
+        assert "overlaps the source" in r.output or "named like the checkpoint" in r.output
+    assert snapshot(sandbox) == before
+
+
+def test_export_never_replaces_a_file_qstream_did_not_write(sandbox):
+    ck = safetensors_file(sandbox / "ck.safetensors", _tensors(["w"]))
+    q = sandbox / "q.zarr"
+    qs.convert_checkpoint(ck, q)
+    mine = sandbox / "mine.safetensors"
+    mine.write_bytes(b"precious")
+    for overwrite in (False, True):
+        with pytest.raises(StoreError, match="not a qstream export"):
+            qs.export_safetensors(q, mine, overwrite=overwrite)
+    assert mine.read_bytes() == b"precious"
+
+
+# ---------------------------------------------------------------- shard indexes
+
+
+@pytest.mark.parametrize("shard", ["../secret.safetensors", "/abs/secret.safetensors", "link"])
+def test_a_shard_index_cannot_name_files_outside_its_folder(sandbox, shard):
+    from safetensors.numpy import save_file
+
+    secret = sandbox / "secret.safetensors"
+    save_file({"secret": np.ones((2, 2), np.float32)}, str(secret))
+    d = sandbox / "ck"
+    d.mkdir()
+    if shard == "link":
+        (d / "link").symlink_to(secret)
+    elif shard.startswith("/abs"):
+        shard = str(secret)
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"secret": shard}}))
+    r = cli("convert", d, sandbox / "q.zarr")
+    assert r.exit_code == 1
+    assert "outside" in r.output and str(secret) not in r.output.replace(shard, ""), r.output
+    assert not (sandbox / "q.zarr").exists()
+
+
+def test_a_hugging_face_cache_snapshot_with_links_into_its_blobs_converts(tmp_path):
+    from safetensors.numpy import save_file
+
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    save_file(_tensors(["w"]), str(repo / "blobs" / "f00d"))
+    (snap / "model.safetensors").symlink_to("../../blobs/f00d")
+    report = qs.convert_checkpoint(snap, tmp_path / "q.zarr")
+    assert list(report["tensors"]) == ["w"]
+
+
+# ---------------------------------------------------------------- special files
+
+
+def _fifo_run(args, timeout=60):
+    code = "import sys; from qstream.cli.main import main; sys.argv = ['qstream', *sys.argv[1:]]; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+@pytest.mark.parametrize("where", ["checkpoint", "shard", "chunk", "metadata"])
+def test_fifos_are_refused_without_blocking(tmp_path, where):
+    dst = tmp_path / "q.zarr"
+    if where == "checkpoint":
+        src = tmp_path / "m.safetensors"
+        os.mkfifo(src)
+        args = ["convert", src, dst]
+    elif where == "shard":
+        d = tmp_path / "ck"
+        d.mkdir()
+        os.mkfifo(d / "s.safetensors")
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"w": "s.safetensors"}})
+        )
+        args = ["convert", d, dst]
+    else:
+        src = tmp_path / "src.zarr"
+        a = zarr.create_array(str(src), shape=(8, 8), chunks=(4, 8), dtype="f4")
+        a[...] = 1.0
+        victim = src / ("c/1/0" if where == "chunk" else "zarr.json")
+        body = victim.read_bytes()
+        victim.unlink()
+        os.mkfifo(victim)
+        if where == "metadata":
+            (tmp_path / "doc.json").write_bytes(body)
+        args = ["quantize", src, dst]
+    r = _fifo_run(args)
+    assert r.returncode == 1, r.stderr
+    assert "not a regular file" in r.stderr and "internal error" not in r.stderr, r.stderr
