@@ -41,7 +41,31 @@ def strict(value):
 
 
 def emit_json(value) -> None:
-    typer.echo(json.dumps(strict(value), allow_nan=False))
+    """Print ``value`` as one strict JSON document, written piece by piece (a per-channel
+    calibration of millions of channels is never held as one string)."""
+    _emit(value, sys.stdout.write)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+_SLAB = 1 << 16  # list items encoded at once
+
+
+def _emit(value, write) -> None:
+    if isinstance(value, dict):
+        write("{")
+        for i, (k, v) in enumerate(value.items()):
+            write(("," if i else "") + json.dumps(str(k)) + ":")
+            _emit(v, write)
+        write("}")
+    elif isinstance(value, (list, tuple)) and len(value) > _SLAB:
+        write("[")
+        for i in range(0, len(value), _SLAB):
+            part = json.dumps(strict(list(value[i : i + _SLAB])), allow_nan=False)
+            write(("," if i else "") + part[1:-1])
+        write("]")
+    else:
+        write(json.dumps(strict(value), allow_nan=False))
 
 
 # --------------------------------------------------------------------------- numbers

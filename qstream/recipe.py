@@ -24,11 +24,11 @@ from __future__ import annotations
 import fnmatch
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .errors import InvalidParameterError
+from .io.paths import open_regular
 from .qtypes import is_float_dtype
 from .spec import QuantSpec, _jsonable, check_keys
 
@@ -84,16 +84,22 @@ class Recipe:
 
     @classmethod
     def from_dict(cls, d: dict) -> Recipe:
+        if not isinstance(d, dict):
+            raise InvalidParameterError("a recipe is a table of [defaults] and [[rules]]")
         check_keys(d, ("defaults", "rules", "min_rank"), "recipe")
+        if not isinstance(d.get("defaults", {}), dict):
+            raise InvalidParameterError("recipe [defaults] must be a table")
+        if not isinstance(d.get("rules", []), list):
+            raise InvalidParameterError("recipe rules must be an array of tables ([[rules]])")
         check_keys(d.get("defaults", {}), _SPEC_KEYS, "recipe [defaults]")
-        defaults = QuantSpec.from_dict({**DEFAULT_SPEC, **d.get("defaults", {})})
+        defaults = _spec("recipe [defaults]", {**DEFAULT_SPEC, **d.get("defaults", {})})
         rules = []
         for i, r in enumerate(d.get("rules", [])):
             if not isinstance(r, dict):
                 raise InvalidParameterError(f"recipe rule {i + 1} is not a table")
             check_keys(r, ("pattern", "action", "spec"), f"recipe rule {i + 1}")
-            if "pattern" not in r:
-                raise InvalidParameterError(f"recipe rule {i + 1} has no pattern")
+            if not isinstance(r.get("pattern"), str):
+                raise InvalidParameterError(f"recipe rule {i + 1} has no pattern (a string)")
             if "action" in r and (r["action"] != "keep" or "spec" in r):
                 raise InvalidParameterError(
                     f'recipe rule {i + 1} ({r["pattern"]!r}): action must be "keep" (and'
@@ -103,21 +109,45 @@ class Recipe:
             if r.get("action") == "keep":
                 rules.append(Rule(r["pattern"], None))
             elif "spec" in r:
+                where = f"recipe rule {i + 1} ({r['pattern']!r})"
+                if not isinstance(r["spec"], dict):
+                    raise InvalidParameterError(f"{where}: spec must be a table")
                 check_keys(r["spec"], _SPEC_KEYS, f"recipe rule {i + 1} spec")
-                rules.append(
-                    Rule(r["pattern"], QuantSpec.from_dict({**defaults.to_dict(), **r["spec"]}))
-                )
+                rules.append(Rule(r["pattern"], _spec(where, {**defaults.to_dict(), **r["spec"]})))
             else:
                 raise InvalidParameterError(
                     f'recipe rule {i + 1} ({r["pattern"]!r}) needs action = "keep" or a spec'
                 )
-        return cls(defaults, tuple(rules), int(d.get("min_rank", 2)))
+        min_rank = d.get("min_rank", 2)
+        if isinstance(min_rank, bool) or not isinstance(min_rank, int) or min_rank < 0:
+            raise InvalidParameterError(
+                f"recipe min_rank must be an integer >= 0, got {min_rank!r}"
+            )
+        return cls(defaults, tuple(rules), min_rank)
 
     @classmethod
     def load(cls, path) -> Recipe:
         try:
-            return cls.from_dict(tomllib.loads(Path(path).read_text()))
+            with open_regular(str(path), "recipe") as f:
+                raw = f.read(MAX_RECIPE + 1)
         except FileNotFoundError:
             raise InvalidParameterError(f"recipe file not found: {path}") from None
-        except tomllib.TOMLDecodeError as e:
+        if len(raw) > MAX_RECIPE:
+            raise InvalidParameterError(f"recipe {path} is larger than {MAX_RECIPE} bytes")
+        try:
+            return cls.from_dict(tomllib.loads(raw.decode("utf-8")))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise InvalidParameterError(f"recipe {path} is not valid TOML: {e}") from None
+        except RecursionError:
+            raise InvalidParameterError(f"recipe {path} is nested too deeply") from None
+
+
+MAX_RECIPE = 1 << 20  # bytes of a recipe file
+
+
+def _spec(where: str, fields: dict) -> QuantSpec:
+    """``QuantSpec.from_dict(fields)``, its errors naming the recipe's table ``where``."""
+    try:
+        return QuantSpec.from_dict(fields)
+    except InvalidParameterError as e:
+        raise InvalidParameterError(f"{where}: {e}") from None

@@ -37,6 +37,22 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+MAX_BINS = 1 << 20  # histogram bins (8 MiB a channel's counts)
+
+
+def _numeric(v: Any, depth: int = 0) -> bool:
+    """Whether ``v`` is a number, a NumPy array of numbers, or nested lists of numbers."""
+    if isinstance(v, np.ndarray):
+        return v.dtype.kind in "biuf"
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int | float | np.number):
+        return True
+    if isinstance(v, str):
+        return v in ("nan", "inf", "-inf")
+    return isinstance(v, list | tuple) and depth < 32 and all(_numeric(x, depth + 1) for x in v)
+
+
 def _unjson_float(v: Any) -> Any:
     return float(v) if isinstance(v, str) and v in ("nan", "inf", "-inf") else v
 
@@ -82,6 +98,7 @@ class QuantSpec:
     scale_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        self._check_types()
         qt = qtype(self.dtype)
         object.__setattr__(self, "dtype", qt.name)
         if self.method not in METHODS:
@@ -106,8 +123,10 @@ class QuantSpec:
                 raise InvalidParameterError(f"block_size must be > 0, got {self.block_size}")
         if self.method == "dynamic" and self.block_size is None and self.scale is None:
             raise InvalidParameterError("method 'dynamic' needs block_size (one range per block)")
-        if self.num_bins < 16:
-            raise InvalidParameterError(f"num_bins must be >= 16, got {self.num_bins}")
+        if not 16 <= self.num_bins <= MAX_BINS:
+            raise InvalidParameterError(
+                f"num_bins must be between 16 and {MAX_BINS}, got {self.num_bins}"
+            )
         if qt.is_float and self.method not in ("minmax", "dynamic") and self.scale is None:
             raise InvalidParameterError(f"{qt.name} supports the minmax and dynamic methods only")
         for name in ("scale", "zero_point"):
@@ -121,6 +140,41 @@ class QuantSpec:
                 f"unknown scale_dtype {self.scale_dtype!r}; expected one of:"
                 f" {', '.join(SCALE_DTYPES)}"
             )
+
+    def _check_types(self) -> None:
+        """Refuse fields of the wrong type (from a recipe or JSON) with a message naming the
+        field; whole numbers given as integral floats (``32.0``) are taken as integers."""
+
+        def whole(name: str, optional: bool) -> None:
+            v = getattr(self, name)
+            if v is None and optional:
+                return
+            if isinstance(v, float) and v.is_integer():
+                object.__setattr__(self, name, int(v))
+            elif isinstance(v, bool) or not isinstance(v, int | np.integer):
+                raise InvalidParameterError(f"{name} must be an integer, got {v!r}")
+            else:
+                object.__setattr__(self, name, int(v))
+
+        for name in ("dtype", "method", "round_mode", "nan_policy", "scale_dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidParameterError(f"{name} must be a string, got {getattr(self, name)!r}")
+        for name in ("symmetric", "narrow_range"):
+            if not isinstance(getattr(self, name), bool | np.bool_):
+                raise InvalidParameterError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        whole("axis", True)
+        whole("block_size", True)
+        whole("num_bins", False)
+        if isinstance(self.percentile, bool) or not isinstance(
+            self.percentile, int | float | np.number
+        ):
+            raise InvalidParameterError(f"percentile must be a number, got {self.percentile!r}")
+        for name in ("scale", "zero_point"):
+            v = getattr(self, name)
+            if v is not None and not _numeric(v):
+                raise InvalidParameterError(f"{name} must be a number or a list of numbers")
 
     @property
     def qtype(self):

@@ -368,3 +368,34 @@ def test_dask_compare_methods_gives_the_local_comparison(client, source, axis):
     b = qs.compare_methods(str(source), spec, executor=qs.DaskExecutor(client, blocks_per_task=4))
     assert json.dumps(a.to_dict(), sort_keys=True) == json.dumps(b.to_dict(), sort_keys=True)
     assert len(b.view.predictions) == 5
+
+
+def test_two_lost_workers_in_one_pass_do_not_fail_the_job(client, source, tmp_path):
+    """Every worker holding the pass's work object dies: it is scattered again and the tasks
+    that needed it run again; bytes and report as a local run."""
+    spec = _spec({"dtype": "int8", "axis": 1, "method": "minmax"})
+    want = qs.quantize_store(str(source), tmp_path / "want.zarr", spec, max_memory=1 << 20)
+    client.wait_for_workers(2, timeout=60)
+    pids = list(client.run(os.getpid).values())
+    killed = threading.Event()
+
+    def kill_both(done, total):
+        if done == 2 and not killed.is_set():
+            killed.set()
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)  # the nannies restart them
+            time.sleep(0.5)
+
+    executor = qs.DaskExecutor(client, blocks_per_task=1)
+    got = qs.quantize_store(
+        str(source),
+        tmp_path / "got.zarr",
+        spec,
+        executor=executor,
+        progress=kill_both,
+        max_memory=1 << 20,
+    )
+    assert killed.is_set() and executor.rescattered >= 1
+    _same_output(tmp_path / "want.zarr", tmp_path / "got.zarr")
+    _same_report(want, got)
+    client.wait_for_workers(2, timeout=60)

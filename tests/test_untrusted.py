@@ -5,6 +5,7 @@ real files and compared by hashing a sandbox before and after."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -352,7 +353,7 @@ def test_a_hugging_face_cache_snapshot_with_links_into_its_blobs_converts(tmp_pa
 
 
 def _fifo_run(args, timeout=60):
-    code = "import sys; from qstream.cli.main import main; sys.argv = ['qstream', *sys.argv[1:]]; main()"
+    code = "import sys; from qstream.cli.main import main; sys.argv[0] = 'qstream'; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
         capture_output=True,
@@ -391,3 +392,231 @@ def test_fifos_are_refused_without_blocking(tmp_path, where):
     r = _fifo_run(args)
     assert r.returncode == 1, r.stderr
     assert "not a regular file" in r.stderr and "internal error" not in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- any name, any metadata
+
+NAME_PARTS = st.sampled_from(
+    [
+        "..",
+        ".",
+        "/",
+        "\\",
+        "a",
+        "W.weight",
+        "%2F",
+        "~",
+        "zarr.json",
+        ".git",
+        "_x",
+        "CON",
+        "é",
+        "x.partial",
+        "",
+        " ",
+        "//",
+        "data",
+        "scale",
+    ]
+)
+NAMES = st.lists(
+    st.lists(NAME_PARTS, min_size=1, max_size=5).map("".join), min_size=1, max_size=5, unique=True
+).filter(lambda ns: all(ns))
+
+
+@given(names=NAMES)
+def test_any_tensor_names_leave_everything_outside_dst_unchanged(tmp_path_factory, names):
+    box = tmp_path_factory.mktemp("box")
+    (box / "victim").mkdir()
+    (box / "victim" / "keep.txt").write_text("mine")
+    (box / "a" / "b").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    tensors = {
+        n: rng.standard_normal((3, 4) if i % 2 else (5,)).astype(np.float32)
+        for i, n in enumerate(names)
+    }
+    ck = safetensors_file(box / "ck.safetensors", tensors)
+    out = box / "a" / "b" / "out"
+    before = snapshot(box, skip=out)
+    qs.convert_checkpoint(ck, out / "q.zarr")
+    qs.dequantize_store(out / "q.zarr", out / "r.zarr")
+    qs.export_safetensors(out / "q.zarr", out / "e.safetensors")
+    qs.convert_checkpoint(ck, out / "q.zarr", overwrite=True)
+    assert snapshot(box, skip=out) == before
+    assert list(qs.open_quantized(out / "q.zarr")) == names
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | NAME_PARTS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAME_PARTS, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    tensors=st.dictionaries(NAME_PARTS, JSONISH, max_size=4),
+    top=st.dictionaries(st.sampled_from(["complete", "version", "source", "x"]), JSONISH),
+)
+def test_crafted_root_metadata_is_refused_or_read_and_never_escapes(tmp_path_factory, tensors, top):
+    box = tmp_path_factory.mktemp("crafted")
+    (box / "victim").mkdir()
+    (box / "victim" / "keep.txt").write_text("mine")
+    ck = safetensors_file(box / "ck.safetensors", _tensors(["w"]))
+    out = box / "out" / "q.zarr"
+    qs.convert_checkpoint(ck, out)
+    doc = json.loads((out / "zarr.json").read_text())
+    meta = {**doc["attributes"]["qstream_checkpoint"], **top, "tensors": tensors}
+    doc["attributes"]["qstream_checkpoint"] = meta
+    (out / "zarr.json").write_text(json.dumps(doc))
+    before = snapshot(box, skip=box / "out")
+    calls = (
+        lambda: qs.open_quantized(out, allow_incomplete=True)["w"],
+        lambda: qs.dequantize_store(out, box / "out" / "r.zarr"),
+        lambda: qs.export_safetensors(out, box / "out" / "e.safetensors"),
+        lambda: qs.convert_checkpoint(ck, out, overwrite=True),
+    )
+    for call in calls:
+        # refused (or no such tensor): what matters is what it touched
+        with contextlib.suppress(qs.QStreamError, KeyError):
+            call()
+    assert snapshot(box, skip=box / "out") == before
+
+
+# ---------------------------------------------------------------- bounded work
+
+
+def _declared(path: Path, shape, chunks, fmt=3, compressor=None) -> Path:
+    """A Zarr array of a declared shape and no chunks (all read as the fill value)."""
+    path.mkdir()
+    if fmt == 3:
+        doc = {
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": list(shape),
+            "data_type": "float32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0.0,
+            "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+        }
+        (path / "zarr.json").write_text(json.dumps(doc))
+    else:
+        doc = {
+            "zarr_format": 2,
+            "shape": list(shape),
+            "chunks": list(chunks),
+            "dtype": "<f4",
+            "compressor": compressor,
+            "fill_value": 0.0,
+            "order": "C",
+            "filters": None,
+        }
+        (path / ".zarray").write_text(json.dumps(doc))
+    return path
+
+
+def _peak_run(args, timeout=120):
+    """Run the CLI in a child; (exit code, stderr, peak RSS in MB)."""
+    code = (
+        "import sys\n"
+        "from qstream.cli.main import main\n"
+        "sys.argv = ['qstream', *sys.argv[1:]]\n"
+        "try:\n"
+        "    main()\n"
+        "    rc = 0\n"
+        "except SystemExit as e:\n"
+        "    rc = e.code or 0\n"
+        # VmHWM: this process's own peak (ru_maxrss would count the forking parent's too)
+        "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
+        "peak = int(hwm.split()[1]) // 1024\n"
+        "print('PEAK', peak, file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    peak = int(r.stderr.rsplit("PEAK", 1)[1].split()[0])
+    return r.returncode, r.stderr, peak
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("huge-shape", "more than qstream's limit"),
+        ("tiny-chunks", "rechunk it"),
+        ("huge-chunk", "at least twice that"),
+        ("many-channels", "per-channel statistics of 4,194,304 channels"),
+    ],
+)
+def test_resource_bombs_are_refused_before_any_work_naming_the_bound(tmp_path, case, message):
+    src = {
+        "huge-shape": lambda: _declared(tmp_path / "s.zarr", (10**9, 10**9), (1000, 1000)),
+        "tiny-chunks": lambda: _declared(tmp_path / "s.zarr", (4096, 4096), (1, 1)),
+        "huge-chunk": lambda: _declared(
+            tmp_path / "s.zarr", (16384, 16384), (16384, 16384), 2, {"id": "zlib", "level": 1}
+        ),
+        "many-channels": lambda: _declared(tmp_path / "s.zarr", (4 << 20, 8), (1 << 18, 8)),
+    }[case]()
+    rc, err, peak = _peak_run(
+        ["quantize", src, tmp_path / "q.zarr", "--axis", "0", "--max-memory", "64MiB"]
+    )
+    assert rc == 2 and message in err and "internal error" not in err, err
+    assert peak < 400, peak  # the interpreter, not the bomb
+    assert not (tmp_path / "q.zarr").exists()
+
+
+def test_a_compressed_chunk_that_decodes_past_its_size_is_refused_in_bounded_memory(tmp_path):
+    import zlib
+
+    src = _declared(tmp_path / "s.zarr", (4096, 1024), (1024, 1024), 2, {"id": "zlib", "level": 9})
+    co = zlib.compressobj(9)
+    bomb = b"".join(co.compress(bytes(1 << 24)) for _ in range(64)) + co.flush()  # 1 GiB
+    for i in range(4):
+        (src / f"{i}.0").write_bytes(bomb)
+    rc, err, peak = _peak_run(["quantize", src, tmp_path / "q.zarr", "--max-memory", "64MiB"])
+    assert rc == 1 and "decodes to more than 4194304 bytes" in err, err
+    assert peak < 400, peak
+
+
+def test_num_bins_beyond_the_limit_is_refused_in_recipe_terms(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[defaults]\nmethod = "entropy"\nnum_bins = 2000000000\n')
+    ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["w"]))
+    r = cli("convert", ck, tmp_path / "q.zarr", "--recipe", recipe)
+    assert r.exit_code == 2 and "recipe [defaults]: num_bins must be between" in r.output
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[defaults]\nnum_bins = "many"\n', "num_bins must be an integer"),
+        ('[defaults]\naxis = "0"\n', "axis must be an integer"),
+        ('[[rules]]\npattern = 3\naction = "keep"\n', "has no pattern"),
+        ('[[rules]]\npattern = "*"\nspec = { symmetric = "yes" }\n', "symmetric must be true"),
+        ("a = " + "[" * 5000 + "]" * 5000 + "\n", "recipe"),
+    ],
+)
+def test_wrong_typed_or_nested_recipes_get_targeted_errors(tmp_path, text, message):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["w"]))
+    r = cli("convert", ck, tmp_path / "q.zarr", "--recipe", recipe)
+    assert r.exit_code == 2 and message in r.output and "internal error" not in r.output
+
+
+def test_a_deeply_nested_safetensors_header_is_refused_with_one_line(tmp_path):
+    raw = b'{"a":' * 100000 + b"1" + b"}" * 100000
+    (tmp_path / "ck.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    r = cli("convert", tmp_path / "ck.safetensors", tmp_path / "q.zarr")
+    assert r.exit_code == 1 and "nested too deeply" in r.output
+
+
+def test_a_legacy_torch_file_converts_with_weights_only(tmp_path):
+    torch = pytest.importorskip("torch")
+    path = tmp_path / "old.pt"
+    torch.save({"w": torch.randn(4, 8)}, str(path), _use_new_zipfile_serialization=False)
+    report = qs.convert_checkpoint(path, tmp_path / "q.zarr")
+    assert list(report["tensors"]) == ["w"]

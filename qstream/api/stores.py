@@ -67,9 +67,10 @@ def quantize_store(
     Re-running a job (same spec, same source however its path is spelled) on its unfinished
     output resumes it, and the result and report are bit-identical to an uninterrupted run
     (``resume=False`` refuses instead); on its finished output it returns the stored report
-    with ``already_complete=True``. ``overwrite=True`` replaces another job's output or a
-    Zarr node; a destination holding anything else (files, a non-Zarr directory) is always
-    refused. A local destination is locked while a job writes it.
+    with ``already_complete=True``. ``overwrite=True`` replaces another qstream job's
+    output (only the files qstream wrote); anything else (files, a folder of other things, a
+    Zarr node qstream did not write) is always refused. A local destination is locked while
+    a job writes it; on object stores the output's writer holds a lease (see the README).
 
     ``executor``: where the blocks run: None or ``"local"`` (this process's threads),
     ``"dask"`` (the current ``distributed`` client) or ``qstream.DaskExecutor(client=...,

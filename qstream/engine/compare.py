@@ -147,11 +147,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
                 ha[at - c0 : at - c0 + a.shape[0]] += a
                 hs[at - c0 : at - c0 + s.shape[0]] += s
 
-        blocks = [
-            b
-            for b in job.blocks
-            if plan.offset(b.key) < c1 and plan.offset(b.key) + plan.block_channels(b) > c0
-        ]
+        blocks = job.blocks.only(plan.stat_axis, c0, c1)
         g = slice(c0, c1)
         work = DualHistogramWork(plan, job.ref, amax[g].copy(), lo[g].copy(), hi[g].copy(), c0, c1)
         label = f" (channels {c0}-{c1 - 1}, group {c0 // group + 1}/{n_groups})"
@@ -167,6 +163,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
         )
         h_abs = {"counts": ha, "lo": np.zeros(c1 - c0), "hi": amax[g], "abs": True}
         h_sig = {"counts": hs, "lo": lo[g], "hi": hi[g], "abs": False}
+        nonzero = np.nonzero(hs)  # (once for every method's prediction)
         for m in methods:
             if m != "minmax":
                 use_abs = m in ABS_SEARCH or (m == "percentile" and spec.symmetric)
@@ -181,7 +178,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
                 narrow_range=spec.narrow_range,
             )
             scale[m][g], zp[m][g] = s, z
-            sums[m][:, g] = _predict(hs, lo[g], hi[g], s, z, qmin, qmax)
+            sums[m][:, g] = _predict(hs, lo[g], hi[g], s, z, qmin, qmax, nonzero)
         if n == 1:
             view_hist = (
                 Histogram.from_counts(ha[0], 0.0, amax[0], abs=True)
@@ -232,10 +229,12 @@ def compare(job, methods=None, progress=None) -> Calibration:
     return Calibration(spec, st, thresholds, params, view)
 
 
-def _predict(hs, lo, hi, scale, zp, qmin, qmax):
+def _predict(hs, lo, hi, scale, zp, qmin, qmax, nonzero):
     from ..calibration.views import predict_error
 
-    return np.stack(predict_error(hs, lo, hi, scale.astype(np.float64), zp, qmin, qmax))
+    return np.stack(
+        predict_error(hs, lo, hi, scale.astype(np.float64), zp, qmin, qmax, nonzero=nonzero)
+    )
 
 
 def view_histogram(job, lo, hi, progress=None) -> Histogram:

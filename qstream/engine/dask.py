@@ -19,11 +19,20 @@ import uuid
 
 import distributed
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidParameterError, StoreError
 from .executors import in_order
 from .plan import Block
 
 TASK_BYTES = 64 << 20  # source bytes a task reads at least (when there are blocks enough)
+LOST_RETRIES = 3  # times a pass's lost work object is scattered again before the job fails
+# what a task's future raises when the data it needs died with its workers
+LOST = (distributed.client.FutureCancelledError, distributed.KilledWorker)
+
+
+class ClusterLost(StoreError):
+    """The cluster kept losing a pass's work; the job stays resumable."""
+
+
 _WARMED: set[str] = set()  # clients (by id) whose workers have the plugin
 
 
@@ -37,6 +46,17 @@ def _run_blocks(work, blocks: list[Block], kernel_threads: int) -> list:
     results = [work(b) for b in blocks]
     combine = getattr(work, "combine", None)
     return results if combine is None else combine(results)
+
+
+class _Task:
+    """A submitted batch: its future, ``(index, blocks)`` and which copy of the work object
+    it uses; cancelled with the future."""
+
+    def __init__(self, future, batch, scatter: int) -> None:
+        self.future, self.batch, self.scatter = future, batch, scatter
+
+    def cancel(self) -> None:
+        self.future.cancel()
 
 
 def _forget(token: str) -> None:
@@ -106,6 +126,7 @@ class DaskExecutor:
         self.kernel_threads = int(kernel_threads)
         self.blocks_per_task = None if blocks_per_task is None else int(blocks_per_task)
         self.last_blocks_per_task: int | None = None  # what the last pass chose
+        self.rescattered = 0  # times a pass's work object was lost with its workers
 
     @classmethod
     @contextlib.contextmanager
@@ -150,43 +171,62 @@ class DaskExecutor:
     def map_ordered(self, blocks, work, *, workers: int = 0, inflight: int | None = None):
         """See :class:`qstream.engine.executors.Executor`; ``inflight`` counts tasks here
         (default: two per worker thread)."""
-        blocks = list(blocks)
-        if not blocks:
+        if not len(blocks):
             return
         client = self.client
         self._prepare(client)
         k = self.per_task(blocks)
         self.last_blocks_per_task = k
-        batches = [blocks[i : i + k] for i in range(0, len(blocks), k)]
+        batches = ((i, list(blocks[i * k : (i + 1) * k])) for i in range(-(-len(blocks) // k)))
         window = max(1, inflight or 2 * self.threads())
         run_id = uuid.uuid4().hex[:12]
         name = type(work).__name__.lower()
-        [shared] = client.scatter([work], broadcast=True, hash=False)
+        # the work object goes to every worker once; if the workers holding it all die, it
+        # is scattered again and the tasks that needed it are submitted again
+        shared = [client.scatter([work], broadcast=True, hash=False)[0]]
+        scatters = [0]  # times it was scattered again
 
         def submit(batch_i):
             i, batch = batch_i
-            return client.submit(
+            fut = client.submit(
                 _run_blocks,
-                shared,
+                shared[0],
                 batch,
                 self.kernel_threads,
-                key=f"qstream-{name}-{run_id}-{i}",
+                key=f"qstream-{name}-{run_id}-{i}-{scatters[0]}",
                 pure=False,
                 retries=2,
             )
+            return _Task(fut, batch_i, scatters[0])
 
-        def fetch(fut):
-            results = fut.result()
-            fut.release()
-            return results
+        def fetch(task):
+            while True:
+                try:
+                    results = task.future.result()
+                    task.future.release()
+                    return results
+                except LOST as e:
+                    if task.scatter == scatters[0]:  # lost with the current copy: a new one
+                        if scatters[0] >= LOST_RETRIES:
+                            raise ClusterLost(
+                                f"the cluster lost this pass's work ({type(e).__name__}: {e})"
+                                f" {LOST_RETRIES + 1} times (workers dying); the job is"
+                                " resumable: run it again once the cluster is stable"
+                            ) from None
+                        with contextlib.suppress(Exception):
+                            shared[0].release()
+                        shared[0] = client.scatter([work], broadcast=True, hash=False)[0]
+                        scatters[0] += 1
+                        self.rescattered += 1
+                    task = submit(task.batch)
 
-        tasks = in_order(enumerate(batches), submit, window, fetch)
+        tasks = in_order(batches, submit, window, fetch)
         try:
             for (_, batch), results in tasks:
                 yield from zip(batch, results, strict=True)
         finally:
             tasks.close()
-            shared.release()
+            shared[0].release()
 
     def release(self, token: str) -> None:
         from .work import forget

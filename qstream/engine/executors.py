@@ -76,8 +76,7 @@ class LocalExecutor:
     def map_ordered(self, blocks, work, *, workers: int, inflight: int | None = None):
         from ..kernels.runtime import kernel_threads, limit_threads
 
-        blocks = list(blocks)
-        if not blocks:
+        if not len(blocks):
             return
         threads = kernel_threads()
         workers = max(1, min(workers, len(blocks)))

@@ -53,11 +53,13 @@ from ..spec import (
 from . import executors, pipeline
 from .plan import (
     block_budget,
+    check_fits,
     default_chunks,
     fit_workers,
     memory_limit,
     plan_blocks,
 )
+from .plan import mib as _mib
 from .work import (
     DequantizeWork,
     DestRef,
@@ -159,6 +161,7 @@ class QuantizeJob:
         self.blocks = plan_blocks(shape, self.plan.chunks)
         self.bytes_read = 0
         self.passes = 0
+        check_fits(max_memory, source.chunks, source.dtype, self.plan.channels, shape)
 
     # ---- identity
 
@@ -285,8 +288,14 @@ class QuantizeJob:
         edges_hi = np.maximum(-lo, hi) if sym else hi
         out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
         budget = self.memory // HIST_SHARE
+        if 2 * spec.num_bins * 8 > budget:
+            raise InvalidParameterError(
+                f"num_bins {spec.num_bins} needs {_mib(2 * spec.num_bins * 8)} of histograms,"
+                f" more than the memory bound ({_mib(self.memory)}) allows; lower num_bins or"
+                " raise max_memory"
+            )
         workers = self._workers()
-        per_block = max(plan.block_channels(b) for b in self.blocks) * spec.num_bins * 8
+        per_block = plan.block_channels(self.blocks[0]) * spec.num_bins * 8  # (the largest)
         if self._whole_channels() and workers * per_block <= budget:
             # on a cluster the workers search too (in parallel processes); here each block's
             # channels are searched in this thread as the block comes back, by the parallel
@@ -321,11 +330,7 @@ class QuantizeJob:
                     at, h = part
                     hist[at - c0 : at - c0 + h.shape[0]] += h
 
-            blocks = [
-                b
-                for b in self.blocks
-                if plan.offset(b.key) < c1 and plan.offset(b.key) + plan.block_channels(b) > c0
-            ]
+            blocks = self.blocks.only(plan.stat_axis, c0, c1)
             work = HistogramWork(
                 plan, self.ref, edges_lo[c0:c1].copy(), edges_hi[c0:c1].copy(), sym, c0, c1
             )
@@ -367,9 +372,8 @@ class QuantizeJob:
         if plan.stat_axis is None:
             return False
         return all(
-            k.start == 0 and k.stop == n
-            for b in self.blocks
-            for d, (k, n) in enumerate(zip(b.key, plan.shape, strict=True))
+            c >= n
+            for d, (c, n) in enumerate(zip(plan.chunks, plan.shape, strict=True))
             if d != plan.stat_axis
         )
 
@@ -402,7 +406,8 @@ class QuantizeJob:
     def run(self, dst, *, progress=None, overwrite=False, resume=True) -> QuantReport:
         """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
         t0 = time.perf_counter()
-        destination.check_separate(self.source.description.get("path"), dst)
+        if self.source.description.get("kind") == "zarr":  # (others have no address here)
+            destination.check_separate(self.source.description.get("path"), dst)
         executors.check_shared("destination", dst, executor=self.executor)
         destination.check_writable(dst)
         try:
@@ -755,6 +760,7 @@ def dequantize(
         "already_complete": False,
     }
     blocks = plan_blocks(arr.shape, arr.data.chunks)
+    check_fits(max_memory, arr.data.chunks, np.dtype(np.float32), 1, arr.shape)
     # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
     # the logical dtype recorded in attrs["qstream"]["dtype"].
     stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype

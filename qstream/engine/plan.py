@@ -6,8 +6,8 @@ can run in any order, on any worker.
 
 from __future__ import annotations
 
-import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -54,21 +54,74 @@ def default_chunks(
     return tuple(chunks)
 
 
-def plan_blocks(shape, chunks) -> list[Block]:
-    """One block per chunk of ``chunks`` over ``shape``, in C order of the chunk grid (none
-    for an array with no elements)."""
-    shape = tuple(int(d) for d in shape)
-    if not shape:
-        return [Block(0, ())]
-    if not math.prod(shape):
-        return []
-    grid = [range(0, max(d, 1), c) for d, c in zip(shape, chunks, strict=True)]
-    return [
-        Block(
-            i, tuple(slice(s, min(s + c, d)) for s, c, d in zip(start, chunks, shape, strict=True))
+MAX_BLOCKS = 1 << 31  # blocks of one job (a larger plan comes from a declared shape, not data)
+
+
+class BlockGrid(Sequence):
+    """The blocks of a job, one per chunk of ``chunks`` over ``shape`` in C order of the chunk
+    grid (none for an array with no elements; one for a 0-d array), made as they are asked
+    for: a plan of billions of blocks costs no memory. ``grid[i]``, ``grid[a:b]`` (a grid of
+    those blocks), ``len``, iteration; :meth:`only` restricts one axis."""
+
+    def __init__(self, shape, chunks, ranges=None, flat: range | None = None) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.chunks = tuple(int(c) for c in chunks)
+        counts = [-(-d // c) for d, c in zip(self.shape, self.chunks, strict=True)]
+        if self.shape and not math.prod(self.shape):
+            counts = [0] * len(counts)
+        self.ranges = tuple(range(n) for n in counts) if ranges is None else tuple(ranges)
+        self._strides = [math.prod(counts[d + 1 :]) for d in range(len(counts))]
+        self.flat = range(math.prod(len(r) for r in self.ranges)) if flat is None else flat
+
+    def __len__(self) -> int:
+        return len(self.flat)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return BlockGrid(self.shape, self.chunks, self.ranges, self.flat[i])
+        n = self.flat[i]
+        coords = []
+        for r in reversed(self.ranges):
+            n, c = divmod(n, len(r))
+            coords.append(r[c])
+        coords.reverse()
+        key = tuple(
+            slice(k * c, min((k + 1) * c, d))
+            for k, c, d in zip(coords, self.chunks, self.shape, strict=True)
         )
-        for i, start in enumerate(itertools.product(*grid))
-    ]
+        index = sum(k * s for k, s in zip(coords, self._strides, strict=True))
+        return Block(index, key)
+
+    def __iter__(self):
+        for i in range(len(self.flat)):
+            yield self[i]
+
+    def only(self, axis: int | None, lo: int, hi: int) -> BlockGrid:
+        """The blocks whose span along ``axis`` meets ``[lo, hi)``, in order (all of them
+        when ``axis`` is None: statistics per tensor)."""
+        if axis is None:
+            return self
+        c = self.chunks[axis]
+        r = self.ranges[axis]
+        keep = range(max(r.start, lo // c), min(r.stop, -(-hi // c)))
+        ranges = (*self.ranges[:axis], keep, *self.ranges[axis + 1 :])
+        return BlockGrid(self.shape, self.chunks, ranges)
+
+
+def plan_blocks(shape, chunks) -> BlockGrid:
+    """The blocks of ``shape`` cut by ``chunks`` (see :class:`BlockGrid`), refused when they
+    are more than :data:`MAX_BLOCKS` (a declared shape no real array has)."""
+    grid = BlockGrid(shape, chunks)
+    if len(grid) > MAX_BLOCKS:
+        from ..errors import InvalidParameterError
+
+        elements = math.prod(grid.shape)
+        raise InvalidParameterError(
+            f"an array of shape {list(grid.shape)} ({elements:.3g} elements) makes"
+            f" {len(grid):,} blocks of {list(grid.chunks)}, more than qstream's limit of"
+            f" {MAX_BLOCKS:,}; check the source's declared shape"
+        )
+    return grid
 
 
 DEFAULT_BLOCK_BYTES = 16 << 20
@@ -97,11 +150,57 @@ def memory_limit(max_memory: int | None) -> int:
     return DEFAULT_MAX_MEMORY if max_memory is None else int(max_memory)
 
 
-def fit_workers(max_memory: int | None, blocks: list[Block], itemsize: int, default: int) -> int:
+def fit_workers(max_memory: int | None, blocks, itemsize: int, default: int) -> int:
     """Workers that fit in the memory bound, one block each, at most ``default`` (a source
     with huge chunks gets fewer workers)."""
     workers = default
-    if blocks:
-        block = max(math.prod(b.shape) for b in blocks) * itemsize
+    if len(blocks):
+        block = math.prod(blocks[0].shape) * itemsize  # (the first block is the largest)
         workers = min(workers, max(1, memory_limit(max_memory) // (WORK_FACTOR * max(block, 1))))
     return workers
+
+
+# bytes a job holds per channel of a per-axis spec: range and error statistics, the progress
+# snapshot, the thresholds and the parameters (measured: ~300 at 4M channels)
+PER_CHANNEL = 256
+
+
+def mib(n: float) -> str:
+    """Bytes as a short text (``12.5 MiB``, ``3.1 GiB``)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+MAX_SOURCE_CHUNKS = 1 << 22  # stored chunks of a source (each is a file or an object)
+
+
+def check_fits(max_memory, source_chunks, dtype, channels: int, shape=()) -> None:
+    """Refuse, before any work, a job whose fixed needs exceed the memory bound or sane
+    limits: a source of ``shape`` stored in more than :data:`MAX_SOURCE_CHUNKS` chunks, a
+    stored chunk (read and decoded whole) larger than half the bound, or the statistics of
+    ``channels`` channels (:data:`PER_CHANNEL` bytes each)."""
+    from ..errors import InvalidParameterError
+
+    limit = memory_limit(max_memory)
+    if source_chunks and shape:
+        stored = math.prod(-(-d // c) for d, c in zip(shape, source_chunks, strict=True))
+        if stored > MAX_SOURCE_CHUNKS:
+            raise InvalidParameterError(
+                f"the source is stored in {stored:,} chunks of {list(source_chunks)}, more than"
+                f" qstream reads one by one ({MAX_SOURCE_CHUNKS:,}); rechunk it into larger"
+                " chunks (a few MiB each)"
+            )
+    if source_chunks:
+        chunk = math.prod(source_chunks) * dtype.itemsize
+        if 2 * chunk > limit:
+            raise InvalidParameterError(
+                f"the source's chunks of {list(source_chunks)} hold {mib(chunk)} each, and a"
+                f" chunk is read whole: the memory bound max_memory ({mib(limit)}) must be at"
+                f" least twice that ({mib(2 * chunk)}); raise it or rechunk the source"
+            )
+    need = channels * PER_CHANNEL
+    if channels > 1 and need > limit:
+        raise InvalidParameterError(
+            f"per-channel statistics of {channels:,} channels need about {mib(need)}, more"
+            f" than the memory bound max_memory ({mib(limit)}); raise it to at least"
+            f" {mib(need * 1.25)}, or quantize per tensor or in blocks (block_size)"
+        )

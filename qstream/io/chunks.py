@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import mmap
 import os
 import threading
@@ -92,11 +93,9 @@ class ChunkFiles:
         """``region`` as a view of the mapped chunk file, without a copy, when it lies inside
         one stored uncompressed chunk; else None (use :meth:`read`). Writing to the view
         changes only this process's copy."""
-        if self.codec is not None or self.bits or not _POSIX:
+        if self.codec is not None or self.bits or not _POSIX or self.count(region) != 1:
             return None
         pieces = list(self.chunks_of(region))
-        if len(pieces) != 1:
-            return None
         coords, inner, _ = pieces[0]
         path = self.path(coords)
         try:
@@ -134,28 +133,27 @@ class ChunkFiles:
                     _read_exact(f, memoryview(flat), path)
                     return True
                 size = os.fstat(f.fileno()).st_size
+                if size > 2 * flat.size + (64 << 10):  # no codec expands data that much
+                    raise StoreError(
+                        f"corrupt chunk {path}: {size} bytes stored for {flat.size} bytes of values"
+                    )
                 buf = scratch("chunk-bytes", (size,), np.uint8)
                 _read_exact(f, memoryview(buf), path)
         except FileNotFoundError:
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
             return False
         # every decoder here accepts a frame that decodes to fewer bytes than ``out`` holds and
-        # leaves the rest as it was: check the size the frame declares (or decode it whole)
-        declared = _declared_size(self.codec, buf)
+        # leaves the rest as it was: check the size the frame declares, and never decode more
+        # than the chunk holds (a few bytes may declare gigabytes)
         try:
-            if declared is None:
-                whole = np.frombuffer(self.codec.decode(buf), np.uint8)
-                declared = whole.size
-                if declared == flat.size:
-                    flat[...] = whole
-            elif declared == flat.size:
-                self.codec.decode(buf, out=flat)
+            declared = _decode_bounded(self.codec, buf, flat)
+        except StoreError as e:
+            raise StoreError(f"corrupt chunk {path}: {e}") from None
         except Exception as e:
             raise StoreError(f"corrupt chunk {path}: {type(e).__name__}: {e}") from None
         if declared != flat.size:
-            raise StoreError(
-                f"corrupt chunk {path}: decodes to {declared} bytes, expected {flat.size}"
-            )
+            got = f"{declared}" if declared < flat.size else f"more than {flat.size}"
+            raise StoreError(f"corrupt chunk {path}: decodes to {got} bytes, expected {flat.size}")
         return True
 
     # ---- writing
@@ -239,6 +237,13 @@ class ChunkFiles:
 
     # ---- geometry
 
+    def count(self, region) -> int:
+        """How many chunks ``region`` touches."""
+        return math.prod(
+            max(0, -(-s.stop // c) - s.start // c) if s.stop > s.start else 0
+            for s, c in zip(region, self.chunks, strict=True)
+        )
+
     def chunks_of(self, region):
         """(chunk coords, slice inside the chunk, slice inside the region) for each chunk
         that ``region`` touches."""
@@ -294,8 +299,8 @@ def chunk_files(arr) -> ChunkFiles | None:
             return None
         comps = arr.compressors
         codec = comps[0] if len(comps) == 1 else None
-        if len(comps) > 1:
-            return None
+        if len(comps) > 1 or (codec is not None and not _bounded(codec)):
+            return None  # (zarr decodes what qstream cannot decode with a bound)
     if codec is False:
         return None
     if not bits and ((dtype.itemsize > 1 and dtype.byteorder == ">") or dtype.kind not in "biuf"):
@@ -343,9 +348,50 @@ def _v3_compressor(compressors):
     return False
 
 
+def _bounded(codec) -> bool:
+    """Whether :func:`_decode_bounded` decodes ``codec``'s chunks."""
+    import numcodecs
+
+    known = (numcodecs.Zlib, numcodecs.GZip, numcodecs.BZ2, numcodecs.LZMA, numcodecs.Zstd)
+    return isinstance(codec, (*known, numcodecs.Blosc, numcodecs.LZ4))
+
+
+def _decode_bounded(codec, buf: np.ndarray, flat: np.ndarray) -> int:
+    """Decode ``buf`` into ``flat`` (when it decodes to exactly ``flat``'s size) and return
+    the size it decodes to, without ever decoding more than ``flat.size + 1`` bytes: codecs
+    whose frames declare their size (zstd, blosc, lz4) are checked first, stream formats
+    (zlib, gzip, bz2, lzma) are decoded with a bound. A frame that declares nothing (a zstd
+    frame without a content size) is refused."""
+    import bz2
+    import lzma
+    import zlib
+
+    import numcodecs
+
+    streams = {
+        numcodecs.Zlib: lambda: zlib.decompressobj(),
+        numcodecs.GZip: lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
+        numcodecs.BZ2: bz2.BZ2Decompressor,
+        numcodecs.LZMA: lzma.LZMADecompressor,
+    }
+    make = next((m for t, m in streams.items() if isinstance(codec, t)), None)
+    if make is not None:
+        d = make()
+        out = d.decompress(memoryview(buf).cast("B"), flat.size + 1)
+        if len(out) == flat.size:
+            flat[...] = np.frombuffer(out, np.uint8)
+        return len(out)
+    declared = _declared_size(codec, buf)
+    if declared is None:
+        raise StoreError(f"its {type(codec).__name__} frame does not declare its size")
+    if declared == flat.size:
+        codec.decode(buf, out=flat)
+    return declared
+
+
 def _declared_size(codec, buf: np.ndarray) -> int | None:
     """The decoded size a compressed chunk declares in its header (zstd frame content size,
-    blosc header, gzip ISIZE), or None when the format does not say."""
+    blosc header, lz4 prefix), or None when the format does not say."""
     import numcodecs
 
     b = memoryview(buf).cast("B")
@@ -353,8 +399,8 @@ def _declared_size(codec, buf: np.ndarray) -> int | None:
         return _zstd_content_size(b)
     if isinstance(codec, numcodecs.Blosc) and len(b) >= 16:
         return int.from_bytes(b[4:8], "little")
-    if isinstance(codec, numcodecs.GZip) and len(b) >= 18 and b[0] == 0x1F and b[1] == 0x8B:
-        return None if len(b) > (1 << 32) else int.from_bytes(b[-4:], "little")
+    if isinstance(codec, numcodecs.LZ4) and len(b) >= 4:
+        return int.from_bytes(b[:4], "little")
     return None
 
 

@@ -20,6 +20,7 @@ from dataclasses import fields
 
 import numpy as np
 
+from ..core.scratch import aligned_empty
 from ..spec import ErrorStats, WorstGroups
 
 NAME = "_progress"
@@ -89,7 +90,9 @@ class ProgressLog:
     def save(self, done: int, stats: ErrorStats, worst: WorstGroups | None = None) -> None:
         """Record that blocks ``0 .. done - 1`` have landed with the folded sums ``stats``
         (and, for a blocked spec, the worst groups among them)."""
-        raw = np.empty(self.array.shape[0], np.float64)
+        # aligned: written as it is (O_DIRECT), never copied (a snapshot of millions of
+        # channels is hundreds of MB)
+        raw = aligned_empty(self.array.shape[0] * 8).view(np.float64)
         raw[0] = done
         body = len(_FIELDS) * self.channels
         rows = raw[1 : 1 + body].reshape(len(_FIELDS), self.channels)

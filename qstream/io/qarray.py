@@ -242,7 +242,7 @@ def open_quantized(
     if "qstream_checkpoint" in group.attrs:
         return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
     meta = group.attrs.get("qstream")
-    if not meta or "dequantized_from" in meta:
+    if not isinstance(meta, dict) or not meta or "dequantized_from" in meta:
         raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
     if not meta.get("complete") and not allow_incomplete:
         raise StoreError(
@@ -262,7 +262,10 @@ class QuantizedCheckpoint(Mapping):
     def __init__(self, path, group, allow_incomplete: bool, storage_options: dict | None):
         self.path = path
         self.group = group
-        self.meta = dict(group.attrs["qstream_checkpoint"])
+        meta = group.attrs["qstream_checkpoint"]
+        if not isinstance(meta, dict):
+            raise StoreError(f"{path}: its metadata is damaged or crafted (not an object)")
+        self.meta = dict(meta)
         if not self.meta.get("complete") and not allow_incomplete:
             raise StoreError(
                 f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
@@ -317,12 +320,50 @@ class QuantizedArray:
     def __init__(self, group, meta: dict):
         self.group = group
         self.meta = meta
-        self.data = group["data"]
-        self.spec = QuantSpec.from_dict(meta["spec"])
-        self.qtype = qtype(self.spec.dtype)
-        self.scale = np.asarray(group["scale"][...], np.float32)
-        self.zero_point = np.asarray(group["zero_point"][...])
-        self.axis = meta.get("axis")
+        where = str(group.store_path).removeprefix("file://")
+        try:
+            self.data = group["data"]
+            self.spec = QuantSpec.from_dict(meta["spec"])
+            self.qtype = qtype(self.spec.dtype)
+            self.scale = np.asarray(group["scale"][...], np.float32)
+            self.zero_point = np.asarray(group["zero_point"][...])
+            self.axis = meta.get("axis")
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(
+                f"{where}: its metadata is damaged or crafted ({type(e).__name__}: {e})"
+            ) from None
+        self._check(where)
+
+    def _check(self, where: str) -> None:
+        """Refuse metadata that does not describe the stored arrays (the kernels index the
+        parameters by the data's shape)."""
+        from ..core.layout import blocked_param_shape
+
+        shape, axis, bs = self.shape, self.axis, self.spec.block_size
+        if axis is None:
+            want: tuple[int, ...] | None = ()
+        elif isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis < len(shape):
+            want = None
+        elif bs:
+            want = tuple(blocked_param_shape(shape, axis, bs))
+        else:
+            want = (shape[axis],)
+        # (format 2 stored sub-byte types one per byte, in their widened container)
+        stored = {np.dtype(data_encoding(self.qtype)[0]), np.dtype(self.qtype.widened)}
+        if (
+            want is None
+            or self.scale.shape != want
+            or self.zero_point.shape != want
+            or np.dtype(self.data.dtype) not in stored
+        ):
+            raise StoreError(
+                f"{where}: its metadata ({self.spec.dtype}, axis {axis!r}, block size {bs}) does"
+                f" not describe its arrays (data {list(shape)} {self.data.dtype}, scale"
+                f" {list(self.scale.shape)}, zero_point {list(self.zero_point.shape)}); the"
+                " output is damaged or crafted"
+            )
 
     @property
     def shape(self) -> tuple[int, ...]:

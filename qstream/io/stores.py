@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,6 +188,10 @@ def _store(path, *, mode: str, storage_options: dict | None):
     return zarr.storage.LocalStore(p, read_only=mode == "r")
 
 
+MAX_PIECES = 1024  # a block of more stored chunks is read whole, not processed chunk by chunk
+ZARR_READ_CHUNKS = 4096  # stored chunks per read through zarr (it plans every chunk at once)
+
+
 @dataclass
 class Source:
     """A readable array: a Zarr array or an in-memory NumPy array / memmap."""
@@ -227,6 +232,8 @@ class Source:
         source has no chunk files of its own)."""
         if self.files is None:
             return [key]
+        if self.files.count(key) > MAX_PIECES:
+            return [key]  # tiny chunks: the block is read into one buffer, chunk by chunk
         return [
             tuple(
                 slice(k.start + o.start, k.start + o.stop) for k, o in zip(key, outer, strict=True)
@@ -255,8 +262,34 @@ class Source:
                 out = np.empty(tuple(k.stop - k.start for k in key), self.dtype)
             self.files.read(key, out)
             return out
+        parts = list(self._zarr_parts(key)) if self.description.get("kind") == "zarr" else [key]
+        if len(parts) == 1:
+            values = self._get(key)
+            if out is None:
+                return np.ascontiguousarray(values)
+            out[...] = values
+            return out
+        if out is None:
+            out = np.empty(tuple(k.stop - k.start for k in key), self.dtype)
+        for part in parts:
+            at = tuple(
+                slice(p.start - k.start, p.stop - k.start) for p, k in zip(part, key, strict=True)
+            )
+            out[at] = self._get(part)
+        return out
+
+    def _zarr_parts(self, key):
+        """``key`` cut along its outer axes into regions of at most :data:`ZARR_READ_CHUNKS`
+        stored chunks (zarr plans a read's chunks all at once: millions of tiny chunks would
+        take gigabytes)."""
+        grid = getattr(self.array, "chunks", None)
+        if not grid or not key:
+            return [key]
+        return list(_cut(key, tuple(grid), ZARR_READ_CHUNKS))
+
+    def _get(self, key):
         try:
-            values = self.array[key]
+            return self.array[key]
         except Exception as e:  # zarr raises on chunks that decode to the wrong size, ...
             if isinstance(e, StoreError):
                 raise
@@ -264,17 +297,28 @@ class Source:
                 f"{self.description.get('path')}: cannot read region"
                 f" {_region_text(key)}{self._chunk_text(key)}: {type(e).__name__}: {e}"
             ) from None
-        if out is None:
-            return np.ascontiguousarray(values)
-        out[...] = values
-        return out
 
     def missing_chunks(self) -> int:
         """Stored chunks (shards) the source lacks: they read as the fill value."""
         if self.description.get("kind") != "zarr":
             return 0
+        a = self.array
+        grid = self.chunks or ()
+        total = math.prod(-(-s // c) for s, c in zip(a.shape, grid, strict=True)) if a.shape else 1
+        if self.files is not None:  # counted from the directory listing, entry by entry
+            return max(0, total - _count_files(self.files.root))
+        from zarr.core.sync import sync
+
+        store, prefix = a.store_path.store, a.store_path.path
+
+        async def count() -> int:  # keys as they are listed (none held)
+            n = 0
+            async for key in store.list_prefix(prefix):
+                n += key.rsplit("/", 1)[-1] not in _DOCS
+            return n
+
         try:
-            return int(self.array.nchunks - self.array.nchunks_initialized)
+            return max(0, total - sync(count()))
         except Exception:  # a store that cannot list its keys
             return 0
 
@@ -285,6 +329,44 @@ class Source:
         first = tuple(k.start // c for k, c in zip(key, grid, strict=True))
         last = tuple(max(k.start, k.stop - 1) // c for k, c in zip(key, grid, strict=True))
         return f" (chunk {first})" if first == last else f" (chunks {first} to {last})"
+
+
+_DOCS = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
+
+
+def _count_files(root: str) -> int:
+    """Chunk files below an array's directory (not its metadata or temporary files)."""
+    n = 0
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.name not in _DOCS and not entry.name.endswith(".partial"):
+                    n += 1
+    return n
+
+
+def _cut(key, grid, limit: int):
+    """Regions covering ``key`` in C order, each touching at most ``limit`` chunks of
+    ``grid`` (cut along the first axis whose chunk rows are too many, recursively)."""
+    counts = [-(-k.stop // c) - k.start // c for k, c in zip(key, grid, strict=True)]
+    if math.prod(counts) <= limit or not key:
+        yield key
+        return
+    rest = math.prod(counts[1:])
+    rows = max(1, limit // max(1, rest))
+    step = rows * grid[0]
+    start = key[0].start
+    while start < key[0].stop:
+        stop = min(key[0].stop, (start // grid[0]) * grid[0] + step)
+        if rest > limit:  # one chunk row is too many: cut the inner axes too
+            for inner in _cut(key[1:], grid[1:], limit):
+                yield (slice(start, stop), *inner)
+        else:
+            yield (slice(start, stop), *key[1:])
+        start = stop
 
 
 def _region_text(key) -> str:

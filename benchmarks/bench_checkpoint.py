@@ -1,0 +1,205 @@
+"""Checkpoints of many tensors: conversion costs per byte, not per tensor.
+
+The same bytes of float32 (1 GiB by default) as 16, 1024 and 16384 tensors, with the names of
+a mixture-of-experts model (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``), in
+one safetensors file each. For each, in fresh processes, one run after another:
+
+- ``qstream``: ``qstream convert CK OUT --quiet --compression none`` (the default recipe:
+  int8, symmetric, per channel on axis 0), timed from outside, with its peak RSS;
+- ``numpy``: the peer, a NumPy + safetensors loop that reads each tensor, quantizes it per
+  channel in memory (absmax / 127, round half to even, int8) and writes the codes and scales
+  with ``safetensors.numpy.save_file`` (one file, so it holds them all until the end);
+- ``inspect`` and ``export`` of qstream's output (``qstream inspect OUT --json``, ``qstream
+  export OUT X.safetensors``).
+
+Reported: medians of ``--rounds`` (after one warm-up conversion that compiles the kernels),
+the ratio of each count's conversion to the 16-tensor one, and to the NumPy loop, the root
+metadata's bytes per tensor.
+
+    python benchmarks/bench_checkpoint.py --json /tmp/checkpoint.json
+    python benchmarks/bench_checkpoint.py --counts 16 1024 --size 256MiB --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PEER = """
+import sys, time
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+src, dst = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+out = {}
+with safe_open(src, framework="np") as f:
+    for name in f.keys():
+        x = f.get_tensor(name)
+        amax = np.abs(x).max(axis=1, keepdims=True)
+        scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)
+        out[name] = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
+        out[name + "_scale"] = scale
+save_file(out, dst)
+print(time.perf_counter() - t)
+"""
+
+
+def parse_bytes(text: str) -> int:
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if text.endswith(u):
+            return int(float(text[: -len(u)]) * m)
+    return int(text)
+
+
+def expert_names(count: int) -> list[str]:
+    """``count`` tensor names shaped like a mixture-of-experts checkpoint's."""
+    names = []
+    layer = 0
+    while len(names) < count:
+        for e in range(64):
+            for p in ("gate_proj", "up_proj", "down_proj"):
+                names.append(f"model.layers.{layer}.mlp.experts.{e}.{p}.weight")
+        layer += 1
+    return names[:count]
+
+
+def make_checkpoint(path: str, total: int, count: int) -> None:
+    """``count`` float32 tensors of ``total / count`` bytes each (square-ish matrices), made
+    by a child process (this one stays small: its children's peak RSS would count it)."""
+    if not os.path.exists(path):
+        subprocess.run(
+            [sys.executable, __file__, "--make", path, str(total), str(count)], check=True
+        )
+
+
+def _make(path: str, total: int, count: int) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    per = total // count // 4
+    rows = 1 << max(0, (per.bit_length() - 1) // 2)
+    cols = per // rows
+    rng = np.random.default_rng(0)
+    base = (rng.standard_normal(rows * cols) * 0.02).astype(np.float32).reshape(rows, cols)
+    tensors = {n: base * np.float32(1 + (i % 7) / 10) for i, n in enumerate(expert_names(count))}
+    save_file(tensors, path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Run ``cmd``; (seconds, peak RSS in MB) from GNU time."""
+    t = time.perf_counter()
+    r = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", *cmd], capture_output=True, text=True, check=False
+    )
+    seconds = time.perf_counter() - t
+    if r.returncode:
+        raise RuntimeError(f"{cmd} failed: {r.stderr[-2000:]}")
+    return seconds, int(r.stderr.strip().splitlines()[-1]) / 1024
+
+
+def root_bytes(out: str) -> int:
+    """Bytes of the root's own metadata: its files, and what is below its entries that are
+    not tensors (names starting with ``_`` or ``.``)."""
+    n = 0
+    for entry in os.scandir(out):
+        if entry.is_file():
+            n += entry.stat().st_size
+        elif entry.name.startswith(("_", ".")):
+            n += sum(
+                os.path.getsize(os.path.join(h, f)) for h, _, fs in os.walk(entry.path) for f in fs
+            )
+    return n
+
+
+def qstream(*args: str) -> list[str]:
+    return [sys.executable, "-m", "qstream.cli.main", *args]
+
+
+def main() -> None:
+    from _common import git_state
+
+    if sys.argv[1:2] == ["--make"]:
+        _make(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--counts", type=int, nargs="+", default=[16, 1024, 16384])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", default="/tmp/qstream-bench-checkpoint")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    total = parse_bytes(args.size)
+    os.makedirs(args.workdir, exist_ok=True)
+    rows = []
+    warm = os.path.join(args.workdir, "warm.safetensors")
+    make_checkpoint(warm, 1 << 20, 4)
+    shutil.rmtree(os.path.join(args.workdir, "warm.zarr"), ignore_errors=True)
+    timed(qstream("convert", warm, os.path.join(args.workdir, "warm.zarr"), "--quiet"))
+    for count in args.counts:
+        ck = os.path.join(args.workdir, f"ck-{args.size}-{count}.safetensors")
+        make_checkpoint(ck, total, count)
+        out = os.path.join(args.workdir, f"out-{count}.zarr")
+        exp = os.path.join(args.workdir, f"exp-{count}.safetensors")
+        peer_out = os.path.join(args.workdir, f"peer-{count}.safetensors")
+        q, p, ins, ex = [], [], [], []
+        for _ in range(args.rounds):
+            shutil.rmtree(out, ignore_errors=True)
+            q.append(timed(qstream("convert", ck, out, "--quiet", "--compression", "none")))
+            p.append(timed([sys.executable, "-c", PEER, ck, peer_out]))
+            ins.append(timed(qstream("inspect", out, "--json")))
+            for f in os.listdir(args.workdir):
+                if f.startswith(f"exp-{count}"):
+                    os.unlink(os.path.join(args.workdir, f))
+            ex.append(timed(qstream("export", out, exp, "--quiet")))
+        root = os.path.getsize(os.path.join(out, "zarr.json"))
+        meta = root_bytes(out)
+        row = {
+            "tensors": count,
+            "bytes": total,
+            "qstream_s": statistics.median(s for s, _ in q),
+            "qstream_rss_mb": max(m for _, m in q),
+            "numpy_s": statistics.median(s for s, _ in p),
+            "numpy_rss_mb": max(m for _, m in p),
+            "inspect_s": statistics.median(s for s, _ in ins),
+            "export_s": statistics.median(s for s, _ in ex),
+            "root_bytes_per_tensor": meta / count,
+            "root_zarr_json_bytes": root,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        for f in (ck + ".unused", peer_out):
+            if os.path.exists(f):
+                os.unlink(f)
+    base = rows[0]
+    for r in rows:
+        r["vs_first_count"] = r["qstream_s"] / base["qstream_s"]
+        r["vs_numpy"] = r["qstream_s"] / r["numpy_s"]
+        r["export_vs_first_count"] = r["export_s"] / base["export_s"]
+    print(
+        f"{'tensors':>8} {'qstream s':>10} {'numpy s':>8} {'x16':>6} {'x numpy':>8} {'RSS MB':>7}"
+        f" {'inspect s':>9} {'export s':>9} {'root B/t':>9}"
+    )
+    for r in rows:
+        print(
+            f"{r['tensors']:>8} {r['qstream_s']:>10.2f} {r['numpy_s']:>8.2f}"
+            f" {r['vs_first_count']:>6.2f} {r['vs_numpy']:>8.2f} {r['qstream_rss_mb']:>7.0f}"
+            f" {r['inspect_s']:>9.2f} {r['export_s']:>9.2f} {r['root_bytes_per_tensor']:>9.0f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"git": git_state(), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
