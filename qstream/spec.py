@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -23,18 +23,39 @@ SCALE_DTYPES = ("float32", "float16")
 NAN_POLICIES = ("error", "zero_point", "min")
 
 
+_PLAIN = (int, str, bool, type(None))
+
+
 def _jsonable(v: Any) -> Any:
+    """``v`` with NumPy arrays and scalars as Python values, tuples as lists and non-finite
+    floats as the strings ``"nan"``/``"inf"``/``"-inf"`` (JSON has no NaN/inf literals)."""
+    t = type(v)
+    if t is float:
+        return v if math.isfinite(v) else str(v)
+    if t in _PLAIN:
+        return v
+    if t is dict:
+        return {k: _jsonable(x) for k, x in v.items()}
+    if t is list or t is tuple:
+        if all(type(x) in _PLAIN for x in v):  # (a list of plain values: as it is)
+            return list(v)
+        return [_jsonable(x) for x in v]
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):
         return v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)  # JSON has no NaN/inf literals
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+    if isinstance(v, float):
+        return float(v) if math.isfinite(v) else str(v)
     if isinstance(v, dict):
         return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
     return v
+
+
+def _fields(obj) -> dict:
+    """A dataclass's fields as a dict, values as they are."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 MAX_BINS = 1 << 20  # histogram bins (8 MiB a channel's counts)
@@ -191,7 +212,7 @@ class QuantSpec:
         return self.scale_dtype == "float16"
 
     def to_dict(self) -> dict:
-        d = _jsonable(asdict(self))
+        d = _jsonable(_fields(self))
         if d["scale_dtype"] == "float32":  # the default: specs (and job identities) as before
             del d["scale_dtype"]
         return d
@@ -350,17 +371,9 @@ class ErrorStats:
             if bad.any():
                 top = np.argsort(-bad, kind="stable")[: min(worst, int((bad > 0).sum()))]
                 out["nonfinite_channels"] = [self._counts(int(c)) for c in top]
-            sq = np.array(
-                [
-                    _metrics(
-                        *(
-                            getattr(self, k)[c]
-                            for k in ("count", "sum_x2", "sum_e2", "sum_xy", "sum_y2")
-                        )
-                    )["sqnr_db"]
-                    for c in range(self.count.size)
-                ]
-            )
+            from .calibration.views import channel_sqnr
+
+            sq = channel_sqnr(self.sum_x2, self.sum_e2)  # (the channel summary's, below)
             order = np.argsort(sq, kind="stable")[:worst]
             out["worst_channels"] = [
                 {
@@ -603,9 +616,10 @@ class QuantReport:
     already_complete: bool = False  # the output was complete: nothing was done
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        # (calibration and error are JSON-ready summaries already: not walked again)
+        d = _fields(self)
         d["spec"] = self.spec.to_dict()
-        return _jsonable(d)
+        return {k: v if k in ("calibration", "error") else _jsonable(v) for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> QuantReport:

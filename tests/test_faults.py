@@ -261,6 +261,9 @@ CHECKPOINT_CHILD = KILL_HOOK + textwrap.dedent(
     op, src, dst = sys.argv[1:4]
     if op == "to-safetensors":  # convert, then export in shards
         qs.convert_checkpoint(src, dst, max_shard_size=2000)
+    elif op == "convert-many":  # many small tensors and a few that are jobs of their own
+        r = qs.convert_checkpoint(src, dst, max_memory=1 << 20)
+        print(json.dumps({"rows": r["tensors"]}))
     else:  # restore a converted checkpoint
         qs.dequantize_store(src, dst)
     print(json.dumps({"events": count[0]}))
@@ -331,3 +334,61 @@ def test_sigkill_during_checkpoint_export_or_restore_then_rerun_gives_the_same_f
         assert again.returncode == 0, (n, again.stderr[-2000:])
         assert contents(d) == want, n
         assert not [p for p in d.rglob("*") if p.name.endswith(".partial")], n
+
+
+def _many_tensors(path: Path) -> list[str]:
+    """A checkpoint of 60 small tensors (one block of their job each, under a 1 MiB bound),
+    two that are several blocks, and kept rank-1 tensors."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(8)
+    tensors = {}
+    for i in range(60):
+        tensors[f"model.layers.{i // 6}.mlp.experts.{i % 6}.up_proj.weight"] = (
+            rng.standard_normal((32, 64)) * (1 + i % 5)
+        ).astype(np.float32)
+        if i % 20 == 0:
+            tensors[f"model.layers.{i // 6}.norm.weight"] = rng.standard_normal(64).astype(
+                np.float32
+            )
+            tensors[f"model.layers.{i // 6}.big.weight"] = rng.standard_normal((256, 256)).astype(
+                np.float32
+            )
+    save_file(tensors, str(path))
+    return list(tensors)
+
+
+def _converted(root: Path, names) -> dict:
+    """Every tensor's stored arrays and report, and the root's listed rows."""
+    opened = qs.open_quantized(root)
+    out = {"rows": json.dumps(opened.tensors, sort_keys=True)}
+    for n in names:
+        g = zarr.open(str(root / opened.key_of(n)), mode="r")
+        if isinstance(g, zarr.Array):
+            out[n] = np.asarray(g[...]).tobytes()
+            continue
+        out[n] = tuple(np.asarray(g[m][...]).tobytes() for m in ("data", "scale", "zero_point"))
+        report = g.attrs["qstream"]["report"]  # (what it says of the output, not of the run)
+        kept = ("spec", "source", "calibration", "error", "bytes_written", "missing_chunks")
+        out[n + "/report"] = json.dumps({k: report[k] for k in kept}, sort_keys=True)
+    return out
+
+
+def test_sigkill_during_a_many_tensor_conversion_then_rerun_gives_the_same_output(tmp_path):
+    names = _many_tensors(tmp_path / "m.safetensors")
+    ref = _checkpoint_child("convert-many", tmp_path / "m.safetensors", tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    lines = ref.stdout.strip().splitlines()
+    events = json.loads(lines[-1])["events"]
+    want = _converted(tmp_path / "ref", names)
+    rng = random.Random(5)
+    points = sorted({0, 1, 2, events // 2, events - 2, events - 1, *rng.sample(range(events), 6)})
+    for n in points:
+        d = tmp_path / f"k{n}"
+        killed = _checkpoint_child("convert-many", tmp_path / "m.safetensors", d, kill_at=n)
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
+        again = _checkpoint_child("convert-many", tmp_path / "m.safetensors", d)
+        assert again.returncode == 0, (n, again.stderr[-2000:])
+        assert _converted(d, names) == want, n
+        assert json.loads(again.stdout.splitlines()[0])["rows"] == json.loads(lines[0])["rows"], n
+        assert not [p for p in d.iterdir() if p.name.startswith(".qstream-tmp-")], n

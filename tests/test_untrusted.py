@@ -192,20 +192,31 @@ def test_distinct_names_get_distinct_keys():
 # ---------------------------------------------------------------- crafted outputs
 
 
-def _crafted_checkpoint(tmp_path: Path, key: str) -> Path:
-    """A converted checkpoint whose root metadata points a tensor at ``key``."""
+def _crafted_checkpoint(tmp_path: Path, key: str, version: int = 2) -> Path:
+    """A converted checkpoint whose index (version 2) or root metadata (version 1, whose
+    root listed every tensor) points a tensor at ``key``."""
     ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["w"]))
     out = tmp_path / "crafted.zarr"
     qs.convert_checkpoint(ck, out)
+    if version == 2:
+        batch = out / "_index" / "b000000" / "zarr.json"
+        doc = json.loads(batch.read_text())
+        doc["attributes"]["rows"][0]["key"] = key
+        batch.write_text(json.dumps(doc))
+        return out
     doc = json.loads((out / "zarr.json").read_text())
-    doc["attributes"]["qstream_checkpoint"]["tensors"]["w"]["key"] = key
+    meta = doc["attributes"]["qstream_checkpoint"]
+    for k in ("version", "index"):
+        meta.pop(k)
+    meta["tensors"] = {"w": {"key": key, "kept": False}}
     (out / "zarr.json").write_text(json.dumps(doc))
     return out
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("key", ["../victim", "/etc", "w/../../victim", ".."])
-def test_a_crafted_converted_checkpoint_is_refused_by_every_reader(sandbox, key):
-    out = _crafted_checkpoint(sandbox, key)
+def test_a_crafted_converted_checkpoint_is_refused_by_every_reader(sandbox, key, version):
+    out = _crafted_checkpoint(sandbox, key, version)
     before = snapshot(sandbox, skip=sandbox / "r")
     with pytest.raises(StoreError, match="not a path inside it"):
         qs.open_quantized(out)
@@ -260,7 +271,7 @@ def test_crafted_qstream_metadata_cannot_make_overwrite_delete_user_files(sandbo
     ck = safetensors_file(sandbox / "ck.safetensors", _tensors(["w"]))
     home = sandbox / "home"
     home.mkdir()
-    meta = {"version": 1, "tensors": {"photos": {}, "data": {}}, "complete": True}
+    meta = {"tensors": {"photos": {}, "data": {}}, "complete": True}  # (as version 1 wrote)
     doc = {"zarr_format": 3, "node_type": "group", "attributes": {"qstream_checkpoint": meta}}
     (home / "zarr.json").write_text(json.dumps(doc))
     (home / "photos").mkdir()
@@ -466,8 +477,17 @@ def test_crafted_root_metadata_is_refused_or_read_and_never_escapes(tmp_path_fac
     qs.convert_checkpoint(ck, out)
     doc = json.loads((out / "zarr.json").read_text())
     meta = {**doc["attributes"]["qstream_checkpoint"], **top, "tensors": tensors}
+    meta.pop("version", None)  # a root of version 1 lists its tensors itself
     doc["attributes"]["qstream_checkpoint"] = meta
     (out / "zarr.json").write_text(json.dumps(doc))
+    batch = out / "_index" / "b000000" / "zarr.json"  # and an index batch of crafted rows
+    rows = [
+        {"name": n, "pos": i, **(v if isinstance(v, dict) else {"key": v})}
+        for i, (n, v) in enumerate(tensors.items())
+    ]
+    batch.write_text(
+        json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {"rows": rows}})
+    )
     before = snapshot(box, skip=box / "out")
     calls = (
         lambda: qs.open_quantized(out, allow_incomplete=True)["w"],

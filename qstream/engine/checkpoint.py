@@ -11,13 +11,17 @@ lists the finished tensors, so a re-run resumes, and ``complete`` is written las
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
+import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,10 +32,13 @@ from ..io import compression as compressions
 from ..io import destination, qarray
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
-from ..io.stores import location, open_group
+from ..io.rootindex import RootIndex, compact
+from ..io.stores import _store, location, open_group
 from ..recipe import Recipe
-from . import executors
+from . import executors, pipeline
+from .executors import LocalExecutor
 from .job import QuantizeJob, report_stage
+from .small import SmallTensorWork, TensorItem, is_small
 
 
 @dataclass(frozen=True)
@@ -87,17 +94,19 @@ def convert(
         same_job=lambda meta: _same_job(meta, ident),
     )
     job = {"max_memory": max_memory, "overwrite": overwrite, "compression": compression}
+    store = None if destination.local_path(dst) else _store(dst, mode="w", storage_options=None)
     with dest.claim(overwrite=overwrite) as (action, existing):
         if action in (Action.RESUME, Action.COMPLETE):
-            root = open_group(dst, mode="a")
-            done = dict(existing.meta.get("tensors", {}))
+            index = RootIndex.open(dst, existing.meta, store)
+            if action is Action.RESUME:
+                index.upgrade()
         else:
-            meta = {"version": 1, **ident, "tensors": {}, "complete": False}
-            root, done = qarray.create_group(dst, {"qstream_checkpoint": meta}), {}
+            index = RootIndex.create(dst, {**ident, "tensors_total": len(tensors)}, store)
         return _convert(
             tensors,
             keys,
-            (root, done, action is Action.COMPLETE),
+            index,
+            action is Action.COMPLETE,
             checkpoint,
             source,
             dest,
@@ -110,13 +119,14 @@ def convert(
 
 
 TENSORS_IN_FLIGHT = 2  # local runs: one tensor's setup and last blocks overlap the next's
-RECORD_EVERY = 8  # finished tensors between updates of the root's list of them
+ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
 
 def _convert(
     tensors,
     keys,
-    opened,
+    index,
+    complete: bool,
     checkpoint,
     source,
     dest,
@@ -131,94 +141,27 @@ def _convert(
 ) -> dict:
     t0 = time.perf_counter()
     dst = dest.target
-    root, done, complete = opened
-    results: dict[str, dict] = dict(done)
-    names = [] if complete else list(tensors)
-    # a local run converts two tensors at once, each with half the memory bound: a job's
-    # fixed costs (its group's metadata, the report) and its last blocks, which leave cores
-    # idle, overlap the other's blocks. Results are recorded and reported in tensor order.
-    in_flight = 1 if executor.distributed else TENSORS_IN_FLIGHT
-    stop = threading.Event()
-    todo = []
-    for i, name in enumerate(names):
-        t = tensors[name]
-        spec = recipe.spec_for(name, t.shape, t.dtype)
-        target = "keep" if spec is None else _describe(spec)
-        event = TensorEvent(i, len(names), name, tuple(t.shape), np.dtype(t.dtype).name, target)
-        if name in done:
-            if on_tensor:
-                on_tensor(TensorEvent(**{**event.__dict__, "result": done[name]}))
-            continue
-        todo.append((event, t, spec))
-
-    def one(t, spec, name) -> dict:
-        path = dest.child(keys[name])
-        if spec is None:
-            return _keep(t, path, compression)
-        job = QuantizeJob(
-            t,
-            spec,
-            max_memory=max_memory,
-            executor=executor,
-            checkpoint=(source, name),
-            memory_share=in_flight,
-            compression=compression,
-        )
-        report = job.run(path, progress=_Stoppable(progress, stop), overwrite=overwrite)
-        params = report.calibration.get("params") if report.calibration else None
-        return {
-            "kept": False,
-            "error": report.error,
-            "bytes_after": int(qarray.stored_nbytes(t.shape, spec.qtype)),
-            "passes": report.passes,
-            "params": bool(params),
-        }
-
-    # the root lists the finished tensors every RECORD_EVERY of them (a count, so that a run
-    # writes the same files whatever its speed): a tensor finished but not listed when a run
-    # is killed is found complete by its own job on the re-run (a cheap check of its
-    # metadata), so listing each one as it ends would only cost a rewrite of the root's
-    # metadata per tensor
-    def finished(event, t, future) -> None:
-        result = future.result()
-        result.update(
-            {
-                "key": keys[event.name],
-                "shape": list(t.shape),
-                "dtype": np.dtype(t.dtype).name,
-                "target": event.target,
-                "bytes_before": int(t.nbytes),
-            }
-        )
-        results[event.name] = result
-        if len(results) % RECORD_EVERY == 0:
-            _record(root, results, complete=False)
-        if on_tensor:
-            on_tensor(TensorEvent(**{**event.__dict__, "result": result}))
-
-    with ThreadPoolExecutor(in_flight, thread_name_prefix="qstream-tensor") as pool:
-        running: deque = deque()
-        try:
-            for event, t, spec in todo:
-                if len(running) == in_flight:
-                    finished(*running.popleft())
-                if on_tensor:
-                    on_tensor(event)
-                running.append((event, t, pool.submit(one, t, spec, event.name)))
-            while running:
-                finished(*running.popleft())
-        except BaseException:  # a failure or Ctrl-C: stop the other tensor's job at its next
-            stop.set()  # block (it stays resumable), list what finished, re-raise
-            for item in running:
-                with contextlib.suppress(Exception):
-                    finished(*item)
-            with contextlib.suppress(Exception):
-                _record(root, results, complete=False)
-            raise
+    conversion = _Conversion(
+        tensors,
+        keys,
+        index,
+        dest,
+        source,
+        on_tensor,
+        progress,
+        executor,
+        max_memory=max_memory,
+        overwrite=overwrite,
+        compression=compression,
+        checkpoint=checkpoint,
+    )
     if not complete:
-        _record(root, results, complete=True)
-        destination.clean_partials(dst)  # of a killed run's root metadata writes
-    results = {n: results[n] for n in tensors if n in results}  # in the checkpoint's order
+        session = executor.session() if isinstance(executor, LocalExecutor) else nullcontext()
+        with session:
+            conversion.run(recipe)
+        index.set_meta(complete=True)
+        destination.clean_partials(dst)  # of killed writers
+    results = {n: conversion.results[n] for n in tensors if n in conversion.results}
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
     return {
@@ -232,6 +175,179 @@ def _convert(
         "compression": compression,
         "already_complete": complete,
     }
+
+
+class _Conversion:
+    """The tensors of one conversion, in checkpoint order: runs of small tensors (one block
+    of their job each) handed to the executor as units of work (``qstream.engine.small``),
+    larger tensors as jobs of their own (two at once on a local run, each within half the
+    memory bound, their passes on the same workers). Results are listed in the root's index
+    ``ROWS_PER_BATCH`` at a time (a count, so that a run writes the same documents whatever
+    its speed), each batch a new document: a tensor finished but not listed when a run is
+    killed is found complete by its own job on the re-run (a cheap look at its metadata)."""
+
+    def __init__(
+        self,
+        tensors,
+        keys,
+        index,
+        dest,
+        source,
+        on_tensor,
+        progress,
+        executor,
+        *,
+        max_memory,
+        overwrite,
+        compression,
+        checkpoint,
+    ) -> None:
+        self.tensors, self.keys, self.index, self.dest = tensors, keys, index, dest
+        self.source, self.on_tensor, self.progress = source, on_tensor, progress
+        self.executor = executor
+        self.max_memory, self.overwrite, self.compression = max_memory, overwrite, compression
+        self.results: dict[str, dict] = index.rows()
+        self.pending: list[dict] = []
+        self.positions = {n: i for i, n in enumerate(tensors)}
+        self.stop = threading.Event()
+        self.in_flight = 1 if executor.distributed else TENSORS_IN_FLIGHT
+        local_dst = destination.local_path(dest.target) is not None
+        self.small_work = None
+        if local_dst or executor.distributed:
+            self.small_work = SmallTensorWork(
+                uuid.uuid4().hex,
+                _fspath(checkpoint),
+                source,
+                _fspath(dest.target),
+                compression,
+                max_memory,
+                overwrite,
+            )
+            self.small_work.register(tensors)
+
+    def run(self, recipe) -> None:
+        todo = []
+        n = len(self.tensors)
+        for i, (name, t) in enumerate(self.tensors.items()):
+            spec = recipe.spec_for(name, t.shape, t.dtype)
+            target = "keep" if spec is None else _describe(spec)
+            event = TensorEvent(i, n, name, tuple(t.shape), np.dtype(t.dtype).name, target)
+            if name in self.results:
+                if self.on_tensor:
+                    self.on_tensor(TensorEvent(**{**event.__dict__, "result": self.results[name]}))
+                continue
+            small = self.small_work is not None and (
+                spec is None or is_small(t, spec, self.max_memory)
+            )
+            todo.append((event, t, spec, small))
+        try:
+            for small, run in itertools.groupby(todo, key=lambda item: item[3]):
+                (self._smalls if small else self._jobs)(list(run))
+        except BaseException:  # a failure or Ctrl-C: what finished is listed, then re-raised
+            self.stop.set()
+            with contextlib.suppress(Exception):
+                self.index.append(self.pending)
+            raise
+        self.index.append(self.pending)
+
+    def _smalls(self, run) -> None:
+        """A run of small tensors, on the executor's workers."""
+        items = [
+            TensorItem(
+                ev.index,
+                ev.name,
+                self.keys[ev.name],
+                None if spec is None else spec.to_dict(),
+                (max(1, math.prod(t.shape) * max(4, np.dtype(t.dtype).itemsize) // 4),),
+            )
+            for ev, t, spec, _ in run
+        ]
+        by_name = {ev.name: (ev, t, spec) for ev, t, spec, _ in run}
+        if self.on_tensor:
+            self.on_tensor(run[0][0])
+        workers = pipeline.default_workers()
+        results = self.executor.map_ordered(items, self.small_work, workers=workers, inflight=None)
+        try:
+            for k, (item, result) in enumerate(results):
+                ev, t, spec = by_name[item.name]
+                if result is None:  # more than one block after all: a job of its own
+                    result = self._one(t, spec, item.name)
+                self._finished(ev, t, result)
+                if self.on_tensor and k + 1 < len(run):
+                    self.on_tensor(run[k + 1][0])
+        finally:
+            results.close()
+
+    def _jobs(self, run) -> None:
+        """A run of larger tensors, each a job of its own (``in_flight`` at once)."""
+        with ThreadPoolExecutor(self.in_flight, thread_name_prefix="qstream-tensor") as pool:
+            running: deque = deque()
+            try:
+                for event, t, spec, _ in run:
+                    if len(running) == self.in_flight:
+                        self._finished(*running.popleft(), wait=True)
+                    if self.on_tensor:
+                        self.on_tensor(event)
+                    running.append((event, t, pool.submit(self._one, t, spec, event.name)))
+                while running:
+                    self._finished(*running.popleft(), wait=True)
+            except BaseException:  # stop the other tensor's job at its next block (it stays
+                self.stop.set()  # resumable), list what finished
+                for event, t, fut in running:
+                    with contextlib.suppress(Exception):
+                        self._finished(event, t, fut, wait=True)
+                raise
+
+    def _one(self, t, spec, name) -> dict:
+        path = self.dest.child(self.keys[name])
+        if spec is None:
+            return keep_tensor(t, path, self.compression)
+        job = QuantizeJob(
+            t,
+            spec,
+            max_memory=self.max_memory,
+            executor=self.executor,
+            checkpoint=(self.source, name),
+            memory_share=self.in_flight,
+            compression=self.compression,
+        )
+        report = job.run(
+            path, progress=_Stoppable(self.progress, self.stop), overwrite=self.overwrite
+        )
+        params = report.calibration.get("params") if report.calibration else None
+        return {
+            "kept": False,
+            "error": report.error,
+            "bytes_after": int(qarray.stored_nbytes(t.shape, spec.qtype)),
+            "passes": report.passes,
+            "params": bool(params),
+        }
+
+    def _finished(self, event, t, result, *, wait: bool = False) -> None:
+        if wait:
+            result = result.result()
+        result = {
+            **result,
+            "name": event.name,
+            "key": self.keys[event.name],
+            "pos": self.positions[event.name],
+            "shape": list(t.shape),
+            "dtype": np.dtype(t.dtype).name,
+            "target": event.target,
+            "bytes_before": int(t.nbytes),
+        }
+        row = compact(result)
+        self.results[event.name] = row
+        self.pending.append(row)
+        if len(self.pending) >= ROWS_PER_BATCH:
+            self.index.append(self.pending)
+            self.pending = []
+        if self.on_tensor:
+            self.on_tensor(TensorEvent(**{**event.__dict__, "result": row}))
+
+
+def _fspath(target):
+    return os.fspath(target) if isinstance(target, (str, os.PathLike)) else target
 
 
 class Stopped(Exception):
@@ -275,13 +391,6 @@ def _same_job(meta: dict, ident: dict) -> bool:
     return {**stored, "compression": meta.get("compression", compressions.AUTO)} == ident
 
 
-def _record(root, results: dict, *, complete: bool) -> None:
-    meta = dict(root.attrs["qstream_checkpoint"])
-    meta["tensors"] = results
-    meta["complete"] = complete
-    qarray.set_meta(root, meta, "qstream_checkpoint")
-
-
 def tensor_keys(names) -> dict[str, str]:
     """The key (:func:`~qstream.io.names.tensor_key`) of every tensor name."""
     keys = {name: tensor_key(name) for name in names}
@@ -302,7 +411,7 @@ def _remove_own(path) -> None:
         raise StoreError(f"{path} holds something qstream did not write there; remove it")
 
 
-def _keep(t, path: str, compression: str) -> dict:
+def keep_tensor(t, path: str, compression: str) -> dict:
     import zarr
 
     dtype = np.dtype(t.dtype)

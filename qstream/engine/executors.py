@@ -12,6 +12,7 @@ order whatever executor ran the blocks: a local run and a cluster run give the s
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -69,14 +70,60 @@ def in_order(items, submit, window: int, result=lambda fut: fut.result()):
 class LocalExecutor:
     """Worker threads of this process; each takes a whole block through read -> kernels ->
     write with its share of Numba's threads, so no kernel waits for a thread that a read or
-    a write holds."""
+    a write holds. Each pass starts its own threads, except inside :meth:`session`, where
+    every pass (of every job) shares one pool."""
 
     distributed = False
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_workers = 0
+
+    @contextlib.contextmanager
+    def session(self, workers: int | None = None):
+        """One pool of ``workers`` threads (default: :func:`~qstream.engine.pipeline.
+        default_workers`) for every pass run inside, as a conversion of many tensors runs
+        many small jobs; nested sessions use the outer one."""
+        from ..kernels.runtime import kernel_threads, limit_threads
+        from .pipeline import default_workers
+
+        if self._pool is not None:
+            yield self
+            return
+        n = workers or default_workers()
+        pool = ThreadPoolExecutor(
+            max_workers=n,
+            thread_name_prefix="qstream-worker",
+            initializer=limit_threads,
+            initargs=(max(1, kernel_threads() // n),),
+        )
+        self._pool, self._pool_workers = pool, n
+        try:
+            yield self
+        finally:
+            self._pool, self._pool_workers = None, 0
+            pool.shutdown(wait=True)
+
+    def submit(self, fn, *args):
+        """Run ``fn(*args)`` on the session's pool (a future)."""
+        if self._pool is None:
+            raise RuntimeError("LocalExecutor.submit needs an open session()")
+        return self._pool.submit(fn, *args)
 
     def map_ordered(self, blocks, work, *, workers: int, inflight: int | None = None):
         from ..kernels.runtime import kernel_threads, limit_threads
 
         if not len(blocks):
+            return
+        if self._pool is not None:
+            workers = max(1, min(workers, len(blocks), self._pool_workers))
+            results = in_order(
+                blocks, lambda b: self._pool.submit(work, b), max(workers, inflight or 2 * workers)
+            )
+            try:
+                yield from results
+            finally:
+                results.close()
             return
         threads = kernel_threads()
         workers = max(1, min(workers, len(blocks)))
@@ -100,6 +147,22 @@ class LocalExecutor:
 
     def __repr__(self) -> str:
         return "LocalExecutor()"
+
+
+class InlineExecutor:
+    """Blocks run one after another in the calling thread: for a job that is one unit of
+    work of a larger run (a small tensor of a conversion, on a worker of its own)."""
+
+    distributed = False
+
+    def map_ordered(self, blocks, work, *, workers: int = 1, inflight: int | None = None):
+        for b in blocks:
+            yield b, work(b)
+
+    def release(self, token: str) -> None:
+        from .work import forget
+
+        forget(token)
 
 
 def resolve(executor) -> Executor:

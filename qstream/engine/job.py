@@ -37,7 +37,7 @@ from ..io import compression as compressions
 from ..io import destination, qarray
 from ..io.destination import Action, Destination, Lease
 from ..io.progress import ProgressLog
-from ..io.stores import display, location, open_group, open_source
+from ..io.stores import ArrayWriter, display, location, open_group, open_source
 from ..qtypes import float_dtype, is_float_dtype
 from ..spec import (
     HISTOGRAM_METHODS,
@@ -499,24 +499,26 @@ class QuantizeJob:
             )
         return Calibration(self.spec, None, {}, params), meta["calibration"]
 
-    def _create(self, dst, cal: Calibration, fp: str):
-        """A new output: the group's metadata first (``ready: false``), then the members and
-        the parameters, then ``ready: true``."""
-        plan, qt, source = self.plan, self.plan.qt, self.source
-        meta = {
+    def new_meta(self, fp: str, dst) -> dict:
+        """The metadata of a new output of this job (``ready``/``complete`` false)."""
+        plan, qt = self.plan, self.plan.qt
+        return {
             "version": qarray.FORMAT_VERSION,
             "fingerprint": fp,
             "ready": False,
             "complete": False,
             "spec": self.spec.to_dict(),
-            "source": source.description,
+            "source": self.source.description,
             "dtype": qt.name,
             "axis": plan.axis,
             "storage": qarray.storage_of(qt),
-            "writer": self.token,  # checked before ``complete`` is written (Lease)
-            "active": time.time(),
+            **Lease.fields(dst, self.token),  # object stores: checked before ``complete``
         }
-        group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
+
+    def member_arrays(self, *, progress_log: bool = True) -> dict[str, dict]:
+        """The ``create_array`` keywords of the output's members (``data``, ``scale``,
+        ``zero_point`` and, unless ``progress_log`` is false, ``_progress``)."""
+        plan, qt = self.plan, self.plan.qt
         store_dtype, serializer = qarray.data_encoding(qt)
         zp_dtype = qt.widened if not qt.is_float else np.dtype(np.float32)
         kw = {
@@ -538,35 +540,41 @@ class QuantizeJob:
             # group scales are as many as 1/block_size of the data and hardly compress:
             # stored raw, a block's parameter chunks cost a write, not a zstd pass
             kw["compressors"] = None
-        keep = WorstGroups.KEEP if self._worst_groups() else 0
+        members = {
+            "data": {
+                "shape": plan.shape,
+                "chunks": plan.chunks,
+                "dtype": store_dtype,
+                "serializer": serializer,
+                "fill_value": 0,
+                "compressors": compressions.compressors(self.compression, self.source.compressors),
+                "config": qarray.WRITE_ALL_CHUNKS,
+                "chunk_key_encoding": qarray.FLAT_KEYS,
+                "dimension_names": dimension_names(len(plan.shape)),
+            },
+            "scale": {"dtype": np.float16 if self.spec.half_scales else np.float32, **kw},
+            "zero_point": {"dtype": zp_dtype, **kw},
+        }
+        if progress_log:
+            keep = WorstGroups.KEEP if self._worst_groups() else 0
+            members[ProgressLog.NAME] = ProgressLog.array_spec(plan.channels, keep)
+        return members
+
+    def _create(self, dst, cal: Calibration, fp: str):
+        """A new output: the group's metadata first (``ready: false``), then the members and
+        the parameters, then ``ready: true``."""
+        plan = self.plan
+        meta = self.new_meta(fp, dst)
+        group = qarray.create_group(dst, {"qstream": meta}, self.storage_options)
         try:
-            arrays = qarray.create_arrays(
-                group,
-                {
-                    "data": {
-                        "shape": plan.shape,
-                        "chunks": plan.chunks,
-                        "dtype": store_dtype,
-                        "serializer": serializer,
-                        "fill_value": 0,
-                        "compressors": compressions.compressors(
-                            self.compression, source.compressors
-                        ),
-                        "config": qarray.WRITE_ALL_CHUNKS,
-                        "chunk_key_encoding": qarray.FLAT_KEYS,
-                        "dimension_names": dimension_names(len(plan.shape)),
-                    },
-                    "scale": {
-                        "dtype": np.float16 if self.spec.half_scales else np.float32,
-                        **kw,
-                    },
-                    "zero_point": {"dtype": zp_dtype, **kw},
-                    ProgressLog.NAME: ProgressLog.array_spec(plan.channels, keep),
-                },
-            )
+            arrays = qarray.create_arrays(group, self.member_arrays())
             if cal.params is not None and math.prod(plan.param_shape):
-                arrays["scale"][...] = cal.params.scale
-                arrays["zero_point"][...] = cal.params.zero_point.astype(zp_dtype)
+                ArrayWriter(arrays["scale"])[_whole(plan.param_shape)] = cal.params.scale.astype(
+                    arrays["scale"].dtype
+                )
+                zp = cal.params.zero_point.astype(arrays["zero_point"].dtype)
+                if zp.any():  # all-zero zero points (symmetric) are the fill value
+                    ArrayWriter(arrays["zero_point"])[_whole(plan.param_shape)] = zp
         except StoreError:
             raise
         except OSError as e:
@@ -667,8 +675,11 @@ class QuantizeJob:
             return True
 
     def _check_landed(self, group, dst) -> None:
-        """Before ``complete`` is written: the output is still this job's, and every part it
-        wrote is in the store (a listing, not a re-read)."""
+        """Before ``complete`` is written to an object store: the output is still this job's,
+        and every part it wrote is in the store (a listing, not a re-read). A local output is
+        locked while the job writes it, and its files are written before this returns."""
+        if destination.is_local_node(group):
+            return
         qarray.check_writer(group, self.token, dst)
         missing = qarray.gaps(group)
         if missing:
@@ -682,9 +693,13 @@ class QuantizeJob:
         """Whether the report lists the worst parameter groups (blocked integer specs)."""
         return bool(self.spec.block_size) and not self.plan.qt.is_float
 
-    def _finish(self, group, calibration: dict, found, dst, t0, resumed) -> QuantReport:
+    def finished(
+        self, meta: dict, calibration: dict, found, dst, t0, resumed, scale, zero_point
+    ) -> tuple[dict, QuantReport, dict]:
+        """The output's complete metadata, the job's report, and the attributes of ``data``
+        (per-tensor integer outputs: CF ``scale_factor``/``add_offset``), from the folded
+        error sums ``found`` and the stored parameters."""
         plan, qt = self.plan, self.plan.qt
-        meta = dict(group.attrs["qstream"])
         errors, worst = found
         err = errors.summary()
         if worst is not None:
@@ -706,12 +721,22 @@ class QuantizeJob:
             resumed_blocks=resumed,
             missing_chunks=self.source.missing_chunks(),
         )
+        attrs = {}
         if plan.axis is None and not qt.is_float:
-            s = float(group["scale"][...])
-            z = float(group["zero_point"][...])
-            group["data"].attrs.update({"scale_factor": s, "add_offset": -z * s})
-        meta.update({"calibration": calibration, "error": err, "report": report.to_dict()})
-        meta["complete"] = True
+            s, z = float(np.asarray(scale).reshape(())), float(np.asarray(zero_point).reshape(()))
+            attrs = {"scale_factor": s, "add_offset": -z * s}
+        meta = {**meta, "calibration": calibration, "error": err, "report": report.to_dict()}
+        return {**meta, "complete": True}, report, attrs
+
+    def _finish(self, group, calibration: dict, found, dst, t0, resumed) -> QuantReport:
+        per_tensor = self.plan.axis is None and not self.plan.qt.is_float
+        scale = group["scale"][...] if per_tensor else None
+        zero_point = group["zero_point"][...] if per_tensor else None
+        meta, report, attrs = self.finished(
+            dict(group.attrs["qstream"]), calibration, found, dst, t0, resumed, scale, zero_point
+        )
+        if attrs:
+            group["data"].attrs.update(attrs)
         self._check_landed(group, dst)
         qarray.set_meta(group, meta)  # written last
         return report
@@ -788,9 +813,7 @@ def dequantize(
                 config=qarray.WRITE_ALL_CHUNKS,
                 chunk_key_encoding=qarray.FLAT_KEYS,
                 dimension_names=dimension_names(arr.ndim),
-                attributes={
-                    "qstream": {**meta, "writer": token, "active": time.time(), "complete": False}
-                },
+                attributes={"qstream": {**meta, **Lease.fields(dst, token), "complete": False}},
             )
         except zarr.errors.ContainsArrayError:
             raise StoreError(f"{dst} was created by another process meanwhile") from None
@@ -819,15 +842,16 @@ def dequantize(
             raise StoreError(f"cannot write {dst}: {e}") from None
         finally:
             executor.release(token)
-        qarray.check_writer(out, token, dst)
-        missing = qarray.gaps(out)
-        if missing:
-            raise StoreError(
-                f"{dst}: {len(missing)} chunks are missing or damaged after the run: something"
-                " else deleted or changed them; re-run to write them again"
-            )
+        if not destination.is_local_node(out):  # (see QuantizeJob._check_landed)
+            qarray.check_writer(out, token, dst)
+            missing = qarray.gaps(out)
+            if missing:
+                raise StoreError(
+                    f"{dst}: {len(missing)} chunks are missing or damaged after the run:"
+                    " something else deleted or changed them; re-run to write them again"
+                )
         try:
-            out.attrs["qstream"] = {**meta, "writer": token, "complete": True}
+            out.attrs["qstream"] = {**meta, **Lease.fields(dst, token), "complete": True}
         except OSError as e:
             raise StoreError(f"cannot write {dst}: {e}") from None
         destination.clean_partials(dst)
@@ -835,6 +859,10 @@ def dequantize(
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _whole(shape) -> tuple[slice, ...]:
+    return tuple(slice(0, n) for n in shape)
 
 
 def _gaps_at(dst, storage_options) -> bool:

@@ -61,6 +61,9 @@ class ChunkFiles:
     direct: bool = field(default=DIRECT_IO)  # O_DIRECT writes (turned off if refused)
     bits: int = 0  # packed sub-byte values (``packbits``, no padding byte): bits each; 0: not
     signed: bool = False  # packed values are sign-extended when unpacked
+    # each chunk written under a temporary name and renamed (False: straight to its name, for
+    # an array in a folder no reader sees yet)
+    atomic: bool = True
 
     def path(self, coords) -> str:
         """The file of chunk ``coords``."""
@@ -158,7 +161,7 @@ class ChunkFiles:
 
     # ---- writing
 
-    def write(self, region: tuple[slice, ...], data: np.ndarray) -> None:
+    def write(self, region: tuple[slice, ...], data: np.ndarray, made=None) -> None:
         """Write ``data`` to ``region``, which must cover whole chunks (edge chunks may be
         short at the array's end: they are padded with the fill value, as zarr stores them)."""
         for d, (s, c, n) in enumerate(zip(region, self.chunks, self.shape, strict=True)):
@@ -167,7 +170,7 @@ class ChunkFiles:
                     f"region {region} is not aligned to chunks {self.chunks} (dim {d})"
                 )
         data = np.asarray(data).view(self.dtype) if data.dtype != self.dtype else data
-        made: set[str] = set()
+        made = set() if made is None else made  # folders known to exist
         for coords, inner, outer in self.chunks_of(region):
             src = data[outer]
             full = self._whole(inner)
@@ -194,13 +197,14 @@ class ChunkFiles:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
         # a whole new file under a temporary name, then renamed: readers never see a torn chunk
-        tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
+        tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}" if self.atomic else path
         view = memoryview(payload).cast("B")
         try:
             if not (self.direct and len(view) >= DIRECT_MIN and self._write_direct(tmp, view)):
                 with open(tmp, "wb", buffering=0) as f:
                     _write_all(f.fileno(), view)
-            os.replace(tmp, path)
+            if self.atomic:
+                os.replace(tmp, path)
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)

@@ -21,6 +21,7 @@ import enum
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -32,6 +33,8 @@ from .paths import child
 from .stores import _store
 
 LOCK = ".qstream-lock"
+INDEX = "_index"  # a converted checkpoint's index (qstream.io.rootindex)
+TMP_PREFIX = ".qstream-tmp-"  # a tensor's group being built beside its place (qarray.write_group)
 MEMBERS = ("data", "scale", "zero_point", "_progress")  # of a quantized group
 
 
@@ -230,8 +233,14 @@ def remove_output(dst, existing: Existing, storage_options: dict | None = None) 
         raise StoreError(f"cannot remove the old output {dst}: {type(e).__name__}: {e}") from None
 
 
-def _tensor_keys(existing: Existing, dst) -> list[str]:
-    """The checked keys of a converted or restored checkpoint's tensors."""
+def _tensor_keys(existing: Existing, dst, store=None) -> list[str]:
+    """The checked keys of a converted or restored checkpoint's tensors (a converted
+    checkpoint's from its index, see :mod:`qstream.io.rootindex`)."""
+    if existing.kind == "checkpoint":
+        from .rootindex import RootIndex
+
+        rows = RootIndex.open(dst, existing.meta, store).rows()
+        return [r.get("key", n) for n, r in rows.items()]
     tensors = existing.meta.get("tensors", {}) if isinstance(existing.meta, dict) else None
     if not isinstance(tensors, dict):
         raise StoreError(f"{dst}: its metadata lists no tensors; the output is damaged")
@@ -243,7 +252,7 @@ def _tensor_keys(existing: Existing, dst) -> list[str]:
 def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
     """:func:`remove_output` on a store (object store, memory): the node at ``prefix``."""
     if existing.kind in ("checkpoint", "restored"):
-        for key in _tensor_keys(existing, dst):
+        for key in _tensor_keys(existing, dst, store):
             raw = sync(store.get(f"{prefix}{key}/zarr.json", _prototype()))
             try:
                 doc = json.loads(raw.to_bytes()) if raw is not None else None
@@ -252,6 +261,7 @@ def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
             node = _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
             if node.kind in ("quantized", "dequantized", "kept"):
                 _remove_stored(store, f"{prefix}{key}/", node, dst, sync)
+        sync(store.delete_dir(f"{prefix}{INDEX}"))
     elif existing.kind == "quantized":
         for m in MEMBERS:
             sync(store.delete_dir(f"{prefix}{m}"))
@@ -286,6 +296,7 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
             parts = key.split("/")
             for i in range(len(parts) - 1, 0, -1):
                 _remove_if_empty(os.path.join(local, *parts[:i]))
+        _remove_index(local)
         remove_child(local, "zarr.json")
         return
     if existing.kind == "quantized":
@@ -297,6 +308,23 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
         remove_child(local, "zarr.json")
         return
     _remove_array_files(local)  # a dequantized or kept array
+
+
+def _remove_index(local: str) -> None:
+    """Remove a converted checkpoint's index (its batch documents and its own)."""
+    from .paths import remove_child
+
+    index = os.path.join(local, INDEX)
+    if not os.path.isdir(index) or os.path.islink(index):
+        return
+    for entry in os.scandir(index):
+        if entry.is_dir(follow_symlinks=False) and entry.name.startswith("b"):
+            _remove_partials(entry.path, recurse=False)
+            remove_child(entry.path, "zarr.json")
+            _remove_if_empty(entry.path)
+    _remove_partials(index, recurse=False)
+    remove_child(index, "zarr.json")
+    _remove_if_empty(index)
 
 
 def _remove_array_files(directory: str) -> None:
@@ -330,9 +358,12 @@ def clean_partials(dst) -> None:
     if local is None or not os.path.isdir(local):
         return
     _remove_partials(local, recurse=False)
-    for name in MEMBERS:
+    for name in (*MEMBERS, INDEX):
         if os.path.isdir(os.path.join(local, name)):
             _remove_partials(os.path.join(local, name), recurse=True)
+    for entry in os.scandir(local):  # groups a killed writer was building (never published)
+        if entry.name.startswith(TMP_PREFIX) and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _remove_partials(directory: str, *, recurse: bool) -> None:
@@ -428,6 +459,14 @@ def check_separate(src_location, dst, what: str = "destination") -> None:
 LEASE = float(os.environ.get("QSTREAM_LEASE", "30"))  # seconds (object stores)
 
 
+def is_local_node(node) -> bool:
+    """Whether the Zarr node ``node`` lives in a local store (or in memory: one process)."""
+    import zarr
+
+    store = node.store_path.store
+    return isinstance(store, (zarr.storage.LocalStore, zarr.storage.MemoryStore))
+
+
 class Lease:
     """A writer's hold on an output in an object store, where no lock can be taken.
 
@@ -441,13 +480,23 @@ class Lease:
 
     def __init__(self, node, token: str, dst, key: str = "qstream") -> None:
         self.node, self.token, self.dst, self.key = node, token, dst, key
-        self.remote = local_path(dst) is None
+        self.remote = not is_local_node(node)
         self._last = time.monotonic()
+
+    @staticmethod
+    def fields(dst, token: str) -> dict:
+        """The writer's entries of a new output's metadata (object stores only: a local
+        output is locked instead, and its metadata stays the same whatever the run)."""
+        if local_path(dst) is not None:
+            return {}
+        return {"writer": token, "active": time.time()}
 
     def take(self) -> None:
         """Name this job the writer (a new output, or a resumed run of the same job)."""
         from .qarray import set_meta
 
+        if not self.remote:
+            return
         meta = dict(self.node.attrs[self.key])
         set_meta(self.node, {**meta, "writer": self.token, "active": time.time()}, self.key)
         self._last = time.monotonic()

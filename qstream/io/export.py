@@ -71,9 +71,32 @@ class _Entry:
         self.read = read  # read(row0, row1) -> C-contiguous array of the rows (or all for 0-d)
 
 
-def _entries(name: str, t) -> list[_Entry]:
+class _Tensors:
+    """The tensors of an export, opened when their entries are read and one at a time (the
+    last one is kept: its entries are written one after another), so that an export of many
+    tensors holds one tensor's parameters, not all of them."""
+
+    def __init__(self, opened, name: str) -> None:
+        self.opened, self.single = opened, name
+        self.last: tuple[str, object] | None = None
+
+    def names(self) -> list[str]:
+        if isinstance(self.opened, QuantizedCheckpoint):
+            return list(self.opened)
+        return [self.single]
+
+    def __call__(self, name: str):
+        if self.last is None or self.last[0] != name:
+            t = self.opened[name] if isinstance(self.opened, QuantizedCheckpoint) else self.opened
+            self.last = (name, t)
+        return self.last[1]
+
+
+def _entries(name: str, t, get) -> list[_Entry]:
+    """The entries of the tensor ``name`` (``t``, open now); their readers open it again
+    through ``get``."""
     if isinstance(t, QuantizedArray):
-        return _quantized_entries(name, t)
+        return _quantized_entries(name, t, get)
     import ml_dtypes
 
     dtype = dict(t.attrs.get("qstream", {})).get("dtype", np.dtype(t.dtype).name)
@@ -81,14 +104,15 @@ def _entries(name: str, t) -> list[_Entry]:
         raise InvalidParameterError(f"{name}: no safetensors type for {dtype}")
     out = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
 
-    def read(r0, r1, t=t, out=out):
+    def read(r0, r1):
+        t = get(name)
         v = np.asarray(t[r0:r1] if t.ndim else t[...])
         return np.ascontiguousarray(v.astype(out, copy=False))
 
     return [_Entry(name, _PLAIN_TAGS[dtype], t.shape, out.itemsize, read)]
 
 
-def _quantized_entries(name: str, arr: QuantizedArray) -> list[_Entry]:
+def _quantized_entries(name: str, arr: QuantizedArray, get) -> list[_Entry]:
     qt = arr.qtype
     if qt.name in _INT_TAGS:
         tag = _INT_TAGS[qt.name]
@@ -98,28 +122,27 @@ def _quantized_entries(name: str, arr: QuantizedArray) -> list[_Entry]:
         values = np.dtype(np.uint8)
 
     def read(r0, r1):
-        q = arr.quantized((slice(r0, r1),) if arr.ndim else ...)
+        a = get(name)
+        q = a.quantized((slice(r0, r1),) if a.ndim else ...)
         v = q.astype(values, copy=False) if qt.name in _INT_TAGS else q.view(np.uint8)
         return np.ascontiguousarray(v)
 
     entries = [_Entry(name, tag, arr.shape, values.itemsize, read)]
     s, z = _param_shape(arr)
-    half = arr.group["scale"].dtype == np.float16  # stored as float16: exported as such
-    scale = arr.scale.reshape(s).astype(np.float16 if half else np.float32)
+    half = arr.scale_dtype == np.float16  # stored as float16: exported as such
+    scale_dtype = np.dtype(np.float16 if half else np.float32)
+
+    def read_scale(r0, r1):
+        return get(name).scale.reshape(s).astype(scale_dtype)[r0:r1]
+
+    def read_zero_point(r0, r1):
+        return get(name).zero_point.reshape(z).astype(values)[r0:r1]
+
     entries.append(
-        _Entry(
-            f"{name}_scale",
-            "F16" if half else "F32",
-            s,
-            scale.itemsize,
-            lambda r0, r1: scale[r0:r1],
-        )
+        _Entry(f"{name}_scale", "F16" if half else "F32", s, scale_dtype.itemsize, read_scale)
     )
     if not qt.is_float and np.any(arr.zero_point != 0):
-        zp = arr.zero_point.reshape(z).astype(values)
-        entries.append(
-            _Entry(f"{name}_zero_point", tag, z, values.itemsize, lambda r0, r1: zp[r0:r1])
-        )
+        entries.append(_Entry(f"{name}_zero_point", tag, z, values.itemsize, read_zero_point))
     return entries
 
 
@@ -285,8 +308,13 @@ def export_safetensors(
     finished export's files qstream wrote (a resumed ``convert ... out.safetensors``).
     ``job``: an identity recorded in the files (see :func:`finished_export`)."""
     opened = open_quantized(src, storage_options=storage_options)
-    items = opened.items() if isinstance(opened, QuantizedCheckpoint) else [(name, opened)]
-    entries = [e for n, t in items for e in _entries(n, t)]
+    tensors = _Tensors(opened, name)
+    entries, described = [], {}
+    for n in tensors.names():
+        t = tensors(n)
+        entries += _entries(n, t, tensors)
+        if isinstance(t, QuantizedArray):
+            described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
     names = [e.name for e in entries]
     if len(set(names)) != len(names):
         raise InvalidParameterError("tensor names collide with the _scale/_zero_point suffixes")
@@ -322,14 +350,7 @@ def export_safetensors(
         _remove_stale_partials(f)
     meta = {
         "format": "pt",
-        "qstream": json.dumps(
-            {
-                n: {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
-                for n, t in items
-                if isinstance(t, QuantizedArray)
-            },
-            sort_keys=True,
-        ),
+        "qstream": json.dumps(described, sort_keys=True),
         "naming": "compressed-tensors: N, N_scale, N_zero_point",
     }
     if job is not None:

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 from collections.abc import Mapping
 
 import numpy as np
@@ -41,8 +42,7 @@ from ..errors import StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
 from . import compression, localmeta
-from .destination import MEMBERS, inspect_destination, local_path
-from .names import check_key
+from .destination import MEMBERS, TMP_PREFIX, inspect_destination, local_path
 from .paths import child
 from .stores import _store, open_group
 
@@ -116,6 +116,83 @@ def _array_metadata(kw: dict):
         _TEMPLATES[key] = meta
     # a copy with its own attributes: zarr updates an array's attributes in place
     return dataclasses.replace(meta, attributes=copy.deepcopy(meta.attributes))
+
+
+_PREPARED: dict[str, tuple] = {}  # create_array keywords -> (metadata, document, chunk files)
+
+
+def _prepared(kw: dict):
+    """``(metadata, zarr.json bytes, ChunkFiles or None)`` of an array made with ``kw`` (no
+    ``config``), made once per keywords: the many small tensors of a conversion share them.
+    The chunk files' ``root`` is to be set (``dataclasses.replace``)."""
+    import zarr
+    from zarr.core.array import AsyncArray
+
+    from .chunks import chunk_files
+    from .localmeta import _doc_bytes
+
+    key = repr(sorted(kw.items()))
+    got = _PREPARED.get(key)
+    if got is None:
+        meta = _array_metadata(kw)
+        store = zarr.storage.LocalStore(os.sep)  # (a location for chunk_files to accept)
+        files = chunk_files(zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, "x"))))
+        if len(_PREPARED) >= 256:
+            _PREPARED.clear()
+        got = _PREPARED[key] = (meta, _doc_bytes(meta), files)
+    return got
+
+
+def write_group(path: str, attrs: dict, members: dict) -> None:
+    """A new quantized group at the local ``path`` (absent), complete at once: ``members``
+    maps a name to ``(create_array keywords, values or None, attributes or None)``. The group
+    is built in a hidden folder beside ``path`` and renamed into place, so it is whole or
+    absent (a killed writer's folder, ``.qstream-tmp-*``, is removed by
+    :func:`~qstream.io.destination.clean_partials` of the root)."""
+    import uuid
+
+    from zarr.core.group import GroupMetadata
+
+    from .localmeta import _doc_bytes
+
+    local = local_path(path)
+
+    tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        os.mkdir(tmp)
+        for name, (kw, values, member_attrs) in members.items():
+            meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
+            if member_attrs:
+                doc = _doc_bytes(dataclasses.replace(meta, attributes=member_attrs))
+            where = os.path.join(tmp, name)
+            os.mkdir(where)
+            with open(os.path.join(where, "zarr.json"), "wb") as f:
+                f.write(doc)
+            if values is None:
+                continue
+            values = np.asarray(values)
+            if files is None or not values.shape:
+                _zarr_write(tmp, name, meta, values)
+            else:
+                out = dataclasses.replace(files, root=where, atomic=False)
+                out.write(tuple(slice(0, n) for n in values.shape), values, made={where})
+        with open(os.path.join(tmp, "zarr.json"), "wb") as f:
+            f.write(_doc_bytes(GroupMetadata(attributes=attrs, zarr_format=3)))
+        os.replace(tmp, local)  # published whole (an existing node is never replaced)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, StoreError):
+            raise StoreError(f"cannot write {path}: {e}") from None
+        raise
+
+
+def _zarr_write(root: str, name: str, meta, values) -> None:
+    """Write ``values`` to the array ``name`` of the local folder ``root`` through zarr."""
+    import zarr
+    from zarr.core.array import AsyncArray
+
+    store = zarr.storage.LocalStore(root)
+    zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, name)))[...] = values
 
 
 def data_encoding(qt) -> tuple[np.dtype, object]:
@@ -232,13 +309,80 @@ def is_checkpoint(path, storage_options: dict | None = None) -> bool:
     return inspect_destination(path, storage_options).kind == "checkpoint"
 
 
+def read_all(arr) -> np.ndarray:
+    """All of the Zarr array ``arr``: straight from its chunk files where it can (no event
+    loop hop: a conversion's small parameter arrays are read by the thousand)."""
+    from .chunks import chunk_files
+
+    files = chunk_files(arr) if arr.shape else None
+    if files is None:
+        return np.asarray(arr[...])
+    out = np.empty(arr.shape, files.dtype if not files.bits else arr.dtype)
+    files.read(tuple(slice(0, n) for n in arr.shape), out)
+    return out
+
+
+_PARSED: dict[bytes, object] = {}  # array documents -> their parsed metadata
+
+
+class _LocalGroup:
+    """A Zarr v3 group on a local disk, opened from its documents without zarr's event loop
+    (members are made from their own documents, whose parsed form is shared by identical
+    documents): ``attrs``, ``store_path``, ``group[name]`` (an array, or a group)."""
+
+    def __init__(self, path: str, doc: dict) -> None:
+        import zarr
+
+        self.path = path
+        self.attrs = doc.get("attributes") or {}
+        self.store_path = zarr.storage.StorePath(zarr.storage.LocalStore(path), "")
+
+    def __getitem__(self, name: str):
+        import zarr
+        from zarr.core.array import AsyncArray
+        from zarr.core.metadata.v3 import ArrayV3Metadata
+
+        where = os.path.join(self.path, *name.split("/"))
+        try:
+            with open(os.path.join(where, "zarr.json"), "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise KeyError(name) from None
+        meta = _PARSED.get(raw)
+        if meta is None:
+            doc = json.loads(raw)
+            if doc.get("node_type") != "array" or doc.get("zarr_format") != 3:
+                return zarr.open(self.store_path.store, mode="r", path=name)
+            meta = ArrayV3Metadata.from_dict(doc)
+            if len(_PARSED) >= 256:
+                _PARSED.clear()
+            _PARSED[raw] = meta
+        return zarr.Array(AsyncArray(meta, zarr.storage.StorePath(self.store_path.store, name)))
+
+
+def _open_local(path) -> _LocalGroup | None:
+    """``path`` opened as a :class:`_LocalGroup` when it is a local Zarr v3 group."""
+    from .destination import _read_doc
+
+    local = local_path(path)
+    if local is None:
+        return None
+    from .stores import _store
+
+    _store(path, mode="r", storage_options=None)  # (its checks, and the types registered)
+    doc = _read_doc(os.path.join(local, "zarr.json"))
+    if doc is None or doc.get("node_type") != "group" or doc.get("zarr_format") != 3:
+        return None
+    return _LocalGroup(local, doc)
+
+
 def open_quantized(
     path, *, allow_incomplete: bool = False, storage_options: dict | None = None
 ) -> QuantizedArray | QuantizedCheckpoint:
     """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
     The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
     tensor names to lazy arrays."""
-    group = open_group(path, mode="r", storage_options=storage_options)
+    group = _open_local(path) or open_group(path, mode="r", storage_options=storage_options)
     if "qstream_checkpoint" in group.attrs:
         return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
     meta = group.attrs.get("qstream")
@@ -271,12 +415,12 @@ class QuantizedCheckpoint(Mapping):
                 f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
                 " resume it, or pass allow_incomplete=True to read the finished tensors"
             )
-        tensors = self.meta.get("tensors", {})
-        if not isinstance(tensors, dict) or not all(isinstance(t, dict) for t in tensors.values()):
-            raise StoreError(f"{path}: its metadata lists no tensors; the output is damaged")
-        self.tensors: dict = tensors
-        # where each tensor is stored, checked before anything is opened
-        self._keys = {n: check_key(t.get("key", n), path) for n, t in tensors.items()}
+        from .rootindex import RootIndex
+
+        store = group.store_path.store if local_path(path) is None else None
+        #: each tensor's row (see :mod:`qstream.io.rootindex`), keys checked, in order
+        self.tensors: dict = RootIndex.open(path, self.meta, store).rows()
+        self._keys = {n: t.get("key", n) for n, t in self.tensors.items()}
         self._storage_options = storage_options
 
     def key_of(self, name: str) -> str:
@@ -325,8 +469,10 @@ class QuantizedArray:
             self.data = group["data"]
             self.spec = QuantSpec.from_dict(meta["spec"])
             self.qtype = qtype(self.spec.dtype)
-            self.scale = np.asarray(group["scale"][...], np.float32)
-            self.zero_point = np.asarray(group["zero_point"][...])
+            scale = group["scale"]
+            self.scale_dtype = np.dtype(scale.dtype)
+            self.scale = np.asarray(read_all(scale), np.float32)
+            self.zero_point = np.asarray(read_all(group["zero_point"]))
             self.axis = meta.get("axis")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, StoreError):
@@ -447,7 +593,18 @@ class QuantizedArray:
 
     def quantized(self, key=...) -> np.ndarray:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
-        raw = np.asarray(self.data[key])
+        from .chunks import chunk_files
+
+        region, squeeze = step1_slices(key, self.shape) if self.shape else (None, ())
+        files = chunk_files(self.data) if region else None
+        if files is not None:  # straight from the chunk files (no event loop hop)
+            raw = np.empty(tuple(k.stop - k.start for k in region), files.dtype)
+            if files.bits:
+                raw = raw.view(self.qtype.dtype)
+            files.read(region, raw)
+            raw = raw.reshape([d for d, sq in zip(raw.shape, squeeze, strict=True) if not sq])
+        else:
+            raw = np.asarray(self.data[key])
         return raw.view(self.qtype.dtype) if raw.dtype != self.qtype.dtype else raw
 
     def __array__(self, dtype=None, copy=None):

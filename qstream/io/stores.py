@@ -199,6 +199,9 @@ class Source:
     array: Any  # zarr.Array or np.ndarray
     description: dict
     files: ChunkFiles | None = field(default=None, repr=False)  # direct chunk reads
+    # checkpoint tensors' regions mapped from their files (False: copied from the file's
+    # shared mapping, which costs less for a small tensor than a mapping of its own)
+    maps: bool = field(default=True, repr=False)
 
     def __post_init__(self) -> None:
         if self.files is None and self.description.get("kind") == "zarr":
@@ -250,7 +253,7 @@ class Source:
             return self.array[key]
         from .checkpoints import CheckpointTensor
 
-        if isinstance(self.array, CheckpointTensor):  # its values mapped from its file
+        if isinstance(self.array, CheckpointTensor) and self.maps:  # mapped from its file
             return self.array.view(key)
         return None
 

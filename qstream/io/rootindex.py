@@ -1,0 +1,234 @@
+"""The root of a converted checkpoint: its identity, and an index of its finished tensors that
+grows by appending.
+
+::
+
+    DST/zarr.json            attrs["qstream_checkpoint"] = {"version": 2, "source", "recipe",
+                             "compression", "tensors_total", "index": "_index", "complete"}
+    DST/_index/              a Zarr group; each batch of finished tensors is a subgroup whose
+      b000000/zarr.json      attributes hold {"rows": [row, ...]}, written once, never again
+      b000001/zarr.json      (new batches are linked into place: none is ever replaced)
+    DST/<key>/               each tensor's own group (quantized, with its full report) or
+                             array (kept)
+
+A row is one tensor's compact entry (:data:`ROW_KEYS`, a few hundred bytes): its name, key,
+position in the checkpoint, shape, dtype, target, byte counts and the scalar figures of its
+error report. The root's document is written when the conversion begins and when it ends,
+never per tensor; ``inspect`` and :class:`~qstream.io.qarray.QuantizedCheckpoint` read the
+index's batches, not the tensors. Outputs of version 1 (every tensor's whole report in
+``attrs["qstream_checkpoint"]["tensors"]``, rewritten as tensors finished) still read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+from ..errors import StoreError
+from .names import check_key
+
+INDEX = "_index"
+KEY = "qstream_checkpoint"
+VERSION = 2
+# what a row keeps of a tensor's result (the error report's scalar figures only)
+ROW_KEYS = (
+    "name",
+    "key",
+    "pos",
+    "shape",
+    "dtype",
+    "target",
+    "kept",
+    "bytes_before",
+    "bytes_after",
+    "params",
+    "error",
+)
+ERROR_KEYS = ("sqnr_db", "mse", "max_abs", "cosine", "clipped", "clip_fraction", "nonfinite")
+
+
+def compact(row: dict) -> dict:
+    """``row`` with only :data:`ROW_KEYS` and the scalar figures of its error report."""
+    out = {k: row[k] for k in ROW_KEYS if k in row}
+    if isinstance(out.get("error"), dict):
+        out["error"] = {k: out["error"][k] for k in ERROR_KEYS if k in out["error"]}
+    return out
+
+
+def _local(root) -> str | None:
+    from .destination import local_path
+
+    return local_path(root)
+
+
+def _doc_bytes(attrs: dict) -> bytes:
+    from zarr.core.group import GroupMetadata
+
+    from .localmeta import _doc_bytes as encode
+
+    return encode(GroupMetadata(attributes=attrs, zarr_format=3))
+
+
+def _put(root, store, rel: str, attrs: dict, *, new: bool) -> None:
+    """Write the group document ``rel/zarr.json`` (``rel`` "" for the root) with ``attrs``."""
+    local = _local(root)
+    if local is not None:
+        from zarr.core.group import GroupMetadata
+
+        from .localmeta import write_doc
+
+        write_doc(os.path.join(local, rel), GroupMetadata(attributes=attrs, zarr_format=3), new=new)
+        return
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    key = f"{rel}/zarr.json".lstrip("/")
+    buf = default_buffer_prototype().buffer.from_bytes(_doc_bytes(attrs))
+    if new and sync(store.get(key, default_buffer_prototype())) is not None:
+        raise FileExistsError(key)
+    sync(store.set(key, buf))
+
+
+class RootIndex:
+    """The root of a converted checkpoint at ``root`` (a local directory or a store URL;
+    ``store``: the zarr store of a non-local root)."""
+
+    def __init__(self, root, meta: dict, store=None) -> None:
+        self.root = root
+        self.meta = meta
+        self.store = store
+        self._batches: int | None = None
+
+    # ---- writing
+
+    @classmethod
+    def create(cls, root, meta: dict, store=None) -> RootIndex:
+        """A new root with ``meta`` (``complete: false``) and an empty index; the root's
+        document is written first, with ``new`` semantics (never replacing one)."""
+        meta = {**meta, "version": VERSION, "index": INDEX, "complete": False}
+        try:
+            _put(root, store, "", {KEY: meta}, new=True)
+            _put(root, store, INDEX, {}, new=True)
+        except FileExistsError:
+            raise StoreError(f"{root} was created by another process meanwhile") from None
+        except OSError as e:
+            raise StoreError(f"cannot write {root}: {e}") from None
+        index = cls(root, meta, store)
+        index._batches = 0
+        return index
+
+    def append(self, rows: list[dict]) -> None:
+        """Add the compact rows of newly finished tensors, as one new batch."""
+        if not rows:
+            return
+        if self._batches is None:
+            self._batches = len(self._batch_names())
+        try:
+            _put(self.root, self.store, f"{INDEX}/b{self._batches:06d}", {"rows": rows}, new=True)
+        except OSError as e:
+            raise StoreError(f"cannot write the index of {self.root}: {e}") from None
+        self._batches += 1
+
+    def set_meta(self, **changes) -> None:
+        """Rewrite the root's own (small) document with ``changes`` (its start and end)."""
+        self.meta = {**self.meta, **changes}
+        try:
+            _put(self.root, self.store, "", {KEY: self.meta}, new=False)
+        except OSError as e:
+            raise StoreError(f"cannot write the metadata of {self.root}: {e}") from None
+
+    def upgrade(self) -> None:
+        """Carry an unfinished root of version 1 over to the index (its listed tensors become
+        the first batch), so that this run appends to it."""
+        if self.meta.get("version", 1) >= VERSION:
+            return
+        rows = [compact({**r, "pos": i}) for i, r in enumerate(self.rows().values())]
+        with contextlib.suppress(FileExistsError):  # (made by an interrupted upgrade)
+            _put(self.root, self.store, INDEX, {}, new=True)
+        if not self._batch_names():
+            self._batches = 0
+            self.append(rows)
+        meta = {k: v for k, v in self.meta.items() if k != "tensors"}
+        self.meta = {}
+        self.set_meta(**meta, version=VERSION, index=INDEX)
+
+    # ---- reading
+
+    def _batch_names(self) -> list[str]:
+        local = _local(self.root)
+        if local is not None:
+            try:
+                names = os.listdir(os.path.join(local, INDEX))
+            except FileNotFoundError:
+                return []
+        else:
+            from zarr.core.sync import sync
+
+            async def listing():
+                return [n async for n in self.store.list_dir(INDEX)]
+
+            names = sync(listing())
+        return sorted(n for n in names if n.startswith("b") and n[1:].isdigit())
+
+    def _read_batch(self, name: str) -> list:
+        local = _local(self.root)
+        try:
+            if local is not None:
+                from .paths import open_regular
+
+                path = os.path.join(local, INDEX, name, "zarr.json")
+                with open_regular(path, "index document") as f:
+                    doc = json.loads(f.read(64 << 20))
+            else:
+                from zarr.core.buffer import default_buffer_prototype
+                from zarr.core.sync import sync
+
+                raw = sync(self.store.get(f"{INDEX}/{name}/zarr.json", default_buffer_prototype()))
+                doc = json.loads(raw.to_bytes()) if raw is not None else {}
+            rows = doc["attributes"]["rows"]
+        except FileNotFoundError:
+            return []  # a batch being linked into place
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+            if isinstance(e, StoreError):
+                raise
+            raise StoreError(f"{self.root}: index batch {name} is damaged ({e})") from None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise StoreError(f"{self.root}: index batch {name} is damaged")
+        return rows
+
+    def rows(self) -> dict[str, dict]:
+        """Every listed tensor's row by name, in checkpoint order, keys checked (an output of
+        version 1 gives its ``tensors`` entries, their keys defaulting to their names)."""
+        if self.meta.get("version", 1) < VERSION:
+            tensors = self.meta.get("tensors", {})
+            if not isinstance(tensors, dict) or not all(
+                isinstance(t, dict) for t in tensors.values()
+            ):
+                raise StoreError(f"{self.root}: its metadata lists no tensors; it is damaged")
+            out = {n: {**t, "name": n, "key": t.get("key", n)} for n, t in tensors.items()}
+        else:
+            found = [r for b in self._batch_names() for r in self._read_batch(b)]
+            out = {}
+            for r in sorted(found, key=lambda r: _position(r, self.root)):
+                name = r.get("name")
+                if not isinstance(name, str):
+                    raise StoreError(f"{self.root}: an index row has no name; it is damaged")
+                out[name] = r
+        for name, r in out.items():
+            check_key(r.get("key", name), self.root)
+        return out
+
+    @classmethod
+    def open(cls, root, meta: dict, store=None) -> RootIndex:
+        version = meta.get("version", 1) if isinstance(meta, dict) else None
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise StoreError(f"{root}: its metadata is damaged or crafted")
+        return cls(root, meta, store)
+
+
+def _position(row: dict, root) -> int:
+    pos = row.get("pos", 0)
+    if isinstance(pos, bool) or not isinstance(pos, int):
+        raise StoreError(f"{root}: an index row has no position; it is damaged")
+    return pos
