@@ -253,7 +253,7 @@ def quantize(
     overwrite: bool = typer.Option(
         False,
         "--overwrite/--resume",
-        help="Replace DST (a qstream output or Zarr node), or resume an interrupted job.",
+        help="Replace DST (only a qstream output), or resume an interrupted job.",
     ),
     as_json: bool = _JSON,
     quiet: bool = _QUIET,

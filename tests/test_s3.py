@@ -312,9 +312,11 @@ def test_a_writer_whose_output_was_taken_over_fails_instead_of_marking_it_comple
     q = f"s3://{BUCKET}/{key}/q.zarr"
     opts = _options(backend, endpoint)
 
+    other = QuantSpec(symmetric=False, dtype="uint8")  # the same chunks, other bytes
+
     def second():
         qs.quantize_store(
-            src, q, QuantSpec(axis=1), storage_options=opts, store=backend, overwrite=True
+            src, q, other, storage_options=opts, store=backend, overwrite=True, max_memory=1 << 20
         )
 
     with pytest.raises(qs.StoreError, match="taken over by another job"):
@@ -326,6 +328,13 @@ def test_a_writer_whose_output_was_taken_over_fails_instead_of_marking_it_comple
             max_memory=1 << 20,
             progress=_OnBlock(3, second),
         )
+    # not one block of the first job landed in the second's finished output
+    clean = qs.quantize_store(x, "memory://s3-taken", other, overwrite=True, max_memory=1 << 20)
+    got = qs.open_quantized(q, storage_options=_options("fsspec", endpoint))
+    np.testing.assert_array_equal(
+        got.quantized(...), qs.open_quantized("memory://s3-taken").quantized(...)
+    )
+    assert got.meta["error"] == clean.error
 
 
 @pytest.fixture

@@ -640,3 +640,159 @@ def test_a_legacy_torch_file_converts_with_weights_only(tmp_path):
     torch.save({"w": torch.randn(4, 8)}, str(path), _use_new_zipfile_serialization=False)
     report = qs.convert_checkpoint(path, tmp_path / "q.zarr")
     assert list(report["tensors"]) == ["w"]
+
+
+# ---------------------------------------------------------------- links and FIFOs inside
+
+
+def _quantized(tmp_path: Path) -> tuple[Path, Path]:
+    src = tmp_path / "src.zarr"
+    a = zarr.create_array(str(src), shape=(64, 32), chunks=(16, 32), dtype="f4")
+    a[...] = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    q = tmp_path / "q.zarr"
+    qs.quantize_store(src, q, qs.QuantSpec(axis=0))
+    return src, q
+
+
+def test_a_member_replaced_by_a_link_is_never_written_through(sandbox):
+    src, q = _quantized(sandbox)
+    before = snapshot(sandbox / "victim")
+    for p in sorted((q / "data").rglob("*"), reverse=True):
+        p.unlink()
+    (q / "data").rmdir()
+    (q / "data").symlink_to(sandbox / "victim")
+    r = cli("quantize", src, q, "--dtype", "int4", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert snapshot(sandbox / "victim") == before
+    assert not (q / "data").is_symlink() and qs.open_quantized(q).spec.dtype == "int4"
+
+
+def test_a_lock_file_planted_as_a_link_is_refused(sandbox):
+    src = sandbox / "src.zarr"
+    zarr.create_array(str(src), shape=(8, 8), dtype="f4")[...] = 1.0
+    out = sandbox / "out.zarr"
+    out.mkdir()
+    (out / ".qstream-lock").symlink_to(sandbox / "victim" / "created")
+    r = cli("quantize", src, out)
+    assert r.exit_code == 1 and "is a link" in r.output, r.output
+    assert not (sandbox / "victim" / "created").exists()
+
+
+def test_links_inside_a_converted_checkpoint_or_a_zarr_checkpoint_are_never_read(sandbox):
+    secret = sandbox / "victim" / "secret.bin"
+    secret.write_bytes(bytes(range(24)))
+    ck = safetensors_file(sandbox / "ck.safetensors", {"norm": np.ones(24, np.float32)})
+    out = sandbox / "out.zarr"
+    qs.convert_checkpoint(ck, out)
+    chunk = next(p for p in (out / "norm").rglob("*") if p.is_file() and p.name != "zarr.json")
+    chunk.unlink()
+    chunk.symlink_to(secret)
+    for args in (("export", out, sandbox / "leak.safetensors"), ("dequantize", out, sandbox / "r")):
+        r = cli(*args)
+        assert r.exit_code == 1 and "holds a link" in r.output, r.output
+    assert not (sandbox / "leak.safetensors").exists()
+    # a Zarr group given as checkpoint: no link out of it
+    g = zarr.open_group(str(sandbox / "ckg.zarr"), mode="w")
+    g.create_array("w", shape=(6,), chunks=(6,), dtype="f4")[...] = 1.0
+    c = next(
+        p for p in (sandbox / "ckg.zarr" / "w").rglob("*") if p.is_file() and p.name != "zarr.json"
+    )
+    c.unlink()
+    c.symlink_to(secret)
+    r = cli("convert", sandbox / "ckg.zarr", sandbox / "o.safetensors")
+    assert r.exit_code == 1 and "outside it" in r.output, r.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX")
+@pytest.mark.parametrize("where", ["scale", "kept"])
+def test_fifos_inside_outputs_are_refused_without_blocking(tmp_path, where):
+    if where == "scale":
+        _, out = _quantized(tmp_path)
+        target, cmds = (
+            out / "scale" / "c.0",
+            [("inspect", out), ("dequantize", out, tmp_path / "d")],
+        )
+    else:
+        ck = safetensors_file(tmp_path / "ck.safetensors", {"norm": np.ones(24, np.float32)})
+        out = tmp_path / "out.zarr"
+        qs.convert_checkpoint(ck, out)
+        target = next(p for p in (out / "norm").rglob("*") if p.is_file() and p.name != "zarr.json")
+        cmds = [("export", out, tmp_path / "e.safetensors")]
+    target.unlink()
+    os.mkfifo(target)
+    for args in cmds:
+        r = _fifo_run(args)
+        assert r.returncode == 1 and "not a regular file" in r.stderr, r.stderr
+
+
+def test_overwrite_removes_only_chunk_files_from_qstreams_own_members(sandbox):
+    src, q = _quantized(sandbox)
+    (q / "data" / "c").mkdir()
+    (q / "data" / "c" / "main.c").write_text("int main;")
+    (q / "notes.txt").write_text("mine")
+    qs.quantize_store(src, q, qs.QuantSpec(axis=1), overwrite=True)
+    assert (q / "data" / "c" / "main.c").read_text() == "int main;"
+    assert (q / "notes.txt").read_text() == "mine"
+
+
+def test_a_damaged_output_replaced_meanwhile_by_another_job_is_not_repaired_over_it(tmp_path):
+    src, q = _quantized(tmp_path)
+    from qstream.io.destination import Destination
+
+    qs.quantize_store(src, q, qs.QuantSpec(axis=1), overwrite=True)  # another job's now
+    dest = Destination(q, "quantized", "not-this-job")
+    with (
+        pytest.raises(StoreError, match="holds a different job"),
+        dest.claim(overwrite=False, repair=True),
+    ):
+        pass
+    assert qs.open_quantized(q).spec.axis == 1
+
+
+@pytest.mark.parametrize("case", ["npz-member", "zarr-chunk", "kept-chunk"])
+def test_checkpoint_pieces_read_whole_are_held_to_the_memory_bound(tmp_path, case):
+    if case == "npz-member":
+        path = tmp_path / "bomb.npz"
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf, zf.open("w.npy", "w") as f:
+            np.lib.format.write_array_header_1_0(
+                f, {"descr": "<f4", "fortran_order": False, "shape": (16384, 16384)}
+            )
+            for _ in range(64):
+                f.write(bytes(1 << 24))
+        src, message = path, "at least twice that"
+    else:
+        g = zarr.open_group(str(tmp_path / "ck.zarr"), mode="w")
+        shape = (1 << 28,) if case == "kept-chunk" else (16384, 16384)
+        g.create_array("w", shape=shape, chunks=shape, dtype="f4", fill_value=0)
+        src, message = tmp_path / "ck.zarr", "at least twice that"
+    rc, err, peak = _peak_run(["convert", src, tmp_path / "q.zarr", "--max-memory", "64MiB"])
+    assert rc == 2 and message in err, err
+    assert peak < 400, peak
+
+
+def test_a_crafted_output_declaring_billions_of_parameters_is_refused_before_reading(tmp_path):
+    _, q = _quantized(tmp_path)
+    for m in ("scale", "zero_point"):
+        doc = json.loads((q / m / "zarr.json").read_text())
+        doc["shape"] = [1 << 28]
+        (q / m / "zarr.json").write_text(json.dumps(doc))
+    rc, err, peak = _peak_run(["inspect", q])
+    assert rc == 1 and "does not describe its arrays" in err, err
+    assert peak < 400, peak
+
+
+def test_a_second_conversion_to_the_same_safetensors_waits_for_the_first(tmp_path):
+    """While one run converts and exports (its working group locked), another run of the
+    same conversion is refused, not handed a working group the first one is removing."""
+    from qstream.io.destination import locked
+
+    ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["a.weight", "b.weight"]))
+    out = tmp_path / "out" / "model.safetensors"
+    out.parent.mkdir()
+    with locked(f"{out}.qstream-work"):  # the first run, between conversion and export
+        r = _fifo_run(["convert", ck, out])
+        assert r.returncode == 1 and "being written by another qstream process" in r.stderr
+        assert not out.exists()
+    r = cli("convert", ck, out)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.safetensors"]

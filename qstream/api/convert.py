@@ -92,8 +92,8 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
 
     from ..errors import StoreError
     from ..io.checkpoints import open_checkpoint, source_locations
-    from ..io.destination import check_separate, inspect_destination, remove_output
-    from ..io.export import export_safetensors, finished_export, shard_pattern
+    from ..io.destination import check_separate, inspect_destination, locked
+    from ..io.export import shard_pattern
     from ..io.stores import location
 
     dst = os.fspath(dst)
@@ -114,6 +114,30 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
                 f"the destination {dst} would be written in shards named like the checkpoint's"
                 f" file {src}; write the output somewhere else"
             )
+    if inspect_destination(work).kind not in ("absent", "empty", "checkpoint"):
+        raise StoreError(
+            f"{work}, where this conversion keeps its working group, holds something else;"
+            " qstream will not write there: move it away"
+        )
+    # the working group is locked from the conversion to the end of the export, so that a
+    # second run of it waits for this one instead of exporting what this one removes
+    try:
+        with locked(work):
+            return _export_locked(
+                checkpoint, dst, recipe, job, work, index, overwrite, max_shard_size, kw
+            )
+    finally:
+        with contextlib.suppress(OSError):
+            os.rmdir(work)  # (only if nothing is left in it)
+
+
+def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, max_shard_size, kw):
+    import os
+
+    from ..errors import StoreError
+    from ..io.destination import inspect_destination, remove_output
+    from ..io.export import export_safetensors, finished_export
+
     # the working group of an interrupted run (its identity is checked by ``convert``): this
     # run resumes it and may replace the export files that run wrote
     work_root = inspect_destination(work)
@@ -150,7 +174,5 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     existing = inspect_destination(work)
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays
         remove_output(work, existing)
-        with contextlib.suppress(OSError):
-            os.rmdir(work)
     # (a resumed run whose conversion had finished still exported and cleaned up: not a no-op)
     return {**result, "destination": dst, "files": exported["files"], "already_complete": False}

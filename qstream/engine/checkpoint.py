@@ -38,6 +38,7 @@ from ..recipe import Recipe
 from . import executors, pipeline
 from .executors import LocalExecutor
 from .job import QuantizeJob, report_stage
+from .plan import check_fits
 from .small import SmallTensorWork, TensorItem, is_small
 
 
@@ -301,7 +302,7 @@ class _Conversion:
     def _one(self, t, spec, name) -> dict:
         path = self.dest.child(self.keys[name])
         if spec is None:
-            return keep_tensor(t, path, self.compression)
+            return keep_tensor(t, path, self.compression, self.max_memory)
         job = QuantizeJob(
             t,
             spec,
@@ -411,11 +412,12 @@ def _remove_own(path) -> None:
         raise StoreError(f"{path} holds something qstream did not write there; remove it")
 
 
-def keep_tensor(t, path: str, compression: str) -> dict:
+def keep_tensor(t, path: str, compression: str, max_memory=None) -> dict:
     import zarr
 
     dtype = np.dtype(t.dtype)
     stored = np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+    check_fits(max_memory, getattr(t, "chunks", None), dtype, 1, tuple(t.shape))
     _remove_own(path)  # what a killed run left of this tensor
     a = zarr.create_array(
         path,

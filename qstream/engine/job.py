@@ -36,6 +36,7 @@ from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
 from ..io import compression as compressions
 from ..io import destination, qarray
 from ..io.destination import Action, Destination, Lease
+from ..io.paths import check_tree
 from ..io.progress import ProgressLog
 from ..io.stores import ArrayWriter, display, location, open_group, open_source
 from ..qtypes import float_dtype, is_float_dtype
@@ -426,18 +427,19 @@ class QuantizeJob:
             dst, "quantized", self.fingerprint(), storage_options=self.storage_options
         )
         action, existing = dest.look(overwrite=overwrite)
+        repair = False
         if action is Action.COMPLETE:
             if not self._damaged(dst):
                 return self._already_complete(dst, existing.meta)
             # its own finished output, since damaged (parts deleted): made again, with the
-            # same bytes and the same report
-            overwrite, action = True, Action.REPLACE
+            # same bytes and the same report (if it is still this job's once locked)
+            repair, action = True, Action.REPLACE
         if action is Action.RESUME and not resume:
             raise StoreError(f"{dst} holds an unfinished run of this job; pass overwrite=True")
         cal = None
         if action is not Action.RESUME or not existing.meta.get("ready"):
             cal = self.calibration(progress)  # before anything is written
-        with dest.claim(overwrite=overwrite) as (action, existing):
+        with dest.claim(overwrite=overwrite, repair=repair) as (action, existing):
             # (what another process may have done meanwhile decides now)
             if action is Action.COMPLETE:
                 return self._already_complete(dst, existing.meta)
@@ -448,6 +450,8 @@ class QuantizeJob:
                 destination.remove_output(dst, existing, self.storage_options)
                 action = Action.CREATE
             if action is Action.RESUME:
+                if dest.local is not None:  # nothing in it may lead elsewhere
+                    check_tree(dest.local, "the output")
                 destination.clean_partials(dst)
                 group = open_group(dst, mode="a", storage_options=self.storage_options)
                 arrays = None
@@ -792,9 +796,9 @@ def dequantize(
     token = uuid.uuid4().hex
     meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
     action, _ = dest.look(overwrite=overwrite)
-    if action is Action.COMPLETE and _gaps_at(dst, storage_options):
-        overwrite = True  # its own finished output, damaged: made again
-    with dest.claim(overwrite=overwrite) as (action, existing):
+    # its own finished output, damaged: made again (if it is still this job's once locked)
+    repair = action is Action.COMPLETE and _gaps_at(dst, storage_options)
+    with dest.claim(overwrite=overwrite, repair=repair) as (action, existing):
         if action is Action.COMPLETE:
             return {**result, "already_complete": True, "seconds": 0.0}
         if action is Action.RESUME:  # an unfinished run: made again (blocks are not logged)

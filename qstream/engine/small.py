@@ -53,6 +53,9 @@ class MemoryDest:
             c.shape = tuple(kw["shape"])
             self._members[name] = c
 
+    def check(self, node=None) -> None:
+        """(Nothing to check: nothing is written until the group is published.)"""
+
     def writer(self, name: str) -> _Captured:
         return self._members[name]
 
@@ -190,7 +193,7 @@ class SmallTensorWork:
         t = tensors[item.name]
         path = destination.tensor_path(self.dst, item.key)
         if item.spec is None:
-            return keep_tensor(t, path, self.compression)
+            return keep_tensor(t, path, self.compression, self.max_memory)
         return convert_small(
             t,
             QuantSpec.from_dict(item.spec),

@@ -118,6 +118,22 @@ class DestRef:
         for name, arr in (arrays or {}).items():
             _cached((self.token, "array", name), lambda arr=arr: arr)
 
+    def check(self, node=None) -> None:
+        """On an object store, refuse to write once another job has taken the output over
+        (its metadata names another writer): a block of a job that lost its output never
+        lands in the other job's (``node``: the output's node, default its group)."""
+        from ..io.destination import is_local_node
+        from ..io.qarray import check_writer
+        from ..io.stores import open_group
+
+        if node is None:
+            node = _cached(
+                (self.token, "group"),
+                lambda: open_group(self.url, mode="a", storage_options=self.storage_options),
+            )
+        if not is_local_node(node):
+            check_writer(node, self.token, self.url)
+
     def array(self, name: str):
         from ..io.stores import open_group
 
@@ -368,6 +384,7 @@ class QuantizeWork:
                 prel = _relative(param_region(region, plan.axis, bs), pk_block)
                 s_block[prel] = s
                 z_block[prel] = z
+        self.dest.check()
         if plan.dynamic:
             scale_out = self.dest.writer("scale")
             scale_out[pk_block] = s_block.astype(scale_out.array.dtype, copy=False)
@@ -474,6 +491,7 @@ class DequantizeWork:
         if q is None or not q.flags.c_contiguous:
             q = reader.read(b.key, out=scratch("q", b.shape, reader.dtype))
         y = arr.dequantize_region(b.key, q, out_dtype, out=scratch("y", b.shape, out_dtype))
+        self.dest.check(writer.array)
         writer[b.key] = y.view(writer.array.dtype)
 
     def _open_quantized(self):

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core.indexing import expand_key
 from ..errors import StoreError
-from .paths import is_inside, kind_of, open_regular, refuse_special
+from .paths import check_tree, is_inside, kind_of, open_regular, refuse_special
 
 SUPPORTED_FORMATS = (
     ".safetensors, *.safetensors.index.json, a safetensors directory, .npy, .npz, "
@@ -52,6 +52,7 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
 }
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 MAX_HEADER = 100_000_000  # bytes of a safetensors header (the format's own limit)
+MAX_TENSORS = 1 << 18  # tensors of one safetensors file (a whole 90k-tensor model fits)
 _TORCH_EXTS = (".pt", ".pth", ".bin")
 
 
@@ -75,6 +76,9 @@ class CheckpointTensor:
     _convert: Callable[[Any], np.ndarray] | None = field(default=None, repr=False, compare=False)
     # (path, byte offset) of values stored as they are, in C order: regions can be mapped
     file: tuple[str, int] | None = field(default=None, repr=False, compare=False)
+    # the pieces it is stored in, each read (and decoded) whole: a Zarr array's chunks, a
+    # compressed .npz member's whole shape; None: any region is read by itself
+    chunks: tuple[int, ...] | None = field(default=None, compare=False)
 
     @property
     def ndim(self) -> int:
@@ -215,10 +219,24 @@ class _FileMap:
         return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
 
 
+class _Mapped:
+    """A tensor's values in a mapped file, viewed when indexed (a checkpoint of a million
+    tensors holds a million of these, not a million NumPy views)."""
+
+    __slots__ = ("dtype", "fmap", "fortran", "offset", "shape")
+
+    def __init__(self, fmap: _FileMap, offset: int, dtype, shape, fortran: bool) -> None:
+        self.fmap, self.offset, self.dtype, self.shape = fmap, offset, dtype, shape
+        self.fortran = fortran
+
+    def __getitem__(self, key):
+        return self.fmap.view(self.offset, self.dtype, self.shape, self.fortran)[key]
+
+
 def _memmap_tensor(name: str, fmap: _FileMap, offset: int, dtype, shape, fortran=False):
     dtype = np.dtype(dtype)
     shape = tuple(int(s) for s in shape)
-    src = fmap.view(offset, dtype, shape, fortran)
+    src = _Mapped(fmap, offset, dtype, shape, fortran)
     nbytes = math.prod(shape) * dtype.itemsize
     file = (fmap.path, offset) if not fortran and _native(dtype) == dtype else None
     return CheckpointTensor(name, shape, _native(dtype), nbytes, src, file=file)
@@ -251,6 +269,12 @@ def _open_safetensors(path: str, only: set[str] | None = None) -> dict[str, Chec
             raw = f.read(n)
     except FileNotFoundError:
         raise StoreError(f"no such file: {path}") from None
+    entries = raw.count(b'"data_offsets"')  # (counted before a parse makes objects of them)
+    if entries > MAX_TENSORS:
+        raise StoreError(
+            f"{where}: its header lists {entries:,} tensors, more than qstream opens from one"
+            f" file ({MAX_TENSORS:,}); split the checkpoint into shards with an index"
+        )
     header = _json_object(raw, f"{where}: invalid JSON header")
     data_start, data_size = 8 + n, size - 8 - n
     fmap = _FileMap(path)
@@ -444,7 +468,9 @@ def _open_npz(path: str) -> dict[str, CheckpointTensor]:
                         dtype, shape, _ = _npy_header(member, path, name)
                     nbytes = math.prod(shape) * dtype.itemsize
                     src = _CompressedMember(path, name)
-                    out[name] = CheckpointTensor(name, shape, _native(dtype), nbytes, src)
+                    out[name] = CheckpointTensor(
+                        name, shape, _native(dtype), nbytes, src, chunks=tuple(shape) or None
+                    )
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         if isinstance(e, StoreError):
             raise
@@ -487,8 +513,8 @@ def _open_zarr(path: str) -> dict[str, CheckpointTensor]:
     """Every floating-point array of a Zarr group (names relative to it, joined by '/')."""
     import zarr
 
-    if not path.endswith(".zip"):
-        _refuse_special_documents(path)
+    if not path.endswith(".zip"):  # no FIFO in it, and no link out of it
+        check_tree(path, "Zarr checkpoint", links="inside")
     try:
         store = zarr.storage.ZipStore(path, mode="r") if path.endswith(".zip") else path
         node = zarr.open(store, mode="r")
@@ -505,17 +531,11 @@ def _open_zarr(path: str) -> dict[str, CheckpointTensor]:
         dtype = np.dtype(a.dtype)
         if dtype.kind == "f" or dtype == _BF16:
             shape = tuple(a.shape)
-            out[name] = CheckpointTensor(name, shape, dtype, math.prod(shape) * dtype.itemsize, a)
+            stored = tuple(getattr(a, "shards", None) or a.chunks) if shape else None
+            out[name] = CheckpointTensor(
+                name, shape, dtype, math.prod(shape) * dtype.itemsize, a, chunks=stored
+            )
     return out
-
-
-def _refuse_special_documents(root: str) -> None:
-    """Refuse a Zarr group whose metadata documents include a FIFO, device or socket (zarr
-    would wait forever reading one); chunk folders (``c``) are not walked."""
-    for here, dirs, _ in os.walk(root):
-        dirs[:] = [d for d in dirs if d != "c"]
-        for doc in ("zarr.json", ".zarray", ".zgroup", ".zattrs"):
-            refuse_special(os.path.join(here, doc), "Zarr metadata document")
 
 
 # -- torch ---------------------------------------------------------------------------------------

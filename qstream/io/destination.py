@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -205,6 +207,8 @@ def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, 
 
 
 _CHUNK_KEY = re.compile(r"c(?:[./]\d+)*")  # an array's chunk keys (flat "c.0.1" or "c/0/1")
+_ARRAY_KEY = re.compile(r"zarr\.json|c(?:[./]\d+)*")  # an array's own keys, below its prefix
+_INDEX_KEY = re.compile(r"zarr\.json|b\d+/zarr\.json")  # a converted checkpoint's index
 
 
 def remove_output(dst, existing: Existing, storage_options: dict | None = None) -> None:
@@ -261,21 +265,34 @@ def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
             node = _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
             if node.kind in ("quantized", "dequantized", "kept"):
                 _remove_stored(store, f"{prefix}{key}/", node, dst, sync)
-        sync(store.delete_dir(f"{prefix}{INDEX}"))
+        _delete_keys(store, f"{prefix}{INDEX}/", _INDEX_KEY, sync)
     elif existing.kind == "quantized":
         for m in MEMBERS:
-            sync(store.delete_dir(f"{prefix}{m}"))
+            raw = sync(store.get(f"{prefix}{m}/zarr.json", _prototype()))
+            if raw is not None and _is_array_doc(raw.to_bytes()):  # its own metadata says so
+                _delete_keys(store, f"{prefix}{m}/", _ARRAY_KEY, sync)
     else:  # an array: its chunk keys
-
-        async def names():
-            return [n async for n in store.list_dir(prefix.rstrip("/"))]
-
-        for name in sync(names()):
-            if name == "c":
-                sync(store.delete_dir(f"{prefix}c"))
-            elif _CHUNK_KEY.fullmatch(name):
-                sync(store.delete(f"{prefix}{name}"))
+        _delete_keys(store, prefix, _ARRAY_KEY, sync)
     sync(store.delete(f"{prefix}zarr.json"))
+
+
+def _delete_keys(store, prefix: str, pattern, sync) -> None:
+    """Delete the keys below ``prefix`` (relative to it) that ``pattern`` matches in full."""
+
+    async def keys():
+        return [k async for k in store.list_prefix(prefix)]
+
+    for key in sync(keys()):
+        if pattern.fullmatch(key[len(prefix) :]):
+            sync(store.delete(key))
+
+
+def _is_array_doc(raw: bytes) -> bool:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "array"
 
 
 def _remove_local(local: str, existing: Existing, dst) -> None:
@@ -302,12 +319,19 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
     if existing.kind == "quantized":
         for m in MEMBERS:
             path = os.path.join(local, m)
-            if os.path.isdir(path) and not os.path.islink(path):
+            if os.path.islink(path):  # never qstream's: the link goes, not what it points to
+                remove_child(local, m)
+            elif os.path.isdir(path) and _is_array_doc_at(path):  # its own metadata says so
                 _remove_array_files(path)
                 _remove_if_empty(path)
         remove_child(local, "zarr.json")
         return
     _remove_array_files(local)  # a dequantized or kept array
+
+
+def _is_array_doc_at(path: str) -> bool:
+    doc = _read_doc(os.path.join(path, "zarr.json"))
+    return doc is not None and doc.get("node_type") == "array"
 
 
 def _remove_index(local: str) -> None:
@@ -328,16 +352,34 @@ def _remove_index(local: str) -> None:
 
 
 def _remove_array_files(directory: str) -> None:
-    """Remove a Zarr array's own files from ``directory``: its chunk keys (flat ``c.0.1`` or
-    nested ``c/0/1``) and temporary files, then its ``zarr.json``."""
+    """Remove a Zarr array's own files from ``directory``: its chunk files (flat ``c.0.1``, or
+    nested ``c/0/1``: only files whose path is chunk coordinates, and the folders they leave
+    empty) and temporary files, then its ``zarr.json``. Nothing else is touched."""
     from .paths import remove_child
 
     for entry in os.scandir(directory):
-        if _CHUNK_KEY.fullmatch(entry.name) or (
-            entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False)
+        if entry.name == "c" and entry.is_dir(follow_symlinks=False):
+            _remove_chunk_folder(entry.path)
+        elif (_CHUNK_KEY.fullmatch(entry.name) or entry.name.endswith(PARTIAL)) and (
+            entry.is_file(follow_symlinks=False) or entry.is_symlink()
         ):
             remove_child(directory, entry.name)
     remove_child(directory, "zarr.json")
+
+
+def _remove_chunk_folder(folder: str) -> None:
+    """Remove the nested chunk files below ``folder`` (``c``): entries named by a number (or
+    temporary files), recursively, and the folders left empty; links only unlinked."""
+    from .paths import remove_child
+
+    for entry in os.scandir(folder):
+        if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+            _remove_chunk_folder(entry.path)
+        elif (entry.name.isdigit() or entry.name.endswith(PARTIAL)) and (
+            entry.is_file(follow_symlinks=False) or entry.is_symlink()
+        ):
+            remove_child(folder, entry.name)
+    _remove_if_empty(folder)
 
 
 def _remove_if_empty(directory: str) -> None:
@@ -382,18 +424,41 @@ def locked(dst):
     is a file in ``dst`` (``flock``, so it goes with the process: a killed job leaves nothing
     that blocks the next run), removed when the body ends. Callers decide what to do with
     ``dst`` before taking the lock (nothing is written into a destination that is refused),
-    and again once they hold it."""
+    and again once they hold it. A thread that holds the lock already takes it again at once
+    (a conversion into a ``.safetensors`` file holds its working group's lock while the
+    conversion inside it claims the group). The lock file itself is never followed if it is a
+    link."""
     local = local_path(dst)
     if local is None or os.name != "posix":
         yield
         return
     import fcntl
 
+    held = (os.path.realpath(local), threading.get_ident())
+    with _HELD_LOCK:
+        nested = held in _HELD
+        if nested:
+            _HELD[held] += 1
+    if nested:
+        try:
+            yield
+        finally:
+            with _HELD_LOCK:
+                _HELD[held] -= 1
+        return
     path = os.path.join(local, LOCK)
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
         os.makedirs(local, exist_ok=True)
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+            try:
+                fd = os.open(path, flags, 0o644)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise StoreError(
+                        f"{path} is a link; qstream's lock file never is: remove it"
+                    ) from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -415,12 +480,20 @@ def locked(dst):
         if isinstance(e, StoreError):
             raise
         raise StoreError(f"cannot write {dst}: {e.strerror or e}") from None
+    with _HELD_LOCK:
+        _HELD[held] = 1
     try:
         yield
     finally:
+        with _HELD_LOCK:
+            del _HELD[held]
         with contextlib.suppress(OSError):
             os.unlink(path)
         os.close(fd)
+
+
+_HELD: dict[tuple[str, int], int] = {}  # (destination, thread) -> depth of its lock
+_HELD_LOCK = threading.Lock()
 
 
 def check_writable(dst) -> None:
@@ -578,16 +651,19 @@ class Destination:
         return action, existing
 
     @contextlib.contextmanager
-    def claim(self, *, overwrite: bool) -> Iterator[tuple[Action, Existing]]:
+    def claim(self, *, overwrite: bool, repair: bool = False) -> Iterator[tuple[Action, Existing]]:
         """Decide (refusing before anything is written), lock, decide again under the lock
         and remove what is replaced; the body then writes the output. A finished run of this
-        job is yielded (COMPLETE) without the lock."""
+        job is yielded (COMPLETE) without the lock, unless ``repair``: then, if it is still
+        this job's finished output once locked, it is replaced (made again)."""
         action, existing = self.look(overwrite=overwrite)
-        if action is Action.COMPLETE:
+        if action is Action.COMPLETE and not repair:
             yield action, existing
             return
         with locked(self.target):
             action, existing = self.look(overwrite=overwrite)
+            if action is Action.COMPLETE and repair:
+                action = Action.REPLACE
             if action is Action.REPLACE:
                 remove_output(self.target, existing, self.storage_options)
             yield action, existing

@@ -56,6 +56,39 @@ def remove_child(root: str, name: str) -> None:
             os.unlink(full)
 
 
+def check_tree(root: str, what: str, *, links: str = "refuse") -> None:
+    """Refuse a local tree that holds a FIFO, device or socket (reading one could block
+    forever), or a link: any link (``links="refuse"``: qstream never writes one into an
+    output), or one that resolves outside ``root`` (``"inside"``: a source's own links stay
+    in it). Walked without following links, the entries' kinds from the listing."""
+    stack = [root]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                if links == "refuse" or not is_inside(entry.path, root):
+                    where = "a link" if links == "refuse" else "a link to a place outside it"
+                    raise StoreError(
+                        f"{what} {root} holds {where} ({os.path.relpath(entry.path, root)});"
+                        " qstream will not read or write through it"
+                    )
+                if kind_of(entry.path) == "special":
+                    raise StoreError(
+                        f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular"
+                        " file (a FIFO, device or socket)"
+                    )
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif not entry.is_file(follow_symlinks=False):
+                raise StoreError(
+                    f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular file"
+                    " (a FIFO, device or socket)"
+                )
+
+
 def kind_of(path: str) -> str | None:
     """``file``, ``dir``, ``special`` (FIFO, device, socket) or None (absent), links
     followed, without opening the path."""

@@ -43,7 +43,7 @@ from ..qtypes import qtype
 from ..spec import QuantSpec
 from . import compression, localmeta
 from .destination import MEMBERS, TMP_PREFIX, inspect_destination, local_path
-from .paths import child
+from .paths import check_tree, child
 from .stores import _store, open_group
 
 FORMAT_VERSION = 3
@@ -323,6 +323,7 @@ def read_all(arr) -> np.ndarray:
 
 
 _PARSED: dict[bytes, object] = {}  # array documents -> their parsed metadata
+MAX_PARAMS = 1 << 27  # parameters of one output read at once (0.5 GiB of float32 scales)
 
 
 class _LocalGroup:
@@ -385,6 +386,8 @@ def open_quantized(
     group = _open_local(path) or open_group(path, mode="r", storage_options=storage_options)
     if "qstream_checkpoint" in group.attrs:
         return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
+    if isinstance(group, _LocalGroup):  # read through nothing that leads elsewhere
+        check_tree(group.path, "the quantized output")
     meta = group.attrs.get("qstream")
     if not isinstance(meta, dict) or not meta or "dequantized_from" in meta:
         raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
@@ -432,8 +435,8 @@ class QuantizedCheckpoint(Mapping):
             raise KeyError(name)
         key = self._keys[name]
         local = local_path(self.path)
-        if local is not None:
-            child(local, key, self.path)  # never a link out of the checkpoint
+        if local is not None:  # never a link out of the checkpoint, nor a link or FIFO in it
+            check_tree(child(local, key, self.path), "the converted tensor")
         if self.tensors[name].get("kept"):
             return self.group[key]
         return open_quantized(
@@ -469,20 +472,21 @@ class QuantizedArray:
             self.data = group["data"]
             self.spec = QuantSpec.from_dict(meta["spec"])
             self.qtype = qtype(self.spec.dtype)
-            scale = group["scale"]
+            scale, zero_point = group["scale"], group["zero_point"]
             self.scale_dtype = np.dtype(scale.dtype)
-            self.scale = np.asarray(read_all(scale), np.float32)
-            self.zero_point = np.asarray(read_all(group["zero_point"]))
             self.axis = meta.get("axis")
+            # (the declared shapes first: a crafted output could declare billions)
+            self._check(where, tuple(scale.shape), tuple(zero_point.shape))
+            self.scale = np.asarray(read_all(scale), np.float32)
+            self.zero_point = np.asarray(read_all(zero_point))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, StoreError):
                 raise
             raise StoreError(
                 f"{where}: its metadata is damaged or crafted ({type(e).__name__}: {e})"
             ) from None
-        self._check(where)
 
-    def _check(self, where: str) -> None:
+    def _check(self, where: str, scale_shape, zero_point_shape) -> None:
         """Refuse metadata that does not describe the stored arrays (the kernels index the
         parameters by the data's shape)."""
         from ..core.layout import blocked_param_shape
@@ -496,19 +500,24 @@ class QuantizedArray:
             want = tuple(blocked_param_shape(shape, axis, bs))
         else:
             want = (shape[axis],)
+        if want is not None and math.prod(want) > MAX_PARAMS:
+            raise StoreError(
+                f"{where}: declares {math.prod(want):,} parameters, more than qstream reads at"
+                f" once ({MAX_PARAMS:,}); the output is damaged or crafted"
+            )
         # (format 2 stored sub-byte types one per byte, in their widened container)
         stored = {np.dtype(data_encoding(self.qtype)[0]), np.dtype(self.qtype.widened)}
         if (
             want is None
-            or self.scale.shape != want
-            or self.zero_point.shape != want
+            or scale_shape != want
+            or zero_point_shape != want
             or np.dtype(self.data.dtype) not in stored
         ):
             raise StoreError(
                 f"{where}: its metadata ({self.spec.dtype}, axis {axis!r}, block size {bs}) does"
                 f" not describe its arrays (data {list(shape)} {self.data.dtype}, scale"
-                f" {list(self.scale.shape)}, zero_point {list(self.zero_point.shape)}); the"
-                " output is damaged or crafted"
+                f" {list(scale_shape)}, zero_point {list(zero_point_shape)}); the output is"
+                " damaged or crafted"
             )
 
     @property

@@ -217,9 +217,14 @@ class Source:
 
     @property
     def chunks(self) -> tuple[int, ...] | None:
-        """The stored chunks (shards if sharded), or None for in-memory / lazy arrays."""
+        """The stored chunks (shards if sharded; a checkpoint tensor's, see
+        ``CheckpointTensor.chunks``), or None for arrays read by any region."""
         if self.description.get("kind") != "zarr":
-            return None
+            return (
+                getattr(self.array, "chunks", None)
+                if self.description.get("kind") == "array"
+                else None
+            )
         shards = getattr(self.array, "shards", None)
         return tuple(shards or self.array.chunks)
 
@@ -537,6 +542,10 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
     where = location(src) or str(src)
     if path:
         where = f"{where}/{path}"
+    if isinstance(store, zarr.storage.LocalStore):  # no FIFO in it, and no link out of it
+        from .paths import check_tree
+
+        check_tree(os.path.join(str(store.root), path or ""), "Zarr source", links="inside")
     return Source(node, _describe(node, where))
 
 
