@@ -131,3 +131,46 @@ def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tm
     a, b = (zarr.open_group(str(d), mode="r") for d in (dst, tmp_path / "clean"))
     for m in ("data", "scale", "zero_point"):
         np.testing.assert_array_equal(a[m][...], b[m][...])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"dtype": "int8", "axis": 0},
+        {"dtype": "uint8", "axis": 1, "method": "percentile", "symmetric": False},
+        {"dtype": "int4", "axis": 1, "block_size": 32, "method": "dynamic"},
+        {"dtype": "int8", "method": "entropy", "num_bins": 512},
+        {"dtype": "float8_e4m3fn", "axis": 0},
+    ],
+)
+def test_a_small_tensor_converted_whole_equals_its_own_job(tmp_path, spec):
+    """A tensor that is one block of its job (converted start to end by one worker,
+    qstream.engine.small) gives the codes, parameters and report of the same job run as a
+    store job, and restores to what dequantize gives."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal((48, 96)) * np.exp(rng.normal(0, 0.5, (48, 1)))).astype(np.float32)
+    save_file({"w": x}, str(tmp_path / "m.safetensors"))
+    recipe = qs.Recipe(defaults=qs.QuantSpec.from_dict(spec))
+    qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "ck", recipe)
+    small = qs.open_quantized(tmp_path / "ck")["w"]
+    job = qs.quantize_store(x, tmp_path / "job.zarr", qs.QuantSpec.from_dict(spec))
+    ref = qs.open_quantized(tmp_path / "job.zarr")
+    np.testing.assert_array_equal(small.quantized(...), ref.quantized(...))
+    np.testing.assert_array_equal(small.scale, ref.scale)
+    np.testing.assert_array_equal(small.zero_point, ref.zero_point)
+    assert json.dumps(small.meta["error"], sort_keys=True) == json.dumps(job.error, sort_keys=True)
+    assert json.dumps(small.meta["calibration"], sort_keys=True) == json.dumps(
+        job.calibration, sort_keys=True
+    )
+    # restored whole, as dequantize restores it
+    qs.dequantize_store(tmp_path / "ck", tmp_path / "restored")
+    qs.dequantize_store(tmp_path / "ck" / "w", tmp_path / "one")
+    a = zarr.open_array(str(tmp_path / "restored" / "w"), mode="r")
+    b = zarr.open_array(str(tmp_path / "one"), mode="r")
+    np.testing.assert_array_equal(a[...], b[...])
+    assert a.metadata.to_dict() | {"attributes": None} == b.metadata.to_dict() | {
+        "attributes": None
+    }
+    assert a.attrs["qstream"]["complete"] is True

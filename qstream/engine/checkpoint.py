@@ -39,7 +39,7 @@ from . import executors, pipeline
 from .executors import LocalExecutor
 from .job import QuantizeJob, report_stage
 from .plan import check_fits
-from .small import SmallTensorWork, TensorItem, is_small
+from .small import SmallTensorWork, TensorItem, dequantize_small, is_small
 
 
 @dataclass(frozen=True)
@@ -266,8 +266,13 @@ class _Conversion:
         by_name = {ev.name: (ev, t, spec) for ev, t, spec, _ in run}
         if self.on_tensor:
             self.on_tensor(run[0][0])
-        workers = pipeline.default_workers()
-        results = self.executor.map_ordered(items, self.small_work, workers=workers, inflight=None)
+        # (a small tensor is mostly Python, which one thread runs at a time: more workers than
+        # cores only take turns)
+        workers = min(pipeline.default_workers(), os.cpu_count() or 1)
+        inflight = None if self.executor.distributed else workers  # (as many as run at once)
+        results = self.executor.map_ordered(
+            items, self.small_work, workers=workers, inflight=inflight
+        )
         try:
             for k, (item, result) in enumerate(results):
                 ev, t, spec = by_name[item.name]
@@ -471,10 +476,18 @@ def restore(
         else:
             root = qarray.create_group(dst, {"qstream_restored": meta})
         results = {}
+        local = dest.local is not None  # (small tensors are made whole, in this thread)
         for name in names:
             path = dest.child(tensor_key(name))
             t = ck[name]
             if isinstance(t, qarray.QuantizedArray):
+                src_path = destination.tensor_path(src, ck.key_of(name))
+                small = local and dequantize_small(
+                    t, location(src_path), path, dtype=dtype, compression=compression
+                )
+                if small:
+                    results[name] = small
+                    continue
                 r = dequantize(
                     destination.tensor_path(src, ck.key_of(name)),
                     path,

@@ -775,10 +775,7 @@ def dequantize(
     src_loc = location(src)
     destination.check_separate(src_loc, dst)
     destination.check_writable(dst)
-    ident = [src_loc, arr.meta.get("fingerprint"), out_dtype.name]
-    if compression != compressions.AUTO:
-        ident.append(compression)
-    fp = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+    fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
     dest = Destination(dst, "dequantized", fp, storage_options=storage_options)
     result = {
         "source": display(src),
@@ -790,9 +787,6 @@ def dequantize(
     }
     blocks = plan_blocks(arr.shape, arr.data.chunks)
     check_fits(max_memory, arr.data.chunks, np.dtype(np.float32), 1, arr.shape)
-    # Zarr has no bfloat16 data type yet: bfloat16 results are stored as their uint16 bits,
-    # the logical dtype recorded in attrs["qstream"]["dtype"].
-    stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
     token = uuid.uuid4().hex
     meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
     action, _ = dest.look(overwrite=overwrite)
@@ -809,15 +803,9 @@ def dequantize(
         try:
             out = zarr.create_array(
                 store,
-                shape=arr.shape,
-                chunks=arr.data.chunks,
-                dtype=stored,
-                fill_value=0,
-                compressors=compressions.compressors(compression, arr.data.compressors),
                 config=qarray.WRITE_ALL_CHUNKS,
-                chunk_key_encoding=qarray.FLAT_KEYS,
-                dimension_names=dimension_names(arr.ndim),
                 attributes={"qstream": {**meta, **Lease.fields(dst, token), "complete": False}},
+                **dequantized_array(arr, out_dtype, compression),
             )
         except zarr.errors.ContainsArrayError:
             raise StoreError(f"{dst} was created by another process meanwhile") from None
@@ -860,6 +848,30 @@ def dequantize(
             raise StoreError(f"cannot write {dst}: {e}") from None
         destination.clean_partials(dst)
     return {**result, "seconds": time.perf_counter() - t0}
+
+
+def dequantized_fingerprint(src_loc, arr, out_dtype, compression: str) -> str:
+    """What makes two dequantizations the same job: the source, its job, the dtype and the
+    compression."""
+    ident = [src_loc, arr.meta.get("fingerprint"), out_dtype.name]
+    if compression != compressions.AUTO:
+        ident.append(compression)
+    return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
+
+
+def dequantized_array(arr, out_dtype, compression: str) -> dict:
+    """The ``create_array`` keywords of the array ``arr`` dequantizes into (bfloat16 values
+    stored as their uint16 bits, the logical dtype in the attributes)."""
+    stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
+    return {
+        "shape": arr.shape,
+        "chunks": arr.data.chunks,
+        "dtype": stored,
+        "fill_value": 0,
+        "compressors": compressions.compressors(compression, arr.data.compressors),
+        "chunk_key_encoding": qarray.FLAT_KEYS,
+        "dimension_names": dimension_names(arr.ndim),
+    }
 
 
 # --------------------------------------------------------------------------- helpers

@@ -99,7 +99,10 @@ def convert_small(
     try:
         if len(job.blocks) != 1:
             return None
-        job.source.maps = False  # (see Source.maps)
+        # read once (not mapped: see Source.maps), for every pass
+        job.source.maps = False
+        whole = tuple(slice(0, n) for n in job.plan.shape)
+        job.source.pinned = job.source.read(whole, np.empty(job.plan.shape, job.source.dtype))
         fp = job.fingerprint()
         action, existing = Destination(path, "quantized", fp).look(overwrite=overwrite)
         if action is Action.COMPLETE:
@@ -151,6 +154,33 @@ def convert_small(
         return _result(job, report.to_dict())
     finally:
         job.close()
+
+
+def dequantize_small(arr, src_loc: str, path, *, dtype: str, compression: str) -> dict | None:
+    """Dequantize the quantized tensor ``arr`` (one stored chunk) into the new array ``path``
+    (a local path inside a locked root) in this thread, as :func:`qstream.engine.job.
+    dequantize` would, bytes and metadata alike; its result, or None when ``arr`` is more
+    than one chunk (then the job runs as usual)."""
+    from ..qtypes import float_dtype
+    from .job import dequantized_array, dequantized_fingerprint
+
+    if math.prod(-(-n // c) for n, c in zip(arr.shape, arr.data.chunks, strict=True)) != 1:
+        return None
+    out_dtype = float_dtype(dtype)
+    fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
+    result = {"kept": False, "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize)}
+    action, existing = Destination(path, "dequantized", fp).look(overwrite=False)
+    if action is Action.COMPLETE:
+        return result
+    if action is not Action.CREATE:
+        destination.remove_output(path, existing)
+    whole = tuple(slice(0, n) for n in arr.shape)
+    y = arr.dequantize_region(whole, arr.quantized(whole), out_dtype)
+    kw = dequantized_array(arr, out_dtype, compression)
+    meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
+    values = y.view(kw["dtype"]) if y.dtype != kw["dtype"] else y
+    qarray.write_array(path, kw, values, {"qstream": {**meta, "complete": True}})
+    return result
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -99,13 +100,11 @@ class CheckpointTensor:
             part = np.flip(part, axis=flip)
         return np.array(part, dtype=self.dtype, order="C", copy=True)
 
-    def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
-        """The region ``key`` without a copy where the tensor's values lie in a file as they
-        are (safetensors, ``.npy``, C order, native byte order) and the region is one run of
-        bytes (a range along the first axis, every other axis whole): a private, writable
-        mapping of just those bytes (never written; writable so that kernels see ordinary
-        arrays). None otherwise: then index the tensor."""
-        if self.file is None or self.source.dtype != self.dtype or not _PRIVATE_MAPS:
+    def _run(self, key) -> tuple[tuple[slice, ...], int, int] | None:
+        """``(key, first byte, byte count)`` of the region ``key`` when it is one run of bytes
+        of the tensor's file (values stored as they are, a range along the first axis, every
+        other axis whole), else None."""
+        if self.file is None or self.source.dtype != self.dtype:
             return None
         key, flip = _forward_key(expand_key(key, self.shape), self.shape)
         if flip or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
@@ -113,9 +112,40 @@ class CheckpointTensor:
         if any((k.start, k.stop) != (0, n) for k, n in zip(key[1:], self.shape[1:], strict=True)):
             return None
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
-        path, offset = self.file
-        first = offset + key[0].start * row if key else offset
+        first = self.file[1] + key[0].start * row if key else self.file[1]
         nbytes = (key[0].stop - key[0].start) * row if key else self.nbytes
+        return key, first, nbytes
+
+    def read_into(self, key: tuple[slice, ...], out: np.ndarray) -> bool:
+        """Read the region ``key`` into ``out`` (C-contiguous, the region's shape and
+        ``dtype``) with positioned reads of the file, without mapping it (mapped pages count
+        as the process's memory); False when the region is not one run of bytes."""
+        run = self._run(key)
+        if run is None or not out.flags.c_contiguous or out.dtype != self.dtype:
+            return False
+        _, first, nbytes = run
+        if out.nbytes != nbytes:
+            return False
+        fd = _reader(self.file[0])
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        while view:
+            n = os.preadv(fd, [view], first)
+            if n <= 0:
+                raise StoreError(f"{self.file[0]}: the file ended early (tensor {self.name!r})")
+            view, first = view[n:], first + n
+        return True
+
+    def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
+        """The region ``key`` without a copy where the tensor's values lie in a file as they
+        are (safetensors, ``.npy``, C order, native byte order) and the region is one run of
+        bytes (a range along the first axis, every other axis whole): a private, writable
+        mapping of just those bytes (never written; writable so that kernels see ordinary
+        arrays). None otherwise: then index the tensor."""
+        run = self._run(key) if _PRIVATE_MAPS else None
+        if run is None:
+            return None
+        key, first, nbytes = run
+        path = self.file[0]
         if nbytes == 0:
             return None
         base = first // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
@@ -197,6 +227,21 @@ def _forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):
 
 
 # -- memory maps ---------------------------------------------------------------------------------
+
+
+_READERS: dict[str, int] = {}  # path -> a descriptor positioned reads share
+_READERS_LOCK = threading.Lock()
+
+
+def _reader(path: str) -> int:
+    """A read-only descriptor of the (regular) file ``path``, opened once per process."""
+    with _READERS_LOCK:
+        fd = _READERS.get(path)
+        if fd is None:
+            f = open_regular(path, "checkpoint file")
+            fd = _READERS[path] = os.dup(f.fileno())
+            f.close()
+        return fd
 
 
 class _FileMap:

@@ -143,47 +143,68 @@ def _prepared(kw: dict):
     return got
 
 
+def write_array(path: str, kw: dict, values, attrs: dict) -> None:
+    """A new array at the local ``path`` (absent) holding ``values``, complete at once (built
+    beside its place and renamed into it, as :func:`write_group` does)."""
+    _publish(path, lambda tmp: _write_member(tmp, kw, values, attrs))
+
+
+def _write_member(where: str, kw: dict, values, attrs) -> None:
+    """The array made with ``kw`` and ``attrs``, holding ``values`` (or none), written into the
+    new folder ``where``."""
+    from .localmeta import _doc_bytes
+
+    meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
+    if attrs:
+        doc = _doc_bytes(dataclasses.replace(meta, attributes=attrs))
+    os.mkdir(where)
+    with open(os.path.join(where, "zarr.json"), "wb") as f:
+        f.write(doc)
+    if values is None:
+        return
+    values = np.asarray(values)
+    if files is None or not values.shape:
+        _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values)
+    else:
+        out = dataclasses.replace(files, root=where, atomic=False)
+        out.write(tuple(slice(0, n) for n in values.shape), values, made={where})
+
+
+def _publish(path: str, build) -> None:
+    """``build(folder)`` a node in a hidden folder beside the local ``path``, then rename it
+    into place (an existing node is never replaced); nothing is left if it fails."""
+    import uuid
+
+    local = local_path(path)
+    tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        build(tmp)
+        os.replace(tmp, local)  # published whole
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, StoreError):
+            raise StoreError(f"cannot write {path}: {e}") from None
+        raise
+
+
 def write_group(path: str, attrs: dict, members: dict) -> None:
     """A new quantized group at the local ``path`` (absent), complete at once: ``members``
     maps a name to ``(create_array keywords, values or None, attributes or None)``. The group
     is built in a hidden folder beside ``path`` and renamed into place, so it is whole or
     absent (a killed writer's folder, ``.qstream-tmp-*``, is removed by
     :func:`~qstream.io.destination.clean_partials` of the root)."""
-    import uuid
-
     from zarr.core.group import GroupMetadata
 
     from .localmeta import _doc_bytes
 
-    local = local_path(path)
-
-    tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
-    try:
+    def build(tmp: str) -> None:
         os.mkdir(tmp)
         for name, (kw, values, member_attrs) in members.items():
-            meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
-            if member_attrs:
-                doc = _doc_bytes(dataclasses.replace(meta, attributes=member_attrs))
-            where = os.path.join(tmp, name)
-            os.mkdir(where)
-            with open(os.path.join(where, "zarr.json"), "wb") as f:
-                f.write(doc)
-            if values is None:
-                continue
-            values = np.asarray(values)
-            if files is None or not values.shape:
-                _zarr_write(tmp, name, meta, values)
-            else:
-                out = dataclasses.replace(files, root=where, atomic=False)
-                out.write(tuple(slice(0, n) for n in values.shape), values, made={where})
+            _write_member(os.path.join(tmp, name), kw, values, member_attrs)
         with open(os.path.join(tmp, "zarr.json"), "wb") as f:
             f.write(_doc_bytes(GroupMetadata(attributes=attrs, zarr_format=3)))
-        os.replace(tmp, local)  # published whole (an existing node is never replaced)
-    except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and not isinstance(e, StoreError):
-            raise StoreError(f"cannot write {path}: {e}") from None
-        raise
+
+    _publish(path, build)
 
 
 def _zarr_write(root: str, name: str, meta, values) -> None:

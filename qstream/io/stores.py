@@ -199,9 +199,11 @@ class Source:
     array: Any  # zarr.Array or np.ndarray
     description: dict
     files: ChunkFiles | None = field(default=None, repr=False)  # direct chunk reads
-    # checkpoint tensors' regions mapped from their files (False: copied from the file's
-    # shared mapping, which costs less for a small tensor than a mapping of its own)
+    # checkpoint tensors' regions mapped from their files (False: read, which costs less for
+    # a small tensor than a mapping of its own)
     maps: bool = field(default=True, repr=False)
+    # all of its values, read once and kept (a small tensor, read by every pass of its job)
+    pinned: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.files is None and self.description.get("kind") == "zarr":
@@ -252,6 +254,8 @@ class Source:
     def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
         """The region ``key`` without a copy (a mapped uncompressed chunk, a NumPy source's
         own memory, or a checkpoint tensor's mapped file), or None: then use :meth:`read`."""
+        if self.pinned is not None:
+            return self.pinned[key]
         if self.files is not None:
             return self.files.view(key)
         if isinstance(self.array, np.ndarray):
@@ -270,6 +274,8 @@ class Source:
                 out = np.empty(tuple(k.stop - k.start for k in key), self.dtype)
             self.files.read(key, out)
             return out
+        if out is not None and hasattr(self.array, "read_into") and self.array.read_into(key, out):
+            return out  # a checkpoint tensor's bytes read straight into ``out``
         parts = list(self._zarr_parts(key)) if self.description.get("kind") == "zarr" else [key]
         if len(parts) == 1:
             values = self._get(key)
