@@ -150,7 +150,8 @@ def main() -> None:
         ck = os.path.join(args.workdir, f"ck-{args.size}-{count}.safetensors")
         make_checkpoint(ck, total, count)
         out = os.path.join(args.workdir, f"out-{count}.zarr")
-        exp = os.path.join(args.workdir, f"exp-{count}.safetensors")
+        exp_dir = os.path.join(args.workdir, f"exp-{count}")  # a model folder (config.json)
+        exp = os.path.join(exp_dir, "model.safetensors")
         peer_out = os.path.join(args.workdir, f"peer-{count}.safetensors")
         q, p, ins, ex = [], [], [], []
         for _ in range(args.rounds):
@@ -158,9 +159,8 @@ def main() -> None:
             q.append(timed(qstream("convert", ck, out, "--quiet", "--compression", "none")))
             p.append(timed([sys.executable, "-c", PEER, ck, peer_out]))
             ins.append(timed(qstream("inspect", out, "--json")))
-            for f in os.listdir(args.workdir):
-                if f.startswith(f"exp-{count}"):
-                    os.unlink(os.path.join(args.workdir, f))
+            shutil.rmtree(exp_dir, ignore_errors=True)
+            os.makedirs(exp_dir)
             ex.append(timed(qstream("export", out, exp, "--quiet")))
         root = os.path.getsize(os.path.join(out, "zarr.json"))
         meta = root_bytes(out)

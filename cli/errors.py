@@ -2,8 +2,9 @@
 instead of the library's argument names.
 
 Exit codes: 0 success, 1 failure (bad data, missing/corrupt store, I/O), 2 bad usage (unknown
-option or value, missing argument, bad axis, bad scale...), 130 interrupted. ``--debug``
-(anywhere on the line) shows the traceback instead.
+option or value, missing argument, bad axis, bad scale...), 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM: a scheduler's timeout, ``kill``), 141 a closed pipe (``| head``: quiet).
+``--debug`` (anywhere on the line) shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,25 @@ import typer.core
 ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 state = {"debug": False}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C is: work stops as it does for Ctrl-C
+    (what finished stays, the same command resumes)."""
+
+
+def on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def quiet_pipe() -> None:
+    """stdout's reader is gone (``qstream inspect ... | head``): send what is left to
+    /dev/null, so that exiting does not fail on it too."""
+    import os
+
+    with open(os.devnull, "w") as devnull:
+        os.dup2(devnull.fileno(), sys.stdout.fileno())
+
 
 # library wording -> command-line wording, applied in order
 _FLAGS = (
@@ -71,8 +91,13 @@ def library_errors():
         raise
     except typer.BadParameter as e:
         fail(str(e), 2)
+    except Terminated:
+        fail("terminated (SIGTERM); run the same command again to resume", 143)
     except KeyboardInterrupt:
         fail("interrupted; run the same command again to resume", 130)
+    except BrokenPipeError:
+        quiet_pipe()
+        raise typer.Exit(141) from None
     except Exception as e:
         if state["debug"]:
             traceback.print_exc()

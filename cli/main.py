@@ -130,7 +130,9 @@ def _executor(scheduler: str | None):
     try:
         import distributed
     except ImportError:
-        raise typer.BadParameter("--scheduler needs Dask: pip install 'qstream[dask]'") from None
+        raise typer.BadParameter(
+            "--scheduler needs Dask: pip install 'qstream-zarr[dask]'"
+        ) from None
     import qstream as qs
 
     if scheduler.startswith("local:"):
@@ -465,7 +467,9 @@ def calibrate(
 )
 def inspect(
     store: str = typer.Argument(
-        ..., metavar="STORE", help="A quantized group or a converted checkpoint."
+        ...,
+        metavar="STORE",
+        help="A quantized group, a converted checkpoint, or an export (.safetensors, .gguf).",
     ),
     as_json: bool = _JSON,
     show: bool = typer.Option(
@@ -479,13 +483,24 @@ def inspect(
         "--plot",
         metavar="FILE",
         help="Write a one-page figure (.png or .svg): histogram with thresholds, per-channel"
-        " SQNR, error summary. Needs matplotlib: pip install 'qstream[plot]'.",
+        " SQNR, error summary. Needs matplotlib: pip install 'qstream-zarr[plot]'.",
     ),
 ):
     """Show a quantized array's spec, parameters, calibration and error report."""
     with library_errors():
         import qstream as qs
 
+        if store.endswith((".safetensors", ".safetensors.index.json", ".gguf")):
+            from qstream.io.export import describe_export
+
+            summary = describe_export(store)  # an export: its format and loader
+            if as_json:
+                emit_json(summary)
+            else:
+                for k, v in summary.items():
+                    if v is not None and k != "quantized":
+                        typer.echo(f"{k:<12} {v}")
+            return
         if plot is not None:
             _check_plot(plot)
         arr = qs.open_quantized(store, allow_incomplete=True)
@@ -557,7 +572,9 @@ def _check_plot(path: Path) -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise typer.BadParameter("--plot needs matplotlib: pip install 'qstream[plot]'") from None
+        raise typer.BadParameter(
+            "--plot needs matplotlib: pip install 'qstream-zarr[plot]'"
+        ) from None
 
 
 @command(
@@ -572,8 +589,8 @@ def convert(
     checkpoint: str = typer.Argument(
         ...,
         metavar="CHECKPOINT",
-        help="safetensors (file, folder or .index.json), .npz, .npy, a Zarr group, or a torch"
-        " .pt/.bin state dict.",
+        help="safetensors (file, folder or .index.json; also at an s3:// or other store URL,"
+        " read by byte ranges), .npz, .npy, a Zarr group, or a torch .pt/.bin state dict.",
     ),
     dst: str = typer.Argument(
         ..., metavar="DST", help="A directory (becomes a Zarr group) or a .safetensors file."
@@ -594,6 +611,7 @@ def convert(
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
     scheduler: str | None = _SCHED,
+    store: str = _STORE,
     max_shard_size: str = typer.Option(
         "5GB",
         "--max-shard-size",
@@ -601,6 +619,29 @@ def convert(
         help="With a .safetensors DST: shard above this size.",
     ),
     compression: str = _compression("zstd", " A .safetensors DST is never compressed."),
+    fmt: str = typer.Option(
+        "compressed-tensors",
+        "--format",
+        metavar="FORMAT",
+        help="With a .safetensors DST: compressed-tensors (transformers, vLLM; writes"
+        " config.json) or qstream.",
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        metavar="CONFIG",
+        help="With a .safetensors DST: the model config.json to merge the"
+        " quantization_config into; with a .gguf DST: the config whose architecture is"
+        " written [default: the checkpoint's own].",
+    ),
+    gguf_type: str | None = typer.Option(
+        None,
+        "--gguf-type",
+        metavar="TYPE",
+        help="With a .gguf DST: one block type (Q8_0, Q4_0, Q4_1) for every tensor the"
+        " recipe quantizes [default: from the recipe: int8 -> Q8_0, int4 -> Q4_0, asymmetric"
+        " 4-bit -> Q4_1].",
+    ),
 ):
     """Quantize a model checkpoint tensor by tensor, as a recipe says."""
     with library_errors():
@@ -633,6 +674,9 @@ def convert(
                 executor=ex,
                 max_shard_size=_size(max_shard_size, "--max-shard-size"),
                 compression=compression,
+                **({"format": fmt, "config": config} if dst.endswith(".safetensors") else {}),
+                **({"format": gguf_type, "config": config} if dst.endswith(".gguf") else {}),
+                **({"store": store} if store != "fsspec" else {}),
             )
         if _done_already(dst, report, as_json, quiet):
             return
@@ -640,6 +684,9 @@ def convert(
             emit_json(report)
             return
         if quiet:
+            return
+        if dst.endswith(".gguf"):
+            typer.echo(_gguf_summary(checkpoint, report))
             return
         rows = [(n, r) for n, r in report["tensors"].items() if not r["kept"]]
 
@@ -676,14 +723,27 @@ def convert(
     qstream export model-int8.zarr model-int8.safetensors
     qstream export model-int8.zarr out/model.safetensors --max-shard-size 2GB
     qstream export q.zarr weight.safetensors --name layer0.weight
+    qstream export model.safetensors model-q4_0.gguf --gguf-type Q4_0
     """
 )
 def export(
     src: str = typer.Argument(
-        ..., metavar="SRC", help="A converted checkpoint (or one quantized group)."
+        ...,
+        metavar="SRC",
+        help="A converted checkpoint (or one quantized group); for a .gguf OUT also a float"
+        " checkpoint.",
     ),
     out: str = typer.Argument(
-        ..., metavar="OUT", help="The .safetensors file (shards go beside it)."
+        ...,
+        metavar="OUT",
+        help="The .safetensors file (shards go beside it) or a .gguf file (llama.cpp).",
+    ),
+    gguf_type: str | None = typer.Option(
+        None,
+        "--gguf-type",
+        metavar="TYPE",
+        help="GGUF block type for a float checkpoint: Q8_0, Q4_0, Q4_1 (or F16, BF16, F32)"
+        " [default: Q8_0].",
     ),
     max_shard_size: str = typer.Option(
         "5GB",
@@ -694,18 +754,43 @@ def export(
     name: str = typer.Option(
         "weight", "--name", metavar="NAME", help="Tensor name for a single group."
     ),
+    fmt: str = typer.Option(
+        "compressed-tensors",
+        "--format",
+        metavar="FORMAT",
+        help="compressed-tensors (transformers, vLLM: writes config.json) or qstream.",
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        metavar="CONFIG",
+        help="The model's config.json to merge the quantization_config into (default: the"
+        " one beside the converted checkpoint's source).",
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files."),
     as_json: bool = _JSON,
     quiet: bool = _QUIET,
 ):
-    """Export quantized tensors as safetensors (N, N_scale, N_zero_point: the
-    compressed-tensors naming), streaming, with bounded memory."""
+    """Export quantized tensors for an inference stack, streaming, with bounded memory:
+    safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
+    or qstream's own layout (N, N_scale, N_zero_point)."""
     with library_errors():
         import qstream as qs
 
+        if out.endswith(".gguf"):
+            result = qs.export_gguf(
+                src, out, type=gguf_type or "Q8_0", config=config, overwrite=overwrite
+            )
+            if as_json:
+                emit_json(result)
+            elif not quiet:
+                typer.echo(_gguf_summary(src, result))
+            return
         result = qs.export_safetensors(
             src,
             out,
+            format=fmt,
+            config=config,
             max_shard_size=_size(max_shard_size, "--max-shard-size"),
             overwrite=overwrite,
             name=name,
@@ -715,8 +800,32 @@ def export(
         elif not quiet:
             typer.echo(
                 f"{src} -> {', '.join(result['files'])}: {len(result['tensors'])} tensors,"
-                f" {fmt_bytes(result['bytes'])}"
+                f" {fmt_bytes(result['bytes'])}, for {result['loader']}"
             )
+            if result.get("config") and not _has_model_type(result["config"]):
+                typer.echo(
+                    f"note: {result['config']} holds the quantization_config only (no model"
+                    " config.json was found): merge your model's config into it, or pass"
+                    " --config"
+                )
+
+
+def _gguf_summary(src: str, result: dict) -> str:
+    kinds: dict[str, int] = {}
+    for t in result["tensors"].values():
+        kinds[t] = kinds.get(t, 0) + 1
+    mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return (
+        f"{src} -> {result['file']}: {mix}; {fmt_bytes(result['bytes'])}, architecture"
+        f" {result['architecture']}, for llama.cpp / gguf-py"
+    )
+
+
+def _has_model_type(path: str) -> bool:
+    import json
+
+    with open(path) as f:
+        return "model_type" in json.load(f)
 
 
 @command("qstream info")
@@ -740,7 +849,16 @@ def version() -> None:
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app()
+    import signal
+
+    from .errors import on_sigterm, quiet_pipe
+
+    signal.signal(signal.SIGTERM, on_sigterm)  # as Ctrl-C: one line, resumable, exit 143
+    try:
+        app()
+    except BrokenPipeError:  # output cut short outside a command (help text | head)
+        quiet_pipe()
+        raise SystemExit(141) from None
 
 
 if __name__ == "__main__":  # pragma: no cover

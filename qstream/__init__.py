@@ -24,6 +24,7 @@ _EXPORTS = {
     "QuantizedCheckpoint": "qstream.io.qarray",
     "open_xarray": "qstream.io.xarrays",
     "export_safetensors": "qstream.io.export",
+    "export_gguf": "qstream.io.gguf",
     "convert_checkpoint": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.recipe",

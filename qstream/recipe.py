@@ -14,6 +14,16 @@ A recipe is TOML::
     pattern = "*embed*"
     spec = { dtype = "int8", axis = 0, method = "percentile", percentile = 99.99 }
 
+    [[rules]]
+    pattern = "*"
+    action = "keep"
+    dtype = "bfloat16"         # kept, rounded to this type (float32, bfloat16 or float16)
+
+    [scales]                   # FP8 weights and their block scales (qstream.io.fp8)
+    suffix = "_scale_inv"      # the scale of W is W_scale_inv (a string or a list)
+    block = [128, 128]         # optional: else taken from the two shapes
+    enabled = true             # false: no pairing, scale tensors are tensors
+
 Tensors that are not floating point, or have rank < ``min_rank`` (default 2), are kept.
 The default recipe quantizes every float tensor of rank >= 2 to int8, symmetric, per channel
 on axis 0.
@@ -28,18 +38,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidParameterError
+from .io.fp8 import ScaleRule
 from .io.paths import open_regular
 from .qtypes import is_float_dtype
 from .spec import QuantSpec, _jsonable, check_keys
 
 _SPEC_KEYS = tuple(QuantSpec.__dataclass_fields__)
 DEFAULT_SPEC = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
+KEEP_DTYPES = ("float32", "bfloat16", "float16")  # what a keep rule may round kept values to
 
 
 @dataclass(frozen=True)
 class Rule:
     pattern: str
     spec: QuantSpec | None  # None: keep the tensor as it is
+    dtype: str | None = None  # a keep rule's: kept values rounded to this type
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,18 @@ class Recipe:
     defaults: QuantSpec = field(default_factory=lambda: QuantSpec(**DEFAULT_SPEC))
     rules: tuple[Rule, ...] = ()
     min_rank: int = 2
+    scales: ScaleRule = field(default_factory=ScaleRule)
+
+    def keep_dtype(self, name: str, shape, dtype) -> str | None:
+        """The type a kept floating-point tensor is rounded to: the ``dtype`` of the first
+        rule matching ``name`` when it is a keep rule with one (whatever the tensor's rank),
+        else None (kept as it is)."""
+        if not is_float_dtype(np.dtype(dtype)):
+            return None
+        for rule in self.rules:
+            if fnmatch.fnmatchcase(name, rule.pattern):
+                return rule.dtype if rule.spec is None else None
+        return None
 
     def spec_for(self, name: str, shape, dtype) -> QuantSpec | None:
         """The spec for a tensor, or None to keep it."""
@@ -76,9 +101,12 @@ class Recipe:
                     {
                         "pattern": r.pattern,
                         **({"spec": r.spec.to_dict()} if r.spec else {"action": "keep"}),
+                        **({"dtype": r.dtype} if r.dtype else {}),
                     }
                     for r in self.rules
                 ],
+                # (only when not the default: the identities of earlier runs stay the same)
+                **({} if self.scales.is_default() else {"scales": self.scales.to_dict()}),
             }
         )
 
@@ -86,7 +114,7 @@ class Recipe:
     def from_dict(cls, d: dict) -> Recipe:
         if not isinstance(d, dict):
             raise InvalidParameterError("a recipe is a table of [defaults] and [[rules]]")
-        check_keys(d, ("defaults", "rules", "min_rank"), "recipe")
+        check_keys(d, ("defaults", "rules", "min_rank", "scales"), "recipe")
         if not isinstance(d.get("defaults", {}), dict):
             raise InvalidParameterError("recipe [defaults] must be a table")
         if not isinstance(d.get("rules", []), list):
@@ -97,7 +125,7 @@ class Recipe:
         for i, r in enumerate(d.get("rules", [])):
             if not isinstance(r, dict):
                 raise InvalidParameterError(f"recipe rule {i + 1} is not a table")
-            check_keys(r, ("pattern", "action", "spec"), f"recipe rule {i + 1}")
+            check_keys(r, ("pattern", "action", "spec", "dtype"), f"recipe rule {i + 1}")
             if not isinstance(r.get("pattern"), str):
                 raise InvalidParameterError(f"recipe rule {i + 1} has no pattern (a string)")
             if "action" in r and (r["action"] != "keep" or "spec" in r):
@@ -106,8 +134,14 @@ class Recipe:
                     " without a spec), got"
                     f" {r['action']!r}"
                 )
+            if "dtype" in r and (r.get("action") != "keep" or r["dtype"] not in KEEP_DTYPES):
+                raise InvalidParameterError(
+                    f"recipe rule {i + 1} ({r['pattern']!r}): dtype belongs to a keep rule and"
+                    f" is one of {', '.join(KEEP_DTYPES)}, got {r['dtype']!r} (a quantized"
+                    " type goes in the rule's spec)"
+                )
             if r.get("action") == "keep":
-                rules.append(Rule(r["pattern"], None))
+                rules.append(Rule(r["pattern"], None, r.get("dtype")))
             elif "spec" in r:
                 where = f"recipe rule {i + 1} ({r['pattern']!r})"
                 if not isinstance(r["spec"], dict):
@@ -123,7 +157,7 @@ class Recipe:
             raise InvalidParameterError(
                 f"recipe min_rank must be an integer >= 0, got {min_rank!r}"
             )
-        return cls(defaults, tuple(rules), min_rank)
+        return cls(defaults, tuple(rules), min_rank, ScaleRule.from_dict(d.get("scales")))
 
     @classmethod
     def load(cls, path) -> Recipe:

@@ -20,6 +20,7 @@ from .rounding import ROUND_MODES
 METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
 HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")
 SCALE_DTYPES = ("float32", "float16")
+SYMMETRIC_LEVELS = ("balanced", "full")
 NAN_POLICIES = ("error", "zero_point", "min")
 
 
@@ -102,6 +103,12 @@ class QuantSpec:
             size; each scale is rounded to the nearest float16, clamped to [2**-24, 65504],
             before anything is quantized with it, and zero points are derived from the
             rounded scale, so the stored parameters reproduce the stored values exactly).
+        symmetric_levels: for symmetric integer types, ``balanced`` (default: as many codes
+            each side of zero, ``scale = absmax / 7`` for int4, 15 of its 16 codes) or
+            ``full`` (every code: ``scale = absmax / 7.5`` for int4, ``absmax / 127.5`` for
+            int8; the largest negative value maps to the type's minimum, the largest positive
+            one saturates half a step below its value). ``full`` gains ~0.5 dB of SQNR for
+            4-bit types on normal data (see the README); methods minmax, percentile, dynamic.
     """
 
     dtype: str = "int8"
@@ -117,6 +124,7 @@ class QuantSpec:
     zero_point: Any = None
     num_bins: int = 2048
     scale_dtype: str = "float32"
+    symmetric_levels: str = "balanced"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -162,6 +170,29 @@ class QuantSpec:
                 f" {', '.join(SCALE_DTYPES)}"
             )
 
+        if self.symmetric_levels not in SYMMETRIC_LEVELS:
+            raise InvalidParameterError(
+                f"unknown symmetric_levels {self.symmetric_levels!r}; expected one of:"
+                f" {', '.join(SYMMETRIC_LEVELS)}"
+            )
+        if self.full_levels:
+            why = (
+                "a float type"
+                if qt.is_float
+                else "an asymmetric range"
+                if not self.symmetric
+                else "narrow_range"
+                if self.narrow_range
+                else f"method {self.method!r}"
+                if self.method not in ("minmax", "percentile", "dynamic") and self.scale is None
+                else None
+            )
+            if why:
+                raise InvalidParameterError(
+                    f"symmetric_levels='full' does not apply to {why}: it spreads a symmetric"
+                    " integer range over every code (methods minmax, percentile, dynamic)"
+                )
+
     def _check_types(self) -> None:
         """Refuse fields of the wrong type (from a recipe or JSON) with a message naming the
         field; whole numbers given as integral floats (``32.0``) are taken as integers."""
@@ -177,7 +208,14 @@ class QuantSpec:
             else:
                 object.__setattr__(self, name, int(v))
 
-        for name in ("dtype", "method", "round_mode", "nan_policy", "scale_dtype"):
+        for name in (
+            "dtype",
+            "method",
+            "round_mode",
+            "nan_policy",
+            "scale_dtype",
+            "symmetric_levels",
+        ):
             if not isinstance(getattr(self, name), str):
                 raise InvalidParameterError(f"{name} must be a string, got {getattr(self, name)!r}")
         for name in ("symmetric", "narrow_range"):
@@ -211,10 +249,16 @@ class QuantSpec:
     def half_scales(self) -> bool:
         return self.scale_dtype == "float16"
 
+    @property
+    def full_levels(self) -> bool:
+        return self.symmetric_levels == "full"
+
     def to_dict(self) -> dict:
         d = _jsonable(_fields(self))
         if d["scale_dtype"] == "float32":  # the default: specs (and job identities) as before
             del d["scale_dtype"]
+        if d["symmetric_levels"] == "balanced":
+            del d["symmetric_levels"]
         return d
 
     @classmethod
@@ -590,7 +634,7 @@ class Calibration:
 
     def plot(self, ax=None):
         """Draw the histogram with the chosen (and compared) thresholds on ``ax`` (a new
-        figure when None) with matplotlib (``pip install 'qstream[plot]'``); returns the
+        figure when None) with matplotlib (``pip install 'qstream-zarr[plot]'``); returns the
         axes."""
         from .calibration.views import ReportView
         from .viz.mpl import plot_view
@@ -639,7 +683,7 @@ class QuantReport:
     def plot(self, ax=None):
         """Draw the calibration histogram with its thresholds (per tensor) or the per-channel
         SQNR distribution (per channel) on ``ax`` (a new figure when None) with matplotlib
-        (``pip install 'qstream[plot]'``); returns the axes."""
+        (``pip install 'qstream-zarr[plot]'``); returns the axes."""
         from .calibration.views import ReportView
         from .viz.mpl import plot_view
 

@@ -1,7 +1,7 @@
 """Regenerate the README's views of the samples. Run: python samples/make_figures.py
 
 - docs/inspect-activations.png: ``qstream inspect OUT --plot`` of samples/activations.zarr
-  quantized to int8 with ``--method mse`` (needs matplotlib: pip install 'qstream[plot]').
+  quantized to int8 with ``--method mse`` (needs matplotlib: pip install 'qstream-zarr[plot]').
 - the README's terminal capture of ``qstream calibrate samples/activations.zarr --compare
   --method mse`` (plain text, as printed into a pipe), between its ``<!-- capture -->``
   markers.

@@ -13,7 +13,7 @@ ckpt=$1; out=$2; recipe=${3:-$(dirname "$0")/recipe-int8.toml}
 report="${out%/}.report.json"
 
 if ! command -v qstream >/dev/null 2>&1; then
-  echo "qstream is not on PATH (pip install qstream, or activate its environment)" >&2
+  echo "qstream is not on PATH (pip install qstream-zarr, or activate its environment)" >&2
   exit 1
 fi
 if [ ! -e "$ckpt" ]; then

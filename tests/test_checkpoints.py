@@ -258,7 +258,7 @@ def test_torch_missing(tmp_path, monkeypatch):
     path = tmp_path / "model.pt"
     path.write_bytes(b"x")
     monkeypatch.setitem(sys.modules, "torch", None)
-    with pytest.raises(StoreError, match=r"needs torch: pip install 'qstream\[torch\]'"):
+    with pytest.raises(StoreError, match=r"needs torch: pip install 'qstream-zarr\[torch\]'"):
         open_checkpoint(path)
 
 

@@ -208,7 +208,7 @@ def test_inspect_plot_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     r = run("inspect", tmp_path / "none.zarr", "--plot", tmp_path / "x.png")
     assert r.exit_code == 2
-    assert r.stderr.strip() == "error: --plot needs matplotlib: pip install 'qstream[plot]'"
+    assert r.stderr.strip() == "error: --plot needs matplotlib: pip install 'qstream-zarr[plot]'"
 
 
 def test_calibrate_show_refuses_blocked_specs_in_flag_terms():

@@ -180,7 +180,9 @@ def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
     )
     out = tmp_path / "m-q"
     qs.convert_checkpoint(ck, out, recipe)
-    result = qs.export_safetensors(out, tmp_path / "e.safetensors", max_shard_size=4000)
+    result = qs.export_safetensors(
+        out, tmp_path / "e.safetensors", max_shard_size=4000, format="qstream"
+    )
     assert len(result["files"]) > 2  # shards and an index
     index = json.loads((tmp_path / "e.safetensors.index.json").read_text())
     loaded = {}
@@ -210,7 +212,9 @@ def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(loaded["keep.norm"], tensors["keep.norm"])
     np.testing.assert_array_equal(loaded["bias"], tensors["bias"])
     with pytest.raises(qs.StoreError, match="exists"):
-        qs.export_safetensors(out, tmp_path / "e.safetensors", max_shard_size=4000)
+        qs.export_safetensors(
+            out, tmp_path / "e.safetensors", max_shard_size=4000, format="qstream"
+        )
 
 
 # ---------------------------------------------------------------- packed sub-byte storage

@@ -118,7 +118,7 @@ def test_crafted_tensor_names_stay_inside_dst_and_keep_their_names(sandbox, rank
     # dequantize and export of the output stay inside their own destinations too
     before = snapshot(sandbox, skip=sandbox / "r")
     qs.dequantize_store(dst, sandbox / "r" / "restored.zarr")
-    qs.export_safetensors(dst, sandbox / "r" / "e.safetensors")
+    qs.export_safetensors(dst, sandbox / "r" / "e.safetensors", format="qstream")
     assert snapshot(sandbox, skip=sandbox / "r") == before
     from safetensors.numpy import load_file
 
@@ -144,7 +144,7 @@ def test_a_safetensors_destination_never_empties_the_folder_it_is_written_in(san
     dst = sandbox / "out" / "model.safetensors"
     before = snapshot(sandbox / "out")
     for overwrite in ([], ["--overwrite"], ["--overwrite"]):
-        r = cli("convert", ck, dst, *overwrite)
+        r = cli("convert", ck, dst, "--format", "qstream", *overwrite)
         assert r.exit_code == 0, r.output
         after = snapshot(sandbox / "out")
         assert {k: v for k, v in after.items() if k in before} == before
@@ -321,7 +321,7 @@ def test_export_never_replaces_a_file_qstream_did_not_write(sandbox):
     mine.write_bytes(b"precious")
     for overwrite in (False, True):
         with pytest.raises(StoreError, match="not a qstream export"):
-            qs.export_safetensors(q, mine, overwrite=overwrite)
+            qs.export_safetensors(q, mine, overwrite=overwrite, format="qstream")
     assert mine.read_bytes() == b"precious"
 
 
@@ -451,7 +451,7 @@ def test_any_tensor_names_leave_everything_outside_dst_unchanged(tmp_path_factor
     before = snapshot(box, skip=out)
     qs.convert_checkpoint(ck, out / "q.zarr")
     qs.dequantize_store(out / "q.zarr", out / "r.zarr")
-    qs.export_safetensors(out / "q.zarr", out / "e.safetensors")
+    qs.export_safetensors(out / "q.zarr", out / "e.safetensors", format="qstream")
     qs.convert_checkpoint(ck, out / "q.zarr", overwrite=True)
     assert snapshot(box, skip=out) == before
     assert list(qs.open_quantized(out / "q.zarr")) == names
@@ -795,4 +795,4 @@ def test_a_second_conversion_to_the_same_safetensors_waits_for_the_first(tmp_pat
         assert not out.exists()
     r = cli("convert", ck, out)
     assert r.exit_code == 0, r.output
-    assert sorted(p.name for p in out.parent.iterdir()) == ["model.safetensors"]
+    assert sorted(p.name for p in out.parent.iterdir()) == ["config.json", "model.safetensors"]

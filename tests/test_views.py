@@ -288,6 +288,6 @@ def test_figure_files_are_valid_images_of_the_page_size(tmp_path, acts):
 def test_plotting_without_matplotlib_says_what_to_install(monkeypatch, acts):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     cal = qs.calibrate(acts, qs.QuantSpec(method="percentile"))
-    with pytest.raises(ImportError, match=r"pip install 'qstream\[plot\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'qstream-zarr\[plot\]'"):
         cal.plot()
     assert "<svg" in cal._repr_html_()  # the notebook view needs nothing

@@ -26,8 +26,20 @@ def convert_checkpoint(
     executor=None,
     max_shard_size: int = 5 * 10**9,
     compression: str | None = "auto",
+    format: str = "compressed-tensors",
+    config=None,
+    storage_options: dict | None = None,
+    store: str | None = None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
+
+    ``checkpoint`` may be an object-store URL (``s3://bucket/model/``: a safetensors file, a
+    folder or a ``*.safetensors.index.json``): tensors are read by byte ranges through
+    ``store`` (``"fsspec"``, default, or ``"obstore"``) with ``storage_options`` (as for
+    :func:`qstream.quantize_store`); ``dst`` may be a URL too (written through fsspec, with
+    ``storage_options`` when ``store`` is fsspec). FP8 tensors read as float32, FP8 weights
+    with block scales (``W_scale_inv``, see the recipe's ``[scales]``) as their dequantized
+    float32 values; the scale tensors are consumed.
 
     ``checkpoint``: safetensors (file, directory or sharded index), ``.npz``, ``.npy``, a
     Zarr group, or a torch ``.pt``/``.bin`` state dict. ``dst`` (a local directory) becomes a
@@ -47,7 +59,14 @@ def convert_checkpoint(
     ``compression``: how the tensors' chunks are compressed (see
     :func:`qstream.quantize_store`; ``"auto"`` is zstd, since no tensor comes from a Zarr v3
     array). A ``.safetensors`` export is never compressed: its working group is written raw,
-    and ``compression`` may only be ``"auto"`` or ``"none"``.
+    and ``compression`` may only be ``"auto"`` or ``"none"``. ``format`` and ``config``: the
+    export's layout and the model config it carries (see :func:`qstream.export_safetensors`);
+    every tensor the recipe quantizes is checked against the layout before any work.
+
+    ``dst`` ending in ``.gguf``: a GGUF file for llama.cpp, written in one streaming pass (see
+    :func:`qstream.export_gguf`): the recipe's int8 tensors as Q8_0, symmetric int4 as Q4_0,
+    asymmetric 4-bit as Q4_1, bit for bit as gguf-py quantizes; ``format`` may name one GGUF
+    type for all of them.
     """
     with store_errors(dst):
         return _convert_checkpoint(
@@ -61,15 +80,31 @@ def convert_checkpoint(
             executor=executor,
             max_shard_size=max_shard_size,
             compression=compression,
+            format=format,
+            config=config,
+            **({"storage_options": storage_options} if storage_options else {}),
+            **({"store": store} if store else {}),
         )
 
 
 def _convert_checkpoint(
-    checkpoint, dst, recipe, *, overwrite, max_shard_size, compression, **kw
+    checkpoint, dst, recipe, *, overwrite, max_shard_size, compression, format, config, **kw
 ) -> dict:
     compression = compressions.canonical(compression)
     if recipe is not None and not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe)
+    if str(dst).endswith(".gguf"):
+        from ..io.gguf import export_gguf
+
+        return export_gguf(
+            checkpoint,
+            dst,
+            recipe=recipe,
+            config=config,
+            overwrite=overwrite,
+            type=None if format == "compressed-tensors" else format,
+            max_memory=kw.get("max_memory"),
+        )
     if str(dst).endswith(".safetensors"):
         if compression not in (compressions.AUTO, compressions.NONE):
             raise InvalidParameterError(
@@ -78,14 +113,19 @@ def _convert_checkpoint(
                 " directory"
             )
         return _to_safetensors(
-            checkpoint, dst, recipe, overwrite=overwrite, max_shard_size=max_shard_size, **kw
+            checkpoint,
+            dst,
+            recipe,
+            overwrite=overwrite,
+            export={"max_shard_size": max_shard_size, "format": format, "config": config},
+            **kw,
         )
     return convert(
         checkpoint, dst, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
     )
 
 
-def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw) -> dict:
+def _to_safetensors(checkpoint, dst, recipe, *, overwrite, export, **kw) -> dict:
     import contextlib
     import json
     import os
@@ -98,11 +138,16 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
 
     dst = os.fspath(dst)
     source = location(checkpoint) or str(checkpoint)
-    job = json.dumps({"source": source, "recipe": (recipe or Recipe()).to_dict()}, sort_keys=True)
+    recipe = recipe or Recipe()
+    job = {"source": source, "recipe": recipe.to_dict(), "format": export["format"]}
+    job = json.dumps(job, sort_keys=True)
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
     # nothing this run writes may be (or hold) a file the checkpoint is read from
-    sources = source_locations(checkpoint, open_checkpoint(checkpoint))
+    opts = {k: kw[k] for k in ("storage_options", "store") if kw.get(k)}
+    tensors = open_checkpoint(checkpoint, **opts)
+    _check_layout(tensors, recipe, export["format"], dst)
+    sources = source_locations(checkpoint, tensors)
     for target in (dst, index, work):
         check_separate(sources, target)
     shards = shard_pattern(dst)
@@ -123,15 +168,34 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, max_shard_size, **kw)
     # second run of it waits for this one instead of exporting what this one removes
     try:
         with locked(work):
-            return _export_locked(
-                checkpoint, dst, recipe, job, work, index, overwrite, max_shard_size, kw
-            )
+            return _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export, kw)
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(work)  # (only if nothing is left in it)
 
 
-def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, max_shard_size, kw):
+def _check_layout(tensors, recipe: Recipe, format: str, dst: str) -> None:
+    """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
+    express (see :mod:`qstream.io.compressed_tensors`; FP8 block scales are consumed by
+    their weights, as the conversion pairs them), and a ``config.json`` beside ``dst`` that
+    qstream did not write."""
+    from ..io import compressed_tensors, export
+    from ..io.fp8 import pair_scales
+
+    if format not in export.FORMATS:
+        raise InvalidParameterError(
+            f"unknown export format {format!r}; expected one of: {', '.join(export.FORMATS)}"
+        )
+    if format != "compressed-tensors":
+        return
+    export.check_targets([os.path.join(os.path.dirname(dst), export.CONFIG)], replace=True)
+    for name, t in pair_scales(tensors, recipe.scales).items():
+        spec = recipe.spec_for(name, t.shape, t.dtype)
+        if spec is not None:
+            compressed_tensors.layout(name, t.shape, spec)
+
+
+def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export, kw):
     import os
 
     from ..errors import StoreError
@@ -164,12 +228,7 @@ def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, max_sha
         checkpoint, work, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
     )
     exported = export_safetensors(
-        work,
-        dst,
-        max_shard_size=max_shard_size,
-        overwrite=overwrite,
-        replace_own=resuming,
-        job=job,
+        work, dst, **export, overwrite=overwrite, replace_own=resuming, job=job
     )
     existing = inspect_destination(work)
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays

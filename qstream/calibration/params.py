@@ -22,14 +22,18 @@ import numpy as np
 from ..qtypes import TINY_SCALE, QType
 
 
-def symmetric_steps(qt: QType, narrow_range: bool = False) -> tuple[float, float]:
+def symmetric_steps(
+    qt: QType, narrow_range: bool = False, full_levels: bool = False
+) -> tuple[float, float]:
     """``(steps, zero_point)`` of a symmetric integer range: ``scale = absmax / steps``; signed
-    types have zero point 0, unsigned ones the mid-range code."""
+    types have zero point 0, unsigned ones the mid-range code. ``full_levels``: half a step
+    more, so that every code is used (int4: absmax / 7.5, -absmax -> -8)."""
     qmin, qmax = qt.qrange(narrow_range)
+    extra = 0.5 if full_levels else 0.0
     if qt.signed:
-        return float(min(qmax, -qmin)), 0.0
+        return float(min(qmax, -qmin)) + extra, 0.0
     zp = float((qmin + qmax + 1) // 2)
-    return float(min(qmax - zp, zp - qmin)), zp
+    return float(min(qmax - zp, zp - qmin)) + extra, zp
 
 
 HALF_MIN = 2.0**-24  # the smallest positive float16
@@ -45,7 +49,14 @@ def half_scales(scale) -> np.ndarray:
 
 
 def params_from_range(
-    lo, hi, qt: QType, *, symmetric: bool, narrow_range: bool = False, half_scale: bool = False
+    lo,
+    hi,
+    qt: QType,
+    *,
+    symmetric: bool,
+    narrow_range: bool = False,
+    half_scale: bool = False,
+    full_levels: bool = False,
 ):
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays;
     ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first. A scale that
@@ -61,7 +72,7 @@ def params_from_range(
         return fix(scale.astype(np.float32)), np.zeros(scale.shape)
     if symmetric:
         amax = np.maximum(-lo, hi)
-        steps, zp = symmetric_steps(qt, narrow_range)
+        steps, zp = symmetric_steps(qt, narrow_range, full_levels)
         scale = np.where(amax > 0, amax / steps, 1.0)
         return fix(scale.astype(np.float32)), np.full(scale.shape, zp)
     span = hi - lo

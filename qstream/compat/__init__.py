@@ -2,14 +2,15 @@
 
 ``qstream.compat.onnx``, ``.tensorflow``, ``.onednn``, ``.ngraph`` and ``.torch`` turn their
 framework's attributes into core parameters; only the places where the arithmetic really differs
-(TensorFlow's range modes, torch's reciprocal) are written out here.
+(TensorFlow's range modes, torch's reciprocal) are written out here. ``.gguf`` reproduces
+gguf-py's block types (their own scale derivations, float16 scales and nibble layout).
 """
 
 from __future__ import annotations
 
 import importlib
 
-PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch")
+PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch", "gguf")
 __all__ = ["PROFILES", *PROFILES]
 
 

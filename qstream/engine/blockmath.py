@@ -70,6 +70,7 @@ def dynamic_params(x: np.ndarray, qt, spec, axis: int):
         symmetric=spec.symmetric,
         narrow_range=spec.narrow_range,
         half_scale=spec.half_scales,
+        full_levels=spec.full_levels,
     )
     return s, z, plan_layout(x.shape, s.shape, axis, spec.block_size)
 
@@ -108,7 +109,7 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
         mode, steps, zp = blocked.ASYM, 1.0, 0.0
     else:
         mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
-        steps, zp = symmetric_steps(qt, spec.narrow_range)
+        steps, zp = symmetric_steps(qt, spec.narrow_range, spec.full_levels)
     s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
     z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)

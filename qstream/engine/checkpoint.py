@@ -66,10 +66,13 @@ def convert(
     progress: Callable[[int, int], None] | None = None,
     executor=None,
     compression: str | None = compressions.AUTO,
+    storage_options: dict | None = None,
+    store: str | None = None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
     (see :func:`qstream.convert_checkpoint`)."""
-    from ..io.checkpoints import open_checkpoint, source_locations
+    from ..io.checkpoints import CheckpointSource, source_locations
+    from ..io.remote import is_url
 
     compression = compressions.canonical(compression)
 
@@ -82,9 +85,19 @@ def convert(
     executor = executors.resolve(executor)
     executors.check_shared("checkpoint", checkpoint, executor=executor)
     executors.check_shared("destination", dst, executor=executor)
-    tensors = open_checkpoint(checkpoint)
+    opener = CheckpointSource(
+        _fspath(checkpoint),
+        storage_options if is_url(checkpoint) else None,
+        store if is_url(checkpoint) else None,
+        None if recipe.scales.is_default() else recipe.scales.to_dict(),
+    )
+    raw = opener.open_raw()
+    tensors = opener.pair(raw)  # FP8 weights with their block scales, as float32
     source = location(checkpoint) or str(checkpoint)
-    destination.check_separate(source_locations(checkpoint, tensors), dst)
+    destination.check_separate(source_locations(checkpoint, raw), dst)
+    # a URL destination is written through fsspec: with store="obstore", storage_options are
+    # obstore's and the destination takes fsspec's own configuration (the environment)
+    dst_options = storage_options if store in (None, "fsspec") else None
     destination.check_writable(dst)
     keys = tensor_keys(tensors)  # (refuses names no tensor may have before anything is written)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
@@ -92,23 +105,26 @@ def convert(
         dst,
         "checkpoint",
         json.dumps(ident, sort_keys=True),
+        storage_options=dst_options,
         same_job=lambda meta: _same_job(meta, ident),
     )
     job = {"max_memory": max_memory, "overwrite": overwrite, "compression": compression}
-    store = None if destination.local_path(dst) else _store(dst, mode="w", storage_options=None)
+    root_store = (
+        None if destination.local_path(dst) else _store(dst, mode="w", storage_options=dst_options)
+    )
     with dest.claim(overwrite=overwrite) as (action, existing):
         if action in (Action.RESUME, Action.COMPLETE):
-            index = RootIndex.open(dst, existing.meta, store)
+            index = RootIndex.open(dst, existing.meta, root_store)
             if action is Action.RESUME:
                 index.upgrade()
         else:
-            index = RootIndex.create(dst, {**ident, "tensors_total": len(tensors)}, store)
+            index = RootIndex.create(dst, {**ident, "tensors_total": len(tensors)}, root_store)
         return _convert(
             tensors,
             keys,
             index,
             action is Action.COMPLETE,
-            checkpoint,
+            opener,
             source,
             dest,
             recipe,
@@ -166,7 +182,7 @@ def _convert(
     before = sum(r["bytes_before"] for r in results.values())
     after = sum(r["bytes_after"] for r in results.values())
     return {
-        "checkpoint": str(checkpoint),
+        "checkpoint": str(getattr(checkpoint, "path", checkpoint)),
         "destination": str(dst),
         "tensors": results,
         "bytes_before": before,
@@ -207,8 +223,10 @@ class _Conversion:
         self.source, self.on_tensor, self.progress = source, on_tensor, progress
         self.executor = executor
         self.max_memory, self.overwrite, self.compression = max_memory, overwrite, compression
+        self.checkpoint = checkpoint  # a CheckpointSource (workers open it themselves)
         self.results: dict[str, dict] = index.rows()
         self.pending: list[dict] = []
+        self.keep_dtypes: dict[str, str | None] = {}
         self.positions = {n: i for i, n in enumerate(tensors)}
         self.stop = threading.Event()
         self.in_flight = 1 if executor.distributed else TENSORS_IN_FLIGHT
@@ -217,7 +235,7 @@ class _Conversion:
         if local_dst or executor.distributed:
             self.small_work = SmallTensorWork(
                 uuid.uuid4().hex,
-                _fspath(checkpoint),
+                _fspath(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else checkpoint,
                 source,
                 _fspath(dest.target),
                 compression,
@@ -231,8 +249,13 @@ class _Conversion:
         n = len(self.tensors)
         for i, (name, t) in enumerate(self.tensors.items()):
             spec = recipe.spec_for(name, t.shape, t.dtype)
-            target = "keep" if spec is None else _describe(spec)
-            event = TensorEvent(i, n, name, tuple(t.shape), np.dtype(t.dtype).name, target)
+            keep_as = recipe.keep_dtype(name, t.shape, t.dtype) if spec is None else None
+            self.keep_dtypes[name] = keep_as
+            target = (
+                ("keep" if not keep_as else f"keep/{keep_as}") if spec is None else _describe(spec)
+            )
+            shown = np.dtype(getattr(t, "source_dtype", t.dtype)).name  # (FP8: as stored)
+            event = TensorEvent(i, n, name, tuple(t.shape), shown, target)
             if name in self.results:
                 if self.on_tensor:
                     self.on_tensor(TensorEvent(**{**event.__dict__, "result": self.results[name]}))
@@ -260,6 +283,7 @@ class _Conversion:
                 self.keys[ev.name],
                 None if spec is None else spec.to_dict(),
                 (max(1, math.prod(t.shape) * max(4, np.dtype(t.dtype).itemsize) // 4),),
+                self.keep_dtypes.get(ev.name),
             )
             for ev, t, spec, _ in run
         ]
@@ -307,13 +331,21 @@ class _Conversion:
     def _one(self, t, spec, name) -> dict:
         path = self.dest.child(self.keys[name])
         if spec is None:
-            return keep_tensor(t, path, self.compression, self.max_memory)
+            return keep_tensor(
+                t,
+                path,
+                self.compression,
+                self.max_memory,
+                self.keep_dtypes.get(name),
+                storage_options=self.dest.storage_options,
+            )
         job = QuantizeJob(
             t,
             spec,
             max_memory=self.max_memory,
             executor=self.executor,
-            checkpoint=(self.source, name),
+            storage_options=self.dest.storage_options,
+            checkpoint=(self.source, name, self.checkpoint),
             memory_share=self.in_flight,
             compression=self.compression,
         )
@@ -405,38 +437,47 @@ def tensor_keys(names) -> dict[str, str]:
     return keys
 
 
-def _remove_own(path) -> None:
+def _remove_own(path, storage_options: dict | None = None) -> None:
     """Remove what a killed run of this job left at a tensor's ``path`` (only a node qstream
     wrote: a kept or restored array, or a quantized group that its own job did not finish)."""
-    existing = destination.inspect_destination(path)
+    existing = destination.inspect_destination(path, storage_options)
     if existing.kind in ("kept", "dequantized"):
-        destination.remove_output(path, existing)
+        destination.remove_output(path, existing, storage_options)
     elif existing.kind == "empty":
         destination.clean_partials(path)
     elif existing.kind != "absent":
         raise StoreError(f"{path} holds something qstream did not write there; remove it")
 
 
-def keep_tensor(t, path: str, compression: str, max_memory=None) -> dict:
+def keep_tensor(
+    t, path: str, compression: str, max_memory=None, as_dtype=None, *, storage_options=None
+) -> dict:
+    """Store the tensor ``t`` as it is (``as_dtype``: its values rounded to that float type
+    first, to nearest even); bfloat16 is stored widened exactly to float32, its type in the
+    array's attributes."""
     import zarr
 
+    from ..qtypes import float_dtype
+
     dtype = np.dtype(t.dtype)
-    stored = np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+    kept = float_dtype(as_dtype) if as_dtype else dtype
+    stored = np.dtype(np.float32) if kept.name == "bfloat16" else kept
     check_fits(max_memory, getattr(t, "chunks", None), dtype, 1, tuple(t.shape))
-    _remove_own(path)  # what a killed run left of this tensor
+    _remove_own(path, storage_options)  # what a killed run left of this tensor
     a = zarr.create_array(
         path,
         shape=t.shape,
         dtype=stored,
         compressors=compressions.compressors(compression),
         dimension_names=dimension_names(len(t.shape)),
-        attributes={"qstream": {"kept": True, "dtype": dtype.name}},
+        attributes={"qstream": {"kept": True, "dtype": kept.name}},
+        storage_options=storage_options if destination.local_path(path) is None else None,
     )
     if math.prod(t.shape):
         rows = max(1, (16 << 20) // max(1, math.prod(t.shape[1:]) * dtype.itemsize))
         for r in range(0, t.shape[0] if t.shape else 1, rows):
             key = (slice(r, r + rows),) if t.shape else ()
-            a[key] = np.asarray(t[key]).astype(stored)
+            a[key] = np.asarray(t[key]).astype(kept).astype(stored)
     return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}
 
 

@@ -176,6 +176,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
                 plan.qt,
                 symmetric=spec.symmetric,
                 narrow_range=spec.narrow_range,
+                full_levels=spec.full_levels,
             )
             scale[m][g], zp[m][g] = s, z
             sums[m][:, g] = _predict(hs, lo[g], hi[g], s, z, qmin, qmax, nonzero)
@@ -222,7 +223,12 @@ def compare(job, methods=None, progress=None) -> Calibration:
     if spec.method in HISTOGRAM_METHODS:
         thresholds["num_bins"] = spec.num_bins
     s, z = params_from_range(
-        chosen_lo, chosen_hi, plan.qt, symmetric=spec.symmetric, narrow_range=spec.narrow_range
+        chosen_lo,
+        chosen_hi,
+        plan.qt,
+        symmetric=spec.symmetric,
+        narrow_range=spec.narrow_range,
+        full_levels=spec.full_levels,
     )
     params = QuantParams(s.reshape(plan.param_shape), z.reshape(plan.param_shape), plan.axis, None)
     view = calibration_view(spec, st, chosen_lo, chosen_hi, view_hist, preds)

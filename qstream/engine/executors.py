@@ -174,7 +174,8 @@ def resolve(executor) -> Executor:
             from .dask import DaskExecutor
         except ImportError as e:
             raise InvalidParameterError(
-                f"executor='dask' needs Dask ({e.name} is missing): pip install 'qstream[dask]'"
+                f"executor='dask' needs Dask ({e.name} is missing):"
+                " pip install 'qstream-zarr[dask]'"
             ) from None
         return DaskExecutor()
     if hasattr(executor, "map_ordered") and hasattr(executor, "distributed"):

@@ -112,7 +112,8 @@ class QuantizeJob:
         self.source = source
         self.storage_options = storage_options  # for the destination too
         if checkpoint is not None:
-            self.ref = SourceRef(self.token, checkpoint[0], tensor=checkpoint[1])
+            opener = checkpoint[2] if len(checkpoint) > 2 else None  # a CheckpointSource
+            self.ref = SourceRef(self.token, checkpoint[0], tensor=checkpoint[1], opener=opener)
         elif isinstance(src, (str, os.PathLike)) or _is_zarr_store(src):
             self.ref = SourceRef(self.token, _fspath(src), storage_options)
         else:
@@ -264,6 +265,7 @@ class QuantizeJob:
             symmetric=spec.symmetric,
             narrow_range=spec.narrow_range,
             half_scale=spec.half_scales,
+            full_levels=spec.full_levels,
         )
         params = QuantParams(
             scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None

@@ -193,6 +193,7 @@ class TensorItem:
     key: str
     spec: dict | None  # None: kept
     shape: tuple[int, ...]
+    keep_dtype: str | None = None  # kept: rounded to this type (a recipe's keep rule)
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,7 +204,7 @@ class SmallTensorWork:
     runs the job as usual)."""
 
     token: str
-    checkpoint: str  # its path (every worker reads it)
+    checkpoint: Any  # its path, or a CheckpointSource (every worker reads it)
     source: str  # its location, as the jobs' identities name it
     dst: str
     compression: str
@@ -219,11 +220,13 @@ class SmallTensorWork:
         from ..spec import QuantSpec
         from .checkpoint import keep_tensor
 
-        tensors = _cached((self.token, "checkpoint"), lambda: open_checkpoint(self.checkpoint))
+        ck = self.checkpoint
+        opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)
+        tensors = _cached((self.token, "checkpoint"), opener)
         t = tensors[item.name]
         path = destination.tensor_path(self.dst, item.key)
         if item.spec is None:
-            return keep_tensor(t, path, self.compression, self.max_memory)
+            return keep_tensor(t, path, self.compression, self.max_memory, item.keep_dtype)
         return convert_small(
             t,
             QuantSpec.from_dict(item.spec),

@@ -64,6 +64,8 @@ class SourceRef:
     storage_options: dict | None = None
     obj: Any = field(default=None, repr=False)
     tensor: str | None = None
+    # how a process opens the checkpoint of ``tensor`` (a ``CheckpointSource``; None: ``url``)
+    opener: Any = None
 
     @property
     def key(self) -> tuple:
@@ -83,6 +85,8 @@ class SourceRef:
     def _checkpoint(self):
         from ..io.checkpoints import open_checkpoint
 
+        if self.opener is not None:
+            return _cached((self.token, "checkpoint"), self.opener.open)
         return _cached((self.token, "checkpoint"), lambda: open_checkpoint(self.url))
 
     def register(self, source) -> None:

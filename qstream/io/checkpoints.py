@@ -50,7 +50,13 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "U16": np.dtype("<u2"),
     "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
+    # 8-bit floats (as the format and torch name them; the bytes are ml_dtypes' own)
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E4M3FNUZ": np.dtype(ml_dtypes.float8_e4m3fnuz),
+    "F8_E5M2FNUZ": np.dtype(ml_dtypes.float8_e5m2fnuz),
 }
+FLOAT8_DTYPES = frozenset(_SAFETENSORS_DTYPES[k] for k in _SAFETENSORS_DTYPES if k[:3] == "F8_")
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 MAX_HEADER = 100_000_000  # bytes of a safetensors header (the format's own limit)
 MAX_TENSORS = 1 << 18  # tensors of one safetensors file (a whole 90k-tensor model fits)
@@ -80,6 +86,9 @@ class CheckpointTensor:
     # the pieces it is stored in, each read (and decoded) whole: a Zarr array's chunks, a
     # compressed .npz member's whole shape; None: any region is read by itself
     chunks: tuple[int, ...] | None = field(default=None, compare=False)
+    # values stored as they are, in C order, in an object store (a ``RangedTensor``): regions
+    # are read by byte ranges
+    remote: Any = field(default=None, repr=False, compare=False)
 
     @property
     def ndim(self) -> int:
@@ -104,7 +113,7 @@ class CheckpointTensor:
         """``(key, first byte, byte count)`` of the region ``key`` when it is one run of bytes
         of the tensor's file (values stored as they are, a range along the first axis, every
         other axis whole), else None."""
-        if self.file is None or self.source.dtype != self.dtype:
+        if (self.file is None and self.remote is None) or self.source.dtype != self.dtype:
             return None
         key, flip = _forward_key(expand_key(key, self.shape), self.shape)
         if flip or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
@@ -112,7 +121,8 @@ class CheckpointTensor:
         if any((k.start, k.stop) != (0, n) for k, n in zip(key[1:], self.shape[1:], strict=True)):
             return None
         row = math.prod(self.shape[1:]) * self.dtype.itemsize
-        first = self.file[1] + key[0].start * row if key else self.file[1]
+        base = self.file[1] if self.file is not None else 0  # (an object's: the tensor's)
+        first = base + key[0].start * row if key else base
         nbytes = (key[0].stop - key[0].start) * row if key else self.nbytes
         return key, first, nbytes
 
@@ -126,6 +136,9 @@ class CheckpointTensor:
         _, first, nbytes = run
         if out.nbytes != nbytes:
             return False
+        if self.file is None:  # in an object store: one ranged request
+            self.remote.read_run(first, out)
+            return True
         fd = _reader(self.file[0])
         view = memoryview(out.reshape(-1).view(np.uint8))
         while view:
@@ -141,7 +154,7 @@ class CheckpointTensor:
         bytes (a range along the first axis, every other axis whole): a private, writable
         mapping of just those bytes (never written; writable so that kernels see ordinary
         arrays). None otherwise: then index the tensor."""
-        run = self._run(key) if _PRIVATE_MAPS else None
+        run = self._run(key) if _PRIVATE_MAPS and self.file is not None else None
         if run is None:
             return None
         key, first, nbytes = run
@@ -166,13 +179,21 @@ class CheckpointTensor:
         )
 
 
-def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
+def open_checkpoint(
+    path: str | os.PathLike, *, storage_options: dict | None = None, store: str | None = None
+) -> dict[str, CheckpointTensor]:
     """Open a checkpoint and return its tensors by name, in the order of the file(s).
 
     Nothing but headers is read here. Raises :class:`~qstream.errors.StoreError` for missing,
-    truncated, corrupt or unsupported inputs.
+    truncated, corrupt or unsupported inputs. ``path`` may be an object-store URL of a
+    safetensors file, a folder or a ``*.safetensors.index.json``: its tensors are then read by
+    byte ranges through ``store`` (``"fsspec"`` or ``"obstore"``, with ``storage_options``).
     """
+    from .remote import is_url
+
     p = os.fspath(path)
+    if is_url(p):
+        return _open_remote(p, storage_options, store)
     kind = kind_of(p)
     if kind is None:
         raise StoreError(f"no such file or directory: {p}")
@@ -196,13 +217,41 @@ def open_checkpoint(path: str | os.PathLike) -> dict[str, CheckpointTensor]:
     raise StoreError(f"unsupported checkpoint {p}: supported formats are {SUPPORTED_FORMATS}")
 
 
+@dataclass(frozen=True)
+class CheckpointSource:
+    """How any process opens a checkpoint for a conversion: its path or URL, the store
+    options of a URL, and the recipe's FP8 scale pairing (``ScaleRule.to_dict()``). Picklable:
+    a Dask worker opens the checkpoint itself (headers only) and reads its own regions."""
+
+    path: str
+    storage_options: dict | None = field(default=None, compare=False)
+    store: str | None = None
+    scales: dict | None = None
+
+    def open_raw(self) -> dict[str, CheckpointTensor]:
+        """The checkpoint's tensors as stored."""
+        return open_checkpoint(self.path, storage_options=self.storage_options, store=self.store)
+
+    def pair(self, tensors: dict) -> dict:
+        """``tensors`` with FP8 weights paired with their scales (see ``qstream.io.fp8``)."""
+        from .fp8 import ScaleRule, pair_scales
+
+        return pair_scales(tensors, ScaleRule.from_dict(self.scales))
+
+    def open(self) -> dict:
+        """The tensors a conversion converts (FP8 ones as float32, scales consumed)."""
+        return self.pair(self.open_raw())
+
+
 def source_locations(path, tensors: dict[str, CheckpointTensor]) -> list[str]:
     """Where the checkpoint ``path`` (opened as ``tensors``) lives: its own location and
     every file its tensors are mapped from (a sharded index's shards), links resolved."""
     from .stores import location
 
     found = {location(path)} | {
-        os.path.realpath(t.file[0]) for t in tensors.values() if t.file is not None
+        os.path.realpath(t.file[0])
+        for t in tensors.values()
+        if getattr(t, "file", None) is not None
     }
     return sorted(found)
 
@@ -314,6 +363,20 @@ def _open_safetensors(path: str, only: set[str] | None = None) -> dict[str, Chec
             raw = f.read(n)
     except FileNotFoundError:
         raise StoreError(f"no such file: {path}") from None
+    fmap = _FileMap(path)
+    return _header_tensors(
+        where,
+        raw,
+        n,
+        size,
+        only,
+        lambda name, dtype, shape, at: _memmap_tensor(name, fmap, at, dtype, shape),
+    )
+
+
+def _header_tensors(where: str, raw: bytes, n: int, size: int, only, make):
+    """The tensors of the safetensors header ``raw`` (``n`` bytes of a file of ``size``):
+    each validated entry made by ``make(name, dtype, shape, offset in the file)``."""
     entries = raw.count(b'"data_offsets"')  # (counted before a parse makes objects of them)
     if entries > MAX_TENSORS:
         raise StoreError(
@@ -322,13 +385,12 @@ def _open_safetensors(path: str, only: set[str] | None = None) -> dict[str, Chec
         )
     header = _json_object(raw, f"{where}: invalid JSON header")
     data_start, data_size = 8 + n, size - 8 - n
-    fmap = _FileMap(path)
     out: dict[str, CheckpointTensor] = {}
     for name, info in header.items():
         if name == "__metadata__" or (only is not None and name not in only):
             continue
         dtype, shape, start = _check_safetensors_entry(where, name, info, data_size)
-        out[name] = _memmap_tensor(name, fmap, data_start + start, dtype, shape)
+        out[name] = make(name, dtype, shape, data_start + start)
     return out
 
 
@@ -472,6 +534,125 @@ def _open_directory(path: str) -> dict[str, CheckpointTensor]:
     return out
 
 
+# -- object stores -------------------------------------------------------------------------------
+
+HEADER_PREFIX = 64 << 10  # bytes of a remote safetensors file read first (most headers fit)
+
+
+def _open_remote(url: str, storage_options, store) -> dict[str, CheckpointTensor]:
+    """A safetensors checkpoint at an object-store URL: a file, an index or a folder."""
+    from .remote import RemoteFolder, split_url
+
+    low = url.lower().rstrip("/")
+    if low.endswith((".safetensors", ".index.json")):
+        base, name = split_url(url)
+        folder = RemoteFolder(base, store, storage_options)
+        if low.endswith(".index.json"):
+            return _open_remote_index(folder, name)
+        return _open_remote_safetensors(folder, name)
+    folder = RemoteFolder(url.rstrip("/"), store, storage_options)
+    names = folder.names()
+    indexes = [n for n in names if n.endswith(".safetensors.index.json")]
+    if "model.safetensors.index.json" in names:
+        return _open_remote_index(folder, "model.safetensors.index.json")
+    if len(indexes) == 1:
+        return _open_remote_index(folder, indexes[0])
+    files = [n for n in names if n.endswith(".safetensors")]
+    if not files or indexes:
+        what = "is empty or missing" if not names else "is not a safetensors checkpoint"
+        raise StoreError(
+            f"{url} {what}: a checkpoint URL names a .safetensors file, a"
+            " *.safetensors.index.json, or a folder holding either (one index)"
+        )
+    out: dict[str, CheckpointTensor] = {}
+    for fname in files:
+        for name, t in _open_remote_safetensors(folder, fname).items():
+            if name in out:
+                raise StoreError(f"tensor {name!r} is in two files of the folder {url}")
+            out[name] = t
+    return out
+
+
+def _open_remote_safetensors(folder, fname: str, only: set[str] | None = None):
+    """A safetensors object's header, read with one ranged request (two for a header of
+    more than :data:`HEADER_PREFIX` bytes) after a HEAD for its size; its tensors read by
+    ranges (:class:`~qstream.io.remote.RangedTensor`)."""
+    from .remote import RangedTensor
+
+    where = f"safetensors file {folder.where(fname)}"
+    size = folder.size(fname)
+    if size is None:
+        raise StoreError(f"no such object: {folder.where(fname)}")
+    head = folder.read(fname, 0, min(size, HEADER_PREFIX))
+    if len(head) < 8:
+        raise StoreError(f"{where} is truncated: {size} bytes, no header length")
+    (n,) = struct.unpack("<Q", head[:8])
+    if 8 + n > size:
+        raise StoreError(f"{where}: header length {n} is beyond the file size {size}")
+    if n > MAX_HEADER:
+        raise StoreError(
+            f"{where}: header of {n} bytes is above the format's limit of {MAX_HEADER}"
+        )
+    raw = head[8 : 8 + n]
+    if len(raw) < n:
+        raw += folder.read(fname, len(head), 8 + n)
+    if len(raw) != n:
+        raise StoreError(f"{where}: the header ended early ({len(raw)} of {n} bytes)")
+
+    def make(name, dtype, shape, at):
+        dtype, shape = np.dtype(dtype), tuple(int(s) for s in shape)
+        src = RangedTensor(folder, fname, at, dtype, shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        return CheckpointTensor(name, shape, _native(dtype), nbytes, src, remote=src)
+
+    return _header_tensors(where, raw, n, size, only, make)
+
+
+def _open_remote_index(folder, fname: str) -> dict[str, CheckpointTensor]:
+    """A sharded checkpoint in an object store: its shards are objects of the index's folder
+    (plain relative names, as :func:`_check_shard` requires of local shards)."""
+    where = f"safetensors index {folder.where(fname)}"
+    size = folder.size(fname)
+    if size is None:
+        raise StoreError(f"no such object: {folder.where(fname)}")
+    if size > MAX_HEADER:
+        raise StoreError(f"{where} is larger than {MAX_HEADER} bytes")
+    index = _json_object(folder.read(fname, 0, size), f"{where}: invalid JSON")
+    wmap = index.get("weight_map")
+    if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+        raise StoreError(f"{where}: no valid 'weight_map' object")
+    prefix = fname.rpartition("/")[0]
+    shards: dict[str, dict[str, CheckpointTensor]] = {}
+    for shard in dict.fromkeys(wmap.values()):
+        parts = shard.split("/")
+        if (
+            not shard
+            or shard.startswith("/")
+            or "\\" in shard
+            or "\x00" in shard
+            or "://" in shard
+            or any(p in ("", ".", "..") for p in parts)
+        ):
+            raise StoreError(
+                f"{where} names a shard outside its folder: {shard!r}; shards must be objects"
+                " beside the index"
+            )
+        key = f"{prefix}/{shard}" if prefix else shard
+        names = {k for k, v in wmap.items() if v == shard}
+        try:
+            shards[shard] = _open_remote_safetensors(folder, key, names)
+        except StoreError as e:
+            if str(e).startswith("no such object"):
+                raise StoreError(f"{where} names a missing shard: {shard!r}") from None
+            raise
+    out: dict[str, CheckpointTensor] = {}
+    for name, shard in wmap.items():
+        if name not in shards[shard]:
+            raise StoreError(f"{where}: tensor {name!r} is not in shard {shard!r}")
+        out[name] = shards[shard][name]
+    return out
+
+
 # -- NumPy ---------------------------------------------------------------------------------------
 
 
@@ -591,7 +772,9 @@ def _open_torch(path: str) -> dict[str, CheckpointTensor]:
     try:
         import torch
     except ImportError:
-        raise StoreError("reading .pt/.bin needs torch: pip install 'qstream[torch]'") from None
+        raise StoreError(
+            "reading .pt/.bin needs torch: pip install 'qstream-zarr[torch]'"
+        ) from None
     # a zip (torch >= 1.6) file is memory-mapped; an older, legacy file cannot be, and is read
     # whole (still with weights_only: no code in it runs)
     legacy = not zipfile.is_zipfile(path)

@@ -1,25 +1,34 @@
 """Export quantized outputs as safetensors, streaming, for loaders outside qstream.
 
-Naming follows the compressed-tensors convention of int8/int4 checkpoints (what vLLM and
-Hugging Face ``compressed-tensors`` read for "int-quantized" weights): a quantized tensor
-``N`` is written as
+Two layouts (``format``):
 
-- ``N``: the stored values (``I8``/``U8``/``I16``/``U16``/``I32``; int4/uint4/int2/uint2 one
-  value per byte in ``I8``/``U8``; float8_e4m3fn/e5m2 as ``F8_E4M3``/``F8_E5M2``; the other
-  float types as ``U8`` bit patterns),
-- ``N_scale``: float32 (float16 when stored so, ``scale_dtype="float16"``), shaped to
-  broadcast against ``N``: ``[1]`` per tensor, the channel axis kept and every other axis 1
-  per axis (``[out, 1]`` for axis 0 of a matrix), the group
-  layout ``[out, in / group]`` blocked,
-- ``N_zero_point``: the zero point in the values' integer type, same shape as ``N_scale``
-  (omitted when every zero point is 0, i.e. symmetric),
+- ``compressed-tensors`` (the default): what transformers (through ``compressed-tensors``) and
+  vLLM load, with a ``config.json`` beside the files that carries the ``quantization_config``
+  they need (merged into the source checkpoint's own ``config.json`` when there is one); see
+  :mod:`qstream.io.compressed_tensors`. A tensor that layout cannot express is refused,
+  naming it, before anything is written: an export never loads silently wrong.
+- ``qstream``: every quantized type qstream has, read by qstream (and by hand): a quantized
+  tensor ``N`` is written as
 
-so ``(N - N_zero_point) * N_scale`` in float32 is ``qstream.dequantize`` bit for bit. Kept
-tensors are written in their original dtype (bfloat16 included). ``__metadata__["qstream"]``
-(JSON) records each quantized tensor's type, axis and block size. Above ``max_shard_size`` the
-tensors are split over ``stem-0000K-of-0000N.safetensors`` with a ``stem.safetensors.index.json``
-(``weight_map``), as Hugging Face sharded checkpoints are. Memory stays bounded: tensors are
-read and written in slabs of ~16 MiB.
+  - ``N``: the stored values (``I8``/``U8``/``I16``/``U16``/``I32``; int4/uint4/int2/uint2 one
+    value per byte in ``I8``/``U8``; float8_e4m3fn/e5m2 as ``F8_E4M3``/``F8_E5M2``; the other
+    float types as ``U8`` bit patterns),
+  - ``N_scale``: float32 (float16 when stored so, ``scale_dtype="float16"``), shaped to
+    broadcast against ``N``: ``[1]`` per tensor, the channel axis kept and every other axis 1
+    per axis (``[out, 1]`` for axis 0 of a matrix), the group layout ``[out, in / group]``
+    blocked,
+  - ``N_zero_point``: the zero point in the values' integer type, same shape as ``N_scale``
+    (omitted when every zero point is 0, i.e. symmetric),
+
+  so ``(N - N_zero_point) * N_scale`` in float32 is ``qstream.dequantize`` bit for bit. No
+  ``config.json`` is written: transformers would read the codes as weights.
+
+Kept tensors are written in their original dtype (bfloat16 included). ``__metadata__``
+records the layout (``qstream_format``) and each quantized tensor's type, axis and block size
+(``qstream``, JSON). Above ``max_shard_size`` the tensors are split over
+``stem-0000K-of-0000N.safetensors`` with a ``stem.safetensors.index.json`` (``weight_map``),
+as Hugging Face sharded checkpoints are. Memory stays bounded: tensors are read and written in
+slabs of ~16 MiB.
 """
 
 from __future__ import annotations
@@ -33,9 +42,16 @@ import struct
 import numpy as np
 
 from ..errors import InvalidParameterError, StoreError
+from . import compressed_tensors as ct
 from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
 SLAB = 16 << 20
+FORMATS = ("compressed-tensors", "qstream")
+CONFIG = "config.json"
+LOADERS = {
+    "compressed-tensors": "transformers / vLLM (compressed-tensors)",
+    "qstream": "qstream (open_quantized-style layout; not for transformers)",
+}
 _INT_TAGS = {
     "int8": "I8",
     "uint8": "U8",
@@ -146,6 +162,59 @@ def _quantized_entries(name: str, arr: QuantizedArray, get) -> list[_Entry]:
     return entries
 
 
+def _ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get) -> list[_Entry]:
+    """The compressed-tensors entries of the quantized weight ``name`` (see
+    :mod:`qstream.io.compressed_tensors`)."""
+    out, cols = arr.shape
+    m = lay.module
+
+    def codes(r0, r1):
+        return ct.signed_codes(get(name).quantized((slice(r0, r1),)), lay)
+
+    if lay.bits == 8:
+        entries = [_Entry(f"{m}weight", "I8", arr.shape, 1, codes)]
+    else:
+        words = -(-cols * lay.bits // 32)
+        entries = [
+            _Entry(
+                f"{m}weight_packed",
+                "I32",
+                (out, words),
+                4,
+                lambda r0, r1: ct.pack_rows(codes(r0, r1)),
+            ),
+            _Entry(
+                f"{m}weight_shape", "I64", (2,), 8, lambda r0, r1: np.array([out, cols], np.int64)
+            ),
+        ]
+    pshape = {"tensor": (1,), "channel": (out, 1)}.get(lay.strategy, arr.scale.shape)
+    half = arr.scale_dtype == np.float16
+    sdtype = np.dtype(np.float16 if half else np.float32)
+    entries.append(
+        _Entry(
+            f"{m}weight_scale",
+            "F16" if half else "F32",
+            pshape,
+            sdtype.itemsize,
+            lambda r0, r1: get(name).scale.reshape(pshape).astype(sdtype)[r0:r1],
+        )
+    )
+    if not lay.symmetric:
+
+        def zero_points():
+            zp = np.rint(get(name).zero_point.reshape(pshape)).astype(np.int16)
+            return (zp - lay.offset).astype(np.int8)
+
+        if lay.bits == 8:
+            zshape, read_zp = pshape, lambda r0, r1: zero_points()[r0:r1]
+        else:
+            zshape = (-(-pshape[0] * lay.bits // 32), pshape[1])
+            read_zp = lambda r0, r1: ct.pack_columns(zero_points(), lay.bits)[r0:r1]  # noqa: E731
+        tag, size = ("I8", 1) if lay.bits == 8 else ("I32", 4)
+        entries.append(_Entry(f"{m}weight_zero_point", tag, zshape, size, read_zp))
+    return entries
+
+
 def _param_shape(arr: QuantizedArray) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The shape of the exported scale / zero point (see the module docstring)."""
     if arr.axis is None:
@@ -232,15 +301,22 @@ def finished_export(out, job: str) -> list[str] | None:
         names = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
         if not all(isinstance(n, str) and shard_pattern(out).fullmatch(n) for n in names):
             return None  # not an index this export writes
+        if meta.get("qstream_format") == "compressed-tensors":
+            names.append(CONFIG)
         return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
     meta = _export_metadata(out) if os.path.lexists(out) else None
-    return [out] if meta is not None and meta.get("qstream_job") == job else None
+    if meta is None or meta.get("qstream_job") != job:
+        return None
+    config = os.path.join(os.path.dirname(out), CONFIG)
+    return [out, config] if meta.get("qstream_format") == "compressed-tensors" else [out]
 
 
 def _export_metadata(path: str) -> dict | None:
     """qstream's metadata in a safetensors file or index, or None."""
     if path.endswith(".json"):
         doc = _read_json(path)
+        if doc is not None and os.path.basename(path) == CONFIG:
+            return _qstream_meta(doc)
         return _qstream_meta(doc.get("metadata") if doc else None)
     from .paths import open_regular
 
@@ -254,6 +330,8 @@ def _export_metadata(path: str) -> dict | None:
 
 
 def _qstream_meta(meta) -> dict | None:
+    if isinstance(meta, dict) and "qstream_export" in meta:  # a config.json qstream wrote
+        return {"qstream": "config", **meta["qstream_export"]}
     return meta if isinstance(meta, dict) and "qstream" in meta else None
 
 
@@ -291,6 +369,8 @@ def export_safetensors(
     src,
     out,
     *,
+    format: str = "compressed-tensors",
+    config=None,
     max_shard_size: int = 5 * 10**9,
     overwrite: bool = False,
     name: str = "weight",
@@ -300,27 +380,51 @@ def export_safetensors(
 ) -> dict:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
-    it, with an index, above ``max_shard_size`` bytes); see the module docstring for the
-    naming. Returns the files written and the tensors' names.
+    it, with an index, above ``max_shard_size`` bytes); see the module docstring for the two
+    layouts (``format``). Returns the files written, the tensors' names, the format and the
+    loader it targets.
+
+    ``config`` (compressed-tensors only): the model's ``config.json`` (a path or a dict) into
+    which the ``quantization_config`` is merged; None: the one beside the converted
+    checkpoint's source, if there is one. The result is written as ``config.json`` beside
+    ``out`` (a ``config.json`` qstream did not write is never replaced); without a source
+    config it holds the ``quantization_config`` alone, to merge into the model's.
 
     Existing files are refused unless ``overwrite``, except shards of an interrupted export
     (they carry qstream's metadata and no index was written); ``replace_own`` also replaces a
     finished export's files qstream wrote (a resumed ``convert ... out.safetensors``).
     ``job``: an identity recorded in the files (see :func:`finished_export`)."""
-    opened = open_quantized(src, storage_options=storage_options)
-    tensors = _Tensors(opened, name)
-    entries, described = [], {}
-    for n in tensors.names():
-        t = tensors(n)
-        entries += _entries(n, t, tensors)
-        if isinstance(t, QuantizedArray):
-            described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
-    names = [e.name for e in entries]
-    if len(set(names)) != len(names):
-        raise InvalidParameterError("tensor names collide with the _scale/_zero_point suffixes")
+    if format not in FORMATS:
+        raise InvalidParameterError(
+            f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)} (GGUF:"
+            " an output path ending in .gguf, see qstream.export_gguf)"
+        )
     out = os.fspath(out)
     if not out.endswith(".safetensors"):
         raise InvalidParameterError(f"{out}: the export target must end in .safetensors")
+    opened = open_quantized(src, storage_options=storage_options)
+    tensors = _Tensors(opened, name)
+    entries, described, layouts, kept = [], {}, [], []
+    for n in tensors.names():
+        t = tensors(n)
+        if isinstance(t, QuantizedArray):
+            if format == "compressed-tensors":
+                lay = ct.layout(n, t.shape, t.spec)
+                layouts.append(lay)
+                entries += _ct_entries(n, t, lay, tensors)
+            else:
+                entries += _quantized_entries(n, t, tensors)
+            described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
+        else:
+            entries += _entries(n, t, tensors)
+            if len(t.shape) == 2 and n.endswith("weight"):
+                kept.append(n[: -len("weight")])
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})[:3]
+        raise InvalidParameterError(
+            f"tensor names collide with the export's parameter names: {', '.join(dup)}"
+        )
     shards = _shards(entries, int(max_shard_size))
     stem = out[: -len(".safetensors")]
     files = (
@@ -329,7 +433,58 @@ def export_safetensors(
         else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     )
     index = f"{stem}.safetensors.index.json"
-    targets = files + ([index] if len(shards) > 1 else [])
+    config_path = os.path.join(os.path.dirname(out), CONFIG)
+    model_config = None
+    if format == "compressed-tensors":
+        model_config = _model_config(config, opened)
+        model_config["quantization_config"] = ct.quantization_config(layouts, kept)
+    write_config = model_config is not None and not _same_config(config_path, model_config)
+    targets = files + ([config_path] if write_config else [])
+    targets += [index] if len(shards) > 1 else []
+    check_targets(targets, overwrite or replace_own)
+    for f in targets:
+        _remove_stale_partials(f)
+    meta = {
+        "format": "pt",
+        "qstream": json.dumps(described, sort_keys=True),
+        "qstream_format": format,
+    }
+    if job is not None:
+        meta["qstream_job"] = job
+    last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
+    for path, shard in zip(files, shards, strict=True):
+        if path != last:
+            _write_file(path, shard, meta)
+    if write_config:
+        model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
+        _write_json(config_path, model_config)
+    if last is not None:
+        _write_file(last, shards[0], meta)
+    else:
+        weight_map = {
+            e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
+        }
+        total = sum(e.nbytes for e in entries)
+        doc = {
+            "metadata": {"total_size": total, "qstream": "export", "qstream_format": format},
+            "weight_map": weight_map,
+        }
+        if job is not None:
+            doc["metadata"]["qstream_job"] = job
+        _write_json(index, doc)
+    return {
+        "files": targets,
+        "tensors": names,
+        "bytes": sum(e.nbytes for e in entries),
+        "format": format,
+        "loader": LOADERS[format],
+        "config": config_path if model_config is not None else None,
+    }
+
+
+def check_targets(targets: list[str], replace: bool) -> None:
+    """Refuse an export over files qstream did not write (whatever ``overwrite`` says) and,
+    unless ``replace``, over a finished export (its last file, the marker, exists)."""
     from .paths import kind_of
 
     for f in targets:
@@ -344,29 +499,104 @@ def export_safetensors(
             )
         # the last file written (the index, or the only file) marks a finished export; shards
         # of an interrupted one (ours: they carry qstream's metadata) are written again
-        if not (overwrite or replace_own or f != targets[-1]):
+        if not (replace or f != targets[-1]):
             raise StoreError(f"{f} exists; pass overwrite=True to replace it")
-    for f in targets:
-        _remove_stale_partials(f)
-    meta = {
-        "format": "pt",
-        "qstream": json.dumps(described, sort_keys=True),
-        "naming": "compressed-tensors: N, N_scale, N_zero_point",
-    }
-    if job is not None:
-        meta["qstream_job"] = job
-    for path, shard in zip(files, shards, strict=True):
-        _write_file(path, shard, meta)
-    if len(shards) > 1:
-        weight_map = {
-            e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
-        }
-        total = sum(e.nbytes for e in entries)
-        doc = {"metadata": {"total_size": total, "qstream": "export"}, "weight_map": weight_map}
-        if job is not None:
-            doc["metadata"]["qstream_job"] = job
-        tmp = f"{index}.{os.getpid()}.partial"
+
+
+def _same_config(path: str, doc: dict) -> bool:
+    """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` (two
+    exports of one model into one folder share it)."""
+    from .paths import kind_of
+
+    if kind_of(path) != "file":
+        return False
+    old = _read_json(path)
+    if old is None or "qstream_export" not in old:
+        return False
+    old.pop("qstream_export")
+    return old == doc
+
+
+def _model_config(config, opened) -> dict:
+    """The model configuration the quantization config is merged into: ``config`` (a dict or
+    the path of a JSON file), or the ``config.json`` beside the converted checkpoint's local
+    source, or an empty one."""
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))  # a copy; JSON only
+    path = os.fspath(config) if config is not None else _source_config(opened)
+    if path is None:
+        return {}
+    doc = _read_json(path)
+    if doc is None:
+        raise InvalidParameterError(f"{path}: not a readable JSON object (a model config.json)")
+    if "qstream_export" in doc:  # one qstream wrote: the model's config, and its own part
+        doc.pop("qstream_export")
+        doc.pop("quantization_config", None)
+    elif "quantization_config" in doc:
+        raise InvalidParameterError(
+            f"{path} already has a quantization_config: its checkpoint is quantized already;"
+            " pass config= a plain model config"
+        )
+    return doc
+
+
+def _source_config(opened) -> str | None:
+    """``config.json`` beside (or in) a converted checkpoint's local source, if there is one."""
+    if not isinstance(opened, QuantizedCheckpoint):
+        return None
+    source = opened.meta.get("source")
+    if not isinstance(source, str) or "://" in source:
+        return None
+    folder = source if os.path.isdir(source) else os.path.dirname(source)
+    path = os.path.join(folder, CONFIG)
+    return path if os.path.isfile(path) else None
+
+
+def _write_json(path: str, doc: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
         with open(tmp, "w") as f:
             json.dump(doc, f, indent=2)
-        os.replace(tmp, index)
-    return {"files": targets, "tensors": names, "bytes": sum(e.nbytes for e in entries)}
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StoreError(f"cannot write {path}: {e}") from None
+
+
+def describe_export(path) -> dict:
+    """What a file qstream exported holds and which loader it targets: a ``.safetensors``
+    (or its index) or a ``.gguf``. Raises :class:`StoreError` for a file qstream did not
+    export."""
+    path = os.fspath(path)
+    if path.endswith(".gguf"):
+        from .gguf import describe
+
+        return describe(path)
+    meta = _export_metadata(path)
+    if meta is None:
+        raise StoreError(f"{path} is not a qstream export (no qstream metadata)")
+    if path.endswith(".json"):
+        doc = _read_json(path) or {}
+        names = list((doc.get("weight_map") or {}).keys())
+        total = (doc.get("metadata") or {}).get("total_size")
+    else:
+        from .paths import open_regular
+
+        with open_regular(path) as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(n, 100 << 20)))
+        names = [k for k in header if k != "__metadata__"]
+        total = max((v["data_offsets"][1] for k, v in header.items() if k in names), default=0)
+    fmt = meta.get("qstream_format", "qstream")
+    quantized = json.loads(meta["qstream"]) if isinstance(meta.get("qstream"), str) else {}
+    config = os.path.join(os.path.dirname(path), CONFIG)
+    return {
+        "file": path,
+        "format": fmt,
+        "loader": LOADERS.get(fmt, LOADERS["qstream"]),
+        "tensors": len(names),
+        "quantized": quantized,
+        "bytes": total,
+        "config": config if fmt == "compressed-tensors" and os.path.isfile(config) else None,
+    }

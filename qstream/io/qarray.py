@@ -110,6 +110,9 @@ def _array_metadata(kw: dict):
     key = repr(sorted(kw.items()))
     meta = _TEMPLATES.get(key)
     if meta is None:
+        from .zarr_ext import register_zarr_types
+
+        register_zarr_types()  # sub-byte types: this may be the process's first Zarr write
         meta = zarr.create_array(store=MemoryStore(), **kw).metadata
         if len(_TEMPLATES) >= 256:
             _TEMPLATES.clear()
@@ -616,7 +619,7 @@ class QuantizedArray:
     def plot(self, ax=None):
         """Draw the stored calibration histogram with its thresholds (per tensor) or the
         per-channel SQNR (per channel) on ``ax`` with matplotlib (``pip install
-        'qstream[plot]'``); returns the axes."""
+        'qstream-zarr[plot]'``); returns the axes."""
         from ..viz.mpl import plot_view
 
         return plot_view(self.view, ax=ax)

@@ -140,7 +140,7 @@ def with_backend(target, backend: str | None, storage_options: dict | None, *, r
         import zarr
     except ImportError:
         raise InvalidParameterError(
-            "store='obstore' needs the obstore package: pip install 'qstream[s3]'"
+            "store='obstore' needs the obstore package: pip install 'qstream-zarr[s3]'"
         ) from None
     try:
         inner = obstore.store.from_url(url, **_obstore_options(storage_options))

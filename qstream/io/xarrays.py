@@ -28,7 +28,7 @@ def open_xarray(path, *, storage_options: dict | None = None, chunks=None):
 
         raise InvalidParameterError(
             f"open_xarray needs xarray and dask ({e.name} is missing):"
-            " pip install 'qstream[xarray]'"
+            " pip install 'qstream-zarr[xarray]'"
         ) from None
     opened = open_quantized(path, storage_options=storage_options)
     if isinstance(opened, QuantizedCheckpoint):

@@ -1,4 +1,4 @@
-"""matplotlib figures of the calibration views (``pip install 'qstream[plot]'``).
+"""matplotlib figures of the calibration views (``pip install 'qstream-zarr[plot]'``).
 
 Imported only when a plot is asked for; without matplotlib every entry point raises an
 ``ImportError`` that says what to install. Files are drawn on a plain ``Figure`` (no pyplot
@@ -23,7 +23,8 @@ def _matplotlib():
         import matplotlib
     except ImportError:
         raise ImportError(
-            "plotting needs matplotlib: pip install 'qstream[plot]' (or pip install matplotlib)"
+            "plotting needs matplotlib: pip install 'qstream-zarr[plot]'"
+            " (or pip install matplotlib)"
         ) from None
     return matplotlib
 

@@ -1,0 +1,164 @@
+"""GGUF block types as gguf-py 0.19 (``gguf.quants``) quantizes and dequantizes them, bit for
+bit: Q8_0, Q4_0, Q4_1, and the plain F32, F16 and BF16.
+
+Blocks are runs of 32 values along the last axis; every operation is float32, in gguf-py's
+order (which matches ggml's reference C for these types):
+
+- **Q8_0** (34 bytes): ``d = absmax / 127``; codes ``round_half_away(x * (1 / d))``, computed
+  with the float32 ``d`` *before* it is stored as float16; dequantized ``code * f16(d)``.
+- **Q4_0** (18 bytes): ``d = m / -8`` where ``m`` is the block's value of largest magnitude
+  (signed; the first on ties), so ``m`` itself maps to code 0 (-8); nibble ``trunc(x * (1 / d)
+  + 8.5)`` clipped to 0..15; dequantized ``f16(d) * (nibble - 8)``.
+- **Q4_1** (20 bytes): ``d = (max - min) / 15``; nibble ``trunc((x - min) * (1 / d) + 0.5)``
+  clipped to 0..15; ``d`` and ``min`` stored as float16; dequantized ``f16(d) * n + f16(min)``.
+
+Nibbles: byte ``j`` of a block holds value ``j`` (low nibble) and value ``j + 16`` (high). A
+zero block has ``d = 0`` (and ``1 / d`` taken as 0). These derivations differ from qstream's
+affine specs (the scale is rounded to float16 after the codes are computed; Q4_0's scale is
+negative; Q4_1's offset is a float), so GGUF types are produced by this profile, not by a
+QuantSpec: ``qstream convert CK out.gguf`` and :func:`qstream.export_gguf` use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidDTypeError, InvalidParameterError
+
+BLOCK = 32
+#: bytes per block of 32 values, per quantized type
+TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+#: GGML type numbers (``gguf.GGMLQuantizationType``)
+TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+PLAIN = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
+TYPES = tuple(TYPE_ID)
+__all__ = ["BLOCK", "TYPES", "byte_shape", "dequantize", "quantize"]
+
+
+def _type(qtype: str) -> str:
+    name = str(getattr(qtype, "name", qtype)).upper()
+    if name not in TYPE_ID:
+        raise InvalidParameterError(
+            f"unknown GGUF type {qtype!r}; expected one of: {', '.join(TYPES)}"
+        )
+    return name
+
+
+def byte_shape(shape, qtype: str) -> tuple[int, ...]:
+    """The stored shape of a tensor of ``shape``: quantized types (and BF16) as bytes, the last
+    axis ``shape[-1] / 32 * type size``; F32/F16 as values."""
+    qtype = _type(qtype)
+    shape = tuple(int(d) for d in shape)
+    if qtype in PLAIN:
+        return shape
+    if qtype == "BF16":
+        return (*shape[:-1], shape[-1] * 2)
+    if not shape or shape[-1] % BLOCK:
+        raise InvalidParameterError(
+            f"{qtype} needs a last axis that is a multiple of {BLOCK}, got shape {list(shape)}"
+        )
+    return (*shape[:-1], shape[-1] // BLOCK * TYPE_SIZE[qtype])
+
+
+def quantize(x, qtype: str) -> np.ndarray:
+    """``gguf.quants.quantize(x, qtype)``: uint8 blocks for Q8_0/Q4_0/Q4_1/BF16 (shaped
+    :func:`byte_shape`), float32/float16 values for F32/F16."""
+    qtype = _type(qtype)
+    x = np.asarray(x)
+    if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
+        raise InvalidDTypeError(f"GGUF quantize needs a floating array, got {x.dtype}")
+    if qtype in PLAIN:
+        return x.astype(PLAIN[qtype], copy=False)
+    out_shape = byte_shape(x.shape, qtype)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if qtype == "BF16":
+        return _bf16(x).reshape(out_shape)
+    blocks = x.reshape(-1, BLOCK)
+    return {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}[qtype](blocks).reshape(out_shape)
+
+
+def dequantize(raw, qtype: str) -> np.ndarray:
+    """``gguf.quants.dequantize(raw, qtype)``: float32 values of stored blocks (the last axis
+    back to values)."""
+    qtype = _type(qtype)
+    raw = np.asarray(raw)
+    if qtype == "F32":
+        return raw.view(np.float32)
+    if qtype == "F16":
+        return raw.view(np.float16).astype(np.float32)
+    raw = np.ascontiguousarray(raw).view(np.uint8)
+    if qtype == "BF16":
+        return (raw.view(np.int16).astype(np.int32) << 16).view(np.float32)
+    size = TYPE_SIZE[qtype]
+    if raw.shape[-1] % size:
+        raise InvalidParameterError(f"{qtype} rows must be whole blocks of {size} bytes")
+    blocks = raw.reshape(-1, size)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    if qtype == "Q8_0":
+        x = blocks[:, 2:].view(np.int8).astype(np.float32) * d
+    elif qtype == "Q4_0":
+        x = d * (_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
+    else:
+        m = blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+        x = (d * _nibbles(blocks[:, 4:]).astype(np.float32)) + m
+    return x.reshape(*raw.shape[:-1], raw.shape[-1] // size * BLOCK)
+
+
+def _inverse(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d == 0, np.float32(0), np.float32(1) / d)
+
+
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    """Rounding half away from zero, as gguf-py's ``np_roundf`` computes it in float32."""
+    a = np.abs(v)
+    f = np.floor(a)
+    return np.sign(v) * (f + np.floor(np.float32(2) * (a - f)))
+
+
+def _pack(nibbles: np.ndarray) -> np.ndarray:
+    """``[n, 32]`` values 0..15 -> ``[n, 16]`` bytes: value j low, value j + 16 high."""
+    return nibbles[:, :16] | (nibbles[:, 16:] << np.uint8(4))
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`_pack`: ``[n, 16]`` bytes -> ``[n, 32]`` uint8 values."""
+    return np.concatenate([packed & np.uint8(0x0F), packed >> np.uint8(4)], axis=1)
+
+
+def _half_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8)
+
+
+def _q8_0(b: np.ndarray) -> np.ndarray:
+    d = np.abs(b).max(axis=1, keepdims=True) / np.float32(127)
+    q = _round_half_away(b * _inverse(d)).astype(np.int8)
+    return np.concatenate([_half_bytes(d), q.view(np.uint8)], axis=1)
+
+
+def _q4_0(b: np.ndarray) -> np.ndarray:
+    m = np.take_along_axis(b, np.abs(b).argmax(axis=1, keepdims=True), axis=1)
+    d = m / np.float32(-8)
+    n = np.trunc(b * _inverse(d) + np.float32(8.5), dtype=np.float32)
+    return np.concatenate([_half_bytes(d), _pack(n.astype(np.uint8).clip(0, 15))], axis=1)
+
+
+def _q4_1(b: np.ndarray) -> np.ndarray:
+    hi = b.max(axis=1, keepdims=True)
+    lo = b.min(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(15)
+    n = np.trunc((b - lo) * _inverse(d) + np.float32(0.5), dtype=np.float32)
+    packed = _pack(n.astype(np.uint8).clip(0, 15))
+    return np.concatenate([_half_bytes(d), _half_bytes(lo), packed], axis=1)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bytes as gguf-py rounds (to nearest even; NaN kept quiet)."""
+    n = x.reshape(-1).view(np.uint32)
+    n = np.where(
+        (n & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000),
+        (n & np.uint32(0xFFFF0000)) | np.uint32(64 << 16),
+        n,
+    )
+    n = (n.astype(np.uint64) + (np.uint64(0x7FFF) + ((n >> np.uint32(16)) & np.uint32(1)))) >> 16
+    return n.astype(np.uint16).view(np.uint8)

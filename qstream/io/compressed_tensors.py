@@ -1,0 +1,180 @@
+"""The compressed-tensors layout: what transformers (through ``compressed-tensors``) and vLLM
+load as quantized weights.
+
+A quantized weight ``M.weight`` (2-D, ``[out, in]``) becomes, for the module ``M``:
+
+- 8 bits, ``int-quantized``: ``M.weight`` int8 codes;
+- 4 bits, ``pack-quantized``: ``M.weight_packed`` int32 ``[out, ceil(in / 8)]`` (code ``c`` of
+  a row, offset by +8, in bits ``4 * (c % 8)`` of word ``c // 8``) and ``M.weight_shape``
+  int64 ``[out, in]``;
+- ``M.weight_scale``: ``[1]`` per tensor, ``[out, 1]`` per channel (axis 0), ``[out, in /
+  group]`` in groups along ``in`` (float32, or float16 when stored so);
+- asymmetric specs: ``M.weight_zero_point``, int8 shaped like the scale (8 bits), or packed
+  along the output axis, int32 ``[ceil(out / 8), groups]`` (4 bits), as compressed-tensors'
+  own compressor writes it.
+
+Unsigned codes are stored signed (``q - 2**(bits-1)``, the zero point likewise): the
+difference ``q - zero_point`` is unchanged, so ``(q - zp) * scale`` is qstream's dequantization
+bit for bit. The config's ``quantization_config`` carries one config group per (bits,
+symmetric, strategy, group size) with ``format`` inside the group, as the loader requires.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InvalidParameterError
+
+INT_QUANTIZED = "int-quantized"
+PACK_QUANTIZED = "pack-quantized"
+_INT_TYPES = {"int8": 8, "uint8": 8, "int4": 4, "uint4": 4}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one quantized weight is written (see the module docstring)."""
+
+    module: str  # the tensor's name without its trailing "weight" ("model.x.q_proj.")
+    bits: int
+    symmetric: bool
+    strategy: str  # tensor | channel | group
+    group_size: int | None
+    unsigned: bool
+
+    @property
+    def format(self) -> str:
+        return PACK_QUANTIZED if self.bits == 4 else INT_QUANTIZED
+
+    @property
+    def offset(self) -> int:
+        """What is subtracted from unsigned codes and zero points to make them signed."""
+        return 1 << (self.bits - 1) if self.unsigned else 0
+
+    def group_key(self) -> tuple:
+        return (self.format, self.bits, self.symmetric, self.strategy, self.group_size)
+
+
+def layout(name: str, shape, spec) -> Layout:
+    """The layout of the tensor ``name`` quantized by ``spec``, or an
+    :class:`InvalidParameterError` naming what compressed-tensors cannot express."""
+    qt = spec.qtype
+
+    def refuse(why: str) -> InvalidParameterError:
+        return InvalidParameterError(
+            f"{name}: {why}, which compressed-tensors (transformers, vLLM) cannot load; keep"
+            " the tensor (a keep rule), change its spec, or export with format='qstream'"
+            " (read by qstream only)"
+        )
+
+    if qt.name not in _INT_TYPES:
+        raise refuse(f"{qt.name} codes (int8, uint8, int4 and uint4 load)")
+    if len(shape) != 2:
+        raise refuse(f"a {len(shape)}-D weight (2-D Linear weights load)")
+    if not name.endswith("weight"):
+        raise refuse("a name that is not a module's weight (…weight)")
+    axis = None if spec.axis is None else spec.axis % 2
+    if spec.block_size:
+        if axis != 1:
+            raise refuse("groups along the output axis (groups along axis 1, the input, load)")
+        if shape[1] % spec.block_size:
+            raise refuse(f"groups of {spec.block_size} that do not divide {shape[1]} columns")
+        strategy, group = "group", int(spec.block_size)
+    elif axis == 1:
+        raise refuse("one scale per input column (per channel on axis 0 loads)")
+    else:
+        strategy, group = ("tensor" if axis is None else "channel"), None
+    bits = _INT_TYPES[qt.name]
+    if bits == 4 and not spec.symmetric and strategy == "tensor":
+        raise refuse("an asymmetric per-tensor 4-bit spec")
+    return Layout(name[: -len("weight")], bits, spec.symmetric, strategy, group, not qt.signed)
+
+
+def signed_codes(q: np.ndarray, lay: Layout) -> np.ndarray:
+    """Rows of codes as int8 in the signed range of their bits."""
+    return (q.astype(np.int16) - lay.offset).astype(np.int8)
+
+
+def pack_rows(q: np.ndarray, bits: int = 4) -> np.ndarray:
+    """``[R, C]`` signed codes -> ``[R, ceil(C * bits / 32)]`` int32 words, each code offset by
+    ``2**(bits-1)`` and packed from the low bits up (compressed-tensors' ``pack_to_int32``);
+    the last word padded with (offset) zeros."""
+    per = 32 // bits
+    rows, cols = q.shape
+    u = (q.astype(np.int32) + (1 << (bits - 1))).astype(np.uint32)
+    pad = -cols % per
+    if pad:
+        u = np.concatenate([u, np.zeros((rows, pad), np.uint32)], axis=1)
+    u = u.reshape(rows, -1, per)
+    words = np.zeros(u.shape[:2], np.uint32)
+    for i in range(per):
+        words |= u[:, :, i] << np.uint32(bits * i)
+    return words.view(np.int32)
+
+
+def pack_columns(zp: np.ndarray, bits: int = 4) -> np.ndarray:
+    """``[out, G]`` signed zero points packed along the output axis: ``[ceil(out * bits /
+    32), G]`` int32 (how compressed-tensors packs a 4-bit zero point)."""
+    return np.ascontiguousarray(pack_rows(np.ascontiguousarray(zp.T), bits).T)
+
+
+def _template(module: str) -> str:
+    """A regex for ``module`` with its layer numbers generalised (``layers.12.`` ->
+    ``layers.\\d+.``)."""
+    return re.sub(r"\d+", r"\\d+", re.escape(module))
+
+
+def _targets(mine: list[str], others: list[str]) -> list[str]:
+    """Few ``re:`` targets that match every module of ``mine`` and none of ``others``: one per
+    name template (layer numbers generalised) where no other module fits it, else the exact
+    name."""
+    out: dict[str, None] = {}
+    templates: dict[str, list[str]] = {}
+    for m in mine:
+        templates.setdefault(_template(m), []).append(m)
+    for t, names in templates.items():
+        rx = re.compile(t)
+        if any(rx.fullmatch(o) for o in others):
+            out.update({f"re:^{re.escape(n)}$": None for n in names})
+        else:
+            out[f"re:^{t}$"] = None
+    return list(out)
+
+
+def quantization_config(layouts: list[Layout], kept_weights: list[str]) -> dict:
+    """The ``quantization_config`` of an export: one config group per kind of layout, its
+    ``targets`` naming exactly its modules; ``ignore``: the kept 2-D weights' modules."""
+    groups: dict[tuple, list[str]] = {}
+    for lay in layouts:
+        groups.setdefault(lay.group_key(), []).append(lay.module.rstrip("."))
+    everyone = [m.rstrip(".") for m in kept_weights]
+    config_groups = {}
+    for i, (key, modules) in enumerate(groups.items()):
+        fmt, bits, symmetric, strategy, group = key
+        others = everyone + [m for k, ms in groups.items() if k != key for m in ms]
+        weights = {
+            "num_bits": bits,
+            "type": "int",
+            "symmetric": symmetric,
+            "strategy": strategy,
+            "dynamic": False,
+        }
+        if group:
+            weights["group_size"] = group
+        config_groups[f"group_{i}"] = {
+            "targets": _targets(modules, others),
+            "format": fmt,
+            "weights": weights,
+            "input_activations": None,
+            "output_activations": None,
+        }
+    formats = {key[0] for key in groups}
+    return {
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "config_groups": config_groups,
+        "ignore": sorted(m.rstrip(".") for m in kept_weights),
+    }
