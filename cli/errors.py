@@ -64,8 +64,29 @@ _FLAGS = (
 )
 
 
+def show_warnings() -> None:
+    """qstream's warnings as one ``warning:`` line each on stderr (not Python's
+    ``file:line: Category`` form)."""
+    import warnings
+
+    from qstream.errors import QStreamWarning
+
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, QStreamWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def cli_terms(message: str) -> str:
-    """``message`` with library argument names replaced by the flags that set them."""
+    """``message`` with library argument names replaced by the flags that set them (not in
+    a recipe's messages: those name the recipe's own keys)."""
+    if "recipe" in message:
+        return message
     for pattern, repl in _FLAGS:
         if repl is None:
             message = pattern.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)

@@ -88,6 +88,52 @@ def _main(
 # --------------------------------------------------------------------------- helpers
 
 
+def _checkpoint_tensor(path: str, name: str):
+    """The tensor ``name`` of the checkpoint ``path`` (FP8 weights paired with their scales),
+    read lazily by slices."""
+    import difflib
+
+    from qstream.io.checkpoints import open_checkpoint
+    from qstream.io.fp8 import pair_scales
+
+    tensors = pair_scales(open_checkpoint(path))
+    if name not in tensors:
+        near = difflib.get_close_matches(name, list(tensors), n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else f" ({len(tensors)} tensors)"
+        raise typer.BadParameter(f"--tensor {name}: no such tensor in {path}{hint}")
+    return tensors[name]
+
+
+def _check_percentile(method: str, percentile: float) -> None:
+    if percentile != 99.99 and method != "percentile":
+        raise typer.BadParameter(
+            f"--percentile {percentile:g} applies to --method percentile only, not {method};"
+            " drop one of them"
+        )
+
+
+def _offset(text: str | None):
+    """``--offset``: 'range' or a number."""
+    if text is None or text == "range":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"--offset takes 'range' or a number, got {text!r}") from None
+
+
+def _chunks(text: str | None):
+    """``--chunks 90,180``: one integer per axis."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(
+            f"--chunks takes integers separated by commas, got {text!r}"
+        ) from None
+
+
 def _size(text: str | None, flag: str) -> int | None:
     """'512MiB', '2GB', '1e9' -> bytes."""
     if text is None:
@@ -107,7 +153,26 @@ def _size(text: str | None, flag: str) -> int | None:
         "GI": 2**30,
         "TI": 2**40,
     }[unit]
-    return int(float(m.group(1)) * mult)
+    size = int(float(m.group(1)) * mult)
+    if flag == "--max-memory":
+        physical = _physical_memory()
+        if physical and size > physical:
+            typer.echo(
+                f"warning: --max-memory {text} is more than this machine's memory"
+                f" ({fmt_bytes(physical)}); using {fmt_bytes(physical // 2)}",
+                err=True,
+            )
+            size = physical // 2
+    return size
+
+
+def _physical_memory() -> int | None:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _done_already(dst: str, report: dict, as_json: bool, quiet: bool) -> bool:
@@ -249,7 +314,28 @@ def quantize(
         "error",
         "--nan-policy",
         metavar="POLICY",
-        help="NaN/inf in the data: error, zero_point (quantize to the zero point) or min.",
+        help="NaN/inf in the data: error, zero_point (quantize to the zero point), min, or"
+        " fill (NaN -> a reserved code, the type's minimum, written as _FillValue).",
+    ),
+    offset: str | None = typer.Option(
+        None,
+        "--offset",
+        metavar="OFFSET",
+        help="A float offset instead of a zero point (x = q * scale + offset; the range need"
+        " not contain 0): 'range' (calibrated) or a number.",
+    ),
+    layout: str = typer.Option(
+        "group",
+        "--layout",
+        metavar="LAYOUT",
+        help="group, or codec (per tensor: data decodes itself to floats in any zarr >= 3.2"
+        " reader, with its scale_offset + cast_value codecs).",
+    ),
+    chunks: str | None = typer.Option(
+        None,
+        "--chunks",
+        metavar="C0,C1,..",
+        help="The output's chunks (-1: a whole axis); default: multiples of the source's.",
     ),
     max_memory: str | None = _MEM,
     overwrite: bool = typer.Option(
@@ -273,6 +359,7 @@ def quantize(
     with library_errors():
         import qstream as qs
 
+        _check_percentile(method, percentile)
         spec = qs.QuantSpec(
             dtype=dtype,
             axis=axis,
@@ -285,6 +372,7 @@ def quantize(
             scale=scale,
             zero_point=zero_point,
             scale_dtype=scale_dtype,
+            offset=_offset(offset),
         )
         qs.warm_up([spec], background=True)  # first run: compile the quantize pass meanwhile
         with _executor(scheduler) as ex, progress("quantize", quiet or as_json) as cb:
@@ -299,6 +387,8 @@ def quantize(
                 store=store,
                 histogram=histogram,
                 compression=compression,
+                layout=layout,
+                chunks=_chunks(chunks),
             )
         if _done_already(dst, report.to_dict(), as_json, quiet):
             return
@@ -382,6 +472,7 @@ def dequantize(
     qstream calibrate acts.zarr --method entropy --show
     qstream calibrate acts.zarr --compare
     qstream calibrate weights.zarr --axis 0 --compare --json
+    qstream calibrate model.safetensors --tensor model.layers.0.mlp.up_proj.weight --axis 0
     """
 )
 def calibrate(
@@ -410,11 +501,20 @@ def calibrate(
         help="Set minmax, percentile, entropy, mse and l2 side by side: thresholds, parameters"
         " and predicted SQNR, from one histogram pass; the calibration shown is --method's.",
     ),
+    tensor: str | None = typer.Option(
+        None,
+        "--tensor",
+        metavar="NAME",
+        help="SRC is a checkpoint (safetensors, .npz, ...): calibrate its tensor NAME.",
+    ),
 ):
     """Print the scale and zero point a spec gives, and the data's range (writes nothing)."""
     with library_errors():
         import qstream as qs
 
+        if tensor is not None:
+            src = _checkpoint_tensor(src, tensor)
+        _check_percentile(method, percentile)
         spec = qs.QuantSpec(
             dtype=dtype,
             axis=axis,
@@ -583,6 +683,8 @@ def _check_plot(path: Path) -> None:
     qstream convert model.safetensors model-int8.zarr --recipe samples/recipe-int8.toml
     qstream convert model.safetensors model-int8.safetensors --max-shard-size 2GB
     qstream convert shards/model.safetensors.index.json out.zarr --json
+    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude 'lm_head*'
+    qstream convert model/ model.gguf --dtype int4 --block-size 32 --dry-run
     """
 )
 def convert(
@@ -642,12 +744,53 @@ def convert(
         " recipe quantizes [default: from the recipe: int8 -> Q8_0, int4 -> Q4_0, asymmetric"
         " 4-bit -> Q4_1].",
     ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", metavar="TYPE", help="Without --recipe: the quantized type [int8]."
+    ),
+    axis: int | None = typer.Option(
+        None,
+        "--axis",
+        metavar="N",
+        help="Without --recipe: per channel on this axis [0; with --block-size: -1].",
+    ),
+    block_size: int | None = typer.Option(
+        None, "--block-size", metavar="N", help="Without --recipe: groups of N along --axis."
+    ),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        metavar="NAME",
+        help=f"Without --recipe: {METHODS} [minmax; with --block-size: dynamic].",
+    ),
+    symmetric: bool | None = typer.Option(
+        None, "--symmetric/--asymmetric", help="Without --recipe: the range [symmetric]."
+    ),
+    include: list[str] = typer.Option(
+        [],
+        "--include",
+        metavar="PATTERN",
+        help="Quantize only tensors whose names match (a glob; repeatable).",
+    ),
+    exclude: list[str] = typer.Option(
+        [],
+        "--exclude",
+        metavar="PATTERN",
+        help="Keep tensors whose names match, unquantized (a glob; repeatable).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print which tensor gets what, and the sizes; write nothing."
+    ),
 ):
-    """Quantize a model checkpoint tensor by tensor, as a recipe says."""
+    """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says."""
     with library_errors():
         import qstream as qs
 
-        rec = qs.Recipe.load(recipe) if recipe else qs.Recipe()
+        flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
+        flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
+        rec = _convert_recipe(recipe, flags, include, exclude)
+        if dry_run:
+            _print_plan(qs.plan_conversion(checkpoint, rec), as_json)
+            return
         show = not (quiet or as_json)
         qs.warm_up(rec.specs(), background=True)  # first run: see quantize
 
@@ -795,6 +938,8 @@ def export(
             overwrite=overwrite,
             name=name,
         )
+        if _done_already(out, result, as_json, quiet):
+            return
         if as_json:
             emit_json(result)
         elif not quiet:
@@ -808,6 +953,51 @@ def export(
                     " config.json was found): merge your model's config into it, or pass"
                     " --config"
                 )
+
+
+def _convert_recipe(path, flags: dict, include: list[str], exclude: list[str]):
+    """The recipe of a ``convert``: the file, or the spec flags as its defaults; ``--exclude``
+    patterns become keep rules before its own, ``--include`` limits what is quantized."""
+    import qstream as qs
+
+    if path and flags:
+        raise typer.BadParameter(
+            "--recipe and the spec flags ("
+            + ", ".join("--" + k.replace("_", "-") for k in flags)
+            + ") do not mix: put the spec in the recipe's [defaults]"
+        )
+    d = qs.Recipe.load(path).to_dict() if path else {"defaults": {}, "rules": []}
+    if flags:
+        if "block_size" in flags:
+            flags.setdefault("axis", -1)
+            flags.setdefault("method", "dynamic")
+        d["defaults"] = {**d["defaults"], **flags}
+    d["rules"] = [{"pattern": p, "action": "keep"} for p in exclude] + d.get("rules", [])
+    if include:
+        d["include"] = list(include)
+    return qs.Recipe.from_dict(d)
+
+
+def _print_plan(rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        emit_json({"plan": rows})
+        return
+    table(
+        "conversion plan (nothing written)",
+        ["tensor", "shape", "dtype", "target", "before", "after"],
+        [
+            [r["name"], str(r["shape"]), r["dtype"], r["target"], fmt_bytes(r["bytes_before"]),
+             fmt_bytes(r["bytes_after"])]
+            for r in rows
+        ],
+    )  # fmt: skip
+    quantized = sum(1 for r in rows if not r["target"].startswith("keep"))
+    before = sum(r["bytes_before"] for r in rows)
+    after = sum(r["bytes_after"] for r in rows)
+    typer.echo(
+        f"{quantized} quantized, {len(rows) - quantized} kept;"
+        f" {fmt_bytes(before)} -> {fmt_bytes(after)}"
+    )
 
 
 def _gguf_summary(src: str, result: dict) -> str:
@@ -826,6 +1016,36 @@ def _has_model_type(path: str) -> bool:
 
     with open(path) as f:
         return "model_type" in json.load(f)
+
+
+@command(
+    """
+    qstream warm-up
+    RUN qstream warm-up        (a Dockerfile line: the image starts with compiled kernels)
+    """
+)
+def warm_up(
+    processes: int | None = typer.Option(
+        None, "--processes", metavar="N", help="Compile in N processes [default: the cores]."
+    ),
+    as_json: bool = _JSON,
+    quiet: bool = _QUIET,
+):
+    """Compile the kernels of the common jobs (int8 per tensor / per channel / percentile,
+    int4 and int8 groups, asymmetric uint8 and uint4, float8; their dequantize) into Numba's
+    cache once, so that no later run on this machine or image waits for a compiler."""
+    with library_errors():
+        from qstream.engine.warmup import warm_common
+
+        if not (quiet or as_json):
+            typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
+        result = warm_common(processes)
+        if as_json:
+            emit_json(result)
+        elif not quiet:
+            typer.echo(
+                f"kernels of {len(result['specs'])} job kinds ready in {result['seconds']:.1f} s"
+            )
 
 
 @command("qstream info")
@@ -851,9 +1071,10 @@ def version() -> None:
 def main() -> None:  # pragma: no cover - console entry point
     import signal
 
-    from .errors import on_sigterm, quiet_pipe
+    from .errors import on_sigterm, quiet_pipe, show_warnings
 
     signal.signal(signal.SIGTERM, on_sigterm)  # as Ctrl-C: one line, resumable, exit 143
+    show_warnings()
     try:
         app()
     except BrokenPipeError:  # output cut short outside a command (help text | head)

@@ -220,7 +220,10 @@ def compile_notice(err):
     def notice(_name: str) -> None:
         if not said:
             said.append(True)
-            err.print("compiling kernels (first run only; later runs load them from the cache)")
+            err.print(
+                "compiling kernels (first run only; later runs load them from the cache;"
+                " 'qstream warm-up' compiles the common ones at once)"
+            )
 
     remove = qstream.on_compile(notice)
     try:

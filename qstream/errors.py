@@ -21,3 +21,8 @@ class NonFiniteInputError(QStreamError, ValueError):
 
 class StoreError(QStreamError, OSError):
     """A store is missing, corrupt, incomplete, or cannot be written."""
+
+
+class QStreamWarning(UserWarning):
+    """Something worth knowing that does not stop the work (a recipe rule that matched no
+    tensor); the command line prints it as one ``warning:`` line."""

@@ -6,6 +6,8 @@ A recipe is TOML::
     dtype = "int8"
     axis = 0
 
+    include = ["*proj*"]       # optional: only tensors matching one of these are quantized
+
     [[rules]]                  # first matching rule wins; patterns are fnmatch globs on names
     pattern = "*norm*"
     action = "keep"            # store unquantized
@@ -63,6 +65,8 @@ class Recipe:
     rules: tuple[Rule, ...] = ()
     min_rank: int = 2
     scales: ScaleRule = field(default_factory=ScaleRule)
+    #: when not empty, only tensors matching one of these patterns are quantized
+    include: tuple[str, ...] = ()
 
     def keep_dtype(self, name: str, shape, dtype) -> str | None:
         """The type a kept floating-point tensor is rounded to: the ``dtype`` of the first
@@ -79,10 +83,54 @@ class Recipe:
         """The spec for a tensor, or None to keep it."""
         if not is_float_dtype(np.dtype(dtype)) or len(shape) < self.min_rank:
             return None
+        if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
+            return None
         for rule in self.rules:
             if fnmatch.fnmatchcase(name, rule.pattern):
                 return rule.spec
         return self.defaults
+
+    def check(self, tensors: dict) -> list[str]:
+        """Check the recipe against a checkpoint's ``tensors`` (name -> object with
+        ``shape`` and ``dtype``) before anything is written: an axis a tensor does not have
+        is an error naming the rule and the tensor; the returned warnings name each rule that
+        matches no tensor (a pattern that misses the checkpoint's names)."""
+        from .core.layout import normalize_axis
+
+        used: set[int] = set()
+        for name, t in tensors.items():
+            shape = tuple(t.shape)
+            index = next(
+                (i for i, r in enumerate(self.rules) if fnmatch.fnmatchcase(name, r.pattern)),
+                None,
+            )
+            if index is not None:
+                used.add(index)
+            spec = self.spec_for(name, shape, t.dtype)
+            if spec is None or spec.axis is None:
+                continue
+            try:
+                normalize_axis(spec.axis, len(shape))
+            except InvalidParameterError as e:
+                where = (
+                    "recipe [defaults]"
+                    if index is None
+                    else f"recipe rule {index + 1} ({self.rules[index].pattern!r})"
+                )
+                raise InvalidParameterError(
+                    f"{where} on tensor {name} (shape {list(shape)}): {e}; give that tensor"
+                    " its own rule (a spec with another axis, or keep)"
+                ) from None
+        like = f" (names look like {next(iter(tensors), '?')!r})"
+        return [
+            f"recipe rule {i + 1} ({r.pattern!r}) matches no tensor of the checkpoint{like}"
+            for i, r in enumerate(self.rules)
+            if i not in used
+        ] + [
+            f"recipe include pattern {p!r} matches no tensor of the checkpoint{like}"
+            for p in self.include
+            if not any(fnmatch.fnmatchcase(n, p) for n in tensors)
+        ]
 
     def specs(self) -> list[QuantSpec]:
         """Every spec the recipe can give (the defaults first), without repeats."""
@@ -107,6 +155,7 @@ class Recipe:
                 ],
                 # (only when not the default: the identities of earlier runs stay the same)
                 **({} if self.scales.is_default() else {"scales": self.scales.to_dict()}),
+                **({"include": list(self.include)} if self.include else {}),
             }
         )
 
@@ -114,7 +163,10 @@ class Recipe:
     def from_dict(cls, d: dict) -> Recipe:
         if not isinstance(d, dict):
             raise InvalidParameterError("a recipe is a table of [defaults] and [[rules]]")
-        check_keys(d, ("defaults", "rules", "min_rank", "scales"), "recipe")
+        check_keys(d, ("defaults", "rules", "min_rank", "scales", "include"), "recipe")
+        include = d.get("include", [])
+        if not isinstance(include, list) or not all(isinstance(p, str) for p in include):
+            raise InvalidParameterError("recipe include must be a list of name patterns")
         if not isinstance(d.get("defaults", {}), dict):
             raise InvalidParameterError("recipe [defaults] must be a table")
         if not isinstance(d.get("rules", []), list):
@@ -157,7 +209,8 @@ class Recipe:
             raise InvalidParameterError(
                 f"recipe min_rank must be an integer >= 0, got {min_rank!r}"
             )
-        return cls(defaults, tuple(rules), min_rank, ScaleRule.from_dict(d.get("scales")))
+        scales = ScaleRule.from_dict(d.get("scales"))
+        return cls(defaults, tuple(rules), min_rank, scales, tuple(include))
 
     @classmethod
     def load(cls, path) -> Recipe:

@@ -21,7 +21,8 @@ METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
 HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")
 SCALE_DTYPES = ("float32", "float16")
 SYMMETRIC_LEVELS = ("balanced", "full")
-NAN_POLICIES = ("error", "zero_point", "min")
+NAN_POLICIES = ("error", "zero_point", "min", "fill")
+OFFSET_MODES = ("range",)  # QuantSpec.offset as a word (else a number or a list of them)
 
 
 _PLAIN = (int, str, bool, type(None))
@@ -109,6 +110,16 @@ class QuantSpec:
             int8; the largest negative value maps to the type's minimum, the largest positive
             one saturates half a step below its value). ``full`` gains ~0.5 dB of SQNR for
             4-bit types on normal data (see the README); methods minmax, percentile, dynamic.
+        offset: a float offset instead of an integer zero point, ``x = q * scale + offset``
+            (CF's ``scale_factor``/``add_offset``, zarr's ``scale_offset``), for integer types
+            per tensor or per axis: ``"range"`` (calibrated: the range's ends map to the
+            type's ends, so for unsigned types the offset is the range's minimum), or a number
+            (a list per axis) the user chooses (the scale is then calibrated to cover the
+            range from it, or given). The range need not contain 0. Implies an asymmetric
+            range; ``zero_point`` stays 0. See :mod:`qstream.core.offsets` for the arithmetic.
+        ``nan_policy="fill"`` reserves the type's minimum code for NaN (missing values):
+        values take the other codes (it implies ``narrow_range``), the output's ``data``
+        carries ``_FillValue`` and qstream's readers give NaN for it.
     """
 
     dtype: str = "int8"
@@ -125,6 +136,7 @@ class QuantSpec:
     num_bins: int = 2048
     scale_dtype: str = "float32"
     symmetric_levels: str = "balanced"
+    offset: Any = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -170,6 +182,16 @@ class QuantSpec:
                 f" {', '.join(SCALE_DTYPES)}"
             )
 
+        if qt.is_float and not self.symmetric:
+            raise InvalidParameterError(
+                f"{qt.name} has no zero point: its range is symmetric; drop symmetric=False"
+            )
+        if self.scale is not None and self.method in ("percentile", "entropy", "mse", "l2"):
+            raise InvalidParameterError(
+                f"an explicit scale skips calibration: method {self.method!r} would not be"
+                " used; give either scale or a calibration method"
+            )
+        self._check_offset(qt)
         if self.symmetric_levels not in SYMMETRIC_LEVELS:
             raise InvalidParameterError(
                 f"unknown symmetric_levels {self.symmetric_levels!r}; expected one of:"
@@ -192,6 +214,60 @@ class QuantSpec:
                     f"symmetric_levels='full' does not apply to {why}: it spreads a symmetric"
                     " integer range over every code (methods minmax, percentile, dynamic)"
                 )
+
+    def _check_offset(self, qt) -> None:
+        """Float offsets and the ``fill`` NaN policy: what they imply, what they refuse."""
+        if self.nan_policy == "fill":
+            if qt.is_float:
+                raise InvalidParameterError(
+                    f"nan_policy='fill' reserves an integer code for NaN; {qt.name} is a float type"
+                )
+            object.__setattr__(self, "narrow_range", True)
+        v = self.offset
+        if v is None:
+            return
+        if isinstance(v, np.ndarray | np.generic):
+            v = v.tolist()
+            object.__setattr__(self, "offset", v)
+        if isinstance(v, str) and v not in OFFSET_MODES:
+            raise InvalidParameterError(
+                f"offset must be {' or '.join(map(repr, OFFSET_MODES))}, a number or a list of"
+                f" numbers, got {v!r}"
+            )
+        if not isinstance(v, str) and not _numeric(v):
+            raise InvalidParameterError(f"offset must be 'range' or a number, got {v!r}")
+        if not isinstance(v, str) and not np.all(np.isfinite(np.asarray(v, np.float64))):
+            raise InvalidParameterError("offset must be finite")
+        why = (
+            f"{qt.name} (a float type)"
+            if qt.is_float
+            else "a blocked spec (block_size)"
+            if self.block_size is not None
+            else "an explicit zero_point"
+            if self.zero_point is not None
+            else "symmetric_levels='full'"
+            if self.symmetric_levels != "balanced"
+            else f"method {self.method!r} (offsets calibrate with minmax or percentile)"
+            if self.method not in ("minmax", "percentile") and self.scale is None
+            else f"{qt.name} (more than 16 bits)"
+            if qt.bits > 16
+            else None
+        )
+        if why:
+            raise InvalidParameterError(
+                f"offset does not apply to {why}: float offsets are for integer types of at most"
+                " 16 bits, per tensor or per axis"
+            )
+        if isinstance(v, str) and self.scale is not None:
+            raise InvalidParameterError(
+                "offset='range' is calibrated; with an explicit scale give the offset as a number"
+            )
+        object.__setattr__(self, "symmetric", False)
+
+    @property
+    def float_offset(self) -> bool:
+        """Whether values are ``q * scale + offset`` (a float offset, no zero point)."""
+        return self.offset is not None
 
     def _check_types(self) -> None:
         """Refuse fields of the wrong type (from a recipe or JSON) with a message naming the
@@ -259,6 +335,8 @@ class QuantSpec:
             del d["scale_dtype"]
         if d["symmetric_levels"] == "balanced":
             del d["symmetric_levels"]
+        if d["offset"] is None:  # (new field: job identities as before)
+            del d["offset"]
         return d
 
     @classmethod
@@ -537,14 +615,18 @@ class QuantParams:
     zero_point: np.ndarray
     axis: int | None
     block_size: int | None
+    offset: np.ndarray | None = None  # float offsets (float64), shaped like ``scale``
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "scale": _jsonable(self.scale),
             "zero_point": _jsonable(self.zero_point),
             "axis": self.axis,
             "block_size": self.block_size,
         }
+        if self.offset is not None:
+            d["offset"] = _jsonable(self.offset)
+        return d
 
 
 @dataclass(frozen=True)
@@ -615,6 +697,7 @@ class Calibration:
                 np.asarray(p["zero_point"], np.float64),
                 p["axis"],
                 p["block_size"],
+                np.asarray(p["offset"], np.float64) if p.get("offset") is not None else None,
             )
         stats = RangeStats.from_dict(d["stats"]) if d.get("stats") else None
         view = None

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# A scheduled job (cron / Airflow BashOperator): convert a checkpoint, keep the JSON report of
-# the last good run, fail loudly. Re-running after an interruption resumes where it stopped.
+# A scheduled job (cron / systemd / Airflow BashOperator): convert a checkpoint, keep the JSON
+# report of the last real conversion, say what happened in one line, fail loudly. Re-running
+# after an interruption (Ctrl-C, SIGTERM, a timeout, a kill) resumes where it stopped.
 #   usage: samples/nightly-convert.sh CHECKPOINT OUT_DIR [RECIPE]
-# Exit codes: 0 converted (or already complete), 1 conversion failed, 2 bad usage.
+#   QSTREAM_TIMEOUT=2h  stop the conversion after that long (GNU timeout syntax), resumable
+# Exit codes: 0 converted or already complete, 1 conversion failed, 2 bad usage,
+#   124 timed out, 130 interrupted, 143 terminated (SIGTERM).
 set -uo pipefail
 usage="usage: $(basename "$0") CHECKPOINT OUT_DIR [RECIPE]"
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
@@ -11,30 +14,52 @@ if [ $# -lt 2 ] || [ $# -gt 3 ]; then
 fi
 ckpt=$1; out=$2; recipe=${3:-$(dirname "$0")/recipe-int8.toml}
 report="${out%/}.report.json"
+log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') nightly-convert: $*" >&2; }
 
 if ! command -v qstream >/dev/null 2>&1; then
-  echo "qstream is not on PATH (pip install qstream-zarr, or activate its environment)" >&2
+  log "qstream is not on PATH (pip install -e '.[s3]' from a qstream checkout, or pip install qstream-zarr; or activate its environment)"
   exit 1
 fi
 if [ ! -e "$ckpt" ]; then
-  echo "checkpoint not found: $ckpt" >&2
+  log "checkpoint not found: $ckpt"
   exit 1
 fi
 
-# The report goes to a temporary file first: a failed run keeps the last good report.
+# The report goes to a temporary file first: a failed or no-op run keeps the last real report.
 tmp="$report.partial.$$"
+child=
+on_term() {  # cron/systemd/Airflow stop the job: pass it on, say so, exit as qstream does
+  log "SIGTERM received: stopping the conversion (re-run to resume)"
+  [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child"
+  rm -f "$tmp"
+  exit 143
+}
+trap on_term TERM
 trap 'rm -f "$tmp"' EXIT
-qstream convert "$ckpt" "$out" --recipe "$recipe" --json > "$tmp"
+
+cmd=(qstream convert "$ckpt" "$out" --recipe "$recipe" --json)
+if [ -n "${QSTREAM_TIMEOUT:-}" ]; then
+  cmd=(timeout --signal=TERM "$QSTREAM_TIMEOUT" "${cmd[@]}")
+fi
+"${cmd[@]}" > "$tmp" &
+child=$!
+wait "$child"
 status=$?
+child=
 case $status in
-  0) mv -f "$tmp" "$report"
-     echo "converted $ckpt -> $out; report in $report" ;;
-  2) echo "bad usage or parameters (exit 2); see the message above" >&2 ;;
-  130|137|143) echo "conversion interrupted (exit $status); re-run to resume" >&2 ;;
-  *) if [ -d "$out" ]; then
-       echo "conversion failed (exit $status); fix the cause above and re-run: finished tensors are kept" >&2
+  0) if grep -q '"already_complete": *true' "$tmp"; then
+       log "$out is already complete; nothing converted (last report kept: $report)"
      else
-       echo "conversion failed (exit $status); see the message above" >&2
+       mv -f "$tmp" "$report"
+       log "converted $ckpt -> $out; report in $report"
+     fi ;;
+  2) log "bad usage or parameters (exit 2); see the message above" ;;
+  124) log "timed out after $QSTREAM_TIMEOUT (exit 124); re-run to resume" ;;
+  130|137|143) log "conversion interrupted (exit $status); re-run to resume" ;;
+  *) if [ -d "$out" ]; then
+       log "conversion failed (exit $status); fix the cause above and re-run: finished tensors are kept"
+     else
+       log "conversion failed (exit $status); see the message above"
      fi ;;
 esac
 exit $status

@@ -319,3 +319,20 @@ def test_first_int4_conversion_in_a_fresh_process_registers_the_zarr_types(tmp_p
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert qs.open_quantized(tmp_path / "out.zarr")["w.weight"].qtype.name == "int4"
+
+
+def test_outputs_with_float_offsets_are_refused_by_the_integer_layouts(tmp_path):
+    import zarr
+
+    x = (np.random.default_rng(5).uniform(262, 297, (8, 64))).astype(np.float32)
+    zarr.create_array(str(tmp_path / "t.zarr"), shape=x.shape, dtype="f4")[...] = x
+    spec = qs.QuantSpec(dtype="uint8", symmetric=False, offset="range")
+    qs.quantize_store(str(tmp_path / "t.zarr"), str(tmp_path / "q.zarr"), spec)
+    for fmt in ("compressed-tensors", "qstream"):
+        with pytest.raises(qs.InvalidParameterError, match="float offset"):
+            qs.export_safetensors(tmp_path / "q.zarr", tmp_path / "e.safetensors", format=fmt)
+    with pytest.raises(qs.InvalidParameterError, match="float offset"):
+        qs.export_gguf(tmp_path / "q.zarr", tmp_path / "e.gguf")
+    qs.export_safetensors(tmp_path / "q.zarr", tmp_path / "e.safetensors", format="dequantized")
+    got = load_file(str(tmp_path / "e.safetensors"))["weight"]
+    np.testing.assert_array_equal(got, qs.open_quantized(tmp_path / "q.zarr")[...])

@@ -278,14 +278,17 @@ def test_fp8_checkpoint_kept_as_bf16_is_the_plain_bf16_checkpoint(tmp_path):
     for name, ref in [("l.weight", want), ("l.norm", v["norm"]), ("emb", v["emb"])]:
         a = root[name]
         assert a.attrs["qstream"]["dtype"] == "bfloat16"
-        _same_bits(a[...], ref.astype(np.float32))
+        assert a.dtype == np.dtype(ml_dtypes.bfloat16)  # stored as bfloat16, not widened
+        _same_bits(a[...].astype(np.float32), ref.astype(np.float32))
     assert "l.weight_scale_inv" not in root
     # the same as a script with torch: float32(x) * s per block, then .to(bfloat16)
     torch = pytest.importorskip("torch")
     xt = torch.from_numpy(v["x"].view(np.uint8).copy()).view(torch.float8_e4m3fn)
     st = torch.from_numpy(v["s"]).repeat_interleave(128, 0).repeat_interleave(128, 1)
     script = (xt.to(torch.float32) * st[:257, :129]).to(torch.bfloat16)
-    np.testing.assert_array_equal(root["l.weight"][...], script.to(torch.float32).numpy())
+    np.testing.assert_array_equal(
+        root["l.weight"][...].astype(np.float32), script.to(torch.float32).numpy()
+    )
 
 
 def test_recipe_scales_table_names_the_pairing_or_turns_it_off(tmp_path):

@@ -211,9 +211,13 @@ def test_safetensors_export_loads_and_matches_qstream_bit_for_bit(tmp_path):
     assert loaded["keep.norm"].dtype == np.dtype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(loaded["keep.norm"], tensors["keep.norm"])
     np.testing.assert_array_equal(loaded["bias"], tensors["bias"])
-    with pytest.raises(qs.StoreError, match="exists"):
+    again = qs.export_safetensors(
+        out, tmp_path / "e.safetensors", max_shard_size=4000, format="qstream"
+    )
+    assert again["already_complete"]  # the same export again: nothing to do
+    with pytest.raises(qs.StoreError, match=r"holds another export|exists"):
         qs.export_safetensors(
-            out, tmp_path / "e.safetensors", max_shard_size=4000, format="qstream"
+            out, tmp_path / "e.safetensors", max_shard_size=8000, format="qstream"
         )
 
 

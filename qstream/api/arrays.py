@@ -175,6 +175,10 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
         raise block_ranges(x, None).refusal("x", x.shape)
     if nonfinite and spec.nan_policy == "zero_point":
         nan_to_zero_point(x, q, z, layout, qt)
+    if nonfinite and spec.nan_policy == "fill":  # the reserved code (the type's minimum)
+        from ..engine.work import fill_nan
+
+        fill_nan(x, q, qt)
     scale = s
     if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
         from ..kernels.blocked import float16_bits

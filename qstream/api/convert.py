@@ -11,7 +11,7 @@ from ..io import compression as compressions
 from ..io.stores import store_errors
 from ..recipe import Recipe
 
-__all__ = ["TensorEvent", "convert_checkpoint"]
+__all__ = ["TensorEvent", "convert_checkpoint", "plan_conversion"]
 
 
 def convert_checkpoint(
@@ -90,6 +90,9 @@ def convert_checkpoint(
 def _convert_checkpoint(
     checkpoint, dst, recipe, *, overwrite, max_shard_size, compression, format, config, **kw
 ) -> dict:
+    from ..io.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
     compression = compressions.canonical(compression)
     if recipe is not None and not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe)
@@ -187,9 +190,12 @@ def _check_layout(tensors, recipe: Recipe, format: str, dst: str) -> None:
             f"unknown export format {format!r}; expected one of: {', '.join(export.FORMATS)}"
         )
     if format != "compressed-tensors":
+        recipe.check(pair_scales(tensors, recipe.scales))
         return
     export.check_targets([os.path.join(os.path.dirname(dst), export.CONFIG)], replace=True)
-    for name, t in pair_scales(tensors, recipe.scales).items():
+    paired = pair_scales(tensors, recipe.scales)
+    recipe.check(paired)  # (its warnings: the conversion gives them)
+    for name, t in paired.items():
         spec = recipe.spec_for(name, t.shape, t.dtype)
         if spec is not None:
             compressed_tensors.layout(name, t.shape, spec)
@@ -234,4 +240,74 @@ def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export,
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays
         remove_output(work, existing)
     # (a resumed run whose conversion had finished still exported and cleaned up: not a no-op)
-    return {**result, "destination": dst, "files": exported["files"], "already_complete": False}
+    on_disk = sum(os.path.getsize(f) for f in exported["files"] if os.path.isfile(f))
+    return {
+        **result,
+        "destination": dst,
+        "files": exported["files"],
+        "bytes_after": on_disk,  # the files' sizes, not the working group's
+        "already_complete": False,
+    }
+
+
+def plan_conversion(
+    checkpoint,
+    recipe: Recipe | str | os.PathLike | None = None,
+    *,
+    storage_options: dict | None = None,
+    store: str | None = None,
+) -> list[dict]:
+    """What :func:`convert_checkpoint` would do, without doing it (nothing is written): for
+    each tensor its name, shape, stored dtype, target (the spec, or ``keep``) and bytes
+    before and after (codes and parameters). The recipe is checked as the conversion checks
+    it (an axis a tensor lacks is an error; rules that match nothing are warned about)."""
+    import math
+    import warnings
+
+    import numpy as np
+
+    from ..engine.checkpoint import describe_target
+    from ..errors import QStreamWarning
+    from ..io.checkpoints import open_checkpoint
+    from ..io.fp8 import pair_scales
+
+    if not isinstance(recipe, Recipe):
+        recipe = Recipe.load(recipe) if recipe is not None else Recipe()
+    opts = {k: v for k, v in (("storage_options", storage_options), ("store", store)) if v}
+    tensors = pair_scales(open_checkpoint(checkpoint, **opts), recipe.scales)
+    for warning in recipe.check(tensors):
+        warnings.warn(warning, QStreamWarning, stacklevel=2)
+    rows = []
+    for name, t in tensors.items():
+        shape = tuple(int(d) for d in t.shape)
+        n = math.prod(shape)
+        stored = np.dtype(getattr(t, "source_dtype", t.dtype))
+        spec = recipe.spec_for(name, shape, t.dtype)
+        if spec is None:
+            keep = recipe.keep_dtype(name, shape, t.dtype)
+            after = n * (np.dtype(keep).itemsize if keep else np.dtype(t.dtype).itemsize)
+            target = f"keep/{keep}" if keep else "keep"
+        else:
+            qt = spec.qtype
+            params = 1
+            if spec.axis is not None:
+                axis = spec.axis % len(shape)
+                params = (
+                    shape[axis]
+                    if not spec.block_size
+                    else n // shape[axis] * math.ceil(shape[axis] / spec.block_size)
+                )
+            per_param = (2 if spec.half_scales else 4) + (0 if spec.symmetric else qt.bits / 8)
+            after = int(math.ceil(n * qt.bits / 8) + params * per_param)
+            target = describe_target(spec)
+        rows.append(
+            {
+                "name": name,
+                "shape": list(shape),
+                "dtype": stored.name,
+                "target": target,
+                "bytes_before": int(n * stored.itemsize),
+                "bytes_after": int(after),
+            }
+        )
+    return rows

@@ -53,6 +53,8 @@ def quantize_store(
     store: str | None = None,
     histogram: bool = False,
     compression: str | None = "auto",
+    layout: str = "group",
+    chunks=None,
 ) -> QuantReport:
     """Quantize the array ``src`` into the quantized group ``dst``.
 
@@ -92,7 +94,17 @@ def quantize_store(
     compressors for the codes, else zstd), ``"none"`` (raw: the fastest to write and read),
     ``"zstd[:LEVEL]"``, ``"gzip[:LEVEL]"`` or ``"blosc[:CNAME[:LEVEL]]"`` (see
     :mod:`qstream.io.compression`). Values and report are the same whatever it is.
+
+    ``layout``: ``"group"`` (default) or ``"codec"``: per tensor, ``data`` is written as a
+    float32 Zarr v3 array whose ``scale_offset`` + ``cast_value`` codecs decode the codes, so
+    zarr and xarray read floats without qstream (needs zarr >= 3.2 and cast-value-rs; see
+    :mod:`qstream.io.codec`). ``chunks``: the output's chunks (one size per axis, -1 for a
+    whole axis), e.g. for a reader's access pattern; default: multiples of the source's chunks
+    of about 16 MiB. Either way one chunk is one block, held to ``max_memory``.
     """
+    from ..io.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (), "a quantization")
     with store_errors(_remote(dst, src)):
         job = QuantizeJob(
             with_backend(src, store, storage_options, read_only=True),
@@ -102,6 +114,8 @@ def quantize_store(
             executor=executor,
             view_histogram=histogram,
             compression=compression,
+            layout=layout,
+            chunks=chunks,
         )
         dst = with_backend(dst, store, storage_options, read_only=False)
         return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
@@ -126,7 +140,16 @@ def dequantize_store(
     :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors.
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
-    tensor restored (kept tensors copied as stored), and the result lists them."""
+    tensor restored (kept tensors copied as stored), and the result lists them.
+
+    ``dst`` ending in ``.safetensors``: the values are written as safetensors instead (one
+    file, or shards with an index above 5 GB; see :func:`qstream.export_safetensors`,
+    ``format="dequantized"``), streaming with bounded memory."""
+    from ..io.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (".safetensors",), "a dequantization")
+    if str(dst).endswith(".safetensors"):
+        return _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options)
     with store_errors(_remote(dst, src)):
         return _dequantize_any(
             with_backend(src, store, storage_options, read_only=True),
@@ -140,6 +163,41 @@ def dequantize_store(
             executor=executor,
             compression=compression,
         )
+
+
+def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> dict:
+    import json
+    import os
+    import time
+
+    from ..io.export import export_safetensors, finished_export
+    from ..io.stores import location
+
+    dst = os.fspath(dst)
+    job = json.dumps({"dequantize": location(src) or str(src), "dtype": dtype}, sort_keys=True)
+    done = None if overwrite else finished_export(dst, job)
+    if done is not None:
+        return {"destination": dst, "files": done, "already_complete": True, "dtype": dtype}
+    t0 = time.perf_counter()
+    with store_errors(src):
+        out = export_safetensors(
+            src,
+            dst,
+            format="dequantized",
+            dtype=dtype,
+            overwrite=overwrite,
+            storage_options=storage_options,
+            job=job,
+        )
+    return {
+        "destination": dst,
+        "files": out["files"],
+        "tensors": out["tensors"],
+        "bytes": out["bytes"],
+        "dtype": dtype,
+        "already_complete": False,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _remote(*targets):

@@ -160,13 +160,16 @@ def dimension_names(ndim: int) -> list[str]:
     return [f"dim_{i}" for i in range(ndim)]
 
 
-def param_dimension_names(ndim: int, axis: int | None, block_size: int | None) -> list[str]:
+def param_dimension_names(
+    ndim: int, axis: int | None, block_size: int | None, names: list[str] | None = None
+) -> list[str]:
     """Dimension names of the scale / zero point of a quantized array of ``ndim`` axes: none
     per tensor; the channel axis's name per axis; a blocked array's axes, the blocked one
-    renamed (its length is the number of blocks)."""
+    renamed (its length is the number of blocks). ``names``: the array's own (default
+    :func:`dimension_names`)."""
     if axis is None:
         return []
-    names = dimension_names(ndim)
+    names = list(names) if names else dimension_names(ndim)
     if not block_size:
         return [names[axis]]
     names[axis] += "_blocks"

@@ -2,7 +2,7 @@
 
 ``dst`` (a local directory) becomes a Zarr group; each tensor is stored at its name: a
 quantized group (see ``qstream.io.qarray``) or, for kept tensors, a plain array of the
-original values (bfloat16 widened exactly to float32, the original dtype in its attributes).
+original values (in their own dtype, bfloat16 included; the original dtype in its attributes).
 Tensors are converted in order, each with the bounded memory of one store job (two at a time
 on the local executor, each within half the bound); the root's ``attrs["qstream_checkpoint"]``
 lists the finished tensors, so a re-run resumes, and ``complete`` is written last.
@@ -18,6 +18,7 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,13 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..core.layout import dimension_names
-from ..errors import InvalidParameterError, StoreError
+from ..errors import InvalidParameterError, QStreamWarning, StoreError
 from ..io import compression as compressions
 from ..io import destination, qarray
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
 from ..io.rootindex import RootIndex, compact
 from ..io.stores import _store, location, open_group
+from ..io.zarr_ext import register_zarr_types
 from ..recipe import Recipe
 from . import executors, pipeline
 from .executors import LocalExecutor
@@ -100,6 +102,8 @@ def convert(
     dst_options = storage_options if store in (None, "fsspec") else None
     destination.check_writable(dst)
     keys = tensor_keys(tensors)  # (refuses names no tensor may have before anything is written)
+    for warning in recipe.check(tensors):  # (an axis a tensor lacks: refused here, too)
+        warnings.warn(warning, QStreamWarning, stacklevel=3)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
     dest = Destination(
         dst,
@@ -252,7 +256,9 @@ class _Conversion:
             keep_as = recipe.keep_dtype(name, t.shape, t.dtype) if spec is None else None
             self.keep_dtypes[name] = keep_as
             target = (
-                ("keep" if not keep_as else f"keep/{keep_as}") if spec is None else _describe(spec)
+                ("keep" if not keep_as else f"keep/{keep_as}")
+                if spec is None
+                else describe_target(spec)
             )
             shown = np.dtype(getattr(t, "source_dtype", t.dtype)).name  # (FP8: as stored)
             event = TensorEvent(i, n, name, tuple(t.shape), shown, target)
@@ -413,7 +419,7 @@ class _Stoppable:
         report_stage(self.progress, name, total, done)
 
 
-def _describe(spec) -> str:
+def describe_target(spec) -> str:
     """A short label: ``int8/axis0/minmax``, ``int4/axis1:b32/dynamic``, ``int8/tensor/mse``."""
     where = "tensor" if spec.axis is None else f"axis{spec.axis}"
     if spec.block_size:
@@ -453,17 +459,19 @@ def keep_tensor(
     t, path: str, compression: str, max_memory=None, as_dtype=None, *, storage_options=None
 ) -> dict:
     """Store the tensor ``t`` as it is (``as_dtype``: its values rounded to that float type
-    first, to nearest even); bfloat16 is stored widened exactly to float32, its type in the
-    array's attributes."""
+    first, to nearest even), in its own type (bfloat16 too: the ``bfloat16`` Zarr data type,
+    registered by qstream; outputs of earlier versions hold it widened to float32, their
+    attributes naming bfloat16, and read the same)."""
     import zarr
 
     from ..qtypes import float_dtype
 
     dtype = np.dtype(t.dtype)
     kept = float_dtype(as_dtype) if as_dtype else dtype
-    stored = np.dtype(np.float32) if kept.name == "bfloat16" else kept
+    stored = kept
     check_fits(max_memory, getattr(t, "chunks", None), dtype, 1, tuple(t.shape))
     _remove_own(path, storage_options)  # what a killed run left of this tensor
+    register_zarr_types()  # (bfloat16)
     a = zarr.create_array(
         path,
         shape=t.shape,

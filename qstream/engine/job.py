@@ -91,6 +91,8 @@ class QuantizeJob:
         view_histogram: bool = False,
         memory_share: int = 1,
         compression: str | None = compressions.AUTO,
+        layout: str = "group",
+        chunks=None,
     ):
         """``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is, so that
         workers in other processes can open the tensor themselves. ``view_histogram``: a
@@ -98,7 +100,17 @@ class QuantizeJob:
         methods keep theirs anyway). ``memory_share``: this many jobs run at once within
         ``max_memory``; each fits its workers in its share, while its blocks (and so its
         report, bit for bit) stay those of ``max_memory``. ``compression``: how the output's
-        chunks are compressed (see :mod:`qstream.io.compression`)."""
+        chunks are compressed (see :mod:`qstream.io.compression`). ``layout``: ``group``
+        (default) or ``codec`` (see :mod:`qstream.io.codec`); ``chunks``: the output's chunks
+        (default: multiples of the source's, see :func:`~qstream.engine.plan.default_chunks`)."""
+        from ..io import codec
+
+        self.layout = codec.check_layout(layout, spec, spec.qtype)
+        if checkpoint is not None and (spec.float_offset or layout != "group"):
+            raise InvalidParameterError(
+                "float offsets and the codec layout are for quantize_store outputs, not"
+                " checkpoint conversions"
+            )
         self.spec = spec
         self.compression = compressions.canonical(compression)
         self.memory_share = max(1, int(memory_share))
@@ -143,10 +155,19 @@ class QuantizeJob:
         # (a blocked spec reports per tensor: its parameter blocks are too many to list)
         stat_axis = None if bs else axis
         self.max_memory = max_memory
+        from ..io.scientific import source_dims
+
+        self.dims = source_dims(source, len(shape)) or dimension_names(len(shape))
+        self.chunks_given = chunks is not None
+        if chunks is not None:
+            from .chunking import check_chunks
+
+            chunks = check_chunks(chunks, shape, bs, axis, source.dtype, max_memory)
         self.plan = JobPlan(
             spec=spec,
             shape=shape,
-            chunks=default_chunks(
+            chunks=chunks
+            or default_chunks(
                 shape,
                 max(4, source.dtype.itemsize),
                 source.chunks,
@@ -176,6 +197,10 @@ class QuantizeJob:
         h.update(json.dumps(self.source.description, sort_keys=True, default=str).encode())
         if self.compression != compressions.AUTO:  # (outputs made before the option keep theirs)
             h.update(f"compression-{self.compression}".encode())
+        if self.layout != "group":
+            h.update(f"layout-{self.layout}".encode())
+        if self.chunks_given:
+            h.update(f"chunks-{list(self.plan.chunks)}".encode())
         return h.hexdigest()[:32]
 
     # ---- passes
@@ -258,6 +283,14 @@ class QuantizeJob:
         from ..calibration.params import params_from_range
         from ..calibration.views import calibration_view
 
+        if spec.float_offset:
+            return Calibration(
+                spec,
+                st,
+                thresholds,
+                self._offset_params(lo, hi),
+                calibration_view(spec, st, lo, hi, self._view_hist),
+            )
         scale, zp = params_from_range(
             lo,
             hi,
@@ -380,8 +413,58 @@ class QuantizeJob:
             if d != plan.stat_axis
         )
 
+    def _offset_params(self, lo, hi) -> QuantParams:
+        """Scale and float offsets (``spec.offset``) from the calibrated ranges."""
+        from ..core.offsets import offset_params
+
+        plan, spec = self.plan, self.spec
+        offset = spec.offset
+        if not isinstance(offset, str):
+            offset = self._broadcast_param(offset, "offset").reshape(-1)
+        scale, off = offset_params(
+            lo,
+            hi,
+            plan.qt,
+            narrow_range=spec.narrow_range,
+            offset=offset,
+            half_scale=spec.half_scales,
+        )
+        return self._with_offset(scale, off)
+
+    def _with_offset(self, scale, off) -> QuantParams:
+        plan = self.plan
+        off = np.asarray(off, np.float64).reshape(plan.param_shape)
+        if self.layout == "codec":  # the codec computes in float32: quantize with its offset
+            off = off.astype(np.float32).astype(np.float64)
+        return QuantParams(
+            np.asarray(scale, np.float32).reshape(plan.param_shape),
+            np.zeros(plan.param_shape),
+            plan.axis,
+            None,
+            off,
+        )
+
+    def _broadcast_param(self, v, name: str) -> np.ndarray:
+        plan = self.plan
+        a = np.asarray(v, np.float64)
+        try:
+            return np.broadcast_to(a, plan.param_shape).copy()
+        except ValueError:
+            raise InvalidParameterError(
+                f"{name} shape {a.shape} does not fit the parameter shape {plan.param_shape} of"
+                f" {self.spec.granularity} quantization"
+            ) from None
+
     def _explicit_params(self) -> QuantParams:
         plan = self.plan
+        if self.spec.float_offset:  # an explicit scale and offset
+            s = self._broadcast_param(self.spec.scale, "scale").astype(np.float32)
+            checks.check_scale(s)
+            if self.spec.half_scales:
+                from ..calibration.params import half_scales
+
+                s = half_scales(s)
+            return self._with_offset(s, self._broadcast_param(self.spec.offset, "offset"))
         s = np.asarray(self.spec.scale, np.float32)
         z = np.asarray(0 if self.spec.zero_point is None else self.spec.zero_point, np.float64)
         try:
@@ -456,6 +539,10 @@ class QuantizeJob:
                     check_tree(dest.local, "the output")
                 destination.clean_partials(dst)
                 group = open_group(dst, mode="a", storage_options=self.storage_options)
+                if self.layout == "codec":  # killed after the swap: codes are written plain
+                    from ..io import codec
+
+                    codec.to_plain(group, dst)
                 arrays = None
                 cal, summary = self._stored_calibration(group)
                 Lease(group, self.token, dst).take()  # a resumed run of this job
@@ -503,6 +590,11 @@ class QuantizeJob:
                 plan.axis,
                 self.spec.block_size if self.spec.scale is not None else None,
             )
+            if self.spec.float_offset:
+                params = replace(
+                    params,
+                    offset=np.asarray(group["offset"][...], np.float64).reshape(plan.param_shape),
+                )
         return Calibration(self.spec, None, {}, params), meta["calibration"]
 
     def new_meta(self, fp: str, dst) -> dict:
@@ -518,6 +610,7 @@ class QuantizeJob:
             "dtype": qt.name,
             "axis": plan.axis,
             "storage": qarray.storage_of(qt),
+            **({"layout": self.layout} if self.layout != "group" else {}),
             **Lease.fields(dst, self.token),  # object stores: checked before ``complete``
         }
 
@@ -533,7 +626,7 @@ class QuantizeJob:
             "fill_value": 0,
             "chunk_key_encoding": qarray.FLAT_KEYS,
             "dimension_names": param_dimension_names(
-                len(plan.shape), plan.axis, self.spec.block_size
+                len(plan.shape), plan.axis, self.spec.block_size, self.dims
             ),
         }
         if plan.axis is not None and not self.spec.block_size:  # ~1 MiB or more each
@@ -556,11 +649,13 @@ class QuantizeJob:
                 "compressors": compressions.compressors(self.compression, self.source.compressors),
                 "config": qarray.WRITE_ALL_CHUNKS,
                 "chunk_key_encoding": qarray.FLAT_KEYS,
-                "dimension_names": dimension_names(len(plan.shape)),
+                "dimension_names": list(self.dims),
             },
             "scale": {"dtype": np.float16 if self.spec.half_scales else np.float32, **kw},
             "zero_point": {"dtype": zp_dtype, **kw},
         }
+        if self.spec.float_offset:  # x = q * scale + offset (float64: CF's add_offset)
+            members["offset"] = {"dtype": np.float64, **kw}
         if progress_log:
             keep = WorstGroups.KEEP if self._worst_groups() else 0
             members[ProgressLog.NAME] = ProgressLog.array_spec(plan.channels, keep)
@@ -581,6 +676,8 @@ class QuantizeJob:
                 zp = cal.params.zero_point.astype(arrays["zero_point"].dtype)
                 if zp.any():  # all-zero zero points (symmetric) are the fill value
                     ArrayWriter(arrays["zero_point"])[_whole(plan.param_shape)] = zp
+                if cal.params.offset is not None:
+                    ArrayWriter(arrays["offset"])[_whole(plan.param_shape)] = cal.params.offset
         except StoreError:
             raise
         except OSError as e:
@@ -617,7 +714,9 @@ class QuantizeJob:
             self.ref,
             dest,
             cal.params.scale if per else None,
-            cal.params.zero_point if per else None,
+            (cal.params.zero_point if cal.params.offset is None else cal.params.offset)
+            if per
+            else None,
         )
         done = [start]
         report_stage(progress, "quantize", len(self.blocks), start)
@@ -700,7 +799,7 @@ class QuantizeJob:
         return bool(self.spec.block_size) and not self.plan.qt.is_float
 
     def finished(
-        self, meta: dict, calibration: dict, found, dst, t0, resumed, scale, zero_point
+        self, meta: dict, calibration: dict, found, dst, t0, resumed, scale, zero_point, offset=None
     ) -> tuple[dict, QuantReport, dict]:
         """The output's complete metadata, the job's report, and the attributes of ``data``
         (per-tensor integer outputs: CF ``scale_factor``/``add_offset``), from the folded
@@ -727,24 +826,60 @@ class QuantizeJob:
             resumed_blocks=resumed,
             missing_chunks=self.source.missing_chunks(),
         )
-        attrs = {}
-        if plan.axis is None and not qt.is_float:
+        from ..io.scientific import coordinates, source_attrs
+
+        # the source's descriptive attributes; the parameters as coordinates (xarray)
+        attrs = {**source_attrs(self.source), "coordinates": coordinates(offset is not None)}
+        if plan.axis is None and not qt.is_float and self.layout == "group":
             s, z = float(np.asarray(scale).reshape(())), float(np.asarray(zero_point).reshape(()))
-            attrs = {"scale_factor": s, "add_offset": -z * s}
+            if offset is not None:  # exact: see qstream.core.offsets
+                attrs.update(scale_factor=s, add_offset=float(np.asarray(offset).reshape(())))
+            else:
+                attrs.update(scale_factor=s, add_offset=-z * s)
+        if self.spec.nan_policy == "fill" and self.layout == "group":
+            attrs["_FillValue"] = int(qt.qmin)  # the code NaN took
         meta = {**meta, "calibration": calibration, "error": err, "report": report.to_dict()}
         return {**meta, "complete": True}, report, attrs
 
     def _finish(self, group, calibration: dict, found, dst, t0, resumed) -> QuantReport:
-        per_tensor = self.plan.axis is None and not self.plan.qt.is_float
+        from ..io import codec
+        from ..io.scientific import drop_progress
+
+        plan = self.plan
+        per_tensor = plan.axis is None and not plan.qt.is_float
         scale = group["scale"][...] if per_tensor else None
         zero_point = group["zero_point"][...] if per_tensor else None
+        offset = None
+        if self.spec.float_offset:
+            offset = group["offset"][...] if per_tensor else np.zeros(0)
         meta, report, attrs = self.finished(
-            dict(group.attrs["qstream"]), calibration, found, dst, t0, resumed, scale, zero_point
+            dict(group.attrs["qstream"]),
+            calibration,
+            found,
+            dst,
+            t0,
+            resumed,
+            scale,
+            zero_point,
+            offset,
         )
+        self._check_landed(group, dst)  # (before data's attributes: it may be gone)
         if attrs:
-            group["data"].attrs.update(attrs)
-        self._check_landed(group, dst)
+            try:
+                group["data"].attrs.update(attrs)
+            except KeyError:
+                raise StoreError(
+                    f"{dst}: its data array is missing after the run: something else deleted"
+                    " it; re-run to rewrite it"
+                ) from None
+        if self.layout == "codec":  # data's document in the codec form (the chunks as they are)
+            from ..core.offsets import codec_constants
+
+            c, zp, o = codec_constants(scale, zero_point, offset)
+            meta["codec"] = {"scale": c, "zero_point": zp, "offset": o}
+            codec.to_codec(group, dst, plan.qt, c, zp, o, self.spec.nan_policy == "fill")
         qarray.set_meta(group, meta)  # written last
+        drop_progress(dst, group, self.storage_options)  # (a complete output needs none)
         return report
 
 
@@ -766,6 +901,8 @@ def dequantize(
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` (see
     :func:`qstream.dequantize_store`)."""
     import zarr
+
+    from ..io.scientific import carried_attrs
 
     t0 = time.perf_counter()
     compression = compressions.canonical(compression)
@@ -806,7 +943,10 @@ def dequantize(
             out = zarr.create_array(
                 store,
                 config=qarray.WRITE_ALL_CHUNKS,
-                attributes={"qstream": {**meta, **Lease.fields(dst, token), "complete": False}},
+                attributes={
+                    **carried_attrs(dict(arr.data.attrs)),  # units, long_name, ...
+                    "qstream": {**meta, **Lease.fields(dst, token), "complete": False},
+                },
                 **dequantized_array(arr, out_dtype, compression),
             )
         except zarr.errors.ContainsArrayError:
@@ -862,17 +1002,22 @@ def dequantized_fingerprint(src_loc, arr, out_dtype, compression: str) -> str:
 
 
 def dequantized_array(arr, out_dtype, compression: str) -> dict:
-    """The ``create_array`` keywords of the array ``arr`` dequantizes into (bfloat16 values
-    stored as their uint16 bits, the logical dtype in the attributes)."""
-    stored = np.dtype(np.uint16) if out_dtype.name == "bfloat16" else out_dtype
+    """The ``create_array`` keywords of the array ``arr`` dequantizes into (bfloat16 as the
+    ``bfloat16`` Zarr data type qstream registers; earlier versions stored its uint16 bits)."""
+    from ..io.zarr_ext import register_zarr_types
+
+    register_zarr_types()
     return {
         "shape": arr.shape,
         "chunks": arr.data.chunks,
-        "dtype": stored,
+        "dtype": out_dtype,
         "fill_value": 0,
         "compressors": compressions.compressors(compression, arr.data.compressors),
         "chunk_key_encoding": qarray.FLAT_KEYS,
-        "dimension_names": dimension_names(arr.ndim),
+        # the quantized output's (the source's, for outputs that carry them)
+        "dimension_names": list(
+            getattr(arr.data.metadata, "dimension_names", None) or dimension_names(arr.ndim)
+        ),
     }
 
 

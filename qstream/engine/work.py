@@ -325,7 +325,8 @@ class QuantizeWork:
 
     ``scale``/``zero_point`` are the per-tensor or per-axis parameters; None for blocked
     specs, whose parameters the block reads from (explicit) or writes to (dynamic) the
-    destination's ``scale``/``zero_point`` arrays."""
+    destination's ``scale``/``zero_point`` arrays. A float-offset spec (``spec.offset``)
+    passes its float64 offsets as ``zero_point`` (its zero points are all 0)."""
 
     plan: JobPlan
     source: SourceRef
@@ -443,6 +444,22 @@ class QuantizeWork:
 
     def _quantize_piece(self, x, s, z, layout, out) -> ErrorStats:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
+        if self.plan.spec.float_offset:  # z holds the float offsets
+            from ..core.offsets import offset_quantize
+            from ..rounding import round_code
+
+            spec = self.plan.spec
+            offset_quantize(
+                x,
+                s,
+                z,
+                layout,
+                self.plan.qt,
+                code=round_code(spec.round_mode),
+                narrow_range=spec.narrow_range,
+                out=out,
+            )
+            return self._offset_errors(x, s, z, layout, out)
         quantize_spec(x, s, z, layout, self.plan.qt, self.plan.spec, out)
         return self._errors(x, s, z, layout, out)
 
@@ -472,7 +489,29 @@ class QuantizeWork:
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
         if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
             nan_to_zero_point(x, out, z, layout, qt)
+        if err.nonfinite.any() and spec.nan_policy == "fill":
+            fill_nan(x, out, qt)
         return err, sums
+
+    def _offset_errors(self, x, s, o, layout, out):
+        """:meth:`_errors` of a float-offset spec: the values qstream's dequantize gives
+        (``q * scale + offset``), compared in float64; clipped = beyond half a step outside
+        the code range."""
+        from ..core.offsets import offset_dequantize
+
+        plan = self.plan
+        qt, spec = plan.qt, plan.spec
+        lo_q, hi_q = qt.qrange(spec.narrow_range)
+        xhat = offset_dequantize(out, s, o, layout, np.float32)
+        s_e = layout.expand(np.asarray(s, np.float64))
+        # (block_errors counts x beyond (hi_q - zp + 0.5) * s: with zp = -o / s, the range's)
+        z_e = -layout.expand(np.asarray(o, np.float64)) / s_e
+        err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
+        if err.nonfinite.any() and spec.nan_policy == "zero_point":
+            nan_to_zero_point(x, out, np.zeros(np.shape(s)), layout, qt)
+        if err.nonfinite.any() and spec.nan_policy == "fill":
+            fill_nan(x, out, qt)
+        return err, None
 
 
 @dataclass(frozen=True, eq=False)
@@ -513,6 +552,13 @@ class DequantizeWork:
             return cls(zarr.open_array(store=store, mode="r+"))
 
         return make
+
+
+def fill_nan(x: np.ndarray, q: np.ndarray, qt) -> None:
+    """Set the codes in ``q`` of ``x``'s NaN values to the type's minimum, the code the
+    ``fill`` NaN policy reserves for missing values."""
+    nan = np.isnan(x)
+    q[nan] = np.asarray(qt.qmin).astype(qt.widened).astype(qt.dtype)
 
 
 def _bf16() -> np.dtype:

@@ -38,6 +38,7 @@ LOCK = ".qstream-lock"
 INDEX = "_index"  # a converted checkpoint's index (qstream.io.rootindex)
 TMP_PREFIX = ".qstream-tmp-"  # a tensor's group being built beside its place (qarray.write_group)
 MEMBERS = ("data", "scale", "zero_point", "_progress")  # of a quantized group
+OPTIONAL_MEMBERS = ("offset",)  # of some quantized groups (float offsets)
 
 
 class Action(enum.Enum):
@@ -267,7 +268,7 @@ def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
                 _remove_stored(store, f"{prefix}{key}/", node, dst, sync)
         _delete_keys(store, f"{prefix}{INDEX}/", _INDEX_KEY, sync)
     elif existing.kind == "quantized":
-        for m in MEMBERS:
+        for m in (*MEMBERS, *OPTIONAL_MEMBERS):
             raw = sync(store.get(f"{prefix}{m}/zarr.json", _prototype()))
             if raw is not None and _is_array_doc(raw.to_bytes()):  # its own metadata says so
                 _delete_keys(store, f"{prefix}{m}/", _ARRAY_KEY, sync)
@@ -317,7 +318,7 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
         remove_child(local, "zarr.json")
         return
     if existing.kind == "quantized":
-        for m in MEMBERS:
+        for m in (*MEMBERS, *OPTIONAL_MEMBERS):
             path = os.path.join(local, m)
             if os.path.islink(path):  # never qstream's: the link goes, not what it points to
                 remove_child(local, m)
@@ -400,7 +401,7 @@ def clean_partials(dst) -> None:
     if local is None or not os.path.isdir(local):
         return
     _remove_partials(local, recurse=False)
-    for name in (*MEMBERS, INDEX):
+    for name in (*MEMBERS, *OPTIONAL_MEMBERS, INDEX):
         if os.path.isdir(os.path.join(local, name)):
             _remove_partials(os.path.join(local, name), recurse=True)
     for entry in os.scandir(local):  # groups a killed writer was building (never published)

@@ -46,12 +46,14 @@ from . import compressed_tensors as ct
 from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
 SLAB = 16 << 20
-FORMATS = ("compressed-tensors", "qstream")
+FORMATS = ("compressed-tensors", "qstream", "dequantized")
 CONFIG = "config.json"
 LOADERS = {
     "compressed-tensors": "transformers / vLLM (compressed-tensors)",
     "qstream": "qstream (open_quantized-style layout; not for transformers)",
+    "dequantized": "any safetensors reader (float values)",
 }
+FLOAT_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _INT_TAGS = {
     "int8": "I8",
     "uint8": "U8",
@@ -160,6 +162,20 @@ def _quantized_entries(name: str, arr: QuantizedArray, get) -> list[_Entry]:
     if not qt.is_float and np.any(arr.zero_point != 0):
         entries.append(_Entry(f"{name}_zero_point", tag, z, values.itemsize, read_zero_point))
     return entries
+
+
+def _float_entry(name: str, arr: QuantizedArray, get, dtype: str) -> _Entry:
+    """The dequantized values of ``name`` in ``dtype``, read in slabs."""
+    import ml_dtypes
+
+    out = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+
+    def read(r0, r1):
+        a = get(name)
+        v = a[r0:r1] if a.ndim else a[...]
+        return np.ascontiguousarray(np.asarray(v).astype(out, copy=False))
+
+    return _Entry(name, FLOAT_TYPES[dtype], arr.shape, out.itemsize, read)
 
 
 def _ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get) -> list[_Entry]:
@@ -377,6 +393,7 @@ def export_safetensors(
     storage_options: dict | None = None,
     replace_own: bool = False,
     job: str | None = None,
+    dtype: str = "float32",
 ) -> dict:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -393,7 +410,13 @@ def export_safetensors(
     Existing files are refused unless ``overwrite``, except shards of an interrupted export
     (they carry qstream's metadata and no index was written); ``replace_own`` also replaces a
     finished export's files qstream wrote (a resumed ``convert ... out.safetensors``).
-    ``job``: an identity recorded in the files (see :func:`finished_export`)."""
+    ``job``: an identity recorded in the files (see :func:`finished_export`).
+
+    ``format="dequantized"``: every quantized tensor written as its dequantized values in
+    ``dtype`` (float32, float16 or bfloat16; what ``qstream dequantize ... OUT.safetensors``
+    writes), kept tensors as stored."""
+    if dtype not in FLOAT_TYPES:
+        raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
         raise InvalidParameterError(
             f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)} (GGUF:"
@@ -402,16 +425,31 @@ def export_safetensors(
     out = os.fspath(out)
     if not out.endswith(".safetensors"):
         raise InvalidParameterError(f"{out}: the export target must end in .safetensors")
+    if job is None:  # a plain export: the same call on the same output is the same job
+        job = _export_job(src, format, name, dtype, config, max_shard_size)
+        done = None if overwrite or replace_own else finished_export(out, job)
+        if done is not None:
+            return {"files": done, "already_complete": True, "format": format,
+                    "loader": LOADERS[format], "tensors": [], "bytes": 0}  # fmt: skip
     opened = open_quantized(src, storage_options=storage_options)
     tensors = _Tensors(opened, name)
     entries, described, layouts, kept = [], {}, [], []
     for n in tensors.names():
         t = tensors(n)
+        if isinstance(t, QuantizedArray) and t.spec.float_offset and format != "dequantized":
+            raise InvalidParameterError(
+                f"{n}: a float offset (x = q * scale + offset) has no place in the {format}"
+                " layout, whose loaders compute (q - zero_point) * scale; export it with"
+                " format='dequantized' or keep its integer zero point"
+            )
         if isinstance(t, QuantizedArray):
             if format == "compressed-tensors":
                 lay = ct.layout(n, t.shape, t.spec)
                 layouts.append(lay)
                 entries += _ct_entries(n, t, lay, tensors)
+            elif format == "dequantized":
+                entries.append(_float_entry(n, t, tensors, dtype))
+                continue
             else:
                 entries += _quantized_entries(n, t, tensors)
             described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
@@ -473,6 +511,7 @@ def export_safetensors(
             doc["metadata"]["qstream_job"] = job
         _write_json(index, doc)
     return {
+        "already_complete": False,
         "files": targets,
         "tensors": names,
         "bytes": sum(e.nbytes for e in entries),
@@ -480,6 +519,22 @@ def export_safetensors(
         "loader": LOADERS[format],
         "config": config_path if model_config is not None else None,
     }
+
+
+def _export_job(src, format: str, name: str, dtype: str, config, shard: int) -> str:
+    """The identity of a plain export: what it reads (the output's root document, whose
+    time changes when the output is written again), how and into what layout."""
+    from .stores import location
+
+    where = location(src) or str(src)
+    try:
+        stamp = os.stat(os.path.join(os.fspath(src), "zarr.json")).st_mtime_ns
+    except (OSError, TypeError):
+        stamp = None
+    conf = config if isinstance(config, dict | None) else os.path.abspath(os.fspath(config))
+    ident = {"export": where, "stamp": stamp, "format": format, "name": name, "dtype": dtype}
+    ident["max_shard_size"] = int(shard)
+    return json.dumps({**ident, "config": conf}, sort_keys=True, default=str)
 
 
 def check_targets(targets: list[str], replace: bool) -> None:

@@ -188,6 +188,8 @@ def _quantized_tensor(name, hf, arr, heads) -> _Tensor:
         )
 
     qt = arr.qtype
+    if arr.spec.float_offset:
+        raise refuse("a float offset")
     kind = {"int8": "Q8_0", "int4": "Q4_0"}.get(qt.name)
     if kind is None:
         raise refuse(f"{qt.name} codes")
@@ -416,10 +418,16 @@ def export_gguf(
             tensors.append(t)
             types[hf] = t.type
     else:
+        import warnings
+
+        from ..errors import QStreamWarning
         from .checkpoints import open_checkpoint
         from .fp8 import pair_scales
 
-        for hf, t in pair_scales(open_checkpoint(src), recipe.scales).items():
+        paired = pair_scales(open_checkpoint(src), recipe.scales)
+        for warning in recipe.check(paired):
+            warnings.warn(warning, QStreamWarning, stacklevel=3)
+        for hf, t in paired.items():
             name = llama.name(hf) if llama else hf
             heads = llama.heads_of(hf) if llama else None
             spec = recipe.spec_for(hf, t.shape, t.dtype)

@@ -493,7 +493,12 @@ class QuantizedArray:
         self.meta = meta
         where = str(group.store_path).removeprefix("file://")
         try:
-            self.data = group["data"]
+            if meta.get("layout") == "codec":  # its codes, through data's plain form
+                from .codec import open_plain
+
+                self.data = open_plain(group)
+            else:
+                self.data = group["data"]
             self.spec = QuantSpec.from_dict(meta["spec"])
             self.qtype = qtype(self.spec.dtype)
             scale, zero_point = group["scale"], group["zero_point"]
@@ -503,6 +508,16 @@ class QuantizedArray:
             self._check(where, tuple(scale.shape), tuple(zero_point.shape))
             self.scale = np.asarray(read_all(scale), np.float32)
             self.zero_point = np.asarray(read_all(zero_point))
+            self.offset = None  # float offsets (spec.offset), float64
+            if self.spec.float_offset:
+                offset = group["offset"]
+                self._check(where, tuple(scale.shape), tuple(offset.shape))
+                self.offset = np.asarray(read_all(offset), np.float64)
+            self.codec = None  # the codec layout's decode constants (qstream.io.codec)
+            if meta.get("layout") == "codec":
+                from .codec import constants
+
+                self.codec = constants(meta["codec"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             if isinstance(e, StoreError):
                 raise
@@ -653,6 +668,10 @@ class QuantizedArray:
         """Dequantize ``q``, the stored values of the region ``key`` (a tuple of step-1
         slices), with the parameters that region uses; ``out`` optionally receives it."""
         q = q.view(self.qtype.dtype) if q.dtype != self.qtype.dtype else q
+        if self.codec is not None or self.offset is not None:
+            from .scientific_read import dequantize_scientific
+
+            return self._missing(q, dequantize_scientific(self, key, q, dtype, out))
         if self.axis is None:
             s, z = self.scale.reshape(()), self.zero_point.reshape(()).astype(np.float64)
             layout = plan_layout(q.shape, (), None, None)
@@ -670,11 +689,18 @@ class QuantizedArray:
                 z = np.take(self.zero_point[pk], idx // bs, axis=k)
                 y = (q.astype(np.float32) - z.astype(np.float32)) * s
                 if out is None:
-                    return y.astype(dtype, copy=False)
+                    return self._missing(q, y.astype(dtype, copy=False))
                 out[...] = y
-                return out
+                return self._missing(q, out)
             else:
                 idx = slice(key[k].start, key[k].stop)
                 s, z = self.scale[idx], self.zero_point[idx].astype(np.float64)
                 layout = plan_layout(q.shape, s.shape, k, None)
-        return affine_dequantize(q, s, z, layout, self.qtype, np.dtype(dtype), out=out)
+        y = affine_dequantize(q, s, z, layout, self.qtype, np.dtype(dtype), out=out)
+        return self._missing(q, y)
+
+    def _missing(self, q, y):
+        """``y`` with NaN where ``q`` holds the code the ``fill`` NaN policy reserves."""
+        if self.spec.nan_policy == "fill":
+            y[q == self.qtype.dtype.type(self.qtype.qmin)] = np.nan
+        return y

@@ -1,4 +1,5 @@
-"""Sub-byte Zarr data types and the ``packbits`` codec, as zarr-extensions defines them.
+"""Sub-byte Zarr data types, ``bfloat16``, and the ``packbits`` codec, as zarr-extensions
+defines them.
 
 Data types ``int4``, ``uint4``, ``int2``, ``uint2`` and ``float4_e2m1fn``
 (``zarr-extensions/data-types/*``), whose NumPy form is the ``ml_dtypes`` type (one element
@@ -25,11 +26,13 @@ import ml_dtypes
 import numpy as np
 from zarr.abc.codec import ArrayBytesCodec
 from zarr.core.dtype.common import DataTypeValidationError, HasItemSize
+from zarr.core.dtype.npy.float import BaseFloat
 from zarr.core.dtype.wrapper import ZDType
 
 from .packing import packed_nbytes
 
 PADDING = ("none", "first_byte", "last_byte")
+_BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 # --------------------------------------------------------------------------- data types
@@ -115,6 +118,31 @@ def _subtype(name: str, bits: int, signed: bool, is_float: bool = False) -> type
             },
         )
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bfloat16(BaseFloat):
+    """The ``bfloat16`` Zarr v3 data type (zarr-extensions ``data-types/bfloat16``; zarrs
+    reads it too): two little-endian bytes per value, the ``ml_dtypes.bfloat16`` NumPy type.
+    zarr-python has no bfloat16 of its own: without it a bfloat16 array could only be stored
+    as uint16 bits or widened to float32."""
+
+    dtype_cls = type(_BF16)
+    _zarr_v3_name: ClassVar[str] = "bfloat16"
+    _zarr_v2_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def _check_native_dtype(cls, dtype) -> bool:
+        return np.dtype(dtype) == _BF16
+
+    def to_native_dtype(self):
+        if self.endianness == "big":
+            raise ValueError("bfloat16 arrays are stored little-endian")
+        return _BF16
+
+    @property
+    def item_size(self) -> int:
+        return 2
 
 
 Int4 = _subtype("int4", 4, True)
@@ -207,7 +235,7 @@ def register_zarr_types() -> None:
     from zarr.core.dtype import data_type_registry
     from zarr.registry import register_codec
 
-    for t in DATA_TYPES:
+    for t in (*DATA_TYPES, Bfloat16):
         data_type_registry.register(t._zarr_v3_name, t)
     register_codec("packbits", PackBits)
     _REGISTERED[0] = True

@@ -234,8 +234,10 @@ def dynamic_blocked_half_to_even(
                         ge2[o, pc, pi] = se2
                         gmax[o, pc, pi] = from_bits(emax)
                         if i1 == un or i1 % np.uint64(TILE) == 0:  # the tile ends here
-                            partial[t0 + (np.int64(i1) - 1) // TILE] = acc
-                            acc[:] = 0.0
+                            row = partial[t0 + (np.int64(i1) - 1) // TILE]
+                            for k in range(N_SUMS):  # (no array assignment: its shape check
+                                row[k] = acc[k]  # compiles string formatting, ~2-4 s)
+                                acc[k] = 0.0
                     if mask:
                         for j in range(i0, i1):
                             orow[j] &= mask
