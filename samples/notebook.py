@@ -7,7 +7,19 @@ import numpy as np
 
 import qstream as qs
 
-here = Path(__file__).parent
+
+def samples_folder() -> Path:
+    """This file's folder; in Jupyter (no ``__file__``) the working folder or its
+    ``samples/``, whichever holds the sample data."""
+    if "__file__" in globals():
+        return Path(__file__).resolve().parent
+    for d in (Path.cwd(), Path.cwd() / "samples"):
+        if (d / "activations.zarr").is_dir():
+            return d
+    raise FileNotFoundError("start Jupyter in the repository or in samples/ (the sample data)")
+
+
+here = samples_folder()
 report = qs.quantize_store(
     here / "activations.zarr",
     "memory://acts-int8",

@@ -10,7 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from qstream.cli.main import app
 from safetensors.numpy import load_file, save_file
+from typer.testing import CliRunner
 
 import qstream as qs
 
@@ -336,3 +338,48 @@ def test_outputs_with_float_offsets_are_refused_by_the_integer_layouts(tmp_path)
     qs.export_safetensors(tmp_path / "q.zarr", tmp_path / "e.safetensors", format="dequantized")
     got = load_file(str(tmp_path / "e.safetensors"))["weight"]
     np.testing.assert_array_equal(got, qs.open_quantized(tmp_path / "q.zarr")[...])
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "qstream"])
+def test_exports_read_back_as_qstream_dequantize_gives_them(tmp_path, fmt):
+    rng = np.random.default_rng(8)
+    tensors = {
+        "a.weight": rng.standard_normal((40, 128)).astype(np.float32),
+        "b.weight": rng.standard_normal((24, 256)).astype(np.float32),
+        "c.weight": rng.standard_normal((20, 64)).astype(np.float32) + 0.3,
+        "d.weight": rng.standard_normal((12, 128)).astype(np.float32),
+        "e.weight": rng.standard_normal((16, 64)).astype(np.float32),
+        "norm": rng.standard_normal(64).astype(np.float32),
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    rules = [
+        {"pattern": "b.*", "spec": {"dtype": "int4", "axis": 1, "block_size": 128,
+                                    "method": "dynamic"}},
+        {"pattern": "c.*", "spec": {"dtype": "uint8", "axis": 0, "symmetric": False}},
+        {"pattern": "d.*", "spec": {"dtype": "uint4", "axis": 1, "block_size": 32,
+                                    "method": "dynamic", "symmetric": False}},
+        {"pattern": "e.*", "spec": {"dtype": "int8", "axis": None}},
+    ]  # fmt: skip
+    if fmt == "qstream":
+        rules.append({"pattern": "a.*", "spec": {"dtype": "float8_e4m3fn", "axis": 0}})
+    recipe = qs.Recipe.from_dict({"defaults": {"dtype": "int8", "axis": 0}, "rules": rules})
+    qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "q.zarr", recipe)
+    (tmp_path / "x").mkdir()
+    out = tmp_path / "x" / "model.safetensors"
+    qs.export_safetensors(tmp_path / "q.zarr", out, format=fmt, max_shard_size=6000)
+    index = tmp_path / "x" / "model.safetensors.index.json"
+    assert index.exists()  # sharded: read through the index
+    back, root = qs.open_quantized(index), qs.open_quantized(tmp_path / "q.zarr")
+    assert list(back) == list(root)
+    for n in root:
+        want = root[n][...]
+        np.testing.assert_array_equal(
+            np.asarray(back[n][...]).view(np.uint32), want.view(np.uint32)
+        )
+        if want.ndim == 2:
+            np.testing.assert_array_equal(back[n][3:7, 5:9], want[3:7, 5:9])
+    r = CliRunner().invoke(app, ["dequantize", str(index), str(tmp_path / "d.zarr"), "-q"])
+    assert r.exit_code == 0, r.output
+    d = qs.open_quantized(tmp_path / "d.zarr")
+    for n in root:
+        np.testing.assert_array_equal(d[n][...], root[n][...])

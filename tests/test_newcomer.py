@@ -372,3 +372,35 @@ def test_dequantize_to_bfloat16_stores_bfloat16_not_its_bits(ck, tmp_path):
     assert got.dtype == np.dtype(ml_dtypes.bfloat16)
     want = qs.open_quantized(g)[...].astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_a_keep_all_conversion_does_not_hold_the_checkpoint_in_memory(tmp_path):
+    rng = np.random.default_rng(3)
+    tensors = {f"w{i}": rng.standard_normal((1024, 4096)).astype(np.float32) for i in range(24)}
+    save_file(tensors, str(tmp_path / "big.safetensors"))  # 384 MiB
+    del tensors
+    code = (
+        "import resource, qstream as qs;"
+        " r = qs.Recipe.from_dict({'rules': [{'pattern': '*', 'action': 'keep'}]});"
+        " base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        f" qs.convert_checkpoint({str(tmp_path / 'big.safetensors')!r}, {str(tmp_path / 'k')!r},"
+        " r, compression='none');"
+        " print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    base, peak = (int(v) for v in r.stdout.split())
+    # file-backed pages of a mapping would count: the whole 384 MiB checkpoint
+    assert (peak - base) / 1024 < 200, (base, peak)
+
+
+def test_the_notebook_sample_runs_without_a_file_as_in_jupyter():
+    code = (
+        "src = open('samples/notebook.py').read();"
+        " exec(compile(src, 'notebook', 'exec'), {'__name__': '__main__'})"
+    )  # Jupyter runs cells with no __file__, in the folder it was started in
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "entropy calibration" in r.stdout

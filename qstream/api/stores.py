@@ -148,6 +148,8 @@ def dequantize_store(
     from ..io.suffixes import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
+    if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
+        return _dequantize_export(src, dst, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
         return _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options)
     with store_errors(_remote(dst, src)):
@@ -163,6 +165,22 @@ def dequantize_store(
             executor=executor,
             compression=compression,
         )
+
+
+def _dequantize_export(src, dst, dtype, overwrite, max_memory, progress) -> dict:
+    """A qstream ``.safetensors`` export dequantized: its tensors read as values
+    (:mod:`qstream.io.exported`) and kept in ``dtype``, into a Zarr group or a file."""
+    from ..api.convert import convert_checkpoint
+    from ..recipe import Recipe
+
+    recipe = Recipe.from_dict(
+        {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
+    )
+    fmt = {"format": "qstream"} if str(dst).endswith(".safetensors") else {}
+    report = convert_checkpoint(
+        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, **fmt
+    )
+    return {**report, "dtype": dtype}
 
 
 def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> dict:

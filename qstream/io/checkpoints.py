@@ -202,10 +202,11 @@ def open_checkpoint(
     if kind == "dir":
         return _open_directory(p)
     low = p.lower()
-    if low.endswith(".index.json"):
-        return _open_safetensors_index(p)
-    if low.endswith(".safetensors"):
-        return _open_safetensors(p)
+    if low.endswith((".index.json", ".safetensors")):
+        from .exported import maybe_dequantizing  # qstream's own exports: their values
+
+        opened = _open_safetensors_index(p) if low.endswith(".json") else _open_safetensors(p)
+        return maybe_dequantizing(p, opened)
     if low.endswith(".npy"):
         return _open_npy(p)
     if low.endswith(".npz"):

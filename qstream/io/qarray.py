@@ -406,7 +406,12 @@ def open_quantized(
 ) -> QuantizedArray | QuantizedCheckpoint:
     """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
     The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
-    tensor names to lazy arrays."""
+    tensor names to lazy arrays. A ``.safetensors`` file (or index) that qstream exported
+    opens as a dict of name -> lazy array of its values (see :mod:`qstream.io.exported`)."""
+    if isinstance(path, str | os.PathLike) and os.fspath(path).endswith(
+        (".safetensors", ".safetensors.index.json")
+    ):
+        return _open_export(os.fspath(path))
     group = _open_local(path) or open_group(path, mode="r", storage_options=storage_options)
     if "qstream_checkpoint" in group.attrs:
         return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
@@ -423,6 +428,16 @@ def open_quantized(
     if not meta.get("ready", True):
         raise StoreError(f"{path} was interrupted while it was being created; re-run the job")
     return QuantizedArray(group, meta)
+
+
+def _open_export(path: str) -> dict:
+    from .checkpoints import open_checkpoint
+    from .exported import DequantizedTensor
+
+    tensors = open_checkpoint(path)
+    if not any(isinstance(t, DequantizedTensor) for t in tensors.values()):
+        raise StoreError(f"{path} is not a qstream export (no quantized tensors described)")
+    return tensors
 
 
 class QuantizedCheckpoint(Mapping):

@@ -17,19 +17,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import rounding as r
+from .affine import TILE, tile_coords
 from .runtime import parallel_kernel
-
-TILE = 16384
-
-
-@njit(inline="always", cache=True)
-def _coords(t, n_tiles, n_c, n_inner, p_outer, cblock):
-    row = t // n_tiles
-    i0 = (t - row * n_tiles) * TILE
-    i1 = min(n_inner, i0 + TILE)
-    o = row // n_c
-    c = row - o * n_c
-    return o, c, (o if p_outer > 1 else 0), c // cblock, i0, i1
 
 
 @njit(inline="always", cache=True)
@@ -37,7 +26,7 @@ def _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, op):
     n_outer, n_c, n_inner = x.shape
     n_tiles = (n_inner + TILE - 1) // TILE
     for t in prange(n_outer * n_c * n_tiles):
-        o, c, po, pc, i0, i1 = _coords(t, n_tiles, n_c, n_inner, scale.shape[0], cblock)
+        o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, scale.shape[0], cblock)
         xr = x[o, c]
         outr = out[o, c]
         sr = scale[po, pc]
@@ -118,7 +107,7 @@ def dequantize_offset(q, scale, offset, cblock, iblock, out):
     n_outer, n_c, n_inner = q.shape
     n_tiles = (n_inner + TILE - 1) // TILE
     for t in prange(n_outer * n_c * n_tiles):
-        o, c, po, pc, i0, i1 = _coords(t, n_tiles, n_c, n_inner, scale.shape[0], cblock)
+        o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, scale.shape[0], cblock)
         qr = q[o, c]
         outr = out[o, c]
         sr = scale[po, pc]

@@ -1,0 +1,200 @@
+"""qstream's own safetensors exports read back: each quantized tensor as its dequantized
+float32 values, computed from the exported codes and parameters exactly as
+``qstream.dequantize`` computes them from the output they came from (``(q - zero_point) *
+scale`` in float32; float types ``q * scale``), read by slabs of rows.
+
+Both layouts are read: ``qstream`` (``N``, ``N_scale``, ``N_zero_point``) and
+``compressed-tensors`` (``M.weight`` or ``M.weight_packed`` + ``M.weight_shape``,
+``M.weight_scale``, ``M.weight_zero_point``). The parameter tensors are consumed; kept tensors
+read as stored. This is what ``open_quantized``, ``dequantize`` and ``convert`` see when given
+a file (or index) qstream exported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from ..errors import StoreError
+
+_SUFFIXES = ("_scale", "_zero_point")
+
+
+def exported_format(meta: dict | None) -> str | None:
+    """The layout a safetensors file's ``__metadata__`` says qstream exported, or None."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("qstream"), str):
+        return None
+    fmt = meta.get("qstream_format", "qstream")  # exports before the option: qstream's layout
+    return fmt if fmt in ("qstream", "compressed-tensors") else None
+
+
+def dequantizing(path: str, tensors: dict, meta: dict) -> dict:
+    """``tensors`` (a qstream export's, as stored) with each quantized tensor replaced by a
+    :class:`DequantizedTensor` and its parameter tensors consumed, in the file's order."""
+    fmt = exported_format(meta)
+    try:
+        described = json.loads(meta["qstream"])
+    except (ValueError, TypeError):
+        raise StoreError(f"{path}: its qstream metadata is not JSON") from None
+    if not isinstance(described, dict):
+        raise StoreError(f"{path}: its qstream metadata is not a table of tensors")
+    parts: dict[str, dict] = {}
+    for name, d in described.items():
+        if not isinstance(d, dict):
+            raise StoreError(f"{path}: bad qstream metadata for {name!r}")
+        if fmt == "qstream":
+            names = {"codes": name, "scale": f"{name}_scale", "zp": f"{name}_zero_point"}
+        else:
+            m = name[: -len("weight")]
+            packed = f"{m}weight_packed" in tensors
+            names = {
+                "codes": f"{m}weight_packed" if packed else f"{m}weight",
+                "shape": f"{m}weight_shape" if packed else None,
+                "scale": f"{m}weight_scale",
+                "zp": f"{m}weight_zero_point",
+            }
+        found = {k: tensors.get(v) for k, v in names.items() if v is not None}
+        if found["codes"] is None or found["scale"] is None:
+            raise StoreError(f"{path}: the export lacks the codes or scale of {name!r}")
+        parts[name] = {"names": names, **found, **d}
+    consumed = {v for p in parts.values() for v in p["names"].values() if v}
+    out: dict = {}
+    for n, t in tensors.items():
+        owner = next((q for q, p in parts.items() if n == p["names"]["codes"]), None)
+        if owner is not None:
+            out[owner] = DequantizedTensor(owner, fmt, parts[owner])
+        elif n not in consumed:
+            out[n] = t
+    return out
+
+
+class DequantizedTensor:
+    """An exported quantized tensor read as float32 values (see the module docstring)."""
+
+    def __init__(self, name: str, fmt: str, part: dict) -> None:
+        self.name, self.fmt = name, fmt
+        self.codes, self.scale_t, self.zp_t = part["codes"], part["scale"], part.get("zp")
+        self.axis, self.block = part.get("axis"), part.get("block_size")
+        self.qtype_name = str(part.get("dtype", "int8"))
+        if part.get("shape") is not None:  # pack-quantized: the logical shape is stored
+            self.shape = tuple(int(v) for v in np.asarray(part["shape"][...]).reshape(-1))
+        else:
+            self.shape = tuple(self.codes.shape)
+        self.dtype = np.dtype(np.float32)
+        self.chunks = None
+        self._params: tuple | None = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * 4
+
+    def __repr__(self) -> str:
+        return f"DequantizedTensor({self.name!r}, shape={list(self.shape)}, {self.fmt})"
+
+    def _parameters(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._params is None:
+            s = np.asarray(self.scale_t[...], np.float32)
+            if self.zp_t is None:
+                z = np.zeros(1, np.float32)
+            else:
+                z = np.asarray(self.zp_t[...])
+                if self.fmt == "compressed-tensors" and z.dtype == np.int32:  # packed on dim 0
+                    z = _unpack(z.T, self.shape[0]).T
+                z = z.astype(np.float32)
+            self._params = (s, z)
+        return self._params
+
+    def _rows(self, r0: int, r1: int) -> np.ndarray:
+        if self.fmt == "compressed-tensors" and self.codes.dtype == np.int32:
+            return _unpack(np.asarray(self.codes[r0:r1]), self.shape[1]).astype(np.float32)
+        q = np.asarray(self.codes[r0:r1] if self.codes.ndim else self.codes[...])
+        return q.astype(np.float32)
+
+    def __getitem__(self, key) -> np.ndarray:
+        from ..core.indexing import expand_key
+
+        key = expand_key(key, self.shape)
+        if not self.shape:
+            r0, r1 = 0, 1
+        else:
+            k0 = key[0]
+            r0, r1, _ = k0.indices(self.shape[0]) if isinstance(k0, slice) else (k0, k0 + 1, 1)
+        x = self._values(r0, r1)
+        if not self.shape:
+            return x.reshape(())
+        first = key[0]
+        local = (
+            slice(0, r1 - r0, first.step) if isinstance(first, slice) else 0,
+            *key[1:],
+        )
+        return np.ascontiguousarray(x[local])
+
+    def _values(self, r0: int, r1: int) -> np.ndarray:
+        q = self._rows(r0, r1).reshape((r1 - r0, *self.shape[1:]) if self.shape else (1,))
+        s, z = self._parameters()
+        if self.block:  # [out, in / group] parameters along axis 1
+            s = np.repeat(s.reshape(self.shape[0], -1)[r0:r1], self.block, axis=1)
+            z = (
+                np.repeat(z.reshape(self.shape[0], -1)[r0:r1], self.block, axis=1)
+                if z.size > 1
+                else z.reshape(())
+            )
+            s, z = s[:, : self.shape[1]], (z[:, : self.shape[1]] if np.ndim(z) else z)
+        elif self.axis is not None and s.size > 1:
+            s, z = (
+                _along(s, self.axis, self.shape, r0, r1),
+                _along(z, self.axis, self.shape, r0, r1),
+            )
+        else:
+            s, z = s.reshape(-1)[0], z.reshape(-1)[0]
+        if self.qtype_name.startswith("float"):
+            return (q * s).astype(np.float32)
+        return ((q - z) * s).astype(np.float32)
+
+
+def _along(p: np.ndarray, axis: int, shape, r0: int, r1: int) -> np.ndarray:
+    """Per-axis parameters shaped to broadcast against rows ``r0:r1`` of ``shape``."""
+    if p.size == 1:
+        return p.reshape(())
+    axis %= len(shape)
+    v = p.reshape(-1)
+    if axis == 0:
+        v = v[r0:r1]
+    view = [1] * len(shape)
+    view[axis] = v.size
+    return v.reshape(view)
+
+
+def _unpack(words: np.ndarray, n: int, bits: int = 4) -> np.ndarray:
+    """int32 words of ``2**(bits-1)``-offset codes packed from the low bits -> ``[R, n]`` signed
+    codes (compressed-tensors' packing)."""
+    per = 32 // bits
+    w = np.ascontiguousarray(words).view(np.uint32).astype(np.int64)
+    vals = (w[..., None] >> (bits * np.arange(per))) & ((1 << bits) - 1)
+    return (vals.reshape(*w.shape[:-1], -1)[..., :n] - (1 << (bits - 1))).astype(np.int16)
+
+
+def maybe_dequantizing(path: str, tensors: dict) -> dict:
+    """``tensors`` of the safetensors file or index ``path``, read through
+    :func:`dequantizing` when qstream exported it (its metadata says so), else as they are."""
+    from .export import _export_metadata
+
+    meta = _export_metadata(path)
+    if meta is None:
+        return tensors
+    if path.endswith(".json"):  # an index: the tensors' description is in its shards
+        files = {t.file[0] for t in tensors.values() if getattr(t, "file", None)}
+        meta = _export_metadata(sorted(files)[0]) if files else None
+    if exported_format(meta) is None:
+        return tensors
+    return dequantizing(path, tensors, meta)
