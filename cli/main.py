@@ -604,17 +604,24 @@ def inspect(
         if plot is not None:
             _check_plot(plot)
         arr = qs.open_quantized(store, allow_incomplete=True)
-        if (show or plot) and isinstance(arr, qs.QuantizedCheckpoint):
+        whole = isinstance(arr, qs.QuantizedCheckpoint)
+        if show and whole:
             first = next((n for n, t in arr.tensors.items() if not t.get("kept")), "NAME")
             raise typer.BadParameter(
-                f"--show and --plot draw one quantized tensor: pass {store}/{first} (or"
-                " another tensor of this checkpoint)"
+                f"--show draws one quantized tensor: pass {store}/{first} (or another tensor"
+                " of this checkpoint); --plot draws the whole checkpoint"
             )
         summary = arr.summary()
         if plot is not None:
-            from qstream.viz.mpl import save_figure
+            from qstream.viz import mpl
 
-            save_figure(arr.view, plot)
+            if whole:  # SQNR and size per tensor, from the root's index
+                fig = mpl.checkpoint_figure(list(arr.tensors.values()), str(store))
+            elif arr.spec.block_size and not arr.qtype.is_float:  # group-wise
+                fig = mpl.group_figure(arr.view, arr.scale)
+            else:
+                fig = None
+            mpl.save_figure(arr.view if not whole else None, plot, fig)
         if as_json:
             emit_json(summary)
             return

@@ -404,3 +404,23 @@ def test_the_notebook_sample_runs_without_a_file_as_in_jupyter():
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "entropy calibration" in r.stdout
+
+
+def test_inspect_plot_draws_group_wise_outputs_and_whole_checkpoints(ck, tmp_path):
+    pytest.importorskip("matplotlib")
+    import zarr
+
+    x = np.random.default_rng(4).standard_normal((32, 128)).astype(np.float32)
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, dtype="f4")[...] = x
+    r = run("quantize", tmp_path / "x.zarr", tmp_path / "g.zarr", "--dtype", "int4", "--axis",
+            "1", "--block-size", "32", "--method", "dynamic", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = run("inspect", tmp_path / "g.zarr", "--plot", tmp_path / "g.svg")
+    assert r.exit_code == 0, r.output
+    svg = (tmp_path / "g.svg").read_text()
+    assert "128 groups: their scales" in svg and "worst groups" in svg
+    assert run("convert", ck, tmp_path / "q.zarr", "-q").exit_code == 0
+    r = run("inspect", tmp_path / "q.zarr", "--plot", tmp_path / "c.svg")
+    assert r.exit_code == 0, r.output
+    svg = (tmp_path / "c.svg").read_text()
+    assert "SQNR per tensor" in svg and "tensors by size (5; 1 kept)" in svg

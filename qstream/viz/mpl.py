@@ -251,15 +251,103 @@ def figure(view: ReportView):
     return fig
 
 
-def save_figure(view: ReportView, path) -> str:
-    """Write :func:`figure` to ``path`` (``.png`` or ``.svg``); returns the path."""
+def plot_worst_groups(ax, worst: list[dict]):
+    """The worst parameter groups of a group-wise output (their SQNR), worst at the top."""
+    names = [",".join(str(i) for i in w["group"]) for w in worst]
+    vals = [float(w["sqnr_db"]) if w.get("sqnr_db") is not None else math.inf for w in worst]
+    ax.barh(names, [v if math.isfinite(v) else 0.0 for v in vals], color=CLIPPED)
+    for i, v in enumerate(vals):
+        ax.text(v if math.isfinite(v) else 0.0, i, f" {v:.2f}", va="center", fontsize=8)
+    ax.set_xlabel("SQNR dB of the group")
+    ax.set_ylabel("group (row, block)")
+    ax.invert_yaxis()
+    return ax
+
+
+def group_figure(view: ReportView, scales):
+    """The one-page figure of a group-wise (blocked) output: the distribution of its groups'
+    scales (the per-group ranges), its worst groups' SQNR and the error summary."""
+    _matplotlib()
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=PAGE, dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(2, 2, height_ratios=[1.2, 1], width_ratios=[1.4, 1])
+    top, left = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0])
+    right = fig.add_subplot(grid[1, 1])
+    s = np.asarray(scales, np.float64).reshape(-1)
+    s = s[np.isfinite(s) & (s > 0)]
+    if s.size:
+        top.hist(np.log10(s), bins=min(100, max(10, s.size // 20)), color=BAR)
+        top.set_yscale("log")
+        top.set_xlabel("log10 scale of a group")
+        top.set_ylabel("groups")
+    top.set_title(f"{s.size} groups: their scales (a group's range / its steps)", fontsize=10)
+    worst = (view.error or {}).get("worst_groups") or []
+    if worst:
+        plot_worst_groups(left, worst)
+        left.set_title("worst groups", fontsize=10)
+    else:
+        left.set_axis_off()
+    right.set_axis_off()
+    right.text(
+        0, 1, "\n".join(_summary_lines(view)), va="top", ha="left", fontsize=9, family="monospace"
+    )
+    fig.suptitle(view.title, fontsize=11)
+    return fig
+
+
+def checkpoint_figure(rows: list[dict], title: str):
+    """The one-page figure of a converted checkpoint: each quantized tensor's SQNR (worst
+    first) and every tensor's size before and after, from the root's index (no tensor is
+    opened)."""
+    _matplotlib()
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=PAGE, dpi=DPI, layout="constrained")
+    top, bottom = fig.subplots(2, 1, height_ratios=[1.2, 1])
+    quant = [r for r in rows if not r.get("kept") and (r.get("error") or {}).get("sqnr_db")]
+    quant.sort(key=lambda r: float(r["error"]["sqnr_db"]))
+    if quant:
+        sq = [float(r["error"]["sqnr_db"]) for r in quant]
+        top.plot(range(len(sq)), sq, ".", color=BAR, markersize=3)
+        top.set_xlabel(f"quantized tensors, worst first ({len(sq)})")
+        top.set_ylabel("SQNR dB")
+        for i in range(min(3, len(quant))):
+            top.annotate(quant[i]["name"], (i, sq[i]), fontsize=7, xytext=(4, 4 + 8 * i),
+                         textcoords="offset points")  # fmt: skip
+        top.set_title("SQNR per tensor", fontsize=10)
+    else:
+        top.text(0.5, 0.5, "no quantized tensor", ha="center", va="center")
+        top.set_axis_off()
+    before = sum(int(r.get("bytes_before") or 0) for r in rows)
+    after = sum(int(r.get("bytes_after") or 0) for r in rows)
+    kept = [r for r in rows if r.get("kept")]
+    sizes = sorted(rows, key=lambda r: -int(r.get("bytes_before") or 0))
+    xs = range(len(sizes))
+    bottom.bar(xs, [int(r.get("bytes_before") or 0) for r in sizes], color="#cccccc",
+               label="before", width=1.0)  # fmt: skip
+    bottom.bar(xs, [int(r.get("bytes_after") or 0) for r in sizes], color=BAR, label="after",
+               width=1.0)  # fmt: skip
+    bottom.set_yscale("log")
+    bottom.set_xlabel(f"tensors by size ({len(rows)}; {len(kept)} kept)")
+    bottom.set_ylabel("bytes")
+    bottom.legend(fontsize=8)
+    bottom.set_title(f"size per tensor: {fmt(before)} B -> {fmt(after)} B", fontsize=10)
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def save_figure(view, path, fig=None) -> str:
+    """Write :func:`figure` of ``view`` (or the given ``fig``) to ``path`` (``.png`` or
+    ``.svg``); returns the path."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".png", ".svg"):
         raise ValueError(f"{path}: a figure is written as .png or .svg")
     import matplotlib
 
-    fig = figure(view)
+    fig = fig if fig is not None else figure(view)
     # SVG text stays text (searchable, small); no timestamps: the same view, the same file
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "qstream"}):
         meta = {"Date": None} if ext == ".svg" else {"Software": None}
