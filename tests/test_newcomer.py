@@ -424,3 +424,13 @@ def test_inspect_plot_draws_group_wise_outputs_and_whole_checkpoints(ck, tmp_pat
     assert r.exit_code == 0, r.output
     svg = (tmp_path / "c.svg").read_text()
     assert "SQNR per tensor" in svg and "tensors by size (5; 1 kept)" in svg
+
+
+def test_per_channel_on_a_1d_array_is_warned_about(tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "v.zarr"), shape=(64,), dtype="f4")[...] = 1.5
+    with pytest.warns(qs.QStreamWarning, match="gives every element its own scale"):
+        qs.quantize_store(str(tmp_path / "v.zarr"), str(tmp_path / "q.zarr"), qs.QuantSpec(axis=0))
+    r = cli("quantize", "v.zarr", "q2.zarr", "--axis", "0", "-q", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr.startswith("warning: per-channel quantization of a 1-D")

@@ -151,6 +151,18 @@ class QuantizeJob:
                 f"method {spec.method!r} is not available for blocked quantization; blocks take"
                 " their own range (method 'dynamic' or 'minmax')"
             )
+        if axis is not None and not bs and len(shape) == 1 and shape[0] > 1:
+            import warnings
+
+            from ..errors import QStreamWarning
+
+            warnings.warn(
+                f"per-channel quantization of a 1-D array (axis {spec.axis}) gives every"
+                f" element its own scale: {shape[0]} parameters for {shape[0]} values, more"
+                " bytes than the values; quantize it per tensor (axis=None) or keep it",
+                QStreamWarning,
+                stacklevel=3,
+            )
         # statistics are per channel along a per-axis spec's axis, else one set for the tensor
         # (a blocked spec reports per tensor: its parameter blocks are too many to list)
         stat_axis = None if bs else axis
