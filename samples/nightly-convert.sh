@@ -48,7 +48,12 @@ status=$?
 child=
 case $status in
   0) if grep -q '"already_complete": *true' "$tmp"; then
-       log "$out is already complete; nothing converted (last report kept: $report)"
+       if [ -f "$report" ]; then
+         log "$out is already complete; nothing converted (last report kept: $report)"
+       else  # finished by a run that was stopped before it could keep its report
+         mv -f "$tmp" "$report"
+         log "$out is already complete; nothing converted (no earlier report: this one in $report)"
+       fi
      else
        mv -f "$tmp" "$report"
        log "converted $ckpt -> $out; report in $report"

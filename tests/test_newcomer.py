@@ -434,3 +434,12 @@ def test_per_channel_on_a_1d_array_is_warned_about(tmp_path):
         qs.quantize_store(str(tmp_path / "v.zarr"), str(tmp_path / "q.zarr"), qs.QuantSpec(axis=0))
     r = cli("quantize", "v.zarr", "q2.zarr", "--axis", "0", "-q", cwd=tmp_path)
     assert r.returncode == 0 and r.stderr.startswith("warning: per-channel quantization of a 1-D")
+
+
+def test_a_checkpoint_written_again_in_the_same_process_is_read_anew(tmp_path):
+    path = tmp_path / "m.safetensors"
+    for value in (1.0, 2.0):  # a notebook writes the file, converts, writes it again
+        save_file({"w.weight": np.full((8, 64), value, np.float32)}, str(path))
+        qs.convert_checkpoint(path, tmp_path / f"q{value}.zarr")
+        got = qs.open_quantized(tmp_path / f"q{value}.zarr")["w.weight"][...]
+        assert float(got.max()) == value

@@ -31,6 +31,7 @@ from ..core.layout import dimension_names
 from ..errors import InvalidParameterError, QStreamWarning, StoreError
 from ..io import compression as compressions
 from ..io import destination, qarray
+from ..io.checkpoints import read_rows
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
 from ..io.rootindex import RootIndex, compact
@@ -486,7 +487,7 @@ def keep_tensor(
         n = t.shape[0] if t.shape else 1
         for r in range(0, n, rows):
             key = (slice(r, min(n, r + rows)),) if t.shape else ()
-            a[key] = _read_slab(t, key, dtype).astype(kept).astype(stored)
+            a[key] = read_rows(t, key, dtype).astype(kept).astype(stored)
     return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}
 
 
@@ -561,19 +562,6 @@ def restore(
         qarray.set_meta(root, {**meta, "complete": True, "result": result}, "qstream_restored")
         destination.clean_partials(dst)  # of a killed run's root metadata writes
     return {**result, "seconds": time.perf_counter() - t0}
-
-
-def _read_slab(t, key: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
-    """The rows ``key`` of the checkpoint tensor ``t``, read with positioned reads where it
-    can (a file-backed mapping's pages count as the process's memory until it exits: a
-    keep-all conversion of a large checkpoint would otherwise hold all of it)."""
-    read_into = getattr(t, "read_into", None)
-    if read_into is not None and key:
-        whole = (key[0], *(slice(0, n) for n in t.shape[1:]))
-        out = np.empty((key[0].stop - key[0].start, *t.shape[1:]), dtype)
-        if read_into(whole, out):
-            return out
-    return np.asarray(t[key])
 
 
 def _copy_kept(a, path: str, compression: str) -> int:

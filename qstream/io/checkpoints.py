@@ -244,6 +244,19 @@ class CheckpointSource:
         return self.pair(self.open_raw())
 
 
+def read_rows(t, key: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
+    """The rows ``key`` of the checkpoint tensor ``t``, read with positioned reads where it
+    can (a file-backed mapping's pages count as the process's memory until it exits: a
+    keep-all conversion of a large checkpoint would otherwise hold all of it)."""
+    read_into = getattr(t, "read_into", None)
+    if read_into is not None and key:
+        whole = (key[0], *(slice(0, n) for n in t.shape[1:]))
+        out = np.empty((key[0].stop - key[0].start, *t.shape[1:]), dtype)
+        if read_into(whole, out):
+            return out
+    return np.asarray(t[key])
+
+
 def source_locations(path, tensors: dict[str, CheckpointTensor]) -> list[str]:
     """Where the checkpoint ``path`` (opened as ``tensors``) lives: its own location and
     every file its tensors are mapped from (a sharded index's shards), links resolved."""
@@ -279,18 +292,28 @@ def _forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):
 # -- memory maps ---------------------------------------------------------------------------------
 
 
-_READERS: dict[str, int] = {}  # path -> a descriptor positioned reads share
+_READERS: dict[
+    str, tuple[tuple, int]
+] = {}  # path -> (file version, descriptor) positioned reads share
 _READERS_LOCK = threading.Lock()
 
 
 def _reader(path: str) -> int:
-    """A read-only descriptor of the (regular) file ``path``, opened once per process."""
+    """A read-only descriptor of the (regular) file ``path``, opened once per process for
+    each version of the file (a file written again, e.g. by a notebook between two
+    conversions, gets a new descriptor: the old one would read the old bytes)."""
+    st = os.stat(path)
+    version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     with _READERS_LOCK:
-        fd = _READERS.get(path)
-        if fd is None:
-            f = open_regular(path, "checkpoint file")
-            fd = _READERS[path] = os.dup(f.fileno())
-            f.close()
+        known = _READERS.get(path)
+        if known is not None and known[0] == version:
+            return known[1]
+        f = open_regular(path, "checkpoint file")
+        fd = os.dup(f.fileno())
+        f.close()
+        if known is not None:
+            os.close(known[1])
+        _READERS[path] = (version, fd)
         return fd
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..compat import gguf as q
 from ..errors import InvalidParameterError, NonFiniteInputError, StoreError
+from .checkpoints import read_rows
 
 ALIGN = 32
 VERSION = 3
@@ -158,7 +159,11 @@ def _float_tensor(name, t, gtype, heads, max_rows_bytes) -> _Tensor:
         elif len(shape) == 1:
             x = np.asarray(t[...])
         else:
-            x = np.asarray(t[r0:r1] if len(shape) == 2 else t[...].reshape(rows, cols)[r0:r1])
+            x = (
+                read_rows(t, (slice(r0, r1),), np.dtype(t.dtype))
+                if len(shape) == 2
+                else np.asarray(t[...]).reshape(rows, cols)[r0:r1]
+            )
         return x
 
     def read(r0, r1):
