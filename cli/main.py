@@ -792,6 +792,12 @@ def convert(
     with library_errors():
         import qstream as qs
 
+        if gguf_type is not None and not dst.endswith(".gguf"):
+            raise typer.BadParameter("--gguf-type applies to a .gguf DST only")
+        if (fmt != "compressed-tensors" or config) and not dst.endswith((".safetensors", ".gguf")):
+            raise typer.BadParameter("--format and --config apply to a .safetensors DST only")
+        if fmt != "compressed-tensors" and dst.endswith(".gguf"):
+            raise typer.BadParameter("--format applies to a .safetensors DST (a .gguf is GGUF)")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
         rec = _convert_recipe(recipe, flags, include, exclude)

@@ -20,7 +20,7 @@ if ! command -v qstream >/dev/null 2>&1; then
   log "qstream is not on PATH (pip install -e '.[s3]' from a qstream checkout, or pip install qstream-zarr; or activate its environment)"
   exit 1
 fi
-if [ ! -e "$ckpt" ]; then
+if [[ "$ckpt" != *://* ]] && [ ! -e "$ckpt" ]; then  # (s3://... is read by qstream itself)
   log "checkpoint not found: $ckpt"
   exit 1
 fi

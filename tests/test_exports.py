@@ -360,8 +360,23 @@ def test_exports_read_back_as_qstream_dequantize_gives_them(tmp_path, fmt):
                                     "method": "dynamic", "symmetric": False}},
         {"pattern": "e.*", "spec": {"dtype": "int8", "axis": None}},
     ]  # fmt: skip
-    if fmt == "qstream":
-        rules.append({"pattern": "a.*", "spec": {"dtype": "float8_e4m3fn", "axis": 0}})
+    if fmt == "qstream":  # every type and granularity qstream's own layout holds
+        rules += [
+            {"pattern": "a.*", "spec": {"dtype": "float8_e4m3fn", "axis": 0}},
+            {"pattern": "f.*", "spec": {"dtype": "int8", "axis": 0, "block_size": 4,
+                                        "method": "dynamic"}},
+            {"pattern": "g.*", "spec": {"dtype": "float4_e2m1fn", "axis": 0}},
+            {"pattern": "h.*", "spec": {"dtype": "float8_e4m3fnuz", "axis": 1}},
+            {"pattern": "t3", "spec": {"dtype": "int4", "axis": 2, "block_size": 8,
+                                       "method": "dynamic"}},
+        ]  # fmt: skip
+        extra = {
+            "f.weight": rng.standard_normal((18, 32)).astype(np.float32),
+            "g.weight": rng.standard_normal((10, 32)).astype(np.float32),
+            "h.weight": rng.standard_normal((10, 32)).astype(np.float32),
+            "t3": rng.standard_normal((3, 5, 16)).astype(np.float32),
+        }
+        save_file({**tensors, **extra}, str(tmp_path / "m.safetensors"))
     recipe = qs.Recipe.from_dict({"defaults": {"dtype": "int8", "axis": 0}, "rules": rules})
     qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "q.zarr", recipe)
     (tmp_path / "x").mkdir()
@@ -383,3 +398,69 @@ def test_exports_read_back_as_qstream_dequantize_gives_them(tmp_path, fmt):
     d = qs.open_quantized(tmp_path / "d.zarr")
     for n in root:
         np.testing.assert_array_equal(d[n][...], root[n][...])
+
+
+def test_gguf_permutes_q_and_k_biases_and_reads_big_tensors_by_slabs(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.default_rng(9)
+    heads, kv, hidden = 4, 2, 64
+    t = {
+        "model.layers.0.self_attn.q_proj.weight": rng.standard_normal((hidden, hidden)),
+        "model.layers.0.self_attn.q_proj.bias": rng.standard_normal(hidden),
+        "model.layers.0.self_attn.k_proj.weight": rng.standard_normal((hidden // 2, hidden)),
+        "model.layers.0.self_attn.k_proj.bias": rng.standard_normal(hidden // 2),
+        "model.embed_tokens.weight": rng.standard_normal((96, hidden)),
+    }
+    save_file({k: v.astype(np.float32) for k, v in t.items()}, str(tmp_path / "model.safetensors"))
+    config = {"model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv,
+              "hidden_size": hidden, "num_hidden_layers": 1, "intermediate_size": 128,
+              "vocab_size": 96}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    recipe = qs.Recipe.from_dict({"min_rank": 1})
+    qs.export_gguf(tmp_path / "model.safetensors", tmp_path / "m.gguf", recipe=recipe,
+                   max_memory=1 << 20)  # fmt: skip
+    got = {x.name: x for x in gguf.GGUFReader(str(tmp_path / "m.gguf")).tensors}
+    for hf, name, n in [
+        ("model.layers.0.self_attn.q_proj.bias", "blk.0.attn_q.bias", heads),
+        ("model.layers.0.self_attn.k_proj.bias", "blk.0.attn_k.bias", kv),
+        ("model.layers.0.self_attn.q_proj.weight", "blk.0.attn_q.weight", heads),
+        ("model.layers.0.self_attn.k_proj.weight", "blk.0.attn_k.weight", kv),
+    ]:
+        x = _permute(t[hf].astype(np.float32), n)
+        r = got[name]
+        if r.tensor_type == gguf.GGMLQuantizationType.F32:
+            np.testing.assert_array_equal(np.asarray(r.data).reshape(x.shape), x)
+        else:
+            want = gguf.quants.dequantize(gguf.quants.quantize(x, r.tensor_type), r.tensor_type)
+            np.testing.assert_array_equal(gguf.quants.dequantize(r.data, r.tensor_type), want)
+
+
+def test_a_re_export_in_another_form_leaves_no_stale_file_and_a_changed_source_is_redone(
+    tmp_path,
+):
+    rng = np.random.default_rng(10)
+    save_file({f"l{i}.weight": rng.standard_normal((32, 64)).astype(np.float32) for i in range(4)},
+              str(tmp_path / "m.safetensors"))  # fmt: skip
+    qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "q.zarr")
+    (tmp_path / "x").mkdir()
+    out = tmp_path / "x" / "model.safetensors"
+    qs.export_safetensors(tmp_path / "q.zarr", out)
+    qs.export_safetensors(tmp_path / "q.zarr", out, max_shard_size=3000, overwrite=True)
+    names = sorted(os.listdir(tmp_path / "x"))
+    assert "model.safetensors" not in names and "model.safetensors.index.json" in names
+    qs.export_safetensors(tmp_path / "q.zarr", out, overwrite=True)  # back to one file
+    assert sorted(os.listdir(tmp_path / "x")) == ["config.json", "model.safetensors"]
+    assert qs.export_safetensors(tmp_path / "q.zarr", out)["already_complete"]
+    # the folder of an export reads as its values (not its codes as weights)
+    back = qs.open_quantized(out)
+    qs.convert_checkpoint(tmp_path / "x", tmp_path / "again.zarr")
+    again = qs.open_quantized(tmp_path / "again.zarr")
+    assert sorted(again) == sorted(back)
+    # a GGUF of a source that changed is not "already complete"
+    qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "m.gguf")
+    save_file({f"l{i}.weight": np.ones((32, 64), np.float32) for i in range(4)},
+              str(tmp_path / "m.safetensors"))  # fmt: skip
+    with pytest.raises(qs.StoreError, match="holds another export"):
+        qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "m.gguf")
+    with pytest.raises(qs.StoreError, match="does not exist"):
+        qs.export_safetensors(tmp_path / "q.zarr", tmp_path / "nowhere" / "e.safetensors")

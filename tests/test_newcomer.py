@@ -264,6 +264,21 @@ def test_conflicting_options_are_refused_in_one_line(tmp_path, args, message):
     assert not (tmp_path / "q.zarr").exists()
 
 
+@pytest.mark.parametrize(
+    "dst,args,message",
+    [
+        ("y.safetensors", ("--gguf-type", "Q4_0"), "--gguf-type applies to a .gguf DST only"),
+        ("y.gguf", ("--format", "qstream"), "--format applies to a .safetensors DST"),
+        ("y.zarr", ("--format", "qstream"), "--format and --config apply to a .safetensors"),
+    ],
+)
+def test_convert_options_for_another_kind_of_destination_are_refused(ck, tmp_path, dst, args,
+                                                                    message):  # fmt: skip
+    r = run("convert", ck, tmp_path / dst, *args)
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert not (tmp_path / dst).exists()
+
+
 def test_max_memory_above_the_machine_is_capped_with_a_warning(ck, tmp_path):
     r = cli("convert", ck, "out.zarr", "--max-memory", "1000TB", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr

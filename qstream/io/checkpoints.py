@@ -532,11 +532,15 @@ def _open_directory(path: str) -> dict[str, CheckpointTensor]:
     names = os.listdir(path)
     if any(n in names for n in ("zarr.json", ".zgroup", ".zarray")):
         return _open_zarr(path)
+    from .exported import maybe_dequantizing  # qstream's own exports: their values
+
     if "model.safetensors.index.json" in names:
-        return _open_safetensors_index(os.path.join(path, "model.safetensors.index.json"))
+        index = os.path.join(path, "model.safetensors.index.json")
+        return maybe_dequantizing(index, _open_safetensors_index(index))
     indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
     if len(indexes) == 1:
-        return _open_safetensors_index(os.path.join(path, indexes[0]))
+        index = os.path.join(path, indexes[0])
+        return maybe_dequantizing(index, _open_safetensors_index(index))
     files = sorted(n for n in names if n.endswith(".safetensors"))
     if not files or indexes:
         raise StoreError(
@@ -551,7 +555,7 @@ def _open_directory(path: str) -> dict[str, CheckpointTensor]:
                 f"{full} is a link to a file outside the checkpoint's folder; copy the file"
                 " into it (or pass the file itself)"
             )
-        for name, t in _open_safetensors(full).items():
+        for name, t in maybe_dequantizing(full, _open_safetensors(full)).items():
             if name in out:
                 raise StoreError(f"tensor {name!r} is in two files of the folder {path}")
             out[name] = t

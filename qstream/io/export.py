@@ -425,6 +425,9 @@ def export_safetensors(
     out = os.fspath(out)
     if not out.endswith(".safetensors"):
         raise InvalidParameterError(f"{out}: the export target must end in .safetensors")
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder):
+        raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
     if job is None:  # a plain export: the same call on the same output is the same job
         job = _export_job(src, format, name, dtype, config, max_shard_size)
         done = None if overwrite or replace_own else finished_export(out, job)
@@ -480,8 +483,11 @@ def export_safetensors(
     targets = files + ([config_path] if write_config else [])
     targets += [index] if len(shards) > 1 else []
     check_targets(targets, overwrite or replace_own)
+    stale = _other_forms(out, index, targets, overwrite or replace_own)
     for f in targets:
         _remove_stale_partials(f)
+    for f in stale:  # an earlier export's other form (one file vs shards): never left beside
+        os.unlink(f)
     meta = {
         "format": "pt",
         "qstream": json.dumps(described, sort_keys=True),
@@ -519,6 +525,35 @@ def export_safetensors(
         "loader": LOADERS[format],
         "config": config_path if model_config is not None else None,
     }
+
+
+def _other_forms(out: str, index: str, targets: list[str], replace: bool) -> list[str]:
+    """Files of an earlier export to ``out`` in the form this one does not write (its single
+    file, its index, its shards): they must go, or a loader would read them (transformers
+    prefers ``model.safetensors`` to an index). Only qstream's, only with ``replace`` (or
+    shards no finished export lists); anything else is refused."""
+    import re
+
+    from .paths import kind_of
+
+    folder = os.path.dirname(out) or "."
+    found = [f for f in (out, index) if f not in targets and kind_of(f) is not None]
+    pattern = shard_pattern(out)
+    try:
+        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
+    except OSError:
+        names = []
+    found += [os.path.join(folder, n) for n in names if os.path.join(folder, n) not in targets]
+    for f in found:
+        if kind_of(f) != "file" or not _written_by_qstream(f):
+            raise StoreError(
+                f"{f} exists and is not a qstream export; qstream never replaces what it did"
+                " not write (even with overwrite=True): remove it yourself or export elsewhere"
+            )
+        finished = not re.search(r"-\d{5}-of-\d{5}\.safetensors$", f)  # a file or an index
+        if finished and not replace:
+            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+    return found
 
 
 def _export_job(src, format: str, name: str, dtype: str, config, shard: int) -> str:

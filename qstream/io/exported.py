@@ -77,7 +77,15 @@ class DequantizedTensor:
         self.name, self.fmt = name, fmt
         self.codes, self.scale_t, self.zp_t = part["codes"], part["scale"], part.get("zp")
         self.axis, self.block = part.get("axis"), part.get("block_size")
-        self.qtype_name = str(part.get("dtype", "int8"))
+        from ..qtypes import qtype
+
+        try:
+            self.qtype = qtype(str(part.get("dtype", "int8")))
+        except Exception:
+            raise StoreError(
+                f"{name}: the export names an unknown type {part.get('dtype')!r}"
+            ) from None
+        self.is_float = self.qtype.is_float
         if part.get("shape") is not None:  # pack-quantized: the logical shape is stored
             self.shape = tuple(int(v) for v in np.asarray(part["shape"][...]).reshape(-1))
         else:
@@ -118,6 +126,8 @@ class DequantizedTensor:
         if self.fmt == "compressed-tensors" and self.codes.dtype == np.int32:
             return _unpack(np.asarray(self.codes[r0:r1]), self.shape[1]).astype(np.float32)
         q = np.asarray(self.codes[r0:r1] if self.codes.ndim else self.codes[...])
+        if self.is_float and q.dtype == np.uint8:  # other float types: their bit patterns
+            q = q.view(self.qtype.dtype)
         return q.astype(np.float32)
 
     def __getitem__(self, key) -> np.ndarray:
@@ -140,39 +150,32 @@ class DequantizedTensor:
         return np.ascontiguousarray(x[local])
 
     def _values(self, r0: int, r1: int) -> np.ndarray:
+        """Rows ``r0:r1`` (along axis 0) dequantized, with the parameters each element uses
+        (per tensor, per axis, or blocks of ``block_size`` along ``axis``)."""
         q = self._rows(r0, r1).reshape((r1 - r0, *self.shape[1:]) if self.shape else (1,))
         s, z = self._parameters()
-        if self.block:  # [out, in / group] parameters along axis 1
-            s = np.repeat(s.reshape(self.shape[0], -1)[r0:r1], self.block, axis=1)
-            z = (
-                np.repeat(z.reshape(self.shape[0], -1)[r0:r1], self.block, axis=1)
-                if z.size > 1
-                else z.reshape(())
-            )
-            s, z = s[:, : self.shape[1]], (z[:, : self.shape[1]] if np.ndim(z) else z)
-        elif self.axis is not None and s.size > 1:
-            s, z = (
-                _along(s, self.axis, self.shape, r0, r1),
-                _along(z, self.axis, self.shape, r0, r1),
-            )
+        if self.axis is not None and s.size > 1:
+            a = self.axis % len(self.shape)
+            n = self.shape[a]
+            if self.block:  # the data's shape with ceil(n / block) along the axis
+                pshape = list(self.shape)
+                pshape[a] = -(-n // self.block)
+            else:  # one per index along the axis, broadcast over the others
+                pshape = [1] * len(self.shape)
+                pshape[a] = n
+            s = s.reshape(pshape)
+            z = z.reshape(pshape) if z.size > 1 else np.zeros(pshape, np.float32)
+            if a != 0 and self.block:  # this slab's rows first (a row has its own groups)
+                s, z = s[r0:r1], z[r0:r1]
+            idx = np.arange(r0, r1) if a == 0 else np.arange(n)
+            if self.block:
+                idx = idx // self.block
+            s, z = np.take(s, idx, axis=a), np.take(z, idx, axis=a)
         else:
             s, z = s.reshape(-1)[0], z.reshape(-1)[0]
-        if self.qtype_name.startswith("float"):
+        if self.is_float:
             return (q * s).astype(np.float32)
         return ((q - z) * s).astype(np.float32)
-
-
-def _along(p: np.ndarray, axis: int, shape, r0: int, r1: int) -> np.ndarray:
-    """Per-axis parameters shaped to broadcast against rows ``r0:r1`` of ``shape``."""
-    if p.size == 1:
-        return p.reshape(())
-    axis %= len(shape)
-    v = p.reshape(-1)
-    if axis == 0:
-        v = v[r0:r1]
-    view = [1] * len(shape)
-    view[axis] = v.size
-    return v.reshape(view)
 
 
 def _unpack(words: np.ndarray, n: int, bits: int = 4) -> np.ndarray:

@@ -143,28 +143,31 @@ def _llama(config: dict | None) -> _Llama | None:
 
 
 def _float_tensor(name, t, gtype, heads, max_rows_bytes) -> _Tensor:
-    """A tensor quantized (or converted) from float values read in row slabs."""
+    """A tensor quantized (or converted) from float values read in row slabs (the leading
+    axes flattened into rows; a permuted q/k weight one head at a time, the permutation
+    staying within a head)."""
     shape = tuple(t.shape)
     cols = shape[-1] if shape else 1
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    per_row = max(1, cols * 4)
-    step = max(1, min(rows, max_rows_bytes // per_row))
+    inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1  # rows per index of axis 0
     order = _row_order(shape[0], heads) if heads else None
+    if order is not None and len(shape) == 2:
+        step = shape[0] // heads  # one head's rows
+    else:
+        per_slab = max(1, inner * cols * 4)  # one index of axis 0
+        step = inner * max(1, min(shape[0] if shape else 1, max_rows_bytes // per_slab))
 
     def values(r0, r1):
         if not shape:
             return np.asarray(t[...], np.float32).reshape(1)
-        if order is not None:  # permuted rows: only 2-D q/k weights, read in one piece
-            x = np.asarray(t[...])[order][r0:r1]
-        elif len(shape) == 1:
+        if len(shape) == 1:  # a vector: one piece (a q/k bias permuted as its weight's rows)
             x = np.asarray(t[...])
-        else:
-            x = (
-                read_rows(t, (slice(r0, r1),), np.dtype(t.dtype))
-                if len(shape) == 2
-                else np.asarray(t[...]).reshape(rows, cols)[r0:r1]
-            )
-        return x
+            return x[order] if order is not None else x
+        if order is not None:  # rows r0:r1 are one head's: read them, then reorder
+            x = read_rows(t, (slice(r0, r1),), np.dtype(t.dtype))
+            return x[order[r0:r1] - r0]
+        x = read_rows(t, (slice(r0 // inner, r1 // inner),), np.dtype(t.dtype))
+        return x.reshape(r1 - r0, cols)
 
     def read(r0, r1):
         x = values(r0, r1)
@@ -177,7 +180,7 @@ def _float_tensor(name, t, gtype, heads, max_rows_bytes) -> _Tensor:
         return np.ascontiguousarray(q.quantize(x, gtype)).view(np.uint8)
 
     tensor = _Tensor(name, shape, gtype, rows if len(shape) > 1 else 1, read)
-    tensor.step = step if order is None and len(shape) == 2 else rows
+    tensor.step = step if len(shape) > 1 else 1
     return tensor
 
 
@@ -266,6 +269,9 @@ def _write(path: str, kv: dict, tensors: list[_Tensor]) -> None:
         head += struct.pack("<IQ", q.TYPE_ID[t.type], offset)
         offset += t.nbytes + (-t.nbytes % ALIGN)
     head += b"\0" * (-len(head) % ALIGN)
+    from .export import _remove_stale_partials
+
+    _remove_stale_partials(path)  # what a killed export of this file left
     tmp = f"{path}.{os.getpid()}.partial"
     try:
         with open(tmp, "wb") as f:
@@ -337,6 +343,33 @@ def _source_config(src) -> str | None:
     return config if os.path.isfile(config) else None
 
 
+def _source_version(src) -> list:
+    """Sizes and times of the files ``src`` is read from (a qstream output: its root
+    document, rewritten when it is written again): a changed source is another export."""
+    path = os.fspath(src)
+    if "://" in path:
+        return []
+    if _is_output(path):
+        path = os.path.join(path, "zarr.json")
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    names = (
+        sorted(n for n in os.listdir(folder) if n.endswith(_SOURCE_SUFFIXES))
+        if os.path.isdir(path) or (path.endswith(".json") and not path.endswith("zarr.json"))
+        else [os.path.basename(path)]
+    )
+    out = []
+    for n in names:
+        try:
+            st = os.stat(os.path.join(folder, n))
+        except OSError:
+            continue
+        out.append([n, st.st_size, st.st_mtime_ns])
+    return out
+
+
+_SOURCE_SUFFIXES = (".safetensors", ".json", ".npz", ".npy", ".pt", ".pth", ".bin")
+
+
 def _is_output(src) -> bool:
     """Whether ``src`` is a qstream output (a converted checkpoint or one quantized group)."""
     path = os.path.join(os.fspath(src), "zarr.json")
@@ -375,15 +408,17 @@ def export_gguf(
     out = os.fspath(out)
     if not out.endswith(".gguf"):
         raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
+    if not os.path.isdir(os.path.dirname(out) or "."):
+        raise StoreError(
+            f"cannot export to {out}: the folder {os.path.dirname(out)} does not exist"
+        )
     from .paths import kind_of
 
     cfg = _read_config(config if config is not None else _source_config(src))
     if not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe) if recipe else Recipe()
-    job = json.dumps(
-        {"source": str(src), "type": gtype, "recipe": recipe.to_dict(), "config": cfg},
-        sort_keys=True,
-    )
+    ident = {"source": str(src), "type": gtype, "recipe": recipe.to_dict(), "config": cfg}
+    job = json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
     kind = kind_of(out)
     if kind is not None:
         found = _identity(out) if kind == "file" else None
