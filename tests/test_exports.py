@@ -96,7 +96,22 @@ def test_packed_int4_export_layout_and_size(llama, tmp_path):
     int4, _ = convert_both(
         llama,
         tmp_path,
-        {"defaults": {"dtype": "int4", "axis": 1, "block_size": 128, "method": "dynamic"}},
+        {
+            "defaults": {
+                "dtype": "int4",
+                "axis": 1,
+                "block_size": 128,
+                "method": "dynamic",
+                "scale_dtype": "float16",  # as llm-compressor's W4A16 (16-bit scales)
+            },
+            # (a 4-bit Embedding does not load in transformers: 8 bits, as in the int8 export)
+            "rules": [
+                {
+                    "pattern": "*embed*",
+                    "spec": {"dtype": "int8", "axis": 0, "block_size": None, "method": "minmax"},
+                }
+            ],
+        },
         "i4",
     )
     t = load_file(str(int4 / "model.safetensors"))

@@ -87,6 +87,11 @@ def layout(name: str, shape, spec) -> Layout:
     else:
         strategy, group = ("tensor" if axis is None else "channel"), None
     bits = _INT_TYPES[qt.name]
+    if bits == 4 and "embed" in name.lower():
+        raise refuse(
+            "a 4-bit embedding (pack-quantized is for Linear weights: transformers fails on a"
+            " packed Embedding; 8-bit embeddings load)"
+        )
     if bits == 4 and not spec.symmetric and strategy == "tensor":
         raise refuse("an asymmetric per-tensor 4-bit spec")
     return Layout(name[: -len("weight")], bits, spec.symmetric, strategy, group, not qt.signed)

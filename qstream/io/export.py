@@ -425,9 +425,6 @@ def export_safetensors(
     out = os.fspath(out)
     if not out.endswith(".safetensors"):
         raise InvalidParameterError(f"{out}: the export target must end in .safetensors")
-    folder = os.path.dirname(out) or "."
-    if not os.path.isdir(folder):
-        raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
     if job is None:  # a plain export: the same call on the same output is the same job
         job = _export_job(src, format, name, dtype, config, max_shard_size)
         done = None if overwrite or replace_own else finished_export(out, job)
@@ -435,6 +432,9 @@ def export_safetensors(
             return {"files": done, "already_complete": True, "format": format,
                     "loader": LOADERS[format], "tensors": [], "bytes": 0}  # fmt: skip
     opened = open_quantized(src, storage_options=storage_options)
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder):  # (after the source: its faults are named first)
+        raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
     tensors = _Tensors(opened, name)
     entries, described, layouts, kept = [], {}, [], []
     for n in tensors.names():
