@@ -60,9 +60,10 @@ def dequantizing(path: str, tensors: dict, meta: dict) -> dict:
             raise StoreError(f"{path}: the export lacks the codes or scale of {name!r}")
         parts[name] = {"names": names, **found, **d}
     consumed = {v for p in parts.values() for v in p["names"].values() if v}
+    owners = {p["names"]["codes"]: q for q, p in parts.items()}  # (one lookup per tensor)
     out: dict = {}
     for n, t in tensors.items():
-        owner = next((q for q, p in parts.items() if n == p["names"]["codes"]), None)
+        owner = owners.get(n)
         if owner is not None:
             out[owner] = DequantizedTensor(owner, fmt, parts[owner])
         elif n not in consumed:
