@@ -109,12 +109,20 @@ def timed(cmd: list[str]) -> tuple[float, float]:
 
 
 def root_bytes(out: str) -> int:
-    """Bytes of the root's own metadata: its files, and what is below its entries that are
-    not tensors (names starting with ``_`` or ``.``)."""
+    """Bytes of the root's own metadata: its files, and the metadata documents below its
+    entries that are not tensors (names starting with ``_`` or ``.``: the index, and the packs'
+    documents, which list their tensors; not the packs' arrays, which are tensor data)."""
     n = 0
     for entry in os.scandir(out):
         if entry.is_file():
             n += entry.stat().st_size
+        elif entry.name == "_packs":
+            n += sum(
+                os.path.getsize(os.path.join(h, f))
+                for h, _, fs in os.walk(entry.path)
+                for f in fs
+                if f == "zarr.json" and os.path.dirname(h) in (out, entry.path)
+            )
         elif entry.name.startswith(("_", ".")):
             n += sum(
                 os.path.getsize(os.path.join(h, f)) for h, _, fs in os.walk(entry.path) for f in fs

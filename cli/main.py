@@ -728,6 +728,14 @@ def convert(
         help="With a .safetensors DST: shard above this size.",
     ),
     compression: str = _compression("zstd", " A .safetensors DST is never compressed."),
+    packs: bool | None = typer.Option(
+        None,
+        "--packs/--no-packs",
+        help="Store runs of small tensors alike in shape and spec (a layer's experts) stacked,"
+        " one group each under DST/_packs [default: when the checkpoint holds 512 tensors or"
+        " more and DST is a local directory].",
+        show_default=False,
+    ),
     fmt: str = typer.Option(
         "compressed-tensors",
         "--format",
@@ -833,6 +841,7 @@ def convert(
                 **({"format": fmt, "config": config} if dst.endswith(".safetensors") else {}),
                 **({"format": gguf_type, "config": config} if dst.endswith(".gguf") else {}),
                 **({"store": store} if store != "fsspec" else {}),
+                **({"packs": packs} if packs is not None else {}),
             )
         if _done_already(dst, report, as_json, quiet):
             return

@@ -30,6 +30,7 @@ def convert_checkpoint(
     config=None,
     storage_options: dict | None = None,
     store: str | None = None,
+    packs: bool | None = None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -67,6 +68,12 @@ def convert_checkpoint(
     :func:`qstream.export_gguf`): the recipe's int8 tensors as Q8_0, symmetric int4 as Q4_0,
     asymmetric 4-bit as Q4_1, bit for bit as gguf-py quantizes; ``format`` may name one GGUF
     type for all of them.
+
+    ``packs``: runs of small tensors alike in shape, dtype and spec (a mixture-of-experts
+    layer's experts) are stored stacked, as one group each (``DST/_packs/``, see
+    :mod:`qstream.io.packs`): a conversion then costs per byte, not per tensor. None (the
+    default): when the checkpoint holds at least 512 tensors and ``dst`` is a local
+    directory; ``open_quantized`` reads packed tensors as any other.
     """
     with store_errors(dst):
         return _convert_checkpoint(
@@ -84,6 +91,7 @@ def convert_checkpoint(
             config=config,
             **({"storage_options": storage_options} if storage_options else {}),
             **({"store": store} if store else {}),
+            **({"packs": packs} if packs is not None else {}),
         )
 
 

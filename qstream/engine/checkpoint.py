@@ -30,7 +30,7 @@ import numpy as np
 from ..core.layout import dimension_names
 from ..errors import InvalidParameterError, QStreamWarning, StoreError
 from ..io import compression as compressions
-from ..io import destination, qarray
+from ..io import destination, packs, qarray
 from ..io.checkpoints import read_rows
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
@@ -41,6 +41,7 @@ from ..recipe import Recipe
 from . import executors, pipeline
 from .executors import LocalExecutor
 from .job import QuantizeJob, report_stage
+from .packs import PackItem, PackWork, UnitWork, pack_mode, plan_packs, source_bytes
 from .plan import check_fits
 from .small import SmallTensorWork, TensorItem, dequantize_small, is_small
 
@@ -71,9 +72,12 @@ def convert(
     compression: str | None = compressions.AUTO,
     storage_options: dict | None = None,
     store: str | None = None,
+    packs: bool | None = None,
 ) -> dict:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
-    (see :func:`qstream.convert_checkpoint`)."""
+    (see :func:`qstream.convert_checkpoint`). ``packs``: store runs of small, alike tensors
+    as packs (:mod:`qstream.io.packs`); None: when the checkpoint holds at least
+    :data:`AUTO_PACK_TENSORS` tensors and ``dst`` is a local directory."""
     from ..io.checkpoints import CheckpointSource, source_locations
     from ..io.remote import is_url
 
@@ -106,6 +110,9 @@ def convert(
     for warning in recipe.check(tensors):  # (an axis a tensor lacks: refused here, too)
         warnings.warn(warning, QStreamWarning, stacklevel=3)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
+    packed = _use_packs(packs, tensors, dst)
+    if packed:  # (outputs without packs keep their identity)
+        ident["layout"] = "packed"
     dest = Destination(
         dst,
         "checkpoint",
@@ -136,8 +143,26 @@ def convert(
             on_tensor,
             progress,
             executor,
+            packed=packed,
             **job,
         )
+
+
+AUTO_PACK_TENSORS = 512  # checkpoints of at least this many tensors are packed by default
+
+
+def _use_packs(packs: bool | None, tensors, dst) -> bool:
+    """Whether this conversion writes packs (see :func:`convert`)."""
+    if packs is not None and not isinstance(packs, bool):
+        raise InvalidParameterError(f"packs must be True, False or None, got {packs!r}")
+    if packs is False:
+        return False
+    local = destination.local_path(dst) is not None
+    if packs and not local:
+        raise InvalidParameterError(
+            f"packs are written to a local directory; {dst} is not one (pass packs=None)"
+        )
+    return local and (packs or len(tensors) >= AUTO_PACK_TENSORS)
 
 
 TENSORS_IN_FLIGHT = 2  # local runs: one tensor's setup and last blocks overlap the next's
@@ -160,6 +185,7 @@ def _convert(
     max_memory,
     overwrite: bool,
     compression: str,
+    packed: bool = False,
 ) -> dict:
     t0 = time.perf_counter()
     dst = dest.target
@@ -176,6 +202,7 @@ def _convert(
         overwrite=overwrite,
         compression=compression,
         checkpoint=checkpoint,
+        packed=packed,
     )
     if not complete:
         session = executor.session() if isinstance(executor, LocalExecutor) else nullcontext()
@@ -223,6 +250,7 @@ class _Conversion:
         overwrite,
         compression,
         checkpoint,
+        packed: bool = False,
     ) -> None:
         self.tensors, self.keys, self.index, self.dest = tensors, keys, index, dest
         self.source, self.on_tensor, self.progress = source, on_tensor, progress
@@ -248,12 +276,32 @@ class _Conversion:
                 overwrite,
             )
             self.small_work.register(tensors)
+        self.pack_work = None
+        if packed:
+            self.pack_work = PackWork(
+                self.small_work.token,
+                self.small_work.checkpoint,
+                source,
+                _fspath(dest.target),
+                compression,
+                max_memory,
+            )
 
     def run(self, recipe) -> None:
         todo = []
         n = len(self.tensors)
+        specs = [recipe.spec_for(name, t.shape, t.dtype) for name, t in self.tensors.items()]
+        pack_of: dict[int, tuple[int, int, int]] = {}  # tensor -> (pack, first, end)
+        if self.pack_work is not None:  # planned over every tensor: the same packs on a re-run
+            entries = [
+                None if spec is None else (t, spec)
+                for t, spec in zip(self.tensors.values(), specs, strict=True)
+            ]
+            for seq, (a, b) in enumerate(plan_packs(entries, self.max_memory)):
+                for i in range(a, b):
+                    pack_of[i] = (seq, a, b)
         for i, (name, t) in enumerate(self.tensors.items()):
-            spec = recipe.spec_for(name, t.shape, t.dtype)
+            spec = specs[i]
             keep_as = recipe.keep_dtype(name, t.shape, t.dtype) if spec is None else None
             self.keep_dtypes[name] = keep_as
             target = (
@@ -261,19 +309,25 @@ class _Conversion:
                 if spec is None
                 else describe_target(spec)
             )
-            shown = np.dtype(getattr(t, "source_dtype", t.dtype)).name  # (FP8: as stored)
+            shown = _dtype_name(getattr(t, "source_dtype", t.dtype))  # (FP8: as stored)
             event = TensorEvent(i, n, name, tuple(t.shape), shown, target)
             if name in self.results:
                 if self.on_tensor:
                     self.on_tensor(TensorEvent(**{**event.__dict__, "result": self.results[name]}))
                 continue
-            small = self.small_work is not None and (
+            if i in pack_of:
+                kind = ("pack", pack_of[i][0])
+            elif self.small_work is not None and (
                 spec is None or is_small(t, spec, self.max_memory)
-            )
-            todo.append((event, t, spec, small))
+            ):
+                kind = ("small",)
+            else:
+                kind = ("job",)
+            todo.append((event, t, spec, kind))
         try:
-            for small, run in itertools.groupby(todo, key=lambda item: item[3]):
-                (self._smalls if small else self._jobs)(list(run))
+            runs = itertools.groupby(todo, key=lambda item: item[3][0] == "job")
+            for job, run in runs:
+                (self._jobs if job else self._units)(list(run))
         except BaseException:  # a failure or Ctrl-C: what finished is listed, then re-raised
             self.stop.set()
             with contextlib.suppress(Exception):
@@ -281,39 +335,72 @@ class _Conversion:
             raise
         self.index.append(self.pending)
 
-    def _smalls(self, run) -> None:
-        """A run of small tensors, on the executor's workers."""
-        items = [
-            TensorItem(
-                ev.index,
-                ev.name,
-                self.keys[ev.name],
-                None if spec is None else spec.to_dict(),
-                (max(1, math.prod(t.shape) * max(4, np.dtype(t.dtype).itemsize) // 4),),
-                self.keep_dtypes.get(ev.name),
+    def _units(self, run) -> None:
+        """A run of small tensors and packs, a unit of work each on the executor's workers
+        (one pipeline: packs and the small tensors between them overlap); a pack's tensors
+        are listed in the index as one batch once it is published."""
+        items: list = []
+        rows: dict[str, tuple] = {}
+        for kind, group in itertools.groupby(run, key=lambda item: item[3]):
+            group = list(group)
+            for ev, t, spec, _ in group:
+                rows[ev.name] = (ev, t, spec)
+            if kind[0] == "pack":
+                spec = group[0][2]
+                items.append(
+                    PackItem(
+                        kind[1],
+                        tuple(ev.name for ev, *_ in group),
+                        tuple(self.keys[ev.name] for ev, *_ in group),
+                        tuple(self.positions[ev.name] for ev, *_ in group),
+                        spec.to_dict(),
+                        pack_mode(group[0][1], spec),
+                        (sum(max(1, source_bytes(t) // 4) for _, t, *_ in group),),
+                    )
+                )
+                continue
+            items.extend(
+                TensorItem(
+                    ev.index,
+                    ev.name,
+                    self.keys[ev.name],
+                    None if spec is None else spec.to_dict(),
+                    (max(1, source_bytes(t) // 4),),
+                    self.keep_dtypes.get(ev.name),
+                )
+                for ev, t, spec, _ in group
             )
-            for ev, t, spec, _ in run
-        ]
-        by_name = {ev.name: (ev, t, spec) for ev, t, spec, _ in run}
-        if self.on_tensor:
-            self.on_tensor(run[0][0])
+        if self.pack_work is not None and any(isinstance(i, PackItem) for i in items):
+            packs.ensure_folder(self.dest.local)
         # (a small tensor is mostly Python, which one thread runs at a time: more workers than
         # cores only take turns)
         workers = min(pipeline.default_workers(), os.cpu_count() or 1)
         inflight = None if self.executor.distributed else workers  # (as many as run at once)
-        results = self.executor.map_ordered(
-            items, self.small_work, workers=workers, inflight=inflight
-        )
+        work = UnitWork(self.small_work, self.pack_work)
+        results = self.executor.map_ordered(items, work, workers=workers, inflight=inflight)
         try:
-            for k, (item, result) in enumerate(results):
-                ev, t, spec = by_name[item.name]
+            for item, result in results:
+                if isinstance(item, PackItem):
+                    self._flush()  # (a pack's rows are a batch of their own)
+                    for name, r in zip(item.names, result, strict=True):
+                        ev, t, _ = rows[name]
+                        if self.on_tensor:
+                            self.on_tensor(ev)
+                        self._finished(ev, t, r, flush=False)
+                    self._flush()
+                    continue
+                ev, t, spec = rows[item.name]
+                if self.on_tensor:
+                    self.on_tensor(ev)
                 if result is None:  # more than one block after all: a job of its own
                     result = self._one(t, spec, item.name)
                 self._finished(ev, t, result)
-                if self.on_tensor and k + 1 < len(run):
-                    self.on_tensor(run[k + 1][0])
         finally:
             results.close()
+
+    def _flush(self) -> None:
+        self.index.append(self.pending)
+        self.pending = []
 
     def _jobs(self, run) -> None:
         """A run of larger tensors, each a job of its own (``in_flight`` at once)."""
@@ -368,7 +455,7 @@ class _Conversion:
             "params": bool(params),
         }
 
-    def _finished(self, event, t, result, *, wait: bool = False) -> None:
+    def _finished(self, event, t, result, *, wait: bool = False, flush: bool = True) -> None:
         if wait:
             result = result.result()
         result = {
@@ -377,18 +464,29 @@ class _Conversion:
             "key": self.keys[event.name],
             "pos": self.positions[event.name],
             "shape": list(t.shape),
-            "dtype": np.dtype(t.dtype).name,
+            "dtype": _dtype_name(t.dtype),
             "target": event.target,
             "bytes_before": int(t.nbytes),
         }
         row = compact(result)
         self.results[event.name] = row
         self.pending.append(row)
-        if len(self.pending) >= ROWS_PER_BATCH:
-            self.index.append(self.pending)
-            self.pending = []
+        if flush and len(self.pending) >= ROWS_PER_BATCH:
+            self._flush()
         if self.on_tensor:
             self.on_tensor(TensorEvent(**{**event.__dict__, "result": row}))
+
+
+_DTYPE_NAMES: dict[int, tuple] = {}
+
+
+def _dtype_name(dtype) -> str:
+    """``np.dtype(dtype).name``, remembered by the dtype object (a tensor's is one of a few
+    shared ones; hashing a dtype, like naming it, costs microseconds, per tensor)."""
+    known = _DTYPE_NAMES.get(id(dtype))
+    if known is None or known[0] is not dtype:
+        known = _DTYPE_NAMES[id(dtype)] = (dtype, np.dtype(dtype).name)
+    return known[1]
 
 
 def _fspath(target):
@@ -433,6 +531,8 @@ def _same_job(meta: dict, ident: dict) -> bool:
     """Whether the root metadata ``meta`` is of the job ``ident`` (outputs made before the
     ``compression`` option were made with ``"auto"``)."""
     stored = {k: meta.get(k) for k in ident}
+    if meta.get("layout") != ident.get("layout"):  # (packs, or one group per tensor)
+        return False
     return {**stored, "compression": meta.get("compression", compressions.AUTO)} == ident
 
 

@@ -39,6 +39,10 @@ class _Captured:
 
     def __setitem__(self, key, value) -> None:
         if self.values is None:
+            whole = tuple(slice(0, n) for n in self.shape)
+            if key == whole and np.shape(value) == self.shape:  # (one block: no zeros first)
+                self.values = np.array(value, self.array.dtype)
+                return
             self.values = np.zeros(self.shape, self.array.dtype)
         self.values[key] = value
 

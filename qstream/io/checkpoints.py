@@ -139,13 +139,7 @@ class CheckpointTensor:
         if self.file is None:  # in an object store: one ranged request
             self.remote.read_run(first, out)
             return True
-        fd = _reader(self.file[0])
-        view = memoryview(out.reshape(-1).view(np.uint8))
-        while view:
-            n = os.preadv(fd, [view], first)
-            if n <= 0:
-                raise StoreError(f"{self.file[0]}: the file ended early (tensor {self.name!r})")
-            view, first = view[n:], first + n
+        read_file_run(self.file[0], first, out, f"tensor {self.name!r}")
         return True
 
     def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
@@ -262,12 +256,8 @@ def source_locations(path, tensors: dict[str, CheckpointTensor]) -> list[str]:
     every file its tensors are mapped from (a sharded index's shards), links resolved."""
     from .stores import location
 
-    found = {location(path)} | {
-        os.path.realpath(t.file[0])
-        for t in tensors.values()
-        if getattr(t, "file", None) is not None
-    }
-    return sorted(found)
+    files = {t.file[0] for t in tensors.values() if getattr(t, "file", None) is not None}
+    return sorted({location(path)} | {os.path.realpath(f) for f in files})
 
 
 # -- indexing ------------------------------------------------------------------------------------
@@ -315,6 +305,18 @@ def _reader(path: str) -> int:
             os.close(known[1])
         _READERS[path] = (version, fd)
         return fd
+
+
+def read_file_run(path: str, first: int, out: np.ndarray, what: str = "tensors") -> None:
+    """Fill ``out`` (C-contiguous) with the bytes of the file ``path`` from ``first`` on, by
+    positioned reads (no mapping: mapped pages count as the process's memory)."""
+    fd = _reader(path)
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    while view:
+        n = os.preadv(fd, [view], first)
+        if n <= 0:
+            raise StoreError(f"{path}: the file ended early ({what})")
+        view, first = view[n:], first + n
 
 
 class _FileMap:
@@ -420,6 +422,29 @@ def _header_tensors(where: str, raw: bytes, n: int, size: int, only, make):
 
 def _check_safetensors_entry(where: str, name: str, info: Any, data_size: int):
     """Validate one header entry; return (dtype, shape, start offset within the data region)."""
+    try:  # the common case, checked in a few steps (a header may list 100,000 tensors)
+        dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+        shape, (start, end) = info["shape"], info["data_offsets"]
+        if (
+            type(shape) is list
+            and type(start) is int
+            and type(end) is int
+            and set(map(type, shape)) <= _INT
+            and min(shape, default=0) >= 0
+            and 0 <= start <= end <= data_size
+            and end - start == math.prod(shape) * dtype.itemsize
+        ):
+            return dtype, shape, start
+    except (TypeError, KeyError, ValueError):
+        pass
+    return _check_entry_slowly(where, name, info, data_size)
+
+
+_INT = {int}
+
+
+def _check_entry_slowly(where: str, name: str, info: Any, data_size: int):
+    """:func:`_check_safetensors_entry`, each rule in turn, the first one broken named."""
     at = f"{where}: tensor {name!r}"
     if not isinstance(info, dict):
         raise StoreError(f"{at}: header entry is not an object")

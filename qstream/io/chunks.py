@@ -271,6 +271,8 @@ def chunk_files(arr) -> ChunkFiles | None:
         import zarr
     except ImportError:  # pragma: no cover - zarr is a dependency
         return None
+    if getattr(arr, "store_path", None) is None:  # (a packed tensor's slot: see io.packs)
+        return None
     store = arr.store_path.store
     if not isinstance(store, zarr.storage.LocalStore) or getattr(arr, "shards", None):
         return None

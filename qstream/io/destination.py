@@ -314,6 +314,10 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
             parts = key.split("/")
             for i in range(len(parts) - 1, 0, -1):
                 _remove_if_empty(os.path.join(local, *parts[:i]))
+        if existing.kind == "checkpoint":
+            from .packs import remove_packs
+
+            remove_packs(local)
         _remove_index(local)
         remove_child(local, "zarr.json")
         return
@@ -407,6 +411,9 @@ def clean_partials(dst) -> None:
     for entry in os.scandir(local):  # groups a killed writer was building (never published)
         if entry.name.startswith(TMP_PREFIX) and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
+    from .packs import clean_partial_packs
+
+    clean_partial_packs(local)
 
 
 def _remove_partials(directory: str, *, recurse: bool) -> None:

@@ -59,8 +59,24 @@ def check_name(name, where: str = "tensor name") -> str:
     return name
 
 
+_PLAIN = re.compile(r"[A-Za-z0-9-][A-Za-z0-9._-]{0,159}")  # its own key, unless reserved
+
+
 def tensor_key(name: str) -> str:
     """The key (one path component) the tensor ``name`` is stored under (module docstring)."""
+    if (
+        type(name) is str
+        and _PLAIN.fullmatch(name)
+        and name.lower() not in _RESERVED
+        and name.split(".", 1)[0].lower() not in _RESERVED
+        and not name.lower().endswith(".partial")
+    ):
+        return name  # (the common case, e.g. model.layers.0.mlp.up_proj.weight)
+    return escaped_key(name)
+
+
+def escaped_key(name: str) -> str:
+    """:func:`tensor_key` without its fast path (each rule applied in turn)."""
     check_name(name)
     key = "".join(c if c in _SAFE else _escape(c) for c in name)
     if key[0] in "._":

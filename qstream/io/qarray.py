@@ -464,6 +464,7 @@ class QuantizedCheckpoint(Mapping):
         self.tensors: dict = RootIndex.open(path, self.meta, store).rows()
         self._keys = {n: t.get("key", n) for n, t in self.tensors.items()}
         self._storage_options = storage_options
+        self._packs: dict = {}
 
     def key_of(self, name: str) -> str:
         """The key (path component below the root) the tensor ``name`` is stored under."""
@@ -474,6 +475,9 @@ class QuantizedCheckpoint(Mapping):
             raise KeyError(name)
         key = self._keys[name]
         local = local_path(self.path)
+        row = self.tensors[name]
+        if row.get("pack") is not None:
+            return self._pack(row["pack"]).tensor(row.get("slot"), name)
         if local is not None:  # never a link out of the checkpoint, nor a link or FIFO in it
             check_tree(child(local, key, self.path), "the converted tensor")
         if self.tensors[name].get("kept"):
@@ -481,6 +485,25 @@ class QuantizedCheckpoint(Mapping):
         return open_quantized(
             f"{os.fspath(self.path).rstrip('/')}/{key}", storage_options=self._storage_options
         )
+
+    def _pack(self, name):
+        """The pack ``name`` (see :mod:`qstream.io.packs`), the last few kept open (tensors
+        are mostly read in order, a pack's one after another)."""
+        from .packs import PACKS, PackReader, check_pack_name
+
+        check_pack_name(name, self.path)
+        reader = self._packs.pop(name, None)
+        if reader is None:
+            local = local_path(self.path)
+            if local is None:
+                raise StoreError(f"{self.path}: packed tensors are read from a local directory")
+            folder = child(child(local, PACKS, self.path), name, self.path)
+            check_tree(folder, "the pack")
+            reader = PackReader(folder)
+        self._packs[name] = reader
+        while len(self._packs) > 2:
+            self._packs.pop(next(iter(self._packs)))
+        return reader
 
     def __iter__(self):
         return iter(self.tensors)

@@ -1,0 +1,283 @@
+"""Packs: runs of small, alike tensors of a converted checkpoint stored stacked (issue 24).
+
+A packed tensor reads exactly as the same tensor converted into a group of its own (codes,
+parameters, values, error figures); plain Zarr reads a pack with no qstream code; a kill at
+any write of a packed conversion, then a re-run, gives the uninterrupted run's files; an
+overwrite removes qstream's packs and nothing else; crafted rows are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+import zarr
+from safetensors.numpy import save_file
+
+import qstream as qs
+from qstream.recipe import Recipe
+from qstream.spec import QuantSpec
+
+from .kill_hook import KILL_HOOK
+
+
+def _experts(path: Path, dtype=np.float32, layers: int = 3, experts: int = 8) -> list[str]:
+    rng = np.random.default_rng(11)
+    tensors = {}
+    for layer in range(layers):
+        for e in range(experts):
+            scale = 1 + (layer * experts + e) % 7
+            x = (rng.standard_normal((16, 24)) * scale).astype(np.float32)
+            tensors[f"model.layers.{layer}.mlp.experts.{e}.up_proj.weight"] = x.astype(dtype)
+        tensors[f"model.layers.{layer}.norm.weight"] = rng.standard_normal(24).astype(dtype)
+        tensors[f"model.layers.{layer}.router.weight"] = rng.standard_normal((8, 24)).astype(dtype)
+    save_file(tensors, str(path))
+    return list(tensors)
+
+
+SPECS = [
+    {"dtype": "int8", "axis": 0},
+    {"dtype": "int8", "axis": None},
+    {"dtype": "uint8", "axis": None, "symmetric": False},
+    {"dtype": "int4", "axis": 1, "block_size": 8, "method": "dynamic"},
+    {"dtype": "uint4", "axis": 1, "block_size": 8, "symmetric": False},
+    {"dtype": "int4", "axis": 0, "block_size": 4},
+    {"dtype": "float8_e4m3fn", "axis": 0},
+    {"dtype": "int4", "axis": 1, "block_size": 8, "scale_dtype": "float16"},
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_packed_tensors_read_exactly_as_tensors_converted_one_by_one(tmp_path, spec, dtype):
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    names = _experts(tmp_path / "ck.safetensors", dt)
+    recipe = Recipe(defaults=QuantSpec(**spec))
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", recipe, packs=True)
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "g", recipe, packs=False)
+    assert (tmp_path / "p" / "_packs").is_dir() and not (tmp_path / "g" / "_packs").exists()
+    p, g = qs.open_quantized(tmp_path / "p"), qs.open_quantized(tmp_path / "g")
+    assert list(p) == list(g) == names
+    packed = 0
+    for n in names:
+        a, b = p[n], g[n]
+        rp, rg = p.tensors[n], g.tensors[n]
+        if not isinstance(b, qs.QuantizedArray):  # kept: stored as it is, both ways
+            assert np.array_equal(np.asarray(a[...]), np.asarray(b[...]))
+            continue
+        packed += "pack" in rp
+        assert a.shape == b.shape and a.spec == b.spec
+        assert np.array_equal(a.quantized(), b.quantized()), n
+        assert np.array_equal(a.scale, b.scale) and np.array_equal(a.zero_point, b.zero_point)
+        assert np.array_equal(a[...].view(np.uint32), b[...].view(np.uint32)), n
+        assert np.array_equal(a[2:5].view(np.uint32), b[2:5].view(np.uint32)), n
+        for k in ("sqnr_db", "mse", "max_abs", "cosine"):
+            assert rp["error"][k] == pytest.approx(rg["error"][k], rel=1e-9, abs=1e-12), (n, k)
+        for k in ("clipped", "nonfinite"):
+            assert rp["error"][k] == rg["error"][k]
+        assert {k: v for k, v in rp.items() if k not in ("error", "pack", "slot", "passes")} == {
+            k: v for k, v in rg.items() if k not in ("error", "passes")
+        }
+    assert packed == 24  # every expert; the routers (three alone, one per layer) are groups
+
+
+def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
+    names = _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    ck = qs.open_quantized(tmp_path / "p")
+    for n in names[:8]:
+        row = ck.tensors[n]
+        pack = zarr.open_group(str(tmp_path / "p" / "_packs" / row["pack"]), mode="r")
+        meta = pack.attrs["qstream_pack"]
+        assert meta["tensors"]["name"][row["slot"]] == n
+        assert pack["data"].shape[1:] == (16, 24)
+        assert np.array_equal(pack["data"][row["slot"]], ck[n].quantized())
+        assert np.array_equal(pack["scale"][row["slot"]], ck[n].scale)
+        assert pack["data"].metadata.dimension_names[0] == "tensor"
+
+
+def test_many_tensors_are_packed_by_default_and_few_are_not(tmp_path, monkeypatch):
+    from qstream.engine import checkpoint
+
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "few")
+    assert not (tmp_path / "few" / "_packs").exists()
+    monkeypatch.setattr(checkpoint, "AUTO_PACK_TENSORS", 20)
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "many")
+    assert (tmp_path / "many" / "_packs").is_dir()
+    assert qs.open_quantized(tmp_path / "many").meta["layout"] == "packed"
+
+
+def test_a_rerun_with_packs_turned_off_is_another_job(tmp_path):
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    with pytest.raises(qs.StoreError, match="overwrite"):
+        qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=False)
+    r = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    assert r["already_complete"]
+
+
+def test_overwrite_removes_qstream_packs_and_keeps_foreign_files(tmp_path):
+    _experts(tmp_path / "ck.safetensors")
+    dst = tmp_path / "p"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", dst, packs=True)
+    (dst / "_packs" / "notes.txt").write_text("mine")
+    (dst / "_packs" / "p999999").mkdir()
+    (dst / "_packs" / "p999999" / "zarr.json").write_text('{"zarr_format": 3}')
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", dst, packs=False, overwrite=True)
+    assert (dst / "_packs" / "notes.txt").read_text() == "mine"
+    assert (dst / "_packs" / "p999999" / "zarr.json").exists()
+    assert sorted(p.name for p in (dst / "_packs").iterdir()) == ["notes.txt", "p999999"]
+    ck = qs.open_quantized(dst)
+    assert not any("pack" in r for r in ck.tensors.values())
+
+
+def test_nonfinite_values_in_a_pack_are_refused_naming_the_tensor(tmp_path):
+    rng = np.random.default_rng(1)
+    tensors = {f"e.{i}.weight": rng.standard_normal((8, 8)).astype(np.float32) for i in range(6)}
+    tensors["e.3.weight"][2, 5] = np.nan
+    save_file(tensors, str(tmp_path / "ck.safetensors"))
+    with pytest.raises(qs.NonFiniteInputError, match=r"e\.3\.weight.*\(2, 5\)"):
+        qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+
+
+def test_crafted_pack_rows_are_refused(tmp_path):
+    _experts(tmp_path / "ck.safetensors")
+    dst = tmp_path / "p"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", dst, packs=True)
+    batch = next(p for p in sorted((dst / "_index").iterdir()) if p.is_dir())
+    doc = json.loads((batch / "zarr.json").read_text())
+    columns = doc["attributes"]["columns"]  # (a pack's rows: one list per key)
+    name, pack = columns["name"][1], columns["pack"][1]
+    for key, bad in (("pack", "../../x"), ("slot", 10_000), ("slot", "0"), ("pack", 7)):
+        crafted = json.loads(json.dumps(doc))
+        crafted["attributes"]["columns"][key][1] = bad
+        (batch / "zarr.json").write_text(json.dumps(crafted))
+        with pytest.raises(qs.StoreError, match="damaged"):  # (the path says "crafted")
+            qs.open_quantized(dst)[name][...]
+    crafted = json.loads(json.dumps(doc))
+    crafted["attributes"]["columns"]["slot"].pop()
+    (batch / "zarr.json").write_text(json.dumps(crafted))
+    with pytest.raises(qs.StoreError, match=r"damaged"):
+        qs.open_quantized(dst)
+    (batch / "zarr.json").write_text(json.dumps(doc))
+    data = dst / "_packs" / pack / "data" / "zarr.json"
+    meta = json.loads(data.read_text())
+    meta["shape"][0] = 1
+    meta["chunk_grid"]["configuration"]["chunk_shape"][0] = 1
+    data.write_text(json.dumps(meta))
+    with pytest.raises(qs.StoreError, match="does not hold"):
+        qs.open_quantized(dst)[name][...]
+
+
+def test_packed_checkpoint_exports_and_restores_as_the_one_by_one_conversion(tmp_path):
+    names = _experts(tmp_path / "ck.safetensors")
+    for layout, packs in (("p", True), ("g", False)):
+        qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / layout, packs=packs)
+        (tmp_path / f"{layout}x").mkdir()
+        qs.export_safetensors(tmp_path / layout, tmp_path / f"{layout}x" / "model.safetensors")
+        qs.dequantize_store(tmp_path / layout, tmp_path / f"{layout}.restored")
+    p, g = _safetensors(tmp_path / "px" / "model.safetensors"), _safetensors(
+        tmp_path / "gx" / "model.safetensors"
+    )
+    assert p[1] == g[1]  # the tensors' bytes, then their entries and metadata
+    jobs = [h["__metadata__"].pop("qstream_job") for h in (p[0], g[0])]
+    assert jobs[0] != jobs[1]  # (the job names its source)
+    assert p[0] == g[0]
+    rp = zarr.open_group(str(tmp_path / "p.restored"), mode="r")
+    rg = zarr.open_group(str(tmp_path / "g.restored"), mode="r")
+    for n in names:
+        assert np.asarray(rp[n][...]).tobytes() == np.asarray(rg[n][...]).tobytes(), n
+
+
+def _safetensors(path: Path) -> tuple[dict, bytes]:
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def test_a_dask_conversion_writes_the_local_runs_packs(tmp_path):
+    pytest.importorskip("distributed")
+    from qstream.engine.dask import local_client
+
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "local", packs=True)
+    with local_client(2):
+        qs.convert_checkpoint(
+            tmp_path / "ck.safetensors", tmp_path / "dask", packs=True, executor="dask"
+        )
+    assert _tree(tmp_path / "dask", packs_only=True) == _tree(tmp_path / "local", packs_only=True)
+    assert json.dumps(qs.open_quantized(tmp_path / "dask").tensors) == json.dumps(
+        qs.open_quantized(tmp_path / "local").tensors
+    )
+
+
+def _tree(root: Path, *, packs_only: bool = False) -> dict[str, bytes]:
+    """Every file below ``root`` (the packs and the index, or all but the root's and the
+    groups' documents, which carry timings) by its relative path."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if not p.is_file():
+            continue
+        if packs_only and not rel.startswith(("_packs/", "_index/")):
+            continue
+        out[rel] = p.read_bytes()
+    return out
+
+
+CHILD = KILL_HOOK + textwrap.dedent(
+    """
+    import json, sys
+    import qstream as qs
+
+    src, dst = sys.argv[1:3]
+    r = qs.convert_checkpoint(src, dst, max_memory=1 << 20, packs=True)
+    print(json.dumps({"rows": r["tensors"]}))
+    print(json.dumps({"events": count[0]}))
+    """
+)
+
+
+def _child(src, dst, kill_at=None):
+    env = {**os.environ, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "")}
+    if kill_at is not None:
+        env["KILL_AT"] = str(kill_at)
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(dst)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_path):
+    src = tmp_path / "ck.safetensors"
+    _experts(src, layers=4, experts=12)
+    ref = _child(src, tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    lines = ref.stdout.strip().splitlines()
+    events = json.loads(lines[-1])["events"]
+    want = _tree(tmp_path / "ref", packs_only=True)
+    assert any(k.startswith("_packs/p") for k in want)
+    rng = random.Random(7)
+    points = sorted({0, 1, events // 2, events - 2, events - 1, *rng.sample(range(events), 5)})
+    for n in points:
+        d = tmp_path / f"k{n}"
+        killed = _child(src, d, kill_at=n)
+        assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
+        again = _child(src, d)
+        assert again.returncode == 0, (n, again.stderr[-2000:])
+        assert _tree(d, packs_only=True) == want, n
+        assert json.loads(again.stdout.splitlines()[0]) == json.loads(lines[0]), n
+        assert not [p for p in d.rglob("*") if p.name.startswith(".qstream-tmp-")], n
