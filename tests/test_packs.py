@@ -186,8 +186,9 @@ def test_packed_checkpoint_exports_and_restores_as_the_one_by_one_conversion(tmp
         (tmp_path / f"{layout}x").mkdir()
         qs.export_safetensors(tmp_path / layout, tmp_path / f"{layout}x" / "model.safetensors")
         qs.dequantize_store(tmp_path / layout, tmp_path / f"{layout}.restored")
-    p, g = _safetensors(tmp_path / "px" / "model.safetensors"), _safetensors(
-        tmp_path / "gx" / "model.safetensors"
+    p, g = (
+        _safetensors(tmp_path / "px" / "model.safetensors"),
+        _safetensors(tmp_path / "gx" / "model.safetensors"),
     )
     assert p[1] == g[1]  # the tensors' bytes, then their entries and metadata
     jobs = [h["__metadata__"].pop("qstream_job") for h in (p[0], g[0])]
