@@ -43,7 +43,7 @@ from .executors import LocalExecutor
 from .job import QuantizeJob, report_stage
 from .packs import PackItem, PackWork, UnitWork, pack_mode, plan_packs, source_bytes
 from .plan import check_fits
-from .small import SmallTensorWork, TensorItem, dequantize_small, is_small
+from .small import SmallTensorWork, TensorItem, dequantize_small, is_small, one_chunk
 
 
 @dataclass(frozen=True)
@@ -605,8 +605,6 @@ def restore(
     """Dequantize every tensor of the converted checkpoint ``src`` into the group ``dst``
     (kept tensors are copied as stored); see :func:`qstream.dequantize_store`. A re-run
     resumes: finished tensors are skipped."""
-    from .job import dequantize
-
     ck = qarray.open_quantized(src)
     src_loc = location(src) or str(src)
     destination.check_separate(src_loc, dst)
@@ -626,31 +624,15 @@ def restore(
             root = open_group(dst, mode="a")
         else:
             root = qarray.create_group(dst, {"qstream_restored": meta})
-        results = {}
+        results: dict[str, dict] = {}
         local = dest.local is not None  # (small tensors are made whole, in this thread)
-        for name in names:
-            path = dest.child(tensor_key(name))
-            t = ck[name]
-            if isinstance(t, qarray.QuantizedArray):
-                src_path = destination.tensor_path(src, ck.key_of(name))
-                small = local and dequantize_small(
-                    t, location(src_path), path, dtype=dtype, compression=compression
-                )
-                if small:
-                    results[name] = small
-                    continue
-                r = dequantize(
-                    destination.tensor_path(src, ck.key_of(name)),
-                    path,
-                    dtype=dtype,
-                    max_memory=max_memory,
-                    progress=progress,
-                    executor=executor,
-                    compression=compression,
-                )
-                results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
-            else:
-                results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
+        fresh = local and action is Action.CREATE  # (a new root, locked: nothing below it)
+        _restore_tensors(
+            ck, src, src_loc, dest, names, results, local, fresh,
+            dtype=dtype, compression=compression, max_memory=max_memory,
+            progress=progress, executor=executor,
+        )  # fmt: skip
+        results = {n: results[n] for n in names}
         result = {
             "source": str(src),
             "destination": str(dst),
@@ -662,6 +644,42 @@ def restore(
         qarray.set_meta(root, {**meta, "complete": True, "result": result}, "qstream_restored")
         destination.clean_partials(dst)  # of a killed run's root metadata writes
     return {**result, "seconds": time.perf_counter() - t0}
+
+
+def _restore_tensors(ck, src, src_loc, dest, names, results, local, fresh, **job) -> None:
+    """The loop of :func:`restore`: each tensor dequantized (one stored chunk: made whole
+    here, see :func:`~qstream.engine.small.dequantize_small`; else a job of its own) or, if
+    kept, copied; its result put in ``results``. (Threads do not help: creating entries in
+    one folder is serialised by the file system.)"""
+    from .job import dequantize
+
+    dtype, compression = job["dtype"], job["compression"]
+    for name in names:
+        key = tensor_key(name)
+        path = os.path.join(dest.local, key) if fresh else dest.child(key)
+        t = ck[name]
+        if not isinstance(t, qarray.QuantizedArray):
+            results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
+            continue
+        pack = t.meta.get("pack")
+        if pack is not None:  # (named by its pack and slot)
+            where = f"{src_loc}/{packs.PACKS}/{os.path.basename(pack['path'])}[{pack['slot']}]"
+        else:
+            where = location(destination.tensor_path(src, ck.key_of(name)))
+        if local and one_chunk(t):
+            kw = {"dtype": dtype, "compression": compression, "fresh": fresh}
+            results[name] = dequantize_small(t, where, path, **kw)
+            continue
+        r = dequantize(
+            destination.tensor_path(src, ck.key_of(name)),
+            path,
+            dtype=dtype,
+            max_memory=job["max_memory"],
+            progress=job["progress"],
+            executor=job["executor"],
+            compression=compression,
+        )
+        results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
 
 
 def _copy_kept(a, path: str, compression: str) -> int:

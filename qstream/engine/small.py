@@ -160,24 +160,34 @@ def convert_small(
         job.close()
 
 
-def dequantize_small(arr, src_loc: str, path, *, dtype: str, compression: str) -> dict | None:
+def one_chunk(arr) -> bool:
+    """Whether the quantized tensor ``arr`` is stored in one chunk (see
+    :func:`dequantize_small`)."""
+    return math.prod(-(-n // c) for n, c in zip(arr.shape, arr.data.chunks, strict=True)) == 1
+
+
+def dequantize_small(
+    arr, src_loc: str, path, *, dtype: str, compression: str, fresh: bool = False
+) -> dict | None:
     """Dequantize the quantized tensor ``arr`` (one stored chunk) into the new array ``path``
     (a local path inside a locked root) in this thread, as :func:`qstream.engine.job.
     dequantize` would, bytes and metadata alike; its result, or None when ``arr`` is more
-    than one chunk (then the job runs as usual)."""
+    than one chunk (then the job runs as usual). ``fresh``: the root is new, nothing is at
+    ``path`` to look at."""
     from ..qtypes import float_dtype
     from .job import dequantized_array, dequantized_fingerprint
 
-    if math.prod(-(-n // c) for n, c in zip(arr.shape, arr.data.chunks, strict=True)) != 1:
+    if not one_chunk(arr):
         return None
     out_dtype = float_dtype(dtype)
     fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
     result = {"kept": False, "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize)}
-    action, existing = Destination(path, "dequantized", fp).look(overwrite=False)
-    if action is Action.COMPLETE:
-        return result
-    if action is not Action.CREATE:
-        destination.remove_output(path, existing)
+    if not fresh:
+        action, existing = Destination(path, "dequantized", fp).look(overwrite=False)
+        if action is Action.COMPLETE:
+            return result
+        if action is not Action.CREATE:
+            destination.remove_output(path, existing)
     whole = tuple(slice(0, n) for n in arr.shape)
     y = arr.dequantize_region(whole, arr.quantized(whole), out_dtype)
     kw = dequantized_array(arr, out_dtype, compression)

@@ -23,9 +23,9 @@ packed tensors are ordinary :class:`~qstream.io.qarray.QuantizedArray` objects.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -209,15 +209,14 @@ class PackReader:
         self.meta = meta
         self._arrays: dict = {}
         self._values: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()  # (tensors of one pack may be read by several threads)
 
     def array(self, member: str):
         if member not in self._arrays:
             from .qarray import _LocalGroup
 
-            with open(os.path.join(self.path, "zarr.json"), "rb") as f:
-                doc = json.loads(f.read())
-            try:
-                a = _LocalGroup(self.path, doc)[member]
+            try:  # (the group's document is read already: its members are opened alone)
+                a = _LocalGroup(self.path, {})[member]
             except KeyError:
                 raise StoreError(f"{self.path}: the pack has no {member} array") from None
             n = self.count
@@ -230,11 +229,12 @@ class PackReader:
         return self._arrays[member]
 
     def values(self, member: str) -> np.ndarray:
-        if member not in self._values:
-            from .qarray import read_all
+        with self._lock:
+            if member not in self._values:
+                from .qarray import read_all
 
-            self._values[member] = read_all(self.array(member))
-        return self._values[member]
+                self._values[member] = read_all(self.array(member))
+            return self._values[member]
 
     def tensor_meta(self, slot: int) -> dict:
         """The metadata of the pack's tensor ``slot``, as a quantized group's would be."""

@@ -155,11 +155,11 @@ def write_array(path: str, kw: dict, values, attrs: dict) -> None:
 def _write_member(where: str, kw: dict, values, attrs) -> None:
     """The array made with ``kw`` and ``attrs``, holding ``values`` (or none), written into the
     new folder ``where``."""
-    from .localmeta import _doc_bytes
-
     meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
-    if attrs:
-        doc = _doc_bytes(dataclasses.replace(meta, attributes=attrs))
+    if attrs:  # (the prepared document with these attributes, by the C encoder)
+        parsed = json.loads(doc)
+        parsed["attributes"] = attrs
+        doc = json.dumps(parsed, allow_nan=True, separators=(",", ":")).encode()
     os.mkdir(where)
     with open(os.path.join(where, "zarr.json"), "wb") as f:
         f.write(doc)
