@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from qstream.cli.main import app
 from typer.testing import CliRunner
+
+from qstream.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -79,6 +80,48 @@ def test_dequantize_calibrate_inspect_and_resume_overwrite(src, tmp_path):
     assert r.exit_code == 0 and "scale" in r.stdout
     r = run("inspect", tmp_path / "q.zarr", "--json")
     assert _last_json(r.stdout)["granularity"] == "per_axis"
+
+
+def test_dequantize_of_a_checkpoint_names_each_tensor(tmp_path):
+    from safetensors.numpy import save_file
+
+    import qstream as qs
+
+    rng = np.random.default_rng(0)
+    tensors = {
+        "lm_head.weight": rng.standard_normal((64, 32)).astype(np.float32),
+        "model.layers.0.mlp.up_proj.weight": rng.standard_normal((1024, 256)).astype(np.float32),
+        "model.norm.weight": rng.standard_normal(64).astype(np.float32),
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    # (a small --max-memory: the large tensor is stored in chunks, restored by a job with progress)
+    r = run(
+        "convert", tmp_path / "m.safetensors", tmp_path / "q.zarr", "--max-memory", "1MiB", "-q"
+    )
+    assert r.exit_code == 0, r.output
+    r = run("dequantize", tmp_path / "q.zarr", tmp_path / "d.zarr")
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[:3] == [  # a line per tensor, as convert prints
+        "[1/3] lm_head.weight [64, 32] int8 -> float32: 8.0 KiB",
+        "[2/3] model.layers.0.mlp.up_proj.weight [1024, 256] int8 -> float32: 1.0 MiB",
+        "[3/3] model.norm.weight [64] float32 -> kept: 256 B",
+    ]
+    blocks = [ln for ln in r.stderr.splitlines() if " blocks (" in ln]
+    assert blocks, r.stderr  # the progress lines name the tensor they are about
+    assert all(
+        ln.startswith("dequantize [2/3] model.layers.0.mlp.up_proj.weight: ") for ln in blocks
+    )
+    r = run("dequantize", tmp_path / "q.zarr", tmp_path / "d-quiet.zarr", "--quiet")
+    assert r.exit_code == 0 and r.output == "", r.output
+    r = run("dequantize", tmp_path / "q.zarr", tmp_path / "d-json.zarr", "--json")
+    assert r.exit_code == 0 and list(json.loads(r.stdout)["tensors"]) == list(tensors)
+    events = []  # the library's callback: before and after each tensor
+    qs.dequantize_store(tmp_path / "q.zarr", tmp_path / "d-api.zarr", on_tensor=events.append)
+    assert [(e.index, e.total, e.name, e.result is None) for e in events] == [
+        (i // 2, 3, name, i % 2 == 0) for i, name in enumerate(n for n in tensors for _ in "ab")
+    ]
+    assert [e.target for e in events[1::2]] == ["float32", "float32", "keep"]
+    assert events[3].result == {"kept": False, "bytes_written": 1024 * 256 * 4}
 
 
 def test_bad_input_gives_one_line_and_exit_code(src, tmp_path):

@@ -9,8 +9,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from qstream.cli.main import app
 from typer.testing import CliRunner
+
+from qstream.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -137,10 +138,36 @@ def test_inspect_show_draws_what_the_output_kept(tmp_path, converted):
     table = r.stdout.split("worst channels\n")[1].splitlines()
     assert table[0].split() == ["channel", "SQNR", "dB", "clip", "%", "max", "err"]
     assert int(table[1].split()[0]) == error["worst_channels"][0]["channel"]
-    # a checkpoint root: one tensor at a time
+    # a checkpoint root: the SQNR over its tensors, the worst and largest, bytes per target
     r = run("inspect", converted, "--show")
-    assert r.exit_code == 2
-    assert "pass" in r.stderr and f"{converted}/embed_tokens.weight" in r.stderr
+    assert r.exit_code == 0, r.output
+    tensors = strict_json(run("inspect", converted, "--json").stdout)["tensors"]
+    quantized = [n for n, t in tensors.items() if not t.get("kept")]
+    assert f"{len(tensors)} tensors ({len(quantized)} quantized" in r.stdout
+    rows, markers = rows_and_markers(r.stdout)
+    assert sum(c for _, _, c in rows) == len(quantized)
+    assert [m[1] for m in markers] == ["worst", "median"]
+    worst = min(quantized, key=lambda n: tensors[n]["error"]["sqnr_db"])
+    assert r.stdout.split("worst tensors\n")[1].splitlines()[1].split()[0] == worst
+    assert "largest tensors" in r.stdout and "bytes by target" in r.stdout
+
+
+def test_inspect_show_of_a_group_wise_output_draws_every_groups_sqnr(tmp_path):
+    dst = tmp_path / "g.zarr"
+    r = run("quantize", ACTS, dst, "--dtype", "int4", "--axis", "1", "--block-size", "32", "-q")
+    assert r.exit_code == 0, r.output
+    r = run("inspect", dst, "--show")
+    assert r.exit_code == 0, r.output
+    error = strict_json(run("inspect", dst, "--json").stdout)["error"]
+    groups = error["groups"]
+    assert f"per-group SQNR: {groups['groups']} groups" in r.stdout
+    rows, markers = rows_and_markers(r.stdout)
+    assert sum(c for _, _, c in rows) == sum(groups["counts"])
+    assert "median" in [m[1] for m in markers]
+    table = r.stdout.split("worst groups\n")[1].splitlines()
+    assert table[0].split() == ["group", "first", "element", "SQNR", "dB", "max", "err"]
+    first = error["worst_groups"][0]
+    assert table[1].split()[0] == ",".join(str(i) for i in first["group"])
 
 
 def test_minmax_outputs_keep_a_histogram_only_when_asked(tmp_path):
@@ -157,8 +184,9 @@ def test_minmax_outputs_keep_a_histogram_only_when_asked(tmp_path):
 
 
 def test_show_is_rich_on_a_terminal(monkeypatch):
-    import qstream.cli.show as show
     from rich.console import Console
+
+    import qstream.cli.show as show
 
     buf = io.StringIO()
     monkeypatch.setattr(show, "console", lambda: Console(file=buf, force_terminal=True, width=90))

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from qstream.cli.main import app
 from typer.testing import CliRunner
 
 import qstream as qs
+from qstream.cli.main import app
 from qstream.io.compression import canonical
 
 SPEC = qs.QuantSpec(dtype="int8", axis=0)  # per channel: codes one byte each

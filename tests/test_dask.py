@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from qstream.cli.main import app
 from typer.testing import CliRunner
 
 import qstream as qs
 from qstream import QuantSpec
+from qstream.cli.main import app
 
 from .kill_hook import KILL_HOOK
 

@@ -12,10 +12,10 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from qstream.cli.main import app
 from typer.testing import CliRunner
 
 import qstream as qs
+from qstream.cli.main import app
 from qstream.errors import InvalidParameterError, StoreError
 from qstream.spec import QuantSpec
 

@@ -10,11 +10,11 @@ import sys
 
 import numpy as np
 import pytest
-from qstream.cli.main import app
 from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import qstream as qs
+from qstream.cli.main import app
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADER = os.path.join(HERE, "hf_loader.py")

@@ -108,9 +108,10 @@ def test_converted_checkpoint_root_opens_as_a_mapping_and_a_dataset(tmp_path):
 
 
 def test_dequantize_and_inspect_take_a_converted_checkpoints_root(tmp_path):
-    from qstream.cli.main import app
     from safetensors.numpy import save_file
     from typer.testing import CliRunner
+
+    from qstream.cli.main import app
 
     rng = np.random.default_rng(7)
     tensors = {
@@ -375,9 +376,10 @@ def test_format_2_outputs_one_value_per_byte_still_read(tmp_path, x):
 
 
 def test_convert_to_safetensors_in_one_call_matches_convert_then_export(tmp_path):
-    from qstream.cli.main import app
     from safetensors.numpy import load_file, save_file
     from typer.testing import CliRunner
+
+    from qstream.cli.main import app
 
     rng = np.random.default_rng(10)
     tensors = {

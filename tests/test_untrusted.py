@@ -20,10 +20,10 @@ import pytest
 import zarr
 from hypothesis import given
 from hypothesis import strategies as st
-from qstream.cli.main import app
 from typer.testing import CliRunner
 
 import qstream as qs
+from qstream.cli.main import app
 from qstream.errors import StoreError
 from qstream.io.names import check_key, name_of, tensor_key
 

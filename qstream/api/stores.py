@@ -133,6 +133,7 @@ def dequantize_store(
     executor=None,
     store: str | None = None,
     compression: str | None = "auto",
+    on_tensor: Callable | None = None,
 ) -> dict:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
     (float32, float16 or bfloat16), under the same destination rules (and with the same
@@ -140,7 +141,11 @@ def dequantize_store(
     :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors.
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
-    tensor restored (kept tensors copied as stored), and the result lists them.
+    tensor restored (kept tensors copied as stored), and the result lists them;
+    ``on_tensor`` is called before and after each tensor with a
+    :class:`qstream.TensorEvent` (which one of how many, its name; see
+    :func:`qstream.engine.checkpoint.restore`); only there (not for one array, nor a
+    ``.safetensors`` ``src`` or ``dst``).
 
     ``dst`` ending in ``.safetensors``: the values are written as safetensors instead (one
     file, or shards with an index above 5 GB; see :func:`qstream.export_safetensors`,
@@ -164,6 +169,7 @@ def dequantize_store(
             overwrite=overwrite,
             executor=executor,
             compression=compression,
+            on_tensor=on_tensor,
         )
 
 
@@ -227,8 +233,8 @@ def _remote(*targets):
     return targets[0]
 
 
-def _dequantize_any(src, dst, *, storage_options, store, **kw) -> dict:
+def _dequantize_any(src, dst, *, storage_options, store, on_tensor=None, **kw) -> dict:
     if is_checkpoint(src, storage_options):
-        return restore(src, dst, **kw)
+        return restore(src, dst, on_tensor=on_tensor, **kw)
     dst = with_backend(dst, store, storage_options, read_only=False)
     return _dequantize(src, dst, storage_options=storage_options, **kw)

@@ -16,6 +16,11 @@ HTML views are in :mod:`qstream.viz`, the terminal views in the CLI.
   stored in an output's ``attrs["qstream"]["calibration"]["view"]``).
 - :class:`ReportView`: a calibration view with the error report of a quantize pass (assembled
   from an output's metadata or a report; not stored).
+- :class:`GroupSummary`: a group-wise (blocked) output's per-group SQNR distribution and its
+  worst groups (from ``error["groups"]`` and ``error["worst_groups"]``).
+- :class:`CheckpointView`: a converted checkpoint in bounded size, whatever its number of
+  tensors: the SQNR over its quantized tensors (quantiles, a histogram, the worst ones), its
+  bytes before and after (totals, per target, the largest tensors, a histogram of sizes).
 """
 
 from __future__ import annotations
@@ -480,16 +485,142 @@ def calibration_view(spec, stats, lo, hi, histogram: Histogram | None = None, pr
 # --------------------------------------------------------------------------- reports
 
 
+GROUP_ROWS = 48  # bins of a drawn per-group SQNR histogram (at most)
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    """The SQNR of a group-wise (blocked) output's parameter groups: the distribution of
+    every group's SQNR (``histogram``: the stored fixed bins over their occupied span, exact
+    counts; None for outputs written before it was kept) and the worst groups.
+
+    ``groups`` counts every group: those in the histogram, ``below``/``above`` its whole
+    range (``range_db``), ``exact`` (no error: infinite SQNR) and ``zero_signal`` (all zero
+    or non-finite). Quantiles are at the bins' resolution (``step_db``)."""
+
+    groups: int
+    histogram: Histogram | None
+    below: int = 0
+    above: int = 0
+    exact: int = 0
+    zero_signal: int = 0
+    step_db: float | None = None
+    range_db: tuple[float, float] | None = None
+    worst: tuple = ()  # dicts: group, first_element, sqnr_db, max_abs (worst first)
+
+    @classmethod
+    def from_error(cls, error: dict | None) -> GroupSummary | None:
+        """The summary of an error report; None when it has neither the distribution nor
+        worst groups (not a blocked integer output)."""
+        error = error or {}
+        d, worst = error.get("groups"), error.get("worst_groups")
+        if not d and worst is None:
+            return None
+        rows = tuple(
+            {
+                **w,
+                "sqnr_db": _unfloat(w.get("sqnr_db")),
+                "max_abs": _unfloat(w.get("max_abs")),
+            }
+            for w in worst or ()
+        )
+        if not d:
+            return cls(groups=0, histogram=None, worst=rows)
+        hist = None
+        edges, counts = d.get("edges_db") or [], d.get("counts") or []
+        if counts:
+            hist = Histogram(float(edges[0]), float(edges[-1]), np.asarray(counts, np.int64))
+        rng = d.get("range_db")
+        return cls(
+            groups=int(d.get("groups", 0)),
+            histogram=hist,
+            below=int(d.get("below", 0)),
+            above=int(d.get("above", 0)),
+            exact=int(d.get("exact", 0)),
+            zero_signal=int(d.get("zero_signal", 0)),
+            step_db=None if d.get("step_db") is None else float(d["step_db"]),
+            range_db=None if rng is None else (float(rng[0]), float(rng[1])),
+            worst=rows,
+        )
+
+    @property
+    def finite(self) -> int:
+        """Groups with a finite SQNR (in the histogram, or below/above its range)."""
+        return self.below + self.above + (0 if self.histogram is None else self.histogram.total)
+
+    def quantile(self, q: float) -> float | None:
+        """The SQNR (dB) below which a share ``q`` (0..1) of the groups with a finite SQNR
+        lies, at the bins' resolution (linear within a bin); None without a histogram, or
+        when the quantile lies below or above the bins' range."""
+        h = self.histogram
+        n = self.finite
+        if h is None or not n:
+            return None
+        rank = q * n - self.below
+        if rank < 0:
+            return None
+        cum = np.cumsum(h.counts)
+        if rank > cum[-1]:
+            return None
+        k = int(np.searchsorted(cum, rank, side="left"))
+        before = cum[k - 1] if k else 0
+        inside = (rank - before) / h.counts[k] if h.counts[k] else 0.0
+        e = h.edges
+        return float(e[k] + (e[k + 1] - e[k]) * inside)
+
+    @property
+    def quantiles(self) -> dict | None:
+        """``p05, median, p95`` at bin resolution (``min``: the worst group's exact SQNR)."""
+        if self.histogram is None:
+            return None
+        out = {k: self.quantile(q) for k, q in (("p05", 0.05), ("median", 0.5), ("p95", 0.95))}
+        if self.worst and self.worst[0].get("sqnr_db") is not None:
+            out["min"] = self.worst[0]["sqnr_db"]
+        return out
+
+    def shown(self, rows: int = GROUP_ROWS) -> Histogram | None:
+        """The histogram in at most ``rows`` bins (adjacent bins summed: exact)."""
+        return None if self.histogram is None else self.histogram.regroup(rows)
+
+    def markers(self) -> list[tuple[str, float]]:
+        """``(label, dB)`` to mark: the median group and the worst group (when in range)."""
+        out = []
+        q = self.quantiles or {}
+        h = self.histogram
+        if q.get("median") is not None:
+            out.append(("median", q["median"]))
+        w = q.get("min")
+        if h is not None and w is not None and math.isfinite(w) and h.lo <= w <= h.hi:
+            out.append(("worst", w))
+        return sorted(out, key=lambda m: m[1])
+
+    def notes(self) -> str:
+        """The groups outside the histogram, in words (empty when none)."""
+        parts = []
+        lo, hi = self.range_db or (None, None)
+        if self.below:
+            parts.append(f"{self.below} below {lo:g} dB")
+        if self.above:
+            parts.append(f"{self.above} above {hi:g} dB")
+        if self.exact:
+            parts.append(f"{self.exact} exact (no error)")
+        if self.zero_signal:
+            parts.append(f"{self.zero_signal} without signal")
+        return ", ".join(parts)
+
+
 @dataclass(frozen=True)
 class ReportView:
     """A quantized output as its views see it: the spec, the calibration view, the error
-    summary and the per-channel SQNR summary (from a report or an output's metadata)."""
+    summary, the per-channel SQNR summary and, for group-wise outputs, the per-group SQNR
+    summary (from a report or an output's metadata)."""
 
     title: str
     spec: dict
     calibration: CalibrationView | None
     error: dict | None
     channels: ChannelSummary | None
+    groups: GroupSummary | None = None
 
     @classmethod
     def from_parts(cls, title: str, spec: dict, calibration: dict | None, error: dict | None):
@@ -501,6 +632,7 @@ class ReportView:
             CalibrationView.from_dict(view) if view else None,
             error,
             ChannelSummary.from_dict(chans) if chans else None,
+            GroupSummary.from_error(error),
         )
 
     @classmethod
@@ -517,3 +649,187 @@ class ReportView:
     @classmethod
     def from_calibration(cls, cal, title: str = "calibration") -> ReportView:
         return cls(title, cal.spec.to_dict(), cal.view, None, None)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+WORST_TENSORS = 10  # worst tensors listed
+LARGEST_TENSORS = 10  # largest tensors listed
+TARGETS = 8  # targets listed by bytes (the rest summed as "other")
+SIZE_BINS = 24  # bins of the histogram of tensor sizes
+
+
+def _sqnr_of(row: dict) -> float | None:
+    """A checkpoint row's SQNR (dB) as a float; None when it has none."""
+    v = (row.get("error") or {}).get("sqnr_db")
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _tensor_row(row: dict, sqnr: float | None) -> dict:
+    return {
+        "name": str(row.get("name")),
+        "target": "kept" if row.get("kept") else str(row.get("target")),
+        "shape": list(row.get("shape") or []),
+        "bytes_before": int(row.get("bytes_before") or 0),
+        "bytes_after": int(row.get("bytes_after") or 0),
+        "sqnr_db": sqnr,
+    }
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A converted checkpoint as its views see it, in bounded size whatever its number of
+    tensors (from the root's index rows, no tensor opened).
+
+    ``sqnr``: the SQNR over the quantized tensors that have one (a :class:`ChannelSummary`
+    whose "channels" are tensors: quantiles, a histogram, the exact ones); ``worst``: the
+    :data:`WORST_TENSORS` lowest; ``largest``: the :data:`LARGEST_TENSORS` largest tensors;
+    ``targets``: bytes per target (``int4/axis1/block32``, ``kept``, ...; the
+    :data:`TARGETS` largest, the rest as ``other``); ``sizes_before``/``sizes_after``:
+    histograms of ``log10(bytes)`` over the tensors, on the same bins."""
+
+    title: str
+    tensors: int
+    quantized: int
+    kept: int
+    bytes_before: int
+    bytes_after: int
+    sqnr: ChannelSummary | None = None
+    worst: tuple = ()
+    largest: tuple = ()
+    targets: tuple = ()
+    sizes_before: Histogram | None = None
+    sizes_after: Histogram | None = None
+
+    @classmethod
+    def from_rows(cls, rows, title: str = "checkpoint") -> CheckpointView:
+        """The view of a checkpoint's index rows (``QuantizedCheckpoint.tensors.values()``)."""
+        rows = list(rows)
+        n = len(rows)
+        kept = np.fromiter((bool(r.get("kept")) for r in rows), bool, n)
+        before = np.fromiter((int(r.get("bytes_before") or 0) for r in rows), np.int64, n)
+        after = np.fromiter((int(r.get("bytes_after") or 0) for r in rows), np.int64, n)
+        sq = [None if k else _sqnr_of(r) for r, k in zip(rows, kept, strict=True)]
+        has = np.fromiter((v is not None for v in sq), bool, n)
+        sqnr = np.fromiter((v for v in sq if v is not None), np.float64)
+        summary = ChannelSummary.from_sqnr(sqnr, worst=0) if sqnr.size else None
+        at = np.flatnonzero(has)
+        key = np.where(np.isnan(sqnr), -np.inf, sqnr)
+        worst = at[np.argsort(key, kind="stable")[:WORST_TENSORS]]
+        largest = np.argsort(-before, kind="stable")[:LARGEST_TENSORS]
+        targets: dict[str, list[int]] = {}
+        for r, k, b, a in zip(rows, kept, before.tolist(), after.tolist(), strict=True):
+            t = targets.setdefault("kept" if k else str(r.get("target")), [0, 0, 0])
+            t[0] += 1
+            t[1] += b
+            t[2] += a
+        order = sorted(targets.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        listed = [
+            {"target": name, "tensors": c, "bytes_before": b, "bytes_after": a}
+            for name, (c, b, a) in order[:TARGETS]
+        ]
+        rest = order[TARGETS:]
+        if rest:
+            listed.append(
+                {
+                    "target": f"other ({len(rest)} targets)",
+                    "tensors": sum(v[0] for _, v in rest),
+                    "bytes_before": sum(v[1] for _, v in rest),
+                    "bytes_after": sum(v[2] for _, v in rest),
+                }
+            )
+        hb, ha = _size_histograms(before, after)
+        return cls(
+            title=title,
+            tensors=n,
+            quantized=int(n - kept.sum()),
+            kept=int(kept.sum()),
+            bytes_before=int(before.sum()),
+            bytes_after=int(after.sum()),
+            sqnr=summary,
+            worst=tuple(_tensor_row(rows[i], sq[i]) for i in worst),
+            largest=tuple(_tensor_row(rows[i], sq[i]) for i in largest),
+            targets=tuple(listed),
+            sizes_before=hb,
+            sizes_after=ha,
+        )
+
+    @property
+    def ratio(self) -> float | None:
+        """Bytes after / bytes before (None for an empty checkpoint)."""
+        return self.bytes_after / self.bytes_before if self.bytes_before else None
+
+    def markers(self) -> list[tuple[str, float]]:
+        """``(label, dB)`` on the SQNR histogram: the worst tensor and the median one."""
+        q = (self.sqnr.quantiles if self.sqnr is not None else None) or {}
+        marks = [("worst", q.get("min")), ("median", q.get("median"))]
+        return [(k, v) for k, v in marks if v is not None and math.isfinite(v)]
+
+    def to_dict(self) -> dict:
+        def rows(rs):
+            return [{k: _float(v) if k == "sqnr_db" else v for k, v in r.items()} for r in rs]
+
+        return {
+            "title": self.title,
+            "tensors": self.tensors,
+            "quantized": self.quantized,
+            "kept": self.kept,
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "sqnr": None if self.sqnr is None else self.sqnr.to_dict(),
+            "worst": rows(self.worst),
+            "largest": rows(self.largest),
+            "targets": list(self.targets),
+            "sizes_before": None if self.sizes_before is None else self.sizes_before.to_dict(),
+            "sizes_after": None if self.sizes_after is None else self.sizes_after.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CheckpointView:
+        def rows(rs):
+            return tuple(
+                {k: _unfloat(v) if k == "sqnr_db" else v for k, v in r.items()} for r in rs
+            )
+
+        def hist(h):
+            return Histogram.from_dict(h) if h else None
+
+        return cls(
+            title=d["title"],
+            tensors=int(d["tensors"]),
+            quantized=int(d["quantized"]),
+            kept=int(d["kept"]),
+            bytes_before=int(d["bytes_before"]),
+            bytes_after=int(d["bytes_after"]),
+            sqnr=ChannelSummary.from_dict(d["sqnr"]) if d.get("sqnr") else None,
+            worst=rows(d.get("worst", ())),
+            largest=rows(d.get("largest", ())),
+            targets=tuple(d.get("targets", ())),
+            sizes_before=hist(d.get("sizes_before")),
+            sizes_after=hist(d.get("sizes_after")),
+        )
+
+
+def _size_histograms(before, after) -> tuple[Histogram | None, Histogram | None]:
+    """Histograms of ``log10(bytes)`` of the tensors before and after, on the same bins
+    (whole powers of ten at the ends; tensors of 0 bytes are left out)."""
+    b = np.asarray(before, np.float64)
+    a = np.asarray(after, np.float64)
+    lb, la = np.log10(b[b > 0]), np.log10(a[a > 0])
+    both = np.concatenate([lb, la])
+    if not both.size:
+        return None, None
+    lo, hi = math.floor(both.min()), math.ceil(both.max())
+    if hi <= lo:
+        hi = lo + 1
+    cb, _ = np.histogram(lb, bins=SIZE_BINS, range=(lo, hi))
+    ca, _ = np.histogram(la, bins=SIZE_BINS, range=(lo, hi))
+    return (
+        Histogram(float(lo), float(hi), cb.astype(np.int64)),
+        Histogram(float(lo), float(hi), ca.astype(np.int64)),
+    )

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..core.scratch import scratch
-from ..spec import ErrorStats, RangeStats, WorstGroups
+from ..spec import ErrorStats, GroupSQNR, RangeStats, WorstGroups
 
 
 def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
@@ -75,6 +75,18 @@ def dynamic_params(x: np.ndarray, qt, spec, axis: int):
     return s, z, plan_layout(x.shape, s.shape, axis, spec.block_size)
 
 
+def fused_applies(qt, spec) -> bool:
+    """Whether :func:`dynamic_blocked` quantizes float32 values to ``qt`` with ``spec``'s
+    rounding (integer types of at most 16 bits, half to even)."""
+    from ..rounding import round_code
+
+    return (
+        not qt.is_float
+        and qt.bits <= 16
+        and round_code(spec.round_mode) == round_code("half_to_even")
+    )
+
+
 def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors: bool = False):
     """:func:`dynamic_params` and the quantized values written to ``out`` (``qt``'s dtype,
     shaped like ``x``) in one fused kernel pass, bit-identical to :func:`dynamic_params` then
@@ -93,14 +105,8 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     from ..kernels import blocked
     from ..kernels.errors import N_SUMS, NO_GROUPS, groups_in_pass
     from ..kernels.runtime import run
-    from ..rounding import round_code
 
-    if (
-        qt.is_float
-        or qt.bits > 16
-        or x.dtype != np.float32
-        or round_code(spec.round_mode) != round_code("half_to_even")
-    ):
+    if x.dtype != np.float32 or not fused_applies(qt, spec):
         return None
     pshape = blocked_param_shape(x.shape, axis, spec.block_size)
     layout = plan_layout(x.shape, pshape, axis, spec.block_size)
@@ -120,8 +126,7 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
         if errors
         else (NO_GROUPS,) * 3
     )
-    run(
-        blocked.dynamic_blocked_half_to_even,
+    args = (
         layout.view(np.ascontiguousarray(x)),
         layout.cblock,
         layout.iblock,
@@ -142,6 +147,10 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
         sums,
         *groups,
     )
+    run(blocked.dynamic_kernel(layout.iblock, finite=True), *args)
+    if nonfinite.min(initial=0) < 0:  # NaN or inf: the build that handles them, from the start
+        sums[:] = 0.0
+        run(blocked.dynamic_kernel(layout.iblock), *args)
     stats = (_stats_of(sums), groups) if errors else None
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
 
@@ -260,7 +269,8 @@ def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=No
     ``first``: the piece's first parameter index along each axis; ``param_shape``: the whole
     parameter array's shape (group indices are flat indices into it); ``sums``: the groups'
     ``(x2, e2, emax)`` when the error kernel gave them already (else :func:`group_sums`
-    runs). Groups without error are never among the worst.
+    runs). Groups without error are never among the worst. The result also holds the
+    distribution of every group's SQNR (:class:`GroupSQNR`, a few passes over the groups).
     """
     if sums is not None:
         return _worst_of(*sums, layout, first, param_shape)
@@ -276,15 +286,16 @@ def _worst_of(x2, e2, emax, layout, first, param_shape) -> WorstGroups:
     from ..kernels.errors import worst_candidates
 
     x2, e2, emax = x2.reshape(-1), e2.reshape(-1), emax.reshape(-1)
+    groups = GroupSQNR.of_sums(x2, e2)
     # a superset of the worst by ratio (a relative slack far above log10's rounding), then
     # their SQNR as before: the same groups and values as ranking every group by SQNR
     lossy = worst_candidates(x2, e2, WorstGroups.KEEP, 1.0 + 1e-9)
     if lossy.size == 0:
-        return WorstGroups.empty()
+        return WorstGroups.of([], [], [], groups)
     with np.errstate(divide="ignore"):
         sqnr = 10.0 * np.log10(x2[lossy] / e2[lossy])
     local = np.unravel_index(lossy, layout.param_shape)
     index = np.ravel_multi_index(
         tuple(i + f for i, f in zip(local, first, strict=True)), tuple(param_shape)
     )
-    return WorstGroups.of(sqnr, index, emax[lossy])
+    return WorstGroups.of(sqnr, index, emax[lossy], groups)

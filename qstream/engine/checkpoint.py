@@ -601,10 +601,16 @@ def restore(
     progress: Callable[[int, int], None] | None = None,
     executor=None,
     compression: str | None = compressions.AUTO,
+    on_tensor: Callable[[TensorEvent], None] | None = None,
 ) -> dict:
     """Dequantize every tensor of the converted checkpoint ``src`` into the group ``dst``
     (kept tensors are copied as stored); see :func:`qstream.dequantize_store`. A re-run
-    resumes: finished tensors are skipped."""
+    resumes: finished tensors are skipped.
+
+    ``on_tensor`` is called before (``result`` None) and after each tensor with a
+    :class:`TensorEvent`: its ``dtype`` the stored type (the quantized type, or a kept
+    tensor's), ``target`` the restored ``dtype`` or ``"keep"``, ``result`` its entry of the
+    result's ``tensors`` (``kept``, ``bytes_written``)."""
     ck = qarray.open_quantized(src)
     src_loc = location(src) or str(src)
     destination.check_separate(src_loc, dst)
@@ -630,7 +636,7 @@ def restore(
         _restore_tensors(
             ck, src, src_loc, dest, names, results, local, fresh,
             dtype=dtype, compression=compression, max_memory=max_memory,
-            progress=progress, executor=executor,
+            progress=progress, executor=executor, on_tensor=on_tensor,
         )  # fmt: skip
         results = {n: results[n] for n in names}
         result = {
@@ -649,37 +655,54 @@ def restore(
 def _restore_tensors(ck, src, src_loc, dest, names, results, local, fresh, **job) -> None:
     """The loop of :func:`restore`: each tensor dequantized (one stored chunk: made whole
     here, see :func:`~qstream.engine.small.dequantize_small`; else a job of its own) or, if
-    kept, copied; its result put in ``results``. (Threads do not help: creating entries in
-    one folder is serialised by the file system.)"""
-    from .job import dequantize
-
-    dtype, compression = job["dtype"], job["compression"]
-    for name in names:
+    kept, copied; its result put in ``results``; ``on_tensor`` told before and after each
+    (from what is open already: nothing more is read for it). (Threads do not help: creating
+    entries in one folder is serialised by the file system.)"""
+    dtype, on_tensor = job["dtype"], job.pop("on_tensor")
+    total = len(names)
+    for index, name in enumerate(names):
         key = tensor_key(name)
         path = os.path.join(dest.local, key) if fresh else dest.child(key)
         t = ck[name]
-        if not isinstance(t, qarray.QuantizedArray):
-            results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
-            continue
-        pack = t.meta.get("pack")
-        if pack is not None:  # (named by its pack and slot)
-            where = f"{src_loc}/{packs.PACKS}/{os.path.basename(pack['path'])}[{pack['slot']}]"
-        else:
-            where = location(destination.tensor_path(src, ck.key_of(name)))
-        if local and one_chunk(t):
-            kw = {"dtype": dtype, "compression": compression, "fresh": fresh}
-            results[name] = dequantize_small(t, where, path, **kw)
-            continue
-        r = dequantize(
-            destination.tensor_path(src, ck.key_of(name)),
-            path,
-            dtype=dtype,
-            max_memory=job["max_memory"],
-            progress=job["progress"],
-            executor=job["executor"],
-            compression=compression,
-        )
-        results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
+        if on_tensor is not None:
+            quantized = isinstance(t, qarray.QuantizedArray)
+            stored = t.spec.dtype if quantized else str(t.dtype)
+            event = TensorEvent(
+                index, total, name, tuple(t.shape), stored, dtype if quantized else "keep"
+            )
+            on_tensor(event)
+        _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **job)
+        if on_tensor is not None:
+            on_tensor(TensorEvent(**{**event.__dict__, "result": results[name]}))
+
+
+def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **job) -> None:
+    """One tensor of :func:`_restore_tensors`, opened (``t``), restored to ``path``."""
+    dtype, compression = job["dtype"], job["compression"]
+    if not isinstance(t, qarray.QuantizedArray):
+        results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
+        return
+    pack = t.meta.get("pack")
+    if pack is not None:  # (named by its pack and slot)
+        where = f"{src_loc}/{packs.PACKS}/{os.path.basename(pack['path'])}[{pack['slot']}]"
+    else:
+        where = location(destination.tensor_path(src, ck.key_of(name)))
+    if local and one_chunk(t):
+        kw = {"dtype": dtype, "compression": compression, "fresh": fresh}
+        results[name] = dequantize_small(t, where, path, **kw)
+        return
+    from .job import dequantize
+
+    r = dequantize(
+        destination.tensor_path(src, ck.key_of(name)),
+        path,
+        dtype=dtype,
+        max_memory=job["max_memory"],
+        progress=job["progress"],
+        executor=job["executor"],
+        compression=compression,
+    )
+    results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
 
 
 def _copy_kept(a, path: str, compression: str) -> int:

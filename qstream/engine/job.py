@@ -44,6 +44,7 @@ from ..spec import (
     HISTOGRAM_METHODS,
     Calibration,
     ErrorStats,
+    GroupSQNR,
     QuantParams,
     QuantReport,
     QuantSpec,
@@ -669,8 +670,8 @@ class QuantizeJob:
         if self.spec.float_offset:  # x = q * scale + offset (float64: CF's add_offset)
             members["offset"] = {"dtype": np.float64, **kw}
         if progress_log:
-            keep = WorstGroups.KEEP if self._worst_groups() else 0
-            members[ProgressLog.NAME] = ProgressLog.array_spec(plan.channels, keep)
+            keep, bins = (WorstGroups.KEEP, GroupSQNR.SLOTS) if self._worst_groups() else (0, 0)
+            members[ProgressLog.NAME] = ProgressLog.array_spec(plan.channels, keep, bins)
         return members
 
     def _create(self, dst, cal: Calibration, fp: str):
@@ -825,6 +826,8 @@ class QuantizeJob:
                 plan.axis,
                 self.spec.block_size,
             )
+            if worst.groups is not None:  # (None: resumed from an older run's snapshot)
+                err["groups"] = worst.groups.summary()
         report = QuantReport(
             spec=self.spec,
             source=self.source.description,

@@ -8,7 +8,10 @@
   process. A first run on a machine compiles the calibration kernels in the job's process
   while a second process compiles the quantize pass's into Numba's on-disk cache, from
   which the job then loads them: on two cores the compile time of the first run is about
-  halved. Nothing is started when those kernels are cached already.
+  halved. Nothing is started when those kernels are cached already. Before them it compiles
+  the kernels a job of the specs runs after its quantize pass (the worst groups of a
+  group-wise report, sub-byte packing): a dynamic spec has no calibration, and its job
+  compiles its fused quantize kernel straight away, then those.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ def warm_common(processes: int | None = None) -> dict:
 
     t0 = time.perf_counter()
     n = max(1, min(len(COMMON_SPECS), processes or os.cpu_count() or 1))
-    shares = [list(COMMON_SPECS[i::n]) for i in range(n)]
+    shares = _shares(COMMON_SPECS, n)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "qstream.engine.warmup", json.dumps(share), "--full"],
@@ -92,6 +95,31 @@ def warm_common(processes: int | None = None) -> dict:
 
         raise QStreamError(f"warming the kernels failed: {failed[0]}")
     return {"specs": list(COMMON_SPECS), "seconds": time.perf_counter() - t0}
+
+
+def _shares(specs, n: int) -> list[list[dict]]:
+    """``specs`` (dicts) dealt to ``n`` processes: the dynamic group-wise specs whose fused
+    kernel builds are the same (one widened code type: int4 and int8) to one process, which
+    compiles them once; the heaviest first (each such set of builds weighs about as much as
+    four other specs), each to the least loaded process; in ``specs``' order within each."""
+    import numpy as np
+
+    from ..qtypes import qtype
+    from ..spec import QuantSpec
+
+    groups: dict = {}
+    for i, d in enumerate(specs):
+        spec = QuantSpec.from_dict(d)
+        fused = spec.method == "dynamic" and spec.block_size
+        key = ("fused", np.dtype(qtype(spec.dtype).widened).str) if fused else i
+        groups.setdefault(key, []).append(i)
+    weight = {k: 3 + len(v) if isinstance(k, tuple) else 1 for k, v in groups.items()}
+    load, dealt = [0] * n, [[] for _ in range(n)]
+    for key in sorted(groups, key=lambda k: -weight[k]):  # (stable: ties in specs' order)
+        j = load.index(min(load))
+        load[j] += weight[key]
+        dealt[j] += groups[key]
+    return [[specs[i] for i in sorted(d)] for d in dealt if d]
 
 
 def _run_full_jobs(specs) -> None:
@@ -116,8 +144,44 @@ def _run_full_jobs(specs) -> None:
                 finally:
                     for name in names:
                         _MEMORY_STORES.pop(name, None)
+                _run_fused(spec, x)
     finally:
         runtime.SERIAL_BELOW = before
+
+
+def _run_fused(spec, x) -> None:
+    """For a dynamic spec, every build of the fused quantize kernel its jobs may run: groups
+    along the rows and down the columns (blocked along the last axis or an outer one), for
+    finite values and with a NaN (the builds that handle them)."""
+    import numpy as np
+
+    from ..qtypes import qtype
+    from .blockmath import dynamic_blocked
+
+    if spec.method != "dynamic" or not spec.block_size:
+        return
+    qt = qtype(spec.dtype)
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    for values in (x, bad):
+        for axis in (0, 1):
+            dynamic_blocked(values, qt, spec, axis, np.empty(values.shape, qt.dtype), True)
+
+
+def _run_after_pass(specs) -> None:
+    """The kernels a job of ``specs`` runs after its quantize pass: the worst groups of a
+    group-wise spec's report, the packing of sub-byte codes."""
+    import numpy as np
+
+    from ..kernels.errors import worst_candidates
+    from ..kernels.packing import pack_codes
+    from ..qtypes import qtype
+    from ..spec import WorstGroups
+
+    if any(s.block_size for s in specs):
+        worst_candidates(np.ones(4), np.ones(4), WorstGroups.KEEP, 1.0 + 1e-9)
+    for bits in sorted({qtype(s.dtype).bits for s in specs} & {2, 4}):
+        pack_codes(np.zeros(8, np.uint8), bits, np.zeros(8, np.uint8))
 
 
 def _quantize_pass_specs(specs):
@@ -142,7 +206,7 @@ def _run_quantize_passes(specs, parallel: bool) -> None:
 
     before = runtime.SERIAL_BELOW
     runtime.SERIAL_BELOW = 0 if parallel else 1 << 62
-    x = np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64)
+    x = _Tensor(np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
     try:
         for spec in _quantize_pass_specs(specs):
             name = f"qstream-warmup-{uuid.uuid4().hex}"
@@ -166,20 +230,18 @@ def _cached(kernel) -> bool:
 
 def warm_up(specs, *, background: bool = False) -> subprocess.Popen | None:
     """Compile the quantize pass's kernels of ``specs`` (serial builds first, then parallel
-    ones) into Numba's cache. ``background``: in a separate process, started only on a first
-    run (no build of the specs' quantize kernels cached yet; the process is ended when this
-    one exits); returns it."""
+    ones) into Numba's cache, and before them the kernels their jobs run after that pass.
+    ``background``: in a separate process, started only on a first run (no build of the
+    specs' quantize kernels cached yet; the process is ended when this one exits); returns
+    it."""
     specs = list(specs)
     if not background:
+        _run_after_pass(specs)
         _run_quantize_passes(specs, parallel=False)
         _run_quantize_passes(specs, parallel=True)
         return None
-    from ..kernels.affine import QUANTIZE_KERNELS
-    from ..rounding import round_code
-
-    kernels = [QUANTIZE_KERNELS[round_code(s.round_mode)] for s in specs]
-    if all(_cached(k.serial) for k in kernels):  # not a first run
-        return None
+    if all(any(_cached(k) or _cached(k.serial) for k in _pass_kernels(s)) for s in specs):
+        return None  # not a first run
     payload = json.dumps([s.to_dict() for s in specs])
     proc = subprocess.Popen(
         [sys.executable, "-m", "qstream.engine.warmup", payload],
@@ -189,6 +251,38 @@ def warm_up(specs, *, background: bool = False) -> subprocess.Popen | None:
     )
     atexit.register(_end, proc)
     return proc
+
+
+def _pass_kernels(spec) -> list:
+    """The kernels (parallel builds, with their serial twins) a quantize pass of ``spec``
+    runs: the fused kernel's builds for finite values, either layout, for a dynamic spec it
+    applies to, else the quantize kernel of its round mode."""
+    from ..qtypes import qtype
+    from .blockmath import fused_applies
+
+    if spec.method == "dynamic" and fused_applies(qtype(spec.dtype), spec):
+        from ..kernels import blocked
+
+        return [blocked.dynamic_kernel(1, finite=True), blocked.dynamic_kernel(2, finite=True)]
+    from ..kernels.affine import QUANTIZE_KERNELS
+    from ..rounding import round_code
+
+    return [QUANTIZE_KERNELS[round_code(spec.round_mode)]]
+
+
+class _Tensor:
+    """A warm-up job's source read by slices, as checkpoint tensors are (a NumPy source is
+    also hashed for the job's identity, a kernel that a checkpoint conversion never runs)."""
+
+    name = "warm-up"
+
+    def __init__(self, values):
+        self.values = values
+        self.shape = values.shape
+        self.dtype = values.dtype
+
+    def __getitem__(self, key):
+        return self.values[key]
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -204,5 +298,4 @@ if __name__ == "__main__":  # the background process of warm_up, or one of warm_
     if sys.argv[2:] == ["--full"]:
         _run_full_jobs(wanted)
     else:
-        _run_quantize_passes(wanted, parallel=False)
-        _run_quantize_passes(wanted, parallel=True)
+        warm_up(wanted)

@@ -6,13 +6,18 @@
 - safetensors: one ``.safetensors`` file, a ``*.safetensors.index.json`` (sharded), or a
   directory holding either (the header is parsed here; data is memory-mapped, bf16 included);
 - ``.npy`` (memory-mapped) and ``.npz`` (stored members memory-mapped inside the zip;
-  compressed members are decompressed whole on first access);
+  compressed members are decompressed whole on first access); bfloat16 and float8_e5m2
+  arrays that ``np.save`` wrote (NumPy itself reads them as raw bytes, or not at all) read
+  as those types;
 - a Zarr group (directory or ``.zip``): every floating-point array, recursively;
 - torch ``.pt`` / ``.pth`` / ``.bin`` state dicts (``torch.load(..., mmap=True)``).
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import io
 import json
 import math
 import mmap
@@ -711,11 +716,21 @@ def _open_remote_index(folder, fname: str) -> dict[str, CheckpointTensor]:
 
 def _open_npy(path: str) -> dict[str, CheckpointTensor]:
     """A single ``.npy`` file, memory-mapped; its tensor is named after the file."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    try:
+        with open_regular(path, "npy file") as f:
+            dtype, shape, fortran = _npy_header(f, f"npy file {path}")
+            offset = f.tell()
+    except (StoreError, OSError, EOFError):
+        dtype = None  # NumPy's own reading below says what is wrong
+    if dtype is not None and dtype in _npy_ml_dtypes().values():
+        if offset + math.prod(shape) * dtype.itemsize > os.path.getsize(path):
+            raise StoreError(f"npy file {path} is truncated")
+        return {name: _memmap_tensor(name, _FileMap(path), offset, dtype, shape, fortran)}
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise StoreError(f"npy file {path}: cannot read ({_one_line(e)})") from None
-    name = os.path.splitext(os.path.basename(path))[0]
     return {name: CheckpointTensor(name, tuple(a.shape), _native(a.dtype), a.nbytes, a)}
 
 
@@ -730,6 +745,7 @@ def _open_npz(path: str) -> dict[str, CheckpointTensor]:
                 if not info.filename.endswith(".npy"):
                     continue
                 name = info.filename[: -len(".npy")]
+                where = f"npz file {path}: member {name!r}"
                 if info.compress_type == zipfile.ZIP_STORED:
                     raw.seek(info.header_offset)
                     local = raw.read(30)
@@ -737,16 +753,16 @@ def _open_npz(path: str) -> dict[str, CheckpointTensor]:
                         raise StoreError(f"npz file {path}: member {name!r}: bad local header")
                     fn_len, extra_len = struct.unpack("<HH", local[26:30])
                     raw.seek(info.header_offset + 30 + fn_len + extra_len)
-                    dtype, shape, fortran = _npy_header(raw, path, name)
+                    dtype, shape, fortran = _npy_header(raw, where)
                     offset = raw.tell()
                     if offset + math.prod(shape) * dtype.itemsize > os.path.getsize(path):
                         raise StoreError(f"npz file {path}: member {name!r} is truncated")
                     out[name] = _memmap_tensor(name, fmap, offset, dtype, shape, fortran)
                 else:
                     with zf.open(info) as member:
-                        dtype, shape, _ = _npy_header(member, path, name)
+                        dtype, shape, _ = _npy_header(member, where)
                     nbytes = math.prod(shape) * dtype.itemsize
-                    src = _CompressedMember(path, name)
+                    src = _CompressedMember(path, name, dtype)
                     out[name] = CheckpointTensor(
                         name, shape, _native(dtype), nbytes, src, chunks=tuple(shape) or None
                     )
@@ -757,32 +773,115 @@ def _open_npz(path: str) -> dict[str, CheckpointTensor]:
     return out
 
 
-def _npy_header(f, path: str, name: str) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """Parse an .npy header from ``f`` (left positioned at the data)."""
+_NPY_MAX_HEADER = 10_000  # the longest .npy header NumPy parses (np.lib.format's limit)
+
+
+def _npy_header(f, where: str) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """Parse an .npy header from ``f`` (left positioned at the data): NumPy's parser, except
+    for a descriptor that ``np.save`` writes for an ml_dtypes type NumPy cannot name
+    (:func:`_npy_ml_dtypes`), which gives that type."""
     fmt = np.lib.format
     try:
         major, _ = fmt.read_magic(f)
+        width = 2 if major == 1 else 4
+        head = f.read(width)
+        if len(head) == width and int.from_bytes(head, "little") <= _NPY_MAX_HEADER:
+            head += f.read(int.from_bytes(head, "little"))
+        mine = _ml_dtypes_header(head[width:])
+        if mine is not None:
+            return mine
         read = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-        shape, fortran, dtype = read(f)
+        shape, fortran, dtype = read(io.BytesIO(head))
     except ValueError as e:
-        raise StoreError(f"npz file {path}: member {name!r}: bad .npy header ({e})") from None
+        raise StoreError(f"{where}: bad .npy header ({e})") from None
     if dtype.hasobject or dtype.names is not None:
-        raise StoreError(f"npz file {path}: member {name!r}: unsupported dtype {dtype}")
+        raise StoreError(f"{where}: unsupported dtype {dtype}")
     return dtype, tuple(shape), fortran
 
 
-class _CompressedMember:
-    """A compressed ``.npz`` member: decompressed whole on first indexing, then cached."""
+def _ml_dtypes_header(text: bytes) -> tuple[np.dtype, tuple[int, ...], bool] | None:
+    """``(dtype, shape, fortran)`` of the .npy header ``text`` when its descriptor is one of
+    :func:`_npy_ml_dtypes`, else None (NumPy parses it). The header is a literal, read as
+    NumPy reads it (``ast.literal_eval``: never evaluated as code), checked as NumPy checks
+    it."""
+    known = _npy_ml_dtypes()
+    if not any(repr(d).encode() in text for d in known):
+        return None
+    try:
+        d = ast.literal_eval(text.decode("latin1"))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("descr"), str) or d["descr"] not in known:
+        return None
+    shape, fortran = d.get("shape"), d.get("fortran_order")
+    if (
+        d.keys() != {"descr", "fortran_order", "shape"}
+        or not isinstance(fortran, bool)
+        or not isinstance(shape, tuple)
+        or not all(isinstance(n, int) and n >= 0 for n in shape)
+    ):
+        raise ValueError(f"header does not describe an array: {text[:200]!r}")
+    return known[d["descr"]], tuple(int(n) for n in shape), fortran
 
-    def __init__(self, path: str, name: str) -> None:
-        self.path, self.name = path, name
+
+@functools.cache
+def _npy_ml_dtypes() -> dict[str, np.dtype]:
+    """The .npy descriptors that ``np.save`` writes for the ml_dtypes types checkpoints hold
+    (bfloat16, float8) and that NumPy does not read as a type of its own, each written by
+    that one ml_dtypes type only: bfloat16's ``'<V2'`` (NumPy: raw bytes; a void array of
+    NumPy's own is ``'|V2'``) and float8_e5m2's ``'<f1'`` (NumPy: refused). The other float8
+    types write ``'<V1'``, as every 1-byte ml_dtypes type does (int4, float4_e2m1fn, ...):
+    nothing says which, and such members stay raw bytes."""
+    writers: dict[str, set[np.dtype]] = {}
+    for name in ml_dtypes.__all__:
+        t = getattr(ml_dtypes, name, None)
+        if isinstance(t, type) and issubclass(t, np.generic):
+            dt = np.dtype(t)
+            writers.setdefault(np.lib.format.dtype_to_descr(dt), set()).add(dt)
+    out = {}
+    for descr, types in writers.items():
+        if not isinstance(descr, str) or len(types) != 1:
+            continue
+        (dt,) = types
+        if dt != _BF16 and dt not in FLOAT8_DTYPES:
+            continue
+        try:
+            numpy_kind = np.dtype(descr).kind
+        except TypeError:
+            numpy_kind = None
+        if numpy_kind in (None, "V"):
+            out[descr] = dt
+    return out
+
+
+class _CompressedMember:
+    """A compressed ``.npz`` member (``dtype`` as its header says): decompressed whole on
+    first indexing, then cached."""
+
+    def __init__(self, path: str, name: str, dtype: np.dtype) -> None:
+        self.path, self.name, self.dtype = path, name, dtype
         self._array: np.ndarray | None = None
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if self._array is None:
-            with np.load(self.path, allow_pickle=False) as z:
-                self._array = z[self.name]
+            if self.dtype in _npy_ml_dtypes().values():
+                self._array = self._read()
+            else:
+                with np.load(self.path, allow_pickle=False) as z:
+                    self._array = z[self.name]
         return self._array[key]
+
+    def _read(self) -> np.ndarray:
+        """The member's values, read here (NumPy would read them as another type)."""
+        where = f"npz file {self.path}: member {self.name!r}"
+        with zipfile.ZipFile(self.path) as zf, zf.open(f"{self.name}.npy") as member:
+            dtype, shape, fortran = _npy_header(member, where)
+            nbytes = math.prod(shape) * dtype.itemsize
+            data = member.read(nbytes)
+        if len(data) != nbytes:
+            raise StoreError(f"{where} is truncated")
+        a = np.frombuffer(data, np.uint8).view(dtype)  # (bf16: the words reinterpreted)
+        return a.reshape(shape[::-1]).T if fortran else a.reshape(shape)
 
 
 # -- Zarr ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import fields
 import numpy as np
 
 from ..core.scratch import aligned_empty
-from ..spec import ErrorStats, WorstGroups
+from ..spec import ErrorStats, GroupSQNR, WorstGroups
 
 NAME = "_progress"
 _FIELDS = [f.name for f in fields(ErrorStats)]
@@ -31,7 +31,9 @@ SAVE_EVERY = float(os.environ.get("QSTREAM_PROGRESS_EVERY", "1.0"))
 
 class ProgressLog:
     """The resume snapshot of a quantize pass (see module docstring). A blocked spec's
-    snapshot also holds the worst groups so far (``WorstGroups.KEEP`` of them, NaN-padded)."""
+    snapshot also holds the worst groups so far (``WorstGroups.KEEP`` of them, NaN-padded)
+    and the counts of their SQNR distribution (``GroupSQNR.SLOTS`` of them, exact in
+    float64 below 2**53; a snapshot of an older run has none)."""
 
     def __init__(self, array) -> None:
         from .stores import ArrayWriter
@@ -39,6 +41,7 @@ class ProgressLog:
         self.array = array
         attrs = array.attrs.asdict()
         self.keep = int(attrs.get("worst_groups", 0))
+        self.bins = int(attrs.get("group_bins", 0))
         self.channels = int(attrs.get("channels", (array.shape[0] - 1) // len(_FIELDS)))
         self._writer = ArrayWriter(array)
         self._last = time.monotonic()
@@ -46,11 +49,14 @@ class ProgressLog:
     NAME = NAME
 
     @staticmethod
-    def array_spec(channels: int, keep: int = 0) -> dict:
+    def array_spec(channels: int, keep: int = 0, bins: int = 0) -> dict:
         """The ``create_array`` keywords of a new ``_progress`` array for ``channels`` channels
-        (and ``keep`` worst groups). Until its first snapshot it holds no chunk, which reads
-        as zeros: no block has landed."""
-        n = 1 + len(_FIELDS) * channels + 3 * keep
+        (and ``keep`` worst groups, ``bins`` counts of their distribution). Until its first
+        snapshot it holds no chunk, which reads as zeros: no block has landed."""
+        n = 1 + len(_FIELDS) * channels + 3 * keep + bins
+        attributes = {"channels": channels, "worst_groups": keep}
+        if bins:
+            attributes["group_bins"] = bins
         return {
             "shape": (n,),
             "chunks": (n,),
@@ -58,7 +64,7 @@ class ProgressLog:
             "fill_value": 0,
             "compressors": None,
             "dimension_names": ["progress"],
-            "attributes": {"channels": channels, "worst_groups": keep},
+            "attributes": attributes,
         }
 
     @classmethod
@@ -69,10 +75,12 @@ class ProgressLog:
         """(blocks landed, their folded error sums, their worst groups)."""
         raw = np.asarray(self.array[...], np.float64)
         body = len(_FIELDS) * self.channels
-        if raw.size != 1 + body + 3 * self.keep:  # written by another layout: start over
-            return 0, ErrorStats.empty(0), None
+        tail = 3 * self.keep + self.bins
+        if raw.size != 1 + body + tail or self.bins not in (0, GroupSQNR.SLOTS):
+            return 0, ErrorStats.empty(0), None  # written by another layout: start over
         if raw[0] == 0:  # no snapshot yet (the fill value), or one of no blocks
-            return 0, ErrorStats.empty(self.channels), WorstGroups.empty() if self.keep else None
+            fresh = WorstGroups.empty(bool(self.bins)) if self.keep else None
+            return 0, ErrorStats.empty(self.channels), fresh
         rows = raw[1 : 1 + body].reshape(len(_FIELDS), self.channels)
         stats = ErrorStats(
             **{
@@ -82,9 +90,15 @@ class ProgressLog:
         )
         worst = None
         if self.keep:
-            sq, index, max_abs = raw[1 + body :].reshape(3, self.keep)
+            sq, index, max_abs = raw[1 + body : 1 + body + 3 * self.keep].reshape(3, self.keep)
             n = int(np.count_nonzero(~np.isnan(index)))
-            worst = WorstGroups(sq[:n].copy(), index[:n].astype(np.int64), max_abs[:n].copy())
+            groups = None
+            counts = raw[1 + body + 3 * self.keep :]
+            if self.bins and not np.isnan(counts).any():
+                groups = GroupSQNR(counts.astype(np.int64))
+            worst = WorstGroups(
+                sq[:n].copy(), index[:n].astype(np.int64), max_abs[:n].copy(), groups
+            )
         return int(raw[0]), stats, worst
 
     def save(self, done: int, stats: ErrorStats, worst: WorstGroups | None = None) -> None:
@@ -99,11 +113,14 @@ class ProgressLog:
         for i, name in enumerate(_FIELDS):
             rows[i] = getattr(stats, name)
         if self.keep:
-            tail = raw[1 + body :].reshape(3, self.keep)
+            tail = raw[1 + body : 1 + body + 3 * self.keep].reshape(3, self.keep)
             tail[:] = np.nan
             n = worst.index.size if worst is not None else 0
             if n:
                 tail[0, :n], tail[1, :n], tail[2, :n] = worst.sqnr_db, worst.index, worst.max_abs
+        if self.bins:  # (none taken: NaN, read back as None: a resumed job starts over)
+            groups = worst.groups if worst is not None else None
+            raw[1 + body + 3 * self.keep :] = groups.counts if groups is not None else np.nan
         self._writer[(slice(0, raw.size),)] = raw
         self._last = time.monotonic()
 

@@ -522,6 +522,32 @@ class QuantizedCheckpoint(Mapping):
             "tensors": self.tensors,
         }
 
+    # ---- views (qstream.viz): from the root's index rows, no tensor opened; bounded
+
+    @property
+    def view(self):
+        """The :class:`~qstream.calibration.views.CheckpointView` of this checkpoint: the
+        SQNR over its quantized tensors (a histogram, the worst ones), its bytes before and
+        after (totals, per target, the largest tensors, a histogram of sizes); bounded
+        whatever the number of tensors."""
+        from ..calibration.views import CheckpointView
+
+        return CheckpointView.from_rows(self.tensors.values(), title=str(self.path))
+
+    def _repr_html_(self) -> str:
+        from ..viz.html import checkpoint_html
+
+        return checkpoint_html(self.view)
+
+    def plot(self, ax=None):
+        """Draw the SQNR over the quantized tensors (one count per tensor, the median and the
+        worst marked) on ``ax`` (a new figure when None) with matplotlib (``pip install
+        'qstream-zarr[plot]'``); returns the axes. The whole page (the worst tensors and
+        the sizes too): ``qstream.viz.mpl.checkpoint_figure(ck.view)``."""
+        from ..viz.mpl import plot_checkpoint
+
+        return plot_checkpoint(self.view, ax=ax)
+
 
 class QuantizedArray:
     """A quantized array on disk, dequantized on indexing (float32)."""
@@ -656,8 +682,9 @@ class QuantizedArray:
     @property
     def view(self):
         """The :class:`~qstream.calibration.views.ReportView` of this output's metadata: the
-        calibration histogram and thresholds (per tensor), the per-channel SQNR summary, the
-        error report."""
+        calibration histogram and thresholds (per tensor), the per-channel SQNR summary, for
+        group-wise outputs the per-group SQNR distribution and worst groups, the error
+        report."""
         from ..calibration.views import ReportView
 
         where = str(self.group.store_path).removeprefix("file://")
@@ -670,9 +697,9 @@ class QuantizedArray:
         return view_html(self.view)
 
     def plot(self, ax=None):
-        """Draw the stored calibration histogram with its thresholds (per tensor) or the
-        per-channel SQNR (per channel) on ``ax`` with matplotlib (``pip install
-        'qstream-zarr[plot]'``); returns the axes."""
+        """Draw the stored calibration histogram with its thresholds (per tensor), the
+        per-channel SQNR (per channel) or the per-group SQNR (group-wise) on ``ax`` with
+        matplotlib (``pip install 'qstream-zarr[plot]'``); returns the axes."""
         from ..viz.mpl import plot_view
 
         return plot_view(self.view, ax=ax)

@@ -32,16 +32,21 @@ from .errors import (
     STRIP,
     column_scratch,
     column_sums,
-    columns,
+    finite_run_sums,
     fold_partial,
     run_sums,
 )
 from .prefetch import prefetch
-from .runtime import parallel_kernel
+from .runtime import parallel_kernel, specialize
 from .stats import slot_range_keys32
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 PARTS = 256  # runs of work items per call: enough to balance two to a few dozen threads
+# True in the builds of the fused kernels for finite input (``specialize``): a work item
+# holding a NaN or an infinity is marked -1 in ``nonfinite`` and the call's results are
+# void (the caller runs the complete build); without the code for such values they compile
+# ~20% faster
+FINITE = False
 
 
 @njit(inline="always", cache=True)
@@ -136,7 +141,7 @@ def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs):
 
 
 @parallel_kernel(fastmath=FASTMATH)
-def dynamic_blocked_half_to_even(
+def dynamic_rows_half_to_even(
     x,
     cblock,
     iblock,
@@ -159,22 +164,8 @@ def dynamic_blocked_half_to_even(
     ge2,
     gmax,
 ):
-    """``x`` float32 ``[O, C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of
-    ``scale`` / ``zero_point`` (float32; zero points are integers of at most 16 bits) ``[O,
-    Cp, Ip]``; ``mode`` (``SYM_SIGNED``: ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``:
-    ``absmax / steps``, zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero
-    point ``rint(qmin - lo / s)`` clipped; a scale is never below ``TINY_SCALE``);
-    ``lo``/``hi`` float32 saturation bounds; ``half``: scales rounded to float16 values
-    (:func:`half_scale`) before the zero point and the values; ``out`` the codes in the
-    widened integer type, ``mask``: nonzero for signed sub-byte types, whose stored bytes are
-    the codes masked to their bits; ``nonfinite[O * Cp]``: per row of parameter blocks, how
-    many pieces of it held a NaN or an infinity (the caller applies its NaN policy to them).
-
-    ``errors`` (a layout where ``errors.groups_in_pass``): the error sums of
-    ``qstream.kernels.errors.error_sums`` added to ``sums[1, N_SUMS]`` and each group's
-    into ``gx2``/``ge2``/``gmax`` ``[O, Cp, Ip]`` in the same pass, while the group is in
-    cache; the same numbers as that kernel (the same runs, tiles or columns, and fold
-    order)."""
+    """The fused pass where groups are runs along the rows (``iblock > 1``: blocked along
+    the last axis); the arguments: :func:`dynamic_kernel`."""
     n_outer, n_c, n_inner = x.shape
     n_cp = scale.shape[1]
     n_ip = scale.shape[2]
@@ -183,26 +174,21 @@ def dynamic_blocked_half_to_even(
     un = np.uint64(n_inner)
     ub = np.uint64(iblock)
     n_tiles = (n_inner + TILE - 1) // TILE
-    by_column = columns(iblock, n_ip)
-    partial = np.zeros(
-        ((n_work if by_column else n_outer * n_c * n_tiles) if errors else 0, N_SUMS)
-    )
+    partial = np.zeros((n_outer * n_c * n_tiles if errors else 0, N_SUMS))
     for p in prange(parts):  # contiguous runs of work items, scratch allocated once per run
         kmin = np.empty(n_ip, np.int32)
         kmax = np.empty(n_ip, np.int32)
         acc = np.zeros(N_SUMS)  # the current tile's sums
-        cols = column_scratch(STRIP if errors and by_column else 0)
         for w in range(p * n_work // parts, (p + 1) * n_work // parts):
             o = w // n_cp
             pc = w - o * n_cp
             c0 = pc * cblock
             c1 = min(n_c, c0 + cblock)
             nonfinite[w] = 0
-            if by_column:
-                bad = _column_keys(x, o, c0, c1, mode != ASYM, kmin, kmax)
-            else:
-                bad = cblock > 1 or _row_keys(x[o, c0], iblock, mode != ASYM, kmin, kmax)
-            if bad:
+            if cblock > 1 or _row_keys(x[o, c0], iblock, mode != ASYM, kmin, kmax):
+                if FINITE:
+                    nonfinite[w] = -1
+                    break
                 kmin[:] = KEY32_MAX
                 kmax[:] = KEY32_MIN
                 nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
@@ -212,11 +198,6 @@ def dynamic_blocked_half_to_even(
             for c in range(c0, c1):
                 xr = x[o, c]
                 orow = out[o, c]
-                if iblock == 1:  # a parameter per element: one loop along the row
-                    for j in range(n_inner):
-                        v = np.rint(xr[j] / ss[j]) + zs[j]
-                        orow[j] = np.int32(min(max(lo, v), hi))
-                    continue
                 t0 = (o * n_c + c) * n_tiles
                 for pi in range(n_ip):  # index bounds, not slices (see errors.sums_at)
                     s = ss[pi]
@@ -229,7 +210,12 @@ def dynamic_blocked_half_to_even(
                     for j in range(i0, i1):
                         orow[j] = np.int32(min(max(lo, np.rint(xr[j] / s) + z), hi))
                     if errors:
-                        sx2, se2, emax = run_sums(xr, orow, i0, i1, s, z, qmin, qmax, acc)
+                        if FINITE:
+                            sx2, se2, emax = finite_run_sums(
+                                xr, orow, i0, i1, s, z, qmin, qmax, acc
+                            )
+                        else:
+                            sx2, se2, emax = run_sums(xr, orow, i0, i1, s, z, qmin, qmax, acc)
                         gx2[o, pc, pi] = sx2
                         ge2[o, pc, pi] = se2
                         gmax[o, pc, pi] = from_bits(emax)
@@ -241,19 +227,116 @@ def dynamic_blocked_half_to_even(
                     if mask:
                         for j in range(i0, i1):
                             orow[j] &= mask
-            if iblock == 1:
-                if errors and by_column:  # the block's rows are in cache: down the columns
-                    column_sums(
-                        x, out, o, c0, c1, ss, zs, qmin, qmax, cols, partial[w],
-                        gx2[o, pc], ge2[o, pc], gmax[o, pc], True,
-                    )  # fmt: skip
-                if mask:
-                    for c in range(c0, c1):
-                        orow = out[o, c]
-                        for j in range(n_inner):
-                            orow[j] &= mask
-    for t in range(partial.shape[0]):  # tile (or work item) order, as error_sums folds
+    for t in range(partial.shape[0]):  # tile order, as error_sums folds
         fold_partial(sums[0], partial[t])
+
+
+@parallel_kernel(fastmath=FASTMATH)
+def dynamic_columns_half_to_even(
+    x,
+    cblock,
+    iblock,
+    mode,
+    qmin,
+    qmax,
+    steps,
+    zp_sym,
+    lo,
+    hi,
+    mask,
+    half,
+    scale,
+    zero_point,
+    out,
+    nonfinite,
+    errors,
+    sums,
+    gx2,
+    ge2,
+    gmax,
+):
+    """The fused pass where each element along the rows has its own parameter (``iblock ==
+    1``: blocked along an outer axis): groups are columns of ``cblock`` rows, their ranges
+    and error sums taken down the columns (vertical min/max and sums: the loops vectorise);
+    the arguments: :func:`dynamic_kernel`."""
+    n_outer, n_c, n_inner = x.shape
+    n_cp = scale.shape[1]
+    n_ip = scale.shape[2]
+    n_work = n_outer * n_cp  # a work item: a block of rows
+    parts = min(n_work, PARTS)
+    partial = np.zeros((n_work if errors else 0, N_SUMS))
+    for p in prange(parts):  # contiguous runs of work items, scratch allocated once per run
+        kmin = np.empty(n_ip, np.int32)
+        kmax = np.empty(n_ip, np.int32)
+        cols = column_scratch(STRIP if errors else 0)
+        for w in range(p * n_work // parts, (p + 1) * n_work // parts):
+            o = w // n_cp
+            pc = w - o * n_cp
+            c0 = pc * cblock
+            c1 = min(n_c, c0 + cblock)
+            nonfinite[w] = 0
+            if _column_keys(x, o, c0, c1, mode != ASYM, kmin, kmax):
+                if FINITE:
+                    nonfinite[w] = -1
+                    break
+                kmin[:] = KEY32_MAX
+                kmax[:] = KEY32_MIN
+                nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
+            ss = scale[o, pc]
+            zs = zero_point[o, pc]
+            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs)
+            for c in range(c0, c1):  # one loop along each row
+                xr = x[o, c]
+                orow = out[o, c]
+                for j in range(n_inner):
+                    v = np.rint(xr[j] / ss[j]) + zs[j]
+                    orow[j] = np.int32(min(max(lo, v), hi))
+            if errors:  # the block's rows are in cache: down the columns
+                column_sums(
+                    x, out, o, c0, c1, ss, zs, qmin, qmax, cols, partial[w],
+                    gx2[o, pc], ge2[o, pc], gmax[o, pc], True,
+                )  # fmt: skip
+            if mask:
+                for c in range(c0, c1):
+                    orow = out[o, c]
+                    for j in range(n_inner):
+                        orow[j] &= mask
+    for t in range(partial.shape[0]):  # work item order, as error_sums folds
+        fold_partial(sums[0], partial[t])
+
+
+dynamic_rows_finite = specialize(dynamic_rows_half_to_even, "finite", FINITE=True)
+dynamic_columns_finite = specialize(dynamic_columns_half_to_even, "finite", FINITE=True)
+
+
+def dynamic_kernel(iblock: int, finite: bool = False):
+    """The fused kernel for a layout's ``iblock``: :func:`dynamic_columns_half_to_even` for a
+    parameter per element along the rows (``iblock == 1``), else
+    :func:`dynamic_rows_half_to_even`; ``finite``: its build for finite input (see
+    :data:`FINITE`). Separate kernels, not one with every path: a job compiles the one it
+    needs (a first run's group-wise conversion spends most of its time compiling it), and
+    each compiles in less than half the time of the one they replace.
+
+    They take ``(x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, half,
+    scale, zero_point, out, nonfinite, errors, sums, gx2, ge2, gmax)``: ``x`` float32 ``[O,
+    C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of ``scale`` / ``zero_point``
+    (float32; zero points are integers of at most 16 bits) ``[O, Cp, Ip]``; ``mode``
+    (``SYM_SIGNED``: ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``,
+    zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin -
+    lo / s)`` clipped; a scale is never below ``TINY_SCALE``); ``lo``/``hi`` float32
+    saturation bounds; ``half``: scales rounded to float16 values (:func:`half_scale`) before
+    the zero point and the values; ``out`` the codes in the widened integer type, ``mask``:
+    nonzero for signed sub-byte types, whose stored bytes are the codes masked to their bits;
+    ``nonfinite[O * Cp]``: per row of parameter blocks, how many pieces of it held a NaN or
+    an infinity (the caller applies its NaN policy to them).
+
+    ``errors`` (a layout where ``errors.groups_in_pass``): the error sums of
+    ``qstream.kernels.errors.error_sums`` added to ``sums[1, N_SUMS]`` and each group's into
+    ``gx2``/``ge2``/``gmax`` ``[O, Cp, Ip]`` in the same pass, while the group is in cache;
+    the same numbers as that kernel (the same runs, tiles or columns, and fold order)."""
+    if iblock == 1:
+        return dynamic_columns_finite if finite else dynamic_columns_half_to_even
+    return dynamic_rows_finite if finite else dynamic_rows_half_to_even
 
 
 @parallel_kernel

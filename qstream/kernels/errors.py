@@ -90,6 +90,18 @@ def run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
     return sx2, se2, emax
 
 
+@njit(inline="always", cache=True, fastmath=FASTMATH)
+def finite_run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
+    """:func:`run_sums` of a run whose values are all finite (no second pass for NaN/inf:
+    the sum of x^2 of finite float32 values cannot overflow), for kernels compiled for
+    finite input only: the same sums, with less code to compile."""
+    lo = (qmin - z - 0.5) * s
+    hi = (qmax - z + 0.5) * s
+    sx2, se2, sxy, sy2, emax, clip = sums_at(xr, qr, i0, i1, s, z, lo, hi)
+    fold_sums(acc, np.int64(i1 - i0), sx2, se2, sxy, sy2, emax, clip)
+    return sx2, se2, emax
+
+
 @njit(inline="always", cache=True)
 def fold_sums(acc, n, sx2, se2, sxy, sy2, emax, clip):
     """Add a run's sums to the row ``acc`` (count, sums, largest error, clipped)."""

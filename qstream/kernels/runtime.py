@@ -7,6 +7,8 @@ word of first-run compilation.
   (its fork/join costs more than the work), and the twin compiles about 3x faster, which is
   most of a first run on small inputs. Both visit tiles in the same order and fold them the
   same way, so their results are identical.
+- :func:`specialize` builds a kernel again with some module-level constants changed: Numba
+  drops the branches they rule out, so code that few jobs need compiles only where needed.
 - Numba's ``workqueue`` layer aborts the process when two Python threads run parallel kernels
   at once. qstream prefers ``omp`` then ``tbb``; if Numba still ends up on ``workqueue``,
   parallel kernel calls are serialised with a lock instead of crashing.
@@ -49,17 +51,38 @@ def parallel_kernel(fn=None, *, serial_scale: int = 1, **options):
         kernel = njit(parallel=True, cache=True, nogil=True, **options)(f)
         # A distinct qualified name gives the twin its own entries in Numba's cache (the cache
         # index does not key on the parallel flag).
-        twin = types.FunctionType(
-            f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__
-        )
-        twin.__qualname__ = f"{f.__qualname__}__serial"
-        twin.__module__ = f.__module__
-        twin.__doc__ = f.__doc__
-        kernel.serial = njit(cache=True, nogil=True, **options)(twin)
+        kernel.serial = njit(cache=True, nogil=True, **options)(_copy(f, "serial"))
         kernel.serial_scale = serial_scale
+        kernel.kernel_options = options
         return kernel
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _copy(f, suffix: str, constants=None):
+    """``f`` under the qualified name ``<name>__<suffix>``, with the module-level names in
+    ``constants`` bound to other values."""
+    g = f.__globals__ if constants is None else {**f.__globals__, **constants}
+    copy = types.FunctionType(f.__code__, g, f.__name__, f.__defaults__, f.__closure__)
+    copy.__qualname__ = f"{f.__qualname__}__{suffix}"
+    copy.__module__ = f.__module__
+    copy.__doc__ = f.__doc__
+    return copy
+
+
+def specialize(kernel, suffix: str, **constants):
+    """Another build of the :func:`parallel_kernel` ``kernel`` (with its serial twin), in
+    which the module-level names ``constants`` have the given values. Numba reads a global
+    as a compile-time constant and drops the branches that an ``if NAME:`` on it rules out,
+    so each build compiles only its own path: code that few jobs need (for non-finite input,
+    say) stays out of the build that most jobs compile, which then compiles faster. The
+    build has its own entries in Numba's cache (``<name>__<suffix>``). Call it where
+    everything the kernel uses is defined (the globals are copied)."""
+    return parallel_kernel(
+        _copy(kernel.py_func, suffix, constants),
+        serial_scale=kernel.serial_scale,
+        **kernel.kernel_options,
+    )
 
 
 def _largest(args) -> int:

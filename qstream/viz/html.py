@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..calibration.views import ChannelSummary, ReportView
-from .svg import fmt, histogram_svg
+from ..calibration.views import ChannelSummary, CheckpointView, GroupSummary, ReportView
+from .svg import fmt, fmt_bytes, fmt_size, histogram_svg, paired_svg
 
 STYLE = (
     "<style>.qstream-view table{border-collapse:collapse;margin:4px 0}"
@@ -83,9 +83,57 @@ def _worst(ch: ChannelSummary) -> str:
     return _table(rows, ["worst channel", "SQNR dB", "clip %", "max err"])
 
 
+def groups_svg(g: GroupSummary, block_size=None) -> str | None:
+    """The per-group SQNR distribution (log count scale), median and worst group marked."""
+    h = g.shown()
+    if h is None:
+        return None
+    of = f" of {block_size}" if block_size else ""
+    return histogram_svg(
+        h,
+        g.markers(),
+        log=True,
+        title=f"per-group SQNR ({g.groups} groups{of}, log count)",
+        xlabel="SQNR dB (one count per parameter group)",
+    )
+
+
+def _worst_groups(g: GroupSummary) -> str:
+    rows = [
+        [
+            escape(",".join(str(i) for i in w.get("group", ()))),
+            escape(",".join(str(i) for i in w.get("first_element", ()))),
+            _db(w.get("sqnr_db")),
+            _num(w.get("max_abs")),
+        ]
+        for w in g.worst
+    ]
+    return _table(rows, ["worst group", "first element", "SQNR dB", "max err"])
+
+
+def _groups_html(g: GroupSummary, spec: dict) -> list[str]:
+    """The per-group section: the distribution, what lies outside it, the worst groups."""
+    parts = []
+    svg = groups_svg(g, spec.get("block_size"))
+    if svg:
+        parts.append(f"<div>{svg}</div>")
+    q = g.quantiles or {}
+    line = [f"{k} {_db(q[k])} dB" for k in ("p05", "median", "p95") if q.get(k) is not None]
+    if line and g.step_db:
+        line[-1] += f" ({g.step_db:g} dB bins)"
+    if g.notes():
+        line.append(g.notes())
+    if line:
+        parts.append(f"<div>groups: {escape('; '.join(line))}</div>")
+    if g.worst:
+        parts.append(_worst_groups(g))
+    return parts
+
+
 def view_html(view: ReportView) -> str:
     """The notebook view: a summary table, the histogram with thresholds (per tensor), the
-    methods compared, and the per-channel SQNR with the worst channels."""
+    methods compared, the per-channel SQNR with the worst channels, and for group-wise
+    outputs the per-group SQNR distribution with the worst groups."""
     cal, err = view.calibration, view.error
     parts = [STYLE, '<div class="qstream-view">']
     parts.append(f"<b>{escape(view.title)}</b> <span>{escape(describe(view.spec))}</span>")
@@ -160,5 +208,106 @@ def view_html(view: ReportView) -> str:
         if svg:
             parts.append(f"<div>{svg}</div>")
         parts.append(_worst(ch))
+    if view.groups is not None:
+        parts += _groups_html(view.groups, view.spec)
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def checkpoint_html(view: CheckpointView, limit: int | None = None) -> str:
+    """The notebook view of a converted checkpoint (bounded whatever its number of tensors):
+    totals, the SQNR over its tensors with the worst ones, bytes per target, the largest
+    tensors, and the tensors' sizes before and after. ``limit``: rows of each table (all
+    the view keeps when None)."""
+    parts = [STYLE, '<div class="qstream-view">']
+    parts.append(
+        f"<b>{escape(view.title)}</b> <span>{view.tensors} tensors: {view.quantized}"
+        f" quantized, {view.kept} kept</span>"
+    )
+    ratio = view.ratio
+    rows = [
+        [
+            "bytes",
+            f"{fmt_bytes(view.bytes_before)} &#8594; {fmt_bytes(view.bytes_after)}"
+            + ("" if ratio is None else f" ({100 * ratio:.1f} %)"),
+        ]
+    ]
+    ch = view.sqnr
+    if ch is not None and ch.quantiles:
+        q = ch.quantiles
+        rows.append(
+            [
+                "SQNR dB over tensors",
+                f"min {_db(q['min'])}, median {_db(q['median'])}, max {_db(q['max'])}",
+            ]
+        )
+    if ch is not None and ch.exact:
+        rows.append(["exact tensors (no error)", str(ch.exact)])
+    parts.append(_table(rows))
+    if ch is not None and ch.histogram is not None:
+        svg = histogram_svg(
+            ch.histogram,
+            view.markers(),
+            log=False,
+            title=f"SQNR per tensor ({ch.channels} quantized tensors)",
+            xlabel="SQNR dB (one count per tensor)",
+        )
+        parts.append(f"<div>{svg}</div>")
+    n = limit or max(len(view.worst), len(view.largest), len(view.targets))
+    if view.worst:
+        parts.append(
+            _table(
+                [
+                    [
+                        escape(r["name"]),
+                        escape(r["target"]),
+                        _db(r["sqnr_db"]),
+                        f"{fmt_bytes(r['bytes_before'])} &#8594; {fmt_bytes(r['bytes_after'])}",
+                    ]
+                    for r in view.worst[:n]
+                ],
+                ["worst tensor", "stored as", "SQNR dB", "bytes"],
+            )
+        )
+    if view.targets:
+        parts.append(
+            _table(
+                [
+                    [
+                        escape(t["target"]),
+                        str(t["tensors"]),
+                        fmt_bytes(t["bytes_before"]),
+                        fmt_bytes(t["bytes_after"]),
+                    ]
+                    for t in view.targets[:n]
+                ],
+                ["stored as", "tensors", "bytes before", "bytes after"],
+            )
+        )
+    if view.sizes_before is not None and view.sizes_after is not None:
+        svg = paired_svg(
+            view.sizes_before,
+            view.sizes_after,
+            title=f"tensor sizes before and after ({view.tensors} tensors)",
+            xlabel="bytes of a tensor (log scale)",
+            tick=lambda v: fmt_size(10.0**v),
+        )
+        parts.append(f"<div>{svg}</div>")
+    if view.largest:
+        parts.append(
+            _table(
+                [
+                    [
+                        escape(r["name"]),
+                        escape(r["target"]),
+                        fmt_bytes(r["bytes_before"]),
+                        fmt_bytes(r["bytes_after"]),
+                        _db(r["sqnr_db"]),
+                    ]
+                    for r in view.largest[:n]
+                ],
+                ["largest tensor", "stored as", "bytes before", "bytes after", "SQNR dB"],
+            )
+        )
     parts.append("</div>")
     return "".join(parts)

@@ -23,10 +23,30 @@ COLORS = {
 }
 BAR = "#94a3b8"
 CLIPPED = "#f87171"
+BEFORE = "#d1d5db"  # sizes before conversion
+AFTER = "#2563eb"  # sizes after
 
 
 def color(method: str) -> str:
     return COLORS.get(method, "#111827")
+
+
+def fmt_bytes(n: float) -> str:
+    """``1.5 MiB``: bytes in binary units (as the command line prints them)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def fmt_size(n: float) -> str:
+    """``10 kB``: a round size in decimal units (the ticks of a log-scale axis of bytes)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 999.5 or unit == "TB":
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return str(n)
 
 
 def fmt(v: float) -> str:
@@ -128,5 +148,72 @@ def histogram_svg(
             f'<text x="{x + dx:.1f}" y="{top + 10 + 12 * (k % 4)}" text-anchor="{anchor}"'
             f' fill="{col}">{escape(name)} {escape(fmt(v))}</text>'
         )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def paired_svg(
+    first: Histogram,
+    second: Histogram,
+    labels: tuple[str, str] = ("before", "after"),
+    *,
+    width: int = 560,
+    height: int = 200,
+    title: str | None = None,
+    xlabel: str | None = None,
+    tick=fmt,
+) -> str:
+    """An SVG document of two histograms on the same bins, side by side in each bin (one
+    ``<rect class="bar" data-series=...>`` per bin and series, linear count scale), with a
+    legend; ``tick`` formats the axis labels (the bins' edges)."""
+    left, right, top, bottom = 56, 16, 24 if title else 10, 36
+    pw, ph = width - left - right, height - top - bottom
+    peak = max(int(first.counts.max(initial=0)), int(second.counts.max(initial=0)))
+    edges = first.edges
+    nb = max(1, first.nbins)
+    bw = pw / nb
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="white"/>',
+    ]
+    if title:
+        out.append(f'<text x="{left}" y="15" font-weight="bold">{escape(title)}</text>')
+    for k, (hist, name, fill) in enumerate(
+        ((first, labels[0], BEFORE), (second, labels[1], AFTER))
+    ):
+        for i, c in enumerate(int(v) for v in hist.counts):
+            h = ph * (c / peak if peak else 0.0)
+            out.append(
+                f'<rect class="bar" data-series="{escape(name)}"'
+                f' x="{left + i * bw + k * bw / 2:.2f}" y="{top + ph - h:.2f}"'
+                f' width="{max(bw / 2 - 0.3, 0.3):.2f}" height="{h:.2f}" fill="{fill}">'
+                f"<title>{escape(name)} [{escape(tick(edges[i]))}, {escape(tick(edges[i + 1]))}):"
+                f" {c}</title></rect>"
+            )
+        out.append(
+            f'<rect x="{left + pw - 120 + 60 * k}" y="{top}" width="10" height="10"'
+            f' fill="{fill}"/><text x="{left + pw - 106 + 60 * k}" y="{top + 9}">'
+            f"{escape(name)}</text>"
+        )
+    out.append(
+        f'<line class="axis" x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}"'
+        ' stroke="#111827"/>'
+    )
+    out.append(
+        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#111827"/>'
+    )
+    for i in sorted({0, nb // 2, nb}):
+        out.append(
+            f'<text x="{left + i * bw:.1f}" y="{top + ph + 14}" text-anchor="middle">'
+            f"{escape(tick(edges[i]))}</text>"
+        )
+    if xlabel:
+        out.append(
+            f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle"'
+            f' fill="#374151">{escape(xlabel)}</text>'
+        )
+    out.append(f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>')
+    out.append(f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">0</text>')
     out.append("</svg>")
     return "".join(out)

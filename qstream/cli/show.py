@@ -12,7 +12,7 @@ import math
 
 import typer
 
-from .output import console, fmt_db, table
+from .output import console, fmt_bytes, fmt_db, table
 
 ROWS = 26  # at most, for a histogram
 WIDTH = 40  # bar characters, at most
@@ -262,6 +262,18 @@ def show_report(view, what: str) -> None:
             out.text("")
         _channel_lines(out, view.channels, "per-channel SQNR")
         drew = True
+    g = getattr(view, "groups", None)
+    if g is not None and g.histogram is not None:  # group-wise: every group's SQNR
+        if drew:
+            out.text("")
+        notes = g.notes()
+        out.text(f"per-group SQNR: {g.groups} groups" + (f" ({notes})" if notes else ""), "bold")
+        q = g.quantiles or {}
+        got = [f"{k} {q[k]:.2f}" for k in ("min", "p05", "median", "p95") if q.get(k) is not None]
+        if got:
+            out.text(f"SQNR dB: {', '.join(got)} (quantiles to {g.step_db:g} dB bins)")
+        histogram_lines(out, g.histogram, g.markers(), log=True, label_fmt=lambda v: f"{v:.2f} dB")
+        drew = True
     if not drew:
         if cal is not None and cal.clip is not None:
             out.text(
@@ -274,3 +286,70 @@ def show_report(view, what: str) -> None:
     out.flush()
     if view.channels is not None and view.channels.worst:
         _worst_table(view.channels)
+    if g is not None and g.worst:
+        rows = [
+            [
+                ",".join(str(i) for i in w["group"]),
+                ",".join(str(i) for i in w["first_element"]),
+                fmt_db(w["sqnr_db"]),
+                "-" if w.get("max_abs") is None else f"{w['max_abs']:.4g}",
+            ]
+            for w in g.worst
+        ]
+        table("worst groups", ["group", "first element", "SQNR dB", "max err"], rows)
+
+
+def show_checkpoint(view) -> None:
+    """``inspect --show`` of a converted checkpoint (a
+    :class:`~qstream.calibration.views.CheckpointView`): totals, the SQNR over its quantized
+    tensors, the worst and the largest tensors, the bytes per target."""
+    out = Lines()
+    out.text(
+        f"{view.title}: {view.tensors} tensors ({view.quantized} quantized, {view.kept} kept),"
+        f" {fmt_bytes(view.bytes_before)} -> {fmt_bytes(view.bytes_after)}",
+        "bold",
+    )
+    if view.sqnr is not None:
+        q = view.sqnr.quantiles or {}
+        got = [f"{k} {q[k]:.2f}" for k in ("min", "p05", "median", "p95", "max") if k in q]
+        out.text(f"SQNR over the {view.quantized} quantized tensors: {', '.join(got)} dB")
+        if view.sqnr.histogram is not None:
+            histogram_lines(
+                out,
+                view.sqnr.histogram,
+                view.markers(),
+                log=False,
+                label_fmt=lambda v: f"{v:.2f} dB",
+            )
+    out.flush()
+
+    def rows(rs):
+        return [
+            [
+                str(r.get("name")),
+                str(r.get("target")),
+                fmt_db(r.get("sqnr_db")),
+                f"{fmt_bytes(r.get('bytes_before') or 0)} ->"
+                f" {fmt_bytes(r.get('bytes_after') or 0)}",
+            ]
+            for r in rs
+        ]
+
+    cols = ["tensor", "stored as", "SQNR dB", "bytes"]
+    if view.worst:
+        table("worst tensors", cols, rows(view.worst))
+    if view.largest:
+        table("largest tensors", cols, rows(view.largest))
+    if view.targets:
+        table(
+            "bytes by target",
+            ["target", "tensors", "bytes"],
+            [
+                [
+                    t["target"],
+                    str(t["tensors"]),
+                    f"{fmt_bytes(t['bytes_before'])} -> {fmt_bytes(t['bytes_after'])}",
+                ]
+                for t in view.targets
+            ],
+        )

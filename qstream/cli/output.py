@@ -51,8 +51,28 @@ def emit_json(value) -> None:
 _SLAB = 1 << 16  # list items encoded at once
 
 
+def _small(value, budget: int = _SLAB) -> bool:
+    """Whether ``value`` holds at most ``budget`` values (then it is encoded in one call:
+    a checkpoint of 100,000 tensors lists 100,000 small objects)."""
+    stack, n = [value], 0
+    while stack:
+        v = stack.pop()
+        n += 1
+        if n > budget:
+            return False
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            if len(v) > budget:
+                return False
+            stack.extend(v)
+    return True
+
+
 def _emit(value, write) -> None:
-    if isinstance(value, dict):
+    if isinstance(value, (dict, list, tuple)) and _small(value, 256):
+        write(json.dumps(strict(value), allow_nan=False))
+    elif isinstance(value, dict):
         write("{")
         for i, (k, v) in enumerate(value.items()):
             write(("," if i else "") + json.dumps(str(k)) + ":")
@@ -160,6 +180,22 @@ class Progress:
         self.name = label
         self.unit = "blocks"
         self.last = -1
+        self.subject = ""  # the tensor the passes are on, restoring a checkpoint
+
+    def tensor(self, subject: str) -> None:
+        """Name the tensor the next passes are on (e.g. ``[3/251] lm_head.weight``)."""
+        self.subject = subject
+        self.name = self.label
+        self.last = -1
+        if self.bar is not None and self.task is not None:
+            self.bar.remove_task(self.task)  # (thousands of tensors: no pile of hidden bars)
+            self.task = None
+
+    def _title(self) -> str:
+        """What a bar or line is headed by: the pass, after the tensor if there is one."""
+        if not self.subject:
+            return self.name
+        return f"{self.label} {self.subject}{self.name.removeprefix(self.label)}"
 
     def stage(self, name: str, total: int, done: int = 0) -> None:
         self.name = name if name == self.label else f"{self.label}: {name}"
@@ -168,20 +204,23 @@ class Progress:
         if self.bar is not None:
             if self.task is not None:
                 self.bar.update(self.task, visible=False)
-            self.task = self.bar.add_task(self.name, total=total, completed=done, unit=self.unit)
+            self.task = self.bar.add_task(
+                self._title(), total=total, completed=done, unit=self.unit
+            )
         else:
             self(done, total)
 
     def __call__(self, done: int, total: int) -> None:
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task(self.name, total=total, unit=self.unit)
+                self.task = self.bar.add_task(self._title(), total=total, unit=self.unit)
             self.bar.update(self.task, completed=done, total=total)
             return
         pct = int(100 * done / max(total, 1))
         if self.last < 0 or pct // 10 != self.last // 10 or done == total:
             self.last = pct
-            print(f"{self.name}: {done}/{total} {self.unit} ({pct}%)", file=sys.stderr, flush=True)
+            line = f"{self._title()}: {done}/{total} {self.unit} ({pct}%)"
+            print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import qstream
 
 from .errors import Group, library_errors
 from .output import emit_json, error_table, fmt_bytes, fmt_db, progress, table
-from .show import show_calibration, show_report
+from .show import show_calibration, show_checkpoint, show_report
 
 app = typer.Typer(
     name="qstream",
@@ -440,7 +440,20 @@ def dequantize(
 
         if dtype not in ("float32", "float16", "bfloat16"):
             raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
-        with _executor(scheduler) as ex, progress("dequantize", quiet or as_json) as cb:
+        show = not (quiet or as_json)
+        with _executor(scheduler) as ex, progress("dequantize", not show) as cb:
+
+            def on_tensor(ev):  # a converted checkpoint's: a line each, as convert prints
+                which = f"[{ev.index + 1:>{len(str(ev.total))}}/{ev.total}] {ev.name}"
+                if ev.result is None:
+                    cb.tensor(which)  # (its progress lines name it)
+                    return
+                r = ev.result
+                typer.echo(
+                    f"{which} {list(ev.shape)} {ev.dtype} -> "
+                    f"{'kept' if r['kept'] else ev.target}: {fmt_bytes(r['bytes_written'])}"
+                )
+
             report = qs.dequantize_store(
                 src,
                 dst,
@@ -451,6 +464,7 @@ def dequantize(
                 executor=ex,
                 store=store,
                 compression=compression,
+                on_tensor=on_tensor if show else None,
             )
         if _done_already(dst, report, as_json, quiet):
             return
@@ -576,7 +590,9 @@ def inspect(
         False,
         "--show",
         help="Draw the stored calibration histogram with its clip threshold (per tensor), the"
-        " per-channel SQNR distribution and the worst channels (per channel).",
+        " per-channel SQNR distribution and the worst channels (per channel), every group's"
+        " SQNR and the worst groups (group-wise); of a checkpoint: the SQNR over its tensors,"
+        " the worst and largest tensors, the bytes per target.",
     ),
     plot: Path | None = typer.Option(
         None,
@@ -605,12 +621,6 @@ def inspect(
             _check_plot(plot)
         arr = qs.open_quantized(store, allow_incomplete=True)
         whole = isinstance(arr, qs.QuantizedCheckpoint)
-        if show and whole:
-            first = next((n for n, t in arr.tensors.items() if not t.get("kept")), "NAME")
-            raise typer.BadParameter(
-                f"--show draws one quantized tensor: pass {store}/{first} (or another tensor"
-                " of this checkpoint); --plot draws the whole checkpoint"
-            )
         summary = arr.summary()
         if plot is not None:
             from qstream.viz import mpl
@@ -624,6 +634,11 @@ def inspect(
             mpl.save_figure(arr.view if not whole else None, plot, fig)
         if as_json:
             emit_json(summary)
+            return
+        if show and whole:  # the whole checkpoint: SQNR and size per tensor, bounded
+            show_checkpoint(arr.view)
+            if plot is not None:
+                typer.echo(f"figure written to {plot}")
             return
         if isinstance(arr, qs.QuantizedCheckpoint):
             rows = []

@@ -1,0 +1,71 @@
+"""Packaging: the command line is part of the ``qstream`` package (``qstream/cli/``), so the
+package imports the same installed (editable: a plain path in its ``.pth``, no import finder)
+or from the source tree, and a folder named ``qstream/`` in the working directory does not
+shadow it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+INIT = ROOT / "qstream" / "__init__.py"
+
+
+def python(*args, cwd, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize("contents", [[], ["notes.txt"]], ids=["empty", "unrelated-file"])
+def test_a_qstream_folder_in_the_working_directory_does_not_shadow_the_package(tmp_path, contents):
+    (tmp_path / "qstream").mkdir()
+    for name in contents:
+        (tmp_path / "qstream" / name).write_text("not a module\n")
+    r = python("-c", "import qstream, qstream.cli.main; print(qstream.__file__)", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).resolve() == INIT
+    r = python("-m", "qstream.cli.main", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Usage" in r.stdout and "dequantize" in r.stdout
+
+
+def test_the_command_line_imports_from_the_source_tree(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # -S: no site-packages, so no installed copy (nor an editable install's .pth) helps
+    code = "import sys, qstream.cli; print(qstream.cli.__file__); print('typer' in sys.modules)"
+    r = python("-S", "-c", code, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    where, typer_loaded = r.stdout.split()
+    assert Path(where).resolve() == ROOT / "qstream" / "cli" / "__init__.py"
+    assert typer_loaded == "False"  # the package's __init__ imports no Typer
+    r = python("-c", "import qstream.cli.main as m; print(m.__file__)", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()).resolve() == ROOT / "qstream" / "cli" / "main.py"
+
+
+def test_the_library_does_not_import_the_command_line(tmp_path):
+    code = "import sys, qstream; print(sorted(m for m in sys.modules if m.split('.')[0] in"
+    code += " ('typer', 'rich', 'click') or m.startswith('qstream.cli')))"
+    r = python("-c", code, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_an_editable_install_adds_a_path_not_an_import_finder():
+    import site
+
+    pths = [
+        p
+        for d in [*site.getsitepackages(), site.getusersitepackages()]
+        for p in Path(d).glob("__editable__*qstream_zarr*.pth")
+    ]
+    if not pths:
+        pytest.skip("qstream-zarr is not installed in editable mode here")
+    for pth in pths:
+        lines = [s for s in pth.read_text().splitlines() if s.strip()]
+        assert lines and not any(s.startswith("import") for s in lines), (pth, lines)
+        assert (Path(lines[0]) / "qstream" / "cli" / "main.py").is_file(), (pth, lines)
