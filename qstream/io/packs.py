@@ -74,18 +74,15 @@ def read_pack_doc(path: str) -> dict | None:
 def remove_packs(local: str) -> None:
     """Remove every pack qstream wrote below the converted checkpoint ``local`` (a pack's own
     document says so), the partial packs of killed writers, and ``_packs`` if left empty."""
-    import shutil
-
-    from .destination import TMP_PREFIX, _remove_if_empty
+    from .destination import _remove_if_empty
     from .paths import remove_child
 
     folder = os.path.join(local, PACKS)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
+    clean_partial_packs(local)
     for entry in os.scandir(folder):
-        if entry.name.startswith(TMP_PREFIX) and entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        elif _NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+        if _NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
             remove_pack(entry.path)
     with contextlib.suppress(FileNotFoundError):
         remove_child(folder, "zarr.json")
