@@ -43,7 +43,7 @@ from .errors import InvalidParameterError
 from .io.fp8 import ScaleRule
 from .io.paths import open_regular
 from .qtypes import is_float_dtype
-from .spec import QuantSpec, _jsonable, check_keys
+from .spec import QuantSpec, check_keys, jsonable
 
 _SPEC_KEYS = tuple(QuantSpec.__dataclass_fields__)
 DEFAULT_SPEC = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
@@ -141,7 +141,7 @@ class Recipe:
         return out
 
     def to_dict(self) -> dict:
-        return _jsonable(
+        return jsonable(
             {
                 "defaults": self.defaults.to_dict(),
                 "min_rank": self.min_rank,

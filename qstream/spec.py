@@ -28,7 +28,7 @@ OFFSET_MODES = ("range",)  # QuantSpec.offset as a word (else a number or a list
 _PLAIN = (int, str, bool, type(None))
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     """``v`` with NumPy arrays and scalars as Python values, tuples as lists and non-finite
     floats as the strings ``"nan"``/``"inf"``/``"-inf"`` (JSON has no NaN/inf literals)."""
     t = type(v)
@@ -37,11 +37,11 @@ def _jsonable(v: Any) -> Any:
     if t in _PLAIN:
         return v
     if t is dict:
-        return {k: _jsonable(x) for k, x in v.items()}
+        return {k: jsonable(x) for k, x in v.items()}
     if t is list or t is tuple:
         if all(type(x) in _PLAIN for x in v):  # (a list of plain values: as it is)
             return list(v)
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     if isinstance(v, np.ndarray):
         return v.tolist()
     if isinstance(v, np.generic):
@@ -49,9 +49,9 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, float):
         return float(v) if math.isfinite(v) else str(v)
     if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
+        return {k: jsonable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [jsonable(x) for x in v]
     return v
 
 
@@ -330,7 +330,7 @@ class QuantSpec:
         return self.symmetric_levels == "full"
 
     def to_dict(self) -> dict:
-        d = _jsonable(_fields(self))
+        d = jsonable(_fields(self))
         if d["scale_dtype"] == "float32":  # the default: specs (and job identities) as before
             del d["scale_dtype"]
         if d["symmetric_levels"] == "balanced":
@@ -423,7 +423,7 @@ class RangeStats:
         )
 
     def to_dict(self) -> dict:
-        d = {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        d = {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
         return d
 
     @classmethod
@@ -507,7 +507,7 @@ class ErrorStats:
                 for c in order
             ]
             out["channels"] = self.channel_summary().to_dict()
-        return _jsonable(out)
+        return jsonable(out)
 
     def _counts(self, c: int) -> dict:
         return {
@@ -530,7 +530,7 @@ class ErrorStats:
         )
 
     def to_dict(self) -> dict:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: jsonable(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ErrorStats:
@@ -712,10 +712,10 @@ class WorstGroups:
             at = [int(v) for v in np.unravel_index(int(i), tuple(param_shape))]
             first = [v * block_size if d == axis else v for d, v in enumerate(at)]
             out.append({"group": at, "first_element": first, "sqnr_db": sq, "max_abs": m})
-        return _jsonable(out)
+        return jsonable(out)
 
     def to_dict(self) -> dict:
-        d = {f: _jsonable(getattr(self, f)) for f in ("sqnr_db", "index", "max_abs")}
+        d = {f: jsonable(getattr(self, f)) for f in ("sqnr_db", "index", "max_abs")}
         if self.groups is not None:
             d["groups"] = self.groups.summary()
         return d
@@ -756,13 +756,13 @@ class QuantParams:
 
     def to_dict(self) -> dict:
         d = {
-            "scale": _jsonable(self.scale),
-            "zero_point": _jsonable(self.zero_point),
+            "scale": jsonable(self.scale),
+            "zero_point": jsonable(self.zero_point),
             "axis": self.axis,
             "block_size": self.block_size,
         }
         if self.offset is not None:
-            d["offset"] = _jsonable(self.offset)
+            d["offset"] = jsonable(self.offset)
         return d
 
 
@@ -788,7 +788,7 @@ class Calibration:
         d = {
             "spec": self.spec.to_dict(),
             "stats": self.stats.to_dict() if self.stats is not None else None,
-            "thresholds": _jsonable(self.thresholds),
+            "thresholds": jsonable(self.thresholds),
         }
         if with_params and self.params is not None:
             d["params"] = self.params.to_dict()
@@ -821,7 +821,7 @@ class Calibration:
         }
         if self.view is not None:  # bounded: see qstream.calibration.views
             out["view"] = self.view.to_dict()
-        return _jsonable(out)
+        return jsonable(out)
 
     @classmethod
     def from_dict(cls, d: dict) -> Calibration:
@@ -883,7 +883,7 @@ class QuantReport:
         # (calibration and error are JSON-ready summaries already: not walked again)
         d = _fields(self)
         d["spec"] = self.spec.to_dict()
-        return {k: v if k in ("calibration", "error") else _jsonable(v) for k, v in d.items()}
+        return {k: v if k in ("calibration", "error") else jsonable(v) for k, v in d.items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> QuantReport:

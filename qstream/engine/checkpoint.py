@@ -35,7 +35,7 @@ from ..io.checkpoints import read_rows
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
 from ..io.rootindex import RootIndex, compact
-from ..io.stores import _store, location, open_group
+from ..io.stores import location, open_group, open_store
 from ..io.zarr_ext import register_zarr_types
 from ..recipe import Recipe
 from . import executors, pipeline
@@ -122,7 +122,9 @@ def convert(
     )
     job = {"max_memory": max_memory, "overwrite": overwrite, "compression": compression}
     root_store = (
-        None if destination.local_path(dst) else _store(dst, mode="w", storage_options=dst_options)
+        None
+        if destination.local_path(dst)
+        else open_store(dst, mode="w", storage_options=dst_options)
     )
     with dest.claim(overwrite=overwrite) as (action, existing):
         if action in (Action.RESUME, Action.COMPLETE):

@@ -119,7 +119,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
     if spec.method not in methods:
         methods = (spec.method, *methods)
     st = job.ranges(progress)
-    job._check_nonfinite(st)
+    job.check_nonfinite(st)
     lo = np.where(st.count > 0, st.min, 0.0)
     hi = np.where(st.count > 0, st.max, 0.0)
     amax = np.maximum(-lo, hi)
@@ -132,7 +132,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
     view_hist = None
 
     budget = memory_limit(job.max_memory) // HIST_SHARE
-    workers = job._workers(cap=2)
+    workers = job.worker_count(cap=2)
     row = 2 * spec.num_bins * 8
     group = max(1, budget // ((workers + 1) * row))
     n_groups = -(-n // group)
@@ -151,7 +151,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
         g = slice(c0, c1)
         work = DualHistogramWork(plan, job.ref, amax[g].copy(), lo[g].copy(), hi[g].copy(), c0, c1)
         label = f" (channels {c0}-{c1 - 1}, group {c0 // group + 1}/{n_groups})"
-        job._scan(
+        job.scan(
             blocks,
             work,
             merge,
@@ -262,8 +262,8 @@ def view_histogram(job, lo, hi, progress=None) -> Histogram:
             hist[part[0] : part[0] + 1] += part[1]
 
     work = HistogramWork(plan, job.ref, e_lo, e_hi, sym, 0, 1)
-    workers = job._workers(cap=2)
-    job._scan(
+    workers = job.worker_count(cap=2)
+    job.scan(
         job.blocks,
         work,
         merge,

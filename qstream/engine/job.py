@@ -218,7 +218,7 @@ class QuantizeJob:
 
     # ---- passes
 
-    def _workers(self, cap: int | None = None) -> int:
+    def worker_count(self, cap: int | None = None) -> int:
         # jobs that share the memory bound share the machine's workers too
         default = (
             max(1, pipeline.default_workers() // self.memory_share) if cap is None else min(cap, 2)
@@ -230,7 +230,7 @@ class QuantizeJob:
         """The working memory this job may use: its share of ``max_memory``."""
         return memory_limit(self.max_memory) // self.memory_share
 
-    def _scan(
+    def scan(
         self,
         blocks,
         work,
@@ -248,7 +248,7 @@ class QuantizeJob:
             blocks,
             work,
             merge,
-            workers=workers or self._workers(),
+            workers=workers or self.worker_count(),
             inflight=inflight,
             progress=_counter(progress, len(blocks)),
             executor=self.executor,
@@ -268,10 +268,10 @@ class QuantizeJob:
             if st.first_nonfinite >= 0:
                 first.append(st.first_nonfinite)
 
-        self._scan(self.blocks, RangesWork(plan, self.ref), merge, progress, stage="ranges")
+        self.scan(self.blocks, RangesWork(plan, self.ref), merge, progress, stage="ranges")
         return replace(total, first_nonfinite=min(first) if first else -1)
 
-    def _check_nonfinite(self, st: RangeStats) -> None:
+    def check_nonfinite(self, st: RangeStats) -> None:
         if self.spec.nan_policy == "error" and st.nonfinite:
             raise st.refusal(self.name, self.plan.shape)
 
@@ -283,7 +283,7 @@ class QuantizeJob:
         if plan.dynamic:  # one pass: each block takes its own range while quantizing
             return Calibration(spec, None, {"method": "per-block ranges"}, None)
         st = self.ranges(progress)
-        self._check_nonfinite(st)
+        self.check_nonfinite(st)
         lo, hi = np.where(st.count > 0, st.min, 0.0), np.where(st.count > 0, st.max, 0.0)
         thresholds = {"min": lo, "max": hi}
         if spec.method in HISTOGRAM_METHODS:
@@ -343,7 +343,7 @@ class QuantizeJob:
                 f" more than the memory bound ({_mib(self.memory)}) allows; lower num_bins or"
                 " raise max_memory"
             )
-        workers = self._workers()
+        workers = self.worker_count()
         per_block = plan.block_channels(self.blocks[0]) * spec.num_bins * 8  # (the largest)
         if self._whole_channels() and workers * per_block <= budget:
             # on a cluster the workers search too (in parallel processes); here each block's
@@ -364,9 +364,9 @@ class QuantizeJob:
                     at, glo, ghi = part
                     out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
 
-            self._scan(self.blocks, work, found, progress, stage="histograms", workers=workers)
+            self.scan(self.blocks, work, found, progress, stage="histograms", workers=workers)
             return out_lo, out_hi
-        workers = self._workers(cap=2)
+        workers = self.worker_count(cap=2)
         row = spec.num_bins * 8
         group = max(1, budget // ((workers + 1) * row))
         n_groups = -(-plan.channels // group)
@@ -385,7 +385,7 @@ class QuantizeJob:
             )
             # local: one partial per worker in flight; a cluster combines a task's partials
             inflight = None if self.executor.distributed else workers
-            self._scan(
+            self.scan(
                 blocks,
                 work,
                 merge,
@@ -670,7 +670,9 @@ class QuantizeJob:
         if self.spec.float_offset:  # x = q * scale + offset (float64: CF's add_offset)
             members["offset"] = {"dtype": np.float64, **kw}
         if progress_log:
-            keep, bins = (WorstGroups.KEEP, GroupSQNR.SLOTS) if self._worst_groups() else (0, 0)
+            keep, bins = (
+                (WorstGroups.KEEP, GroupSQNR.SLOTS) if self.keeps_worst_groups() else (0, 0)
+            )
             members[ProgressLog.NAME] = ProgressLog.array_spec(plan.channels, keep, bins)
         return members
 
@@ -704,7 +706,7 @@ class QuantizeJob:
         """Quantize the blocks after the progress snapshot; fold their error sums onto it.
         ``arrays``: the members of a group :meth:`_create` just made (nothing landed yet)."""
         plan = self.plan
-        fresh = WorstGroups.empty() if self._worst_groups() else None
+        fresh = WorstGroups.empty() if self.keeps_worst_groups() else None
         if arrays is None:
             log = ProgressLog.open(group)
             start, errors, worst = log.load()
@@ -749,10 +751,10 @@ class QuantizeJob:
 
         finished = False
         try:
-            self._scan(todo, work, merge, None)
+            self.scan(todo, work, merge, None)
             finished = True
         except NonFiniteBlock:
-            self._check_nonfinite(self.ranges())  # the whole array's count and first index
+            self.check_nonfinite(self.ranges())  # the whole array's count and first index
             raise
         except OSError as e:
             if isinstance(e, StoreError):
@@ -807,7 +809,7 @@ class QuantizeJob:
                 " something else deleted or changed them; re-run to rewrite them"
             )
 
-    def _worst_groups(self) -> bool:
+    def keeps_worst_groups(self) -> bool:
         """Whether the report lists the worst parameter groups (blocked integer specs)."""
         return bool(self.spec.block_size) and not self.plan.qt.is_float
 
@@ -951,9 +953,9 @@ def dequantize(
             return {**result, "already_complete": True, "seconds": 0.0}
         if action is Action.RESUME:  # an unfinished run: made again (blocks are not logged)
             destination.remove_output(dst, existing, storage_options)
-        from ..io.stores import _store
+        from ..io.stores import open_store
 
-        store = _store(dst, mode="w", storage_options=storage_options)
+        store = open_store(dst, mode="w", storage_options=storage_options)
         try:
             out = zarr.create_array(
                 store,
@@ -1047,10 +1049,10 @@ def _gaps_at(dst, storage_options) -> bool:
     """Whether the array at ``dst`` lacks parts (see :func:`qstream.io.qarray.gaps`)."""
     import zarr
 
-    from ..io.stores import _store
+    from ..io.stores import open_store
 
     try:
-        store = _store(dst, mode="r", storage_options=storage_options)
+        store = open_store(dst, mode="r", storage_options=storage_options)
         return bool(qarray.gaps(zarr.open_array(store=store, mode="r")))
     except (OSError, KeyError, ValueError):
         return True

@@ -39,7 +39,7 @@ from ..spec import ErrorStats, merge_into
 from .executors import InlineExecutor
 from .plan import block_budget
 from .small import MemoryDest
-from .work import _cached
+from .work import worker_cached
 
 MAX_PER_PACK = 4096  # tensors of one pack (its document lists each)
 
@@ -130,7 +130,7 @@ class PackWork:
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)
-        tensors = _cached((self.token, "checkpoint"), opener)
+        tensors = worker_cached((self.token, "checkpoint"), opener)
         ts = [tensors[n] for n in item.names]
         spec = QuantSpec.from_dict(item.spec)
         path = packs.pack_path(self.dst, item.name)
@@ -251,7 +251,7 @@ def convert_pack(item: PackItem, ts, spec, path: str, fp: str, source: str, comp
             merge_into(errors, result[0], job.plan.offset(b.key))
 
         try:
-            job._scan(job.blocks, work, merge, None)
+            job.scan(job.blocks, work, merge, None)
         except NonFiniteBlock:
             raise _nonfinite(item, x) from None
         if per:

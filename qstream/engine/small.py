@@ -26,7 +26,7 @@ from ..spec import ErrorStats, WorstGroups, merge_into
 from .executors import InlineExecutor
 from .job import QuantizeJob
 from .plan import block_budget
-from .work import QuantizeWork, _cached
+from .work import QuantizeWork, worker_cached
 
 
 class _Captured:
@@ -125,7 +125,7 @@ def convert_small(
             cal.params.zero_point if per else None,
         )
         errors = ErrorStats.empty(job.plan.channels)
-        worst = [WorstGroups.empty() if job._worst_groups() else None]
+        worst = [WorstGroups.empty() if job.keeps_worst_groups() else None]
 
         def merge(b, result) -> None:
             err, groups = result
@@ -133,7 +133,7 @@ def convert_small(
             if groups is not None:
                 worst[0] = worst[0].merged(groups)
 
-        job._scan(job.blocks, work, merge, None)
+        job.scan(job.blocks, work, merge, None)
         if cal.params is not None and math.prod(job.plan.param_shape):
             scale = cal.params.scale.astype(members["scale"]["dtype"])
             zero_point = cal.params.zero_point.astype(members["zero_point"]["dtype"])
@@ -227,7 +227,7 @@ class SmallTensorWork:
 
     def register(self, tensors) -> None:
         """Use the already open checkpoint ``tensors`` in this process."""
-        _cached((self.token, "checkpoint"), lambda: tensors)
+        worker_cached((self.token, "checkpoint"), lambda: tensors)
 
     def __call__(self, item: TensorItem) -> dict | None:
         from ..io.checkpoints import open_checkpoint
@@ -236,7 +236,7 @@ class SmallTensorWork:
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)
-        tensors = _cached((self.token, "checkpoint"), opener)
+        tensors = worker_cached((self.token, "checkpoint"), opener)
         t = tensors[item.name]
         path = destination.tensor_path(self.dst, item.key)
         if item.spec is None:

@@ -32,7 +32,7 @@ def warm_kernels() -> float:
 
     import numpy as np
 
-    from ..io.stores import _MEMORY_STORES
+    from ..io.stores import MEMORY_STORES
     from ..spec import QuantSpec
     from .job import QuantizeJob
 
@@ -46,7 +46,7 @@ def warm_kernels() -> float:
         try:
             QuantizeJob(x, spec).run(f"memory://{name}")
         finally:
-            _MEMORY_STORES.pop(name, None)
+            MEMORY_STORES.pop(name, None)
     return time.perf_counter() - t0
 
 
@@ -127,7 +127,7 @@ def _run_full_jobs(specs) -> None:
     serial and then the parallel builds of the kernels."""
     import numpy as np
 
-    from ..io.stores import _MEMORY_STORES
+    from ..io.stores import MEMORY_STORES
     from ..kernels import runtime
     from .job import QuantizeJob, dequantize
 
@@ -143,7 +143,7 @@ def _run_full_jobs(specs) -> None:
                     dequantize(f"memory://{names[0]}", f"memory://{names[1]}")
                 finally:
                     for name in names:
-                        _MEMORY_STORES.pop(name, None)
+                        MEMORY_STORES.pop(name, None)
                 _run_fused(spec, x)
     finally:
         runtime.SERIAL_BELOW = before
@@ -200,7 +200,7 @@ def _quantize_pass_specs(specs):
 def _run_quantize_passes(specs, parallel: bool) -> None:
     import numpy as np
 
-    from ..io.stores import _MEMORY_STORES
+    from ..io.stores import MEMORY_STORES
     from ..kernels import runtime
     from .job import QuantizeJob
 
@@ -215,7 +215,7 @@ def _run_quantize_passes(specs, parallel: bool) -> None:
             except Exception:  # a spec this tiny array cannot take (e.g. a bad axis): skip
                 pass
             finally:
-                _MEMORY_STORES.pop(name, None)
+                MEMORY_STORES.pop(name, None)
     finally:
         runtime.SERIAL_BELOW = before
 

@@ -37,7 +37,7 @@ _OPEN: dict[tuple, Any] = {}
 _OPEN_LOCK = threading.RLock()  # handles open others (a writer its array)
 
 
-def _cached(key: tuple, make):
+def worker_cached(key: tuple, make):
     """``make()`` once per process and key (stores, arrays, chunk files); keys start with the
     run's token, so no run ever sees another run's handles."""
     with _OPEN_LOCK:
@@ -75,10 +75,10 @@ class SourceRef:
         from ..io.stores import open_source
 
         if self.tensor is not None:
-            return _cached(self.key, lambda: open_source(self._checkpoint()[self.tensor]))
+            return worker_cached(self.key, lambda: open_source(self._checkpoint()[self.tensor]))
         if self.url is None:
-            return _cached(self.key, lambda: open_source(self.obj))
-        return _cached(
+            return worker_cached(self.key, lambda: open_source(self.obj))
+        return worker_cached(
             self.key, lambda: open_source(self.url, storage_options=self.storage_options)
         )
 
@@ -86,12 +86,12 @@ class SourceRef:
         from ..io.checkpoints import open_checkpoint
 
         if self.opener is not None:
-            return _cached((self.token, "checkpoint"), self.opener.open)
-        return _cached((self.token, "checkpoint"), lambda: open_checkpoint(self.url))
+            return worker_cached((self.token, "checkpoint"), self.opener.open)
+        return worker_cached((self.token, "checkpoint"), lambda: open_checkpoint(self.url))
 
     def register(self, source) -> None:
         """Use the already open ``source`` in this process."""
-        _cached(self.key, lambda: source)
+        worker_cached(self.key, lambda: source)
 
     def __getstate__(self):
         if self.url is None:
@@ -113,14 +113,14 @@ class DestRef:
     def writer(self, name: str):
         from ..io.stores import ArrayWriter
 
-        return _cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
+        return worker_cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
 
     def register(self, group, arrays: dict | None = None) -> None:
         """Use the already open destination ``group`` (and its open member ``arrays``) in
         this process."""
-        _cached((self.token, "group"), lambda: group)
+        worker_cached((self.token, "group"), lambda: group)
         for name, arr in (arrays or {}).items():
-            _cached((self.token, "array", name), lambda arr=arr: arr)
+            worker_cached((self.token, "array", name), lambda arr=arr: arr)
 
     def check(self, node=None) -> None:
         """On an object store, refuse to write once another job has taken the output over
@@ -131,7 +131,7 @@ class DestRef:
         from ..io.stores import open_group
 
         if node is None:
-            node = _cached(
+            node = worker_cached(
                 (self.token, "group"),
                 lambda: open_group(self.url, mode="a", storage_options=self.storage_options),
             )
@@ -142,13 +142,13 @@ class DestRef:
         from ..io.stores import open_group
 
         def make():
-            group = _cached(
+            group = worker_cached(
                 (self.token, "group"),
                 lambda: open_group(self.url, mode="a", storage_options=self.storage_options),
             )
             return group[name]
 
-        return _cached((self.token, "array", name), make)
+        return worker_cached((self.token, "array", name), make)
 
 
 @dataclass(frozen=True)
@@ -526,9 +526,9 @@ class DequantizeWork:
         from ..io.stores import ArrayWriter, open_source
 
         token = self.dest.token
-        arr = _cached((token, "qarray"), self._open_quantized)
-        reader = _cached((token, "qreader"), lambda: open_source(arr.data))
-        writer = _cached((token, "deq-writer"), self._open_writer(ArrayWriter))
+        arr = worker_cached((token, "qarray"), self._open_quantized)
+        reader = worker_cached((token, "qreader"), lambda: open_source(arr.data))
+        writer = worker_cached((token, "deq-writer"), self._open_writer(ArrayWriter))
         out_dtype = np.dtype(self.dtype) if self.dtype != "bfloat16" else _bf16()
         q = reader.view(b.key)  # a mapped uncompressed chunk, else read into a buffer
         if q is None or not q.flags.c_contiguous:
@@ -546,9 +546,9 @@ class DequantizeWork:
         def make():
             import zarr
 
-            from ..io.stores import _store
+            from ..io.stores import open_store
 
-            store = _store(self.dest.url, mode="w", storage_options=self.dest.storage_options)
+            store = open_store(self.dest.url, mode="w", storage_options=self.dest.storage_options)
             return cls(zarr.open_array(store=store, mode="r+"))
 
         return make

@@ -108,7 +108,7 @@ class CheckpointTensor:
     def __getitem__(self, key: Any) -> np.ndarray:
         """Read the region selected by basic indexing (ints, slices, ``...``) as a new
         C-contiguous array of ``dtype``."""
-        key, flip = _forward_key(expand_key(key, self.shape), self.shape)
+        key, flip = forward_key(expand_key(key, self.shape), self.shape)
         part = self._convert(key) if self._convert is not None else self.source[key]
         if flip:
             part = np.flip(part, axis=flip)
@@ -120,7 +120,7 @@ class CheckpointTensor:
         other axis whole), else None."""
         if (self.file is None and self.remote is None) or self.source.dtype != self.dtype:
             return None
-        key, flip = _forward_key(expand_key(key, self.shape), self.shape)
+        key, flip = forward_key(expand_key(key, self.shape), self.shape)
         if flip or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
             return None
         if any((k.start, k.stop) != (0, n) for k, n in zip(key[1:], self.shape[1:], strict=True)):
@@ -268,7 +268,7 @@ def source_locations(path, tensors: dict[str, CheckpointTensor]) -> list[str]:
 # -- indexing ------------------------------------------------------------------------------------
 
 
-def _forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):
+def forward_key(key: tuple[int | slice, ...], shape: tuple[int, ...]):
     """Rewrite negative-step slices (torch and Zarr reject them) as forward ones; return the
     new key and the output axes to flip afterwards."""
     fwd: list[int | slice] = []

@@ -32,7 +32,7 @@ from ..errors import StoreError
 from .chunks import PARTIAL
 from .names import check_key
 from .paths import child
-from .stores import _store
+from .stores import open_store
 
 LOCK = ".qstream-lock"
 INDEX = "_index"  # a converted checkpoint's index (qstream.io.rootindex)
@@ -96,7 +96,7 @@ def _classify_meta(doc: dict) -> Existing:
     return Existing("zarr")
 
 
-def _read_doc(path: str) -> dict | None:
+def read_local_doc(path: str) -> dict | None:
     """The JSON object in the local file ``path`` (a ``zarr.json``), or None: absent,
     unreadable, not JSON, not an object, or nested too deeply to be a Zarr document."""
     from .paths import open_regular
@@ -127,7 +127,7 @@ def inspect_destination(dst, storage_options: dict | None = None) -> Existing:
         if not names:
             return Existing("empty")
         if "zarr.json" in names:
-            doc = _read_doc(os.path.join(local, "zarr.json"))
+            doc = read_local_doc(os.path.join(local, "zarr.json"))
             return Existing("foreign") if doc is None else _classify_meta(doc)
         if ".zarray" in names or ".zgroup" in names:
             return Existing("zarr")
@@ -147,9 +147,9 @@ def inspect_destination(dst, storage_options: dict | None = None) -> Existing:
     # memory:// and object stores
     from zarr.core.sync import sync
 
-    store = _store(dst, mode="w", storage_options=storage_options)
+    store = open_store(dst, mode="w", storage_options=storage_options)
     try:
-        raw = sync(store.get("zarr.json", _prototype()))
+        raw = sync(store.get("zarr.json", buffer_prototype()))
         if raw is not None:
             doc = json.loads(raw.to_bytes())
             return _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
@@ -158,7 +158,7 @@ def inspect_destination(dst, storage_options: dict | None = None) -> Existing:
         raise StoreError(f"cannot read {dst}: {type(e).__name__}: {e}") from None
 
 
-def _prototype():
+def buffer_prototype():
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype()
@@ -208,7 +208,7 @@ def decide(existing: Existing, fingerprint: str, *, overwrite: bool, what: str, 
 
 
 _CHUNK_KEY = re.compile(r"c(?:[./]\d+)*")  # an array's chunk keys (flat "c.0.1" or "c/0/1")
-_ARRAY_KEY = re.compile(r"zarr\.json|c(?:[./]\d+)*")  # an array's own keys, below its prefix
+ARRAY_KEY = re.compile(r"zarr\.json|c(?:[./]\d+)*")  # an array's own keys, below its prefix
 _INDEX_KEY = re.compile(r"zarr\.json|b\d+/zarr\.json")  # a converted checkpoint's index
 
 
@@ -229,7 +229,7 @@ def remove_output(dst, existing: Existing, storage_options: dict | None = None) 
         return
     from zarr.core.sync import sync
 
-    store = _store(dst, mode="w", storage_options=storage_options)
+    store = open_store(dst, mode="w", storage_options=storage_options)
     try:
         _remove_stored(store, "", existing, dst, sync)
     except (OSError, ValueError) as e:
@@ -258,7 +258,7 @@ def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
     """:func:`remove_output` on a store (object store, memory): the node at ``prefix``."""
     if existing.kind in ("checkpoint", "restored"):
         for key in _tensor_keys(existing, dst, store):
-            raw = sync(store.get(f"{prefix}{key}/zarr.json", _prototype()))
+            raw = sync(store.get(f"{prefix}{key}/zarr.json", buffer_prototype()))
             try:
                 doc = json.loads(raw.to_bytes()) if raw is not None else None
             except (ValueError, RecursionError):
@@ -266,18 +266,18 @@ def _remove_stored(store, prefix: str, existing: Existing, dst, sync) -> None:
             node = _classify_meta(doc) if isinstance(doc, dict) else Existing("foreign")
             if node.kind in ("quantized", "dequantized", "kept"):
                 _remove_stored(store, f"{prefix}{key}/", node, dst, sync)
-        _delete_keys(store, f"{prefix}{INDEX}/", _INDEX_KEY, sync)
+        delete_keys(store, f"{prefix}{INDEX}/", _INDEX_KEY, sync)
     elif existing.kind == "quantized":
         for m in (*MEMBERS, *OPTIONAL_MEMBERS):
-            raw = sync(store.get(f"{prefix}{m}/zarr.json", _prototype()))
-            if raw is not None and _is_array_doc(raw.to_bytes()):  # its own metadata says so
-                _delete_keys(store, f"{prefix}{m}/", _ARRAY_KEY, sync)
+            raw = sync(store.get(f"{prefix}{m}/zarr.json", buffer_prototype()))
+            if raw is not None and is_array_doc(raw.to_bytes()):  # its own metadata says so
+                delete_keys(store, f"{prefix}{m}/", ARRAY_KEY, sync)
     else:  # an array: its chunk keys
-        _delete_keys(store, prefix, _ARRAY_KEY, sync)
+        delete_keys(store, prefix, ARRAY_KEY, sync)
     sync(store.delete(f"{prefix}zarr.json"))
 
 
-def _delete_keys(store, prefix: str, pattern, sync) -> None:
+def delete_keys(store, prefix: str, pattern, sync) -> None:
     """Delete the keys below ``prefix`` (relative to it) that ``pattern`` matches in full."""
 
     async def keys():
@@ -288,7 +288,7 @@ def _delete_keys(store, prefix: str, pattern, sync) -> None:
             sync(store.delete(key))
 
 
-def _is_array_doc(raw: bytes) -> bool:
+def is_array_doc(raw: bytes) -> bool:
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError):
@@ -309,11 +309,11 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
                 if node.kind in ("quantized", "dequantized", "kept"):
                     _remove_local(path, node, path)
                     remove_child(path, LOCK)  # (no job runs on it: the root is locked)
-                    _remove_if_empty(path)
+                    remove_if_empty(path)
         for key in keys:  # the folders of an earlier version's nested names, if left empty
             parts = key.split("/")
             for i in range(len(parts) - 1, 0, -1):
-                _remove_if_empty(os.path.join(local, *parts[:i]))
+                remove_if_empty(os.path.join(local, *parts[:i]))
         if existing.kind == "checkpoint":
             from .packs import remove_packs
 
@@ -326,16 +326,16 @@ def _remove_local(local: str, existing: Existing, dst) -> None:
             path = os.path.join(local, m)
             if os.path.islink(path):  # never qstream's: the link goes, not what it points to
                 remove_child(local, m)
-            elif os.path.isdir(path) and _is_array_doc_at(path):  # its own metadata says so
-                _remove_array_files(path)
-                _remove_if_empty(path)
+            elif os.path.isdir(path) and is_array_doc_at(path):  # its own metadata says so
+                remove_array_files(path)
+                remove_if_empty(path)
         remove_child(local, "zarr.json")
         return
-    _remove_array_files(local)  # a dequantized or kept array
+    remove_array_files(local)  # a dequantized or kept array
 
 
-def _is_array_doc_at(path: str) -> bool:
-    doc = _read_doc(os.path.join(path, "zarr.json"))
+def is_array_doc_at(path: str) -> bool:
+    doc = read_local_doc(os.path.join(path, "zarr.json"))
     return doc is not None and doc.get("node_type") == "array"
 
 
@@ -350,13 +350,13 @@ def _remove_index(local: str) -> None:
         if entry.is_dir(follow_symlinks=False) and entry.name.startswith("b"):
             _remove_partials(entry.path, recurse=False)
             remove_child(entry.path, "zarr.json")
-            _remove_if_empty(entry.path)
+            remove_if_empty(entry.path)
     _remove_partials(index, recurse=False)
     remove_child(index, "zarr.json")
-    _remove_if_empty(index)
+    remove_if_empty(index)
 
 
-def _remove_array_files(directory: str) -> None:
+def remove_array_files(directory: str) -> None:
     """Remove a Zarr array's own files from ``directory``: its chunk files (flat ``c.0.1``, or
     nested ``c/0/1``: only files whose path is chunk coordinates, and the folders they leave
     empty) and temporary files, then its ``zarr.json``. Nothing else is touched."""
@@ -384,17 +384,17 @@ def _remove_chunk_folder(folder: str) -> None:
             entry.is_file(follow_symlinks=False) or entry.is_symlink()
         ):
             remove_child(folder, entry.name)
-    _remove_if_empty(folder)
+    remove_if_empty(folder)
 
 
-def _remove_if_empty(directory: str) -> None:
+def remove_if_empty(directory: str) -> None:
     with contextlib.suppress(OSError):
         os.rmdir(directory)
 
 
 def _node_at(path: str) -> Existing:
     """What the local Zarr node at ``path`` is (by its ``zarr.json``)."""
-    doc = _read_doc(os.path.join(path, "zarr.json"))
+    doc = read_local_doc(os.path.join(path, "zarr.json"))
     return Existing("foreign") if doc is None else _classify_meta(doc)
 
 

@@ -300,7 +300,7 @@ def shard_pattern(out: str):
 
 def _written_by_qstream(path: str) -> bool:
     """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
-    return _export_metadata(path) is not None
+    return export_metadata(path) is not None
 
 
 def finished_export(out, job: str) -> list[str] | None:
@@ -309,7 +309,7 @@ def finished_export(out, job: str) -> list[str] | None:
     out = os.fspath(out)
     index = out[: -len(".safetensors")] + ".safetensors.index.json"
     if os.path.lexists(index):
-        doc = _read_json(index)
+        doc = read_json(index)
         meta = _qstream_meta(doc.get("metadata") if doc else None)
         if meta is None or meta.get("qstream_job") != job:
             return None
@@ -320,17 +320,17 @@ def finished_export(out, job: str) -> list[str] | None:
         if meta.get("qstream_format") == "compressed-tensors":
             names.append(CONFIG)
         return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
-    meta = _export_metadata(out) if os.path.lexists(out) else None
+    meta = export_metadata(out) if os.path.lexists(out) else None
     if meta is None or meta.get("qstream_job") != job:
         return None
     config = os.path.join(os.path.dirname(out), CONFIG)
     return [out, config] if meta.get("qstream_format") == "compressed-tensors" else [out]
 
 
-def _export_metadata(path: str) -> dict | None:
+def export_metadata(path: str) -> dict | None:
     """qstream's metadata in a safetensors file or index, or None."""
     if path.endswith(".json"):
-        doc = _read_json(path)
+        doc = read_json(path)
         if doc is not None and os.path.basename(path) == CONFIG:
             return _qstream_meta(doc)
         return _qstream_meta(doc.get("metadata") if doc else None)
@@ -351,7 +351,7 @@ def _qstream_meta(meta) -> dict | None:
     return meta if isinstance(meta, dict) and "qstream" in meta else None
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
     """The JSON object in the file ``path`` (at most 100 MB), or None."""
     from .paths import open_regular
 
@@ -363,7 +363,7 @@ def _read_json(path: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _remove_stale_partials(target: str) -> None:
+def remove_stale_partials(target: str) -> None:
     """Remove ``target.<pid>.partial`` files that a killed export (a dead process) left."""
     import glob
     import re
@@ -485,7 +485,7 @@ def export_safetensors(
     check_targets(targets, overwrite or replace_own)
     stale = _other_forms(out, index, targets, overwrite or replace_own)
     for f in targets:
-        _remove_stale_partials(f)
+        remove_stale_partials(f)
     for f in stale:  # an earlier export's other form (one file vs shards): never left beside
         os.unlink(f)
     meta = {
@@ -600,7 +600,7 @@ def _same_config(path: str, doc: dict) -> bool:
 
     if kind_of(path) != "file":
         return False
-    old = _read_json(path)
+    old = read_json(path)
     if old is None or "qstream_export" not in old:
         return False
     old.pop("qstream_export")
@@ -616,7 +616,7 @@ def _model_config(config, opened) -> dict:
     path = os.fspath(config) if config is not None else _source_config(opened)
     if path is None:
         return {}
-    doc = _read_json(path)
+    doc = read_json(path)
     if doc is None:
         raise InvalidParameterError(f"{path}: not a readable JSON object (a model config.json)")
     if "qstream_export" in doc:  # one qstream wrote: the model's config, and its own part
@@ -663,11 +663,11 @@ def describe_export(path) -> dict:
         from .gguf import describe
 
         return describe(path)
-    meta = _export_metadata(path)
+    meta = export_metadata(path)
     if meta is None:
         raise StoreError(f"{path} is not a qstream export (no qstream metadata)")
     if path.endswith(".json"):
-        doc = _read_json(path) or {}
+        doc = read_json(path) or {}
         names = list((doc.get("weight_map") or {}).keys())
         total = (doc.get("metadata") or {}).get("total_size")
     else:

@@ -191,14 +191,14 @@ def _unpack(words: np.ndarray, n: int, bits: int = 4) -> np.ndarray:
 def maybe_dequantizing(path: str, tensors: dict) -> dict:
     """``tensors`` of the safetensors file or index ``path``, read through
     :func:`dequantizing` when qstream exported it (its metadata says so), else as they are."""
-    from .export import _export_metadata
+    from .export import export_metadata
 
-    meta = _export_metadata(path)
+    meta = export_metadata(path)
     if meta is None:
         return tensors
     if path.endswith(".json"):  # an index: the tensors' description is in its shards
         files = {t.file[0] for t in tensors.values() if getattr(t, "file", None)}
-        meta = _export_metadata(sorted(files)[0]) if files else None
+        meta = export_metadata(sorted(files)[0]) if files else None
     if exported_format(meta) is None:
         return tensors
     return dequantizing(path, tensors, meta)

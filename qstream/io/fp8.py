@@ -210,9 +210,9 @@ class Float8Tensor:
         return f"Float8Tensor({self.name!r}, {self.shape}, {self.source_dtype.name}{pair})"
 
     def __getitem__(self, key) -> np.ndarray:
-        from .checkpoints import _forward_key
+        from .checkpoints import forward_key
 
-        key, flip = _forward_key(expand_key(key, self.shape), self.shape)
+        key, flip = forward_key(expand_key(key, self.shape), self.shape)
         box, inner = [], []
         for k, n in zip(key, self.shape, strict=True):
             if isinstance(k, slice):

@@ -269,9 +269,9 @@ def _write(path: str, kv: dict, tensors: list[_Tensor]) -> None:
         head += struct.pack("<IQ", q.TYPE_ID[t.type], offset)
         offset += t.nbytes + (-t.nbytes % ALIGN)
     head += b"\0" * (-len(head) % ALIGN)
-    from .export import _remove_stale_partials
+    from .export import remove_stale_partials
 
-    _remove_stale_partials(path)  # what a killed export of this file left
+    remove_stale_partials(path)  # what a killed export of this file left
     tmp = f"{path}.{os.getpid()}.partial"
     try:
         with open(tmp, "wb") as f:
@@ -326,9 +326,9 @@ def _identity(path: str) -> str | None:
 def _read_config(config) -> dict | None:
     if config is None or isinstance(config, dict):
         return config
-    from .export import _read_json
+    from .export import read_json
 
-    doc = _read_json(os.fspath(config))
+    doc = read_json(os.fspath(config))
     if doc is None:
         raise InvalidParameterError(f"{config}: not a readable JSON object (a model config.json)")
     return doc
@@ -375,9 +375,9 @@ def _is_output(src) -> bool:
     path = os.path.join(os.fspath(src), "zarr.json")
     if not os.path.isfile(path):
         return False
-    from .export import _read_json
+    from .export import read_json
 
-    attrs = (_read_json(path) or {}).get("attributes") or {}
+    attrs = (read_json(path) or {}).get("attributes") or {}
     return "qstream_checkpoint" in attrs or "qstream" in attrs
 
 

@@ -40,7 +40,7 @@ def local_root(store) -> str | None:
     return str(store.root) if isinstance(store, zarr.storage.LocalStore) else None
 
 
-def _doc_bytes(metadata) -> bytes:
+def encode_doc(metadata) -> bytes:
     """``metadata``'s ``zarr.json``: a Zarr v3 group's written here, compactly, by the C
     JSON encoder (zarr's own indents it, which takes the pure-Python encoder: 5-10 ms for a
     group carrying a report); anything else as zarr serializes it."""
@@ -62,7 +62,7 @@ def write_doc(directory: str, metadata, *, new: bool) -> None:
     tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
     try:
         with open(tmp, "wb") as f:
-            f.write(_doc_bytes(metadata))
+            f.write(encode_doc(metadata))
         if new:
             _move_new(tmp, path)
         else:

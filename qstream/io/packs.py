@@ -61,9 +61,9 @@ def pack_path(root: str, name: str) -> str:
 def read_pack_doc(path: str) -> dict | None:
     """The ``qstream_pack`` attributes of the pack at ``path``, or None (absent, or not a
     pack qstream wrote)."""
-    from .destination import _read_doc
+    from .destination import read_local_doc
 
-    doc = _read_doc(os.path.join(path, "zarr.json"))
+    doc = read_local_doc(os.path.join(path, "zarr.json"))
     if doc is None or doc.get("node_type") != "group":
         return None
     attrs = doc.get("attributes") or {}
@@ -74,7 +74,7 @@ def read_pack_doc(path: str) -> dict | None:
 def remove_packs(local: str) -> None:
     """Remove every pack qstream wrote below the converted checkpoint ``local`` (a pack's own
     document says so), the partial packs of killed writers, and ``_packs`` if left empty."""
-    from .destination import _remove_if_empty
+    from .destination import remove_if_empty
     from .paths import remove_child
 
     folder = os.path.join(local, PACKS)
@@ -86,13 +86,13 @@ def remove_packs(local: str) -> None:
             remove_pack(entry.path)
     with contextlib.suppress(FileNotFoundError):
         remove_child(folder, "zarr.json")
-    _remove_if_empty(folder)
+    remove_if_empty(folder)
 
 
 def remove_pack(path: str) -> None:
     """Remove the pack at the local ``path`` if qstream wrote it (its own document says so):
     its member arrays' files, its document, its folder if left empty; else nothing."""
-    from .destination import _remove_array_files, _remove_if_empty
+    from .destination import remove_array_files, remove_if_empty
     from .paths import remove_child
 
     if os.path.islink(path) or read_pack_doc(path) is None:
@@ -100,10 +100,10 @@ def remove_pack(path: str) -> None:
     for m in MEMBERS:
         member = os.path.join(path, m)
         if os.path.isdir(member) and not os.path.islink(member):
-            _remove_array_files(member)
-            _remove_if_empty(member)
+            remove_array_files(member)
+            remove_if_empty(member)
     remove_child(path, "zarr.json")
-    _remove_if_empty(path)
+    remove_if_empty(path)
 
 
 def clean_partial_packs(local: str) -> None:
@@ -210,10 +210,10 @@ class PackReader:
 
     def array(self, member: str):
         if member not in self._arrays:
-            from .qarray import _LocalGroup
+            from .qarray import LocalGroup
 
             try:  # (the group's document is read already: its members are opened alone)
-                a = _LocalGroup(self.path, {})[member]
+                a = LocalGroup(self.path, {})[member]
             except KeyError:
                 raise StoreError(f"{self.path}: the pack has no {member} array") from None
             n = self.count

@@ -44,7 +44,7 @@ from ..spec import QuantSpec
 from . import compression, localmeta
 from .destination import MEMBERS, TMP_PREFIX, inspect_destination, local_path
 from .paths import check_tree, child
-from .stores import _store, open_group
+from .stores import open_group, open_store
 
 FORMAT_VERSION = 3
 # Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
@@ -62,7 +62,7 @@ def create_group(dst, attrs: dict, storage_options: dict | None = None):
     """A new Zarr v3 group at ``dst`` whose metadata carries ``attrs`` from its first write."""
     import zarr
 
-    store = _store(dst, mode="w", storage_options=storage_options)
+    store = open_store(dst, mode="w", storage_options=storage_options)
     try:
         if localmeta.local_root(store) is not None:
             return localmeta.new_group(store, attrs)
@@ -132,7 +132,7 @@ def _prepared(kw: dict):
     from zarr.core.array import AsyncArray
 
     from .chunks import chunk_files
-    from .localmeta import _doc_bytes
+    from .localmeta import encode_doc
 
     key = repr(sorted(kw.items()))
     got = _PREPARED.get(key)
@@ -142,7 +142,7 @@ def _prepared(kw: dict):
         files = chunk_files(zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, "x"))))
         if len(_PREPARED) >= 256:
             _PREPARED.clear()
-        got = _PREPARED[key] = (meta, _doc_bytes(meta), files)
+        got = _PREPARED[key] = (meta, encode_doc(meta), files)
     return got
 
 
@@ -198,14 +198,14 @@ def write_group(path: str, attrs: dict, members: dict) -> None:
     :func:`~qstream.io.destination.clean_partials` of the root)."""
     from zarr.core.group import GroupMetadata
 
-    from .localmeta import _doc_bytes
+    from .localmeta import encode_doc
 
     def build(tmp: str) -> None:
         os.mkdir(tmp)
         for name, (kw, values, member_attrs) in members.items():
             _write_member(os.path.join(tmp, name), kw, values, member_attrs)
         with open(os.path.join(tmp, "zarr.json"), "wb") as f:
-            f.write(_doc_bytes(GroupMetadata(attributes=attrs, zarr_format=3)))
+            f.write(encode_doc(GroupMetadata(attributes=attrs, zarr_format=3)))
 
     _publish(path, build)
 
@@ -350,7 +350,7 @@ _PARSED: dict[bytes, object] = {}  # array documents -> their parsed metadata
 MAX_PARAMS = 1 << 27  # parameters of one output read at once (0.5 GiB of float32 scales)
 
 
-class _LocalGroup:
+class LocalGroup:
     """A Zarr v3 group on a local disk, opened from its documents without zarr's event loop
     (members are made from their own documents, whose parsed form is shared by identical
     documents): ``attrs``, ``store_path``, ``group[name]`` (an array, or a group)."""
@@ -385,20 +385,20 @@ class _LocalGroup:
         return zarr.Array(AsyncArray(meta, zarr.storage.StorePath(self.store_path.store, name)))
 
 
-def _open_local(path) -> _LocalGroup | None:
-    """``path`` opened as a :class:`_LocalGroup` when it is a local Zarr v3 group."""
-    from .destination import _read_doc
+def _open_local(path) -> LocalGroup | None:
+    """``path`` opened as a :class:`LocalGroup` when it is a local Zarr v3 group."""
+    from .destination import read_local_doc
 
     local = local_path(path)
     if local is None:
         return None
-    from .stores import _store
+    from .stores import open_store
 
-    _store(path, mode="r", storage_options=None)  # (its checks, and the types registered)
-    doc = _read_doc(os.path.join(local, "zarr.json"))
+    open_store(path, mode="r", storage_options=None)  # (its checks, and the types registered)
+    doc = read_local_doc(os.path.join(local, "zarr.json"))
     if doc is None or doc.get("node_type") != "group" or doc.get("zarr_format") != 3:
         return None
-    return _LocalGroup(local, doc)
+    return LocalGroup(local, doc)
 
 
 def open_quantized(
@@ -415,7 +415,7 @@ def open_quantized(
     group = _open_local(path) or open_group(path, mode="r", storage_options=storage_options)
     if "qstream_checkpoint" in group.attrs:
         return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
-    if isinstance(group, _LocalGroup):  # read through nothing that leads elsewhere
+    if isinstance(group, LocalGroup):  # read through nothing that leads elsewhere
         check_tree(group.path, "the quantized output")
     meta = group.attrs.get("qstream")
     if not isinstance(meta, dict) or not meta or "dequantized_from" in meta:

@@ -1,7 +1,7 @@
 """Checkpoint files in object stores (``s3://``, ``gs://``, ...), read by byte ranges.
 
 A :class:`RemoteFolder` is a folder URL opened through the store layer the Zarr paths use
-(:func:`qstream.io.stores.with_backend` for obstore, :func:`qstream.io.stores._store` for
+(:func:`qstream.io.stores.with_backend` for obstore, :func:`qstream.io.stores.open_store` for
 fsspec: the same timeouts, retries and one-line errors); a :class:`RangedTensor` is one
 tensor's bytes in one of its files, read region by region with ranged GETs (a whole file is
 never fetched). Both are small picklable values: a Dask worker opens its own store (once per
@@ -67,10 +67,10 @@ class RemoteFolder:
         with _STORES_LOCK:
             store = _STORES.get(key)
             if store is None:
-                from .stores import _store, with_backend
+                from .stores import open_store, with_backend
 
                 target = with_backend(self.url, self.backend, self.storage_options, read_only=True)
-                store = _STORES[key] = _store(
+                store = _STORES[key] = open_store(
                     target, mode="r", storage_options=self.storage_options
                 )
             return store

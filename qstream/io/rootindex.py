@@ -70,7 +70,7 @@ def _local(root) -> str | None:
 def _doc_bytes(attrs: dict) -> bytes:
     from zarr.core.group import GroupMetadata
 
-    from .localmeta import _doc_bytes as encode
+    from .localmeta import encode_doc as encode
 
     return encode(GroupMetadata(attributes=attrs, zarr_format=3))
 

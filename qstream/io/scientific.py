@@ -114,15 +114,15 @@ def drop_progress(dst, group, storage_options=None) -> None:
     local = local_path(dst)
     if local is not None:
         path = os.path.join(local, "_progress")
-        if os.path.isdir(path) and not os.path.islink(path) and d._is_array_doc_at(path):
-            d._remove_array_files(path)
-            d._remove_if_empty(path)
+        if os.path.isdir(path) and not os.path.islink(path) and d.is_array_doc_at(path):
+            d.remove_array_files(path)
+            d.remove_if_empty(path)
         return
     from zarr.core.sync import sync
 
     store = group.store_path.store
     prefix = group.store_path.path
     prefix = f"{prefix}/_progress/" if prefix else "_progress/"
-    raw = sync(store.get(f"{prefix}zarr.json", d._prototype()))
-    if raw is not None and d._is_array_doc(raw.to_bytes()):
-        d._delete_keys(store, prefix, d._ARRAY_KEY, sync)
+    raw = sync(store.get(f"{prefix}zarr.json", d.buffer_prototype()))
+    if raw is not None and d.is_array_doc(raw.to_bytes()):
+        d.delete_keys(store, prefix, d.ARRAY_KEY, sync)

@@ -20,7 +20,7 @@ from ..errors import StoreError
 from .chunks import ChunkFiles, chunk_files
 from .paths import refuse_special
 
-_MEMORY_STORES: dict[str, Any] = {}
+MEMORY_STORES: dict[str, Any] = {}
 BACKENDS = ("fsspec", "obstore")  # how URLs (s3://, gs://, ...) are opened
 
 
@@ -149,7 +149,7 @@ def with_backend(target, backend: str | None, storage_options: dict | None, *, r
     return zarr.storage.ObjectStore(inner, read_only=read_only)
 
 
-def _store(path, *, mode: str, storage_options: dict | None):
+def open_store(path, *, mode: str, storage_options: dict | None):
     import zarr
 
     from .zarr_ext import register_zarr_types
@@ -161,9 +161,9 @@ def _store(path, *, mode: str, storage_options: dict | None):
     p = os.fspath(path)
     if p.startswith("memory://"):
         name = p[len("memory://") :]
-        if mode == "r" and name not in _MEMORY_STORES:
+        if mode == "r" and name not in MEMORY_STORES:
             raise StoreError(f"no in-memory store named {p!r}")
-        return _MEMORY_STORES.setdefault(name, zarr.storage.MemoryStore())
+        return MEMORY_STORES.setdefault(name, zarr.storage.MemoryStore())
     if "://" in p and not p.startswith("file://"):
         try:
             store = zarr.storage.FsspecStore.from_url(
@@ -464,7 +464,7 @@ def location(target) -> str | None:
     if isinstance(target, zarr.storage.ObjectStore):
         return _object_store_location(target.store)
     if not isinstance(target, (str, os.PathLike)):
-        for name, mem in _MEMORY_STORES.items():
+        for name, mem in MEMORY_STORES.items():
             if mem is target:
                 return f"memory://{name}"
         return None
@@ -535,7 +535,7 @@ def open_source(src, *, storage_options: dict | None = None, path: str | None = 
         }
         return Source(src, desc)
     try:
-        store = _store(src, mode="r", storage_options=storage_options)
+        store = open_store(src, mode="r", storage_options=storage_options)
         node = zarr.open(store=store, mode="r", path=path or "")
     except StoreError:
         raise
@@ -633,7 +633,7 @@ def open_group(dst, *, mode: str, storage_options: dict | None = None):
     """Open (``mode="r"``/``"a"``) or create (``"w"``) a Zarr v3 group."""
     import zarr
 
-    store = _store(dst, mode="r" if mode == "r" else "w", storage_options=storage_options)
+    store = open_store(dst, mode="r" if mode == "r" else "w", storage_options=storage_options)
     try:
         return zarr.open_group(store=store, mode=mode, zarr_format=3 if mode == "w" else None)
     except zarr.errors.ContainsArrayError:
