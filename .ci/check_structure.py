@@ -26,8 +26,8 @@ WHOLE = {"qstream/kernels/search.py"}
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -50,15 +50,16 @@ def private(name: str) -> bool:
 
 
 class Module:
-    def __init__(self, path: Path, modules: set[str]) -> None:
+    def __init__(self, path: Path, modules: set[str], root: Path = ROOT) -> None:
         self.path = path
-        self.name = module_name(path)
+        self.root = root
+        self.name = module_name(path, root)
         self.is_package = path.name == "__init__.py"
         self.tree = ast.parse(path.read_text(), str(path))
         self.modules = modules
 
     def rel(self) -> str:
-        return str(self.path.relative_to(ROOT))
+        return str(self.path.relative_to(self.root))
 
     def own_names(self) -> set[str]:
         """Every name this module defines: functions, classes, attributes, assignments."""
@@ -79,24 +80,24 @@ class Module:
                 names.add(node.value)
         return names
 
-    def imports(self) -> list[tuple[str, int]]:
-        """(qstream module, line) for every import of a qstream module."""
+    def imports(self, package: str = "qstream") -> list[tuple[str, int]]:
+        """(module, line) for every import of one of ``package``'s modules."""
         found = []
         for node in ast.walk(self.tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name.startswith("qstream"):
+                    if alias.name.split(".")[0] == package:
                         found.append((alias.name, node.lineno))
             elif isinstance(node, ast.ImportFrom):
                 base = resolve(self.name, self.is_package, node.level, node.module)
-                if not base.startswith("qstream"):
+                if base.split(".")[0] != package:
                     continue
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
                     found.append((sub if sub in self.modules else base, node.lineno))
         return found
 
-    def private_uses(self, elsewhere: set[str]) -> list[str]:
+    def private_uses(self, elsewhere: set[str], package: str = "qstream") -> list[str]:
         """Private names this module takes from another qstream module.
 
         ``elsewhere`` holds the private names qstream's other modules define; an ``x._name``
@@ -107,7 +108,7 @@ class Module:
         for node in ast.walk(self.tree):
             if isinstance(node, ast.ImportFrom):
                 base = resolve(self.name, self.is_package, node.level, node.module)
-                if not base.startswith("qstream"):
+                if base.split(".")[0] != package:
                     continue
                 for alias in node.names:
                     if private(alias.name) and f"{base}.{alias.name}" not in self.modules:
@@ -171,26 +172,30 @@ def parents(name: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def main() -> int:
-    paths = sorted(PACKAGE.rglob("*.py"))
-    names = {module_name(p) for p in paths}
-    modules = [Module(p, names) for p in paths]
+def findings(root: Path = ROOT, package: str = "qstream") -> list[str]:
+    """Every finding for the package ``root/package``, one line each."""
+    paths = sorted((root / package).rglob("*.py"))
+    names = {module_name(p, root) for p in paths}
+    modules = [Module(p, names, root) for p in paths]
     problems: list[str] = []
     graph: dict[str, set[str]] = {m.name: set() for m in modules}
     defined = {mod.name: {n for n in mod.own_names() if private(n)} for mod in modules}
     for mod in modules:
         elsewhere = set().union(*(v for k, v in defined.items() if k != mod.name))
-        problems.extend(mod.private_uses(elsewhere))
-        for target, _line in mod.imports():
+        problems.extend(mod.private_uses(elsewhere, package))
+        for target, _line in mod.imports(package):
             if target in names and target != mod.name:
                 graph[mod.name].add(target)
         lines = len(mod.path.read_text().splitlines())
         if lines > MAX_LINES and mod.rel() not in WHOLE:
             problems.append(f"{mod.rel()}: {lines} lines (limit {MAX_LINES})")
-    # qstream/__init__ loads its names lazily by string; it is the package's front door, not an
-    # edge into the graph. Package __init__ files that re-export are edges like any other.
     for component in cycles(graph):
         problems.append("import circle: " + " -> ".join(component))
+    return problems
+
+
+def main() -> int:
+    problems = findings()
     for line in problems:
         print(line)
     print(f"{len(problems)} finding(s)", file=sys.stderr)

@@ -378,8 +378,7 @@ def child_profile(a: dict) -> dict:
 
     import qstream as qs
     from qstream.core import affine
-    from qstream.engine import pipeline, work
-    from qstream.engine.job import QuantizeJob
+    from qstream.engine import calibration_passes, job, pipeline, quantize_work, stats_work
     from qstream.io import stores as io_stores
     from qstream.io.progress import ProgressLog
     from qstream.kernels import stats
@@ -405,14 +404,14 @@ def child_profile(a: dict) -> dict:
     passes: collections.Counter = collections.Counter()
     timed(io_stores.Source, "view", "map source piece")
     timed(io_stores.Source, "read", "read/decode source piece")
-    timed(work, "block_ranges", "range kernel")
+    timed(stats_work, "block_ranges", "range kernel")
     timed(affine, "affine_quantize", "quantize kernel")
-    timed(work, "block_errors_fused", "error kernel")
+    timed(quantize_work, "block_errors_fused", "error kernel")
     timed(io_stores.ArrayWriter, "__setitem__", "write chunk")
     timed(ProgressLog, "save", "progress snapshot")
-    timed(QuantizeJob, "ranges", "pass: ranges", passes)
-    timed(QuantizeJob, "_histogram_ranges", "pass: histograms", passes)
-    timed(QuantizeJob, "_quantize_pass", "pass: quantize", passes)
+    timed(calibration_passes, "ranges", "pass: ranges", passes)
+    timed(calibration_passes, "histogram_ranges", "pass: histograms", passes)
+    timed(job, "quantize_pass", "pass: quantize", passes)
     timed(stats, "channel_histograms", "histogram kernel")
     dst = a["dst"]
     for _ in range(2):

@@ -7,6 +7,47 @@ and Numba only when a kernel first runs.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep the two in step)
+    from . import compat as compat
+    from .api.arrays import GroupQuantized as GroupQuantized
+    from .api.arrays import dequantize as dequantize
+    from .api.arrays import quantize as quantize
+    from .api.arrays import quantize_dynamic as quantize_dynamic
+    from .api.convert import TensorEvent as TensorEvent
+    from .api.convert import convert_checkpoint as convert_checkpoint
+    from .api.convert import plan_conversion as plan_conversion
+    from .api.stores import calibrate as calibrate
+    from .api.stores import dequantize_store as dequantize_store
+    from .api.stores import quantize_store as quantize_store
+    from .api.views import compare_methods as compare_methods
+    from .engine.dask import DaskExecutor as DaskExecutor
+    from .engine.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
+    from .engine.executors import LocalExecutor as LocalExecutor
+    from .engine.warmup import warm_up as warm_up
+    from .errors import InvalidDTypeError as InvalidDTypeError
+    from .errors import InvalidParameterError as InvalidParameterError
+    from .errors import NonFiniteInputError as NonFiniteInputError
+    from .errors import QStreamError as QStreamError
+    from .errors import QStreamWarning as QStreamWarning
+    from .errors import StoreError as StoreError
+    from .io.export import describe_export as describe_export
+    from .io.export import export_safetensors as export_safetensors
+    from .io.gguf import export_gguf as export_gguf
+    from .io.qarray import QuantizedArray as QuantizedArray
+    from .io.qarray import QuantizedCheckpoint as QuantizedCheckpoint
+    from .io.qarray import open_quantized as open_quantized
+    from .io.xarrays import open_xarray as open_xarray
+    from .io.zarr_ext import register_zarr_types as register_zarr_types
+    from .kernels.runtime import on_compile as on_compile
+    from .qtypes import QTYPES as QTYPES
+    from .qtypes import QType as QType
+    from .recipe import Recipe as Recipe
+    from .rounding import ROUND_MODES as ROUND_MODES
+    from .spec import Calibration as Calibration
+    from .spec import QuantReport as QuantReport
+    from .spec import QuantSpec as QuantSpec
 
 __version__ = "0.1.0"
 
@@ -25,6 +66,7 @@ _EXPORTS = {
     "open_xarray": "qstream.io.xarrays",
     "export_safetensors": "qstream.io.export",
     "export_gguf": "qstream.io.gguf",
+    "describe_export": "qstream.io.export",
     "convert_checkpoint": "qstream.api.convert",
     "plan_conversion": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
@@ -53,16 +95,20 @@ _SUBMODULES = ("compat",)
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"qstream.{name}")
-    else:
-        raise AttributeError(f"module 'qstream' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # (type checkers see the names above, and flag a misspelt one)
+
+    def __getattr__(name: str) -> Any:
+        """Load an exported name (or submodule) on first use, and keep it."""
+        if name in _EXPORTS:
+            value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        elif name in _SUBMODULES:
+            value = importlib.import_module(f"qstream.{name}")
+        else:
+            raise AttributeError(f"module 'qstream' has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
+    """The exported names (loaded or not)."""
     return __all__

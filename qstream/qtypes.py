@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from .errors import InvalidDTypeError
 
@@ -62,12 +63,12 @@ class QType:
         return self.dtype
 
 
-def _int(name: str, bits: int, signed: bool, dtype) -> QType:
+def _int(name: str, bits: int, signed: bool, dtype: npt.DTypeLike) -> QType:
     lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
     return QType(name, "int", bits, lo, hi, np.dtype(dtype))
 
 
-def _float(name: str, dtype) -> QType:
+def _float(name: str, dtype: npt.DTypeLike) -> QType:
     info = ml_dtypes.finfo(dtype)
     return QType(name, "float", info.bits, float(info.min), float(info.max), np.dtype(dtype))
 
@@ -102,7 +103,7 @@ FLOAT_DTYPES: dict[str, np.dtype] = {
 }
 
 
-def qtype(spec) -> QType:
+def qtype(spec: QType | npt.DTypeLike) -> QType:
     """Resolve a quantized type from a name (``"int8"``), a dtype, or a :class:`QType`."""
     if isinstance(spec, QType):
         return spec
@@ -117,28 +118,30 @@ def qtype(spec) -> QType:
     return found
 
 
-def is_qtype_dtype(dtype) -> bool:
+def is_qtype_dtype(dtype: npt.DTypeLike) -> bool:
+    """Whether ``dtype`` is the dtype of a quantized type (int8, int4, float8_e4m3fn, ...)."""
     return _is_dtype(dtype) and np.dtype(dtype) in _BY_DTYPE
 
 
-def float_dtype(spec) -> np.dtype:
+def float_dtype(spec: npt.DTypeLike) -> np.dtype:
     """Resolve a floating dtype (float16, bfloat16, float32, float64) from a name or dtype."""
     try:
         dt = np.dtype(spec if not isinstance(spec, str) else FLOAT_DTYPES.get(spec.lower(), spec))
     except TypeError:
         dt = None
-    if dt not in FLOAT_DTYPES.values():
+    if dt is None or dt not in FLOAT_DTYPES.values():
         raise InvalidDTypeError(
             f"unsupported floating dtype {spec!r}; expected one of: {', '.join(FLOAT_DTYPES)}"
         )
     return dt
 
 
-def is_float_dtype(dtype) -> bool:
+def is_float_dtype(dtype: npt.DTypeLike) -> bool:
+    """Whether ``dtype`` is one of the floating dtypes (float16, bfloat16, float32, float64)."""
     return _is_dtype(dtype) and np.dtype(dtype) in FLOAT_DTYPES.values()
 
 
-def _is_dtype(obj) -> bool:
+def _is_dtype(obj: npt.DTypeLike) -> bool:
     try:
         np.dtype(obj)
     except TypeError:

@@ -34,24 +34,40 @@ on axis 0.
 from __future__ import annotations
 
 import fnmatch
+import os
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from .errors import InvalidParameterError
 from .io.fp8 import ScaleRule
 from .io.paths import open_regular
 from .qtypes import is_float_dtype
-from .spec import QuantSpec, check_keys, jsonable
+from .spec.jsonable import check_keys, jsonable_dict
+from .spec.quantspec import QuantSpec
 
 _SPEC_KEYS = tuple(QuantSpec.__dataclass_fields__)
-DEFAULT_SPEC = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
+DEFAULT_SPEC: dict[str, Any] = {"dtype": "int8", "axis": 0, "symmetric": True, "method": "minmax"}
 KEEP_DTYPES = ("float32", "bfloat16", "float16")  # what a keep rule may round kept values to
+
+
+class Shaped(Protocol):
+    """What a recipe reads of a checkpoint's tensor: its shape and dtype."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> np.dtype[Any]: ...
 
 
 @dataclass(frozen=True)
 class Rule:
+    """A recipe rule: tensors whose names match ``pattern`` get ``spec`` (None: kept)."""
+
     pattern: str
     spec: QuantSpec | None  # None: keep the tensor as it is
     dtype: str | None = None  # a keep rule's: kept values rounded to this type
@@ -68,7 +84,7 @@ class Recipe:
     #: when not empty, only tensors matching one of these patterns are quantized
     include: tuple[str, ...] = ()
 
-    def keep_dtype(self, name: str, shape, dtype) -> str | None:
+    def keep_dtype(self, name: str, shape: Sequence[int], dtype: npt.DTypeLike) -> str | None:
         """The type a kept floating-point tensor is rounded to: the ``dtype`` of the first
         rule matching ``name`` when it is a keep rule with one (whatever the tensor's rank),
         else None (kept as it is)."""
@@ -79,7 +95,7 @@ class Recipe:
                 return rule.dtype if rule.spec is None else None
         return None
 
-    def spec_for(self, name: str, shape, dtype) -> QuantSpec | None:
+    def spec_for(self, name: str, shape: Sequence[int], dtype: npt.DTypeLike) -> QuantSpec | None:
         """The spec for a tensor, or None to keep it."""
         if not is_float_dtype(np.dtype(dtype)) or len(shape) < self.min_rank:
             return None
@@ -90,7 +106,7 @@ class Recipe:
                 return rule.spec
         return self.defaults
 
-    def check(self, tensors: dict) -> list[str]:
+    def check(self, tensors: Mapping[str, Shaped]) -> list[str]:
         """Check the recipe against a checkpoint's ``tensors`` (name -> object with
         ``shape`` and ``dtype``) before anything is written: an axis a tensor does not have
         is an error naming the rule and the tensor; the returned warnings name each rule that
@@ -140,8 +156,9 @@ class Recipe:
                 out.append(rule.spec)
         return out
 
-    def to_dict(self) -> dict:
-        return jsonable(
+    def to_dict(self) -> dict[str, Any]:
+        """The recipe as a JSON-ready dict (:meth:`from_dict` reads it back)."""
+        return jsonable_dict(
             {
                 "defaults": self.defaults.to_dict(),
                 "min_rank": self.min_rank,
@@ -160,7 +177,9 @@ class Recipe:
         )
 
     @classmethod
-    def from_dict(cls, d: dict) -> Recipe:
+    def from_dict(cls, d: dict[str, Any]) -> Recipe:
+        """The recipe ``d`` (a parsed TOML table) describes; any unknown key, bad value or
+        bad spec is an error naming the table it is in."""
         if not isinstance(d, dict):
             raise InvalidParameterError("a recipe is a table of [defaults] and [[rules]]")
         check_keys(d, ("defaults", "rules", "min_rank", "scales", "include"), "recipe")
@@ -213,7 +232,8 @@ class Recipe:
         return cls(defaults, tuple(rules), min_rank, scales, tuple(include))
 
     @classmethod
-    def load(cls, path) -> Recipe:
+    def load(cls, path: str | os.PathLike[str]) -> Recipe:
+        """The recipe in the TOML file ``path`` (at most :data:`MAX_RECIPE` bytes)."""
         try:
             with open_regular(str(path), "recipe") as f:
                 raw = f.read(MAX_RECIPE + 1)
@@ -232,7 +252,7 @@ class Recipe:
 MAX_RECIPE = 1 << 20  # bytes of a recipe file
 
 
-def _spec(where: str, fields: dict) -> QuantSpec:
+def _spec(where: str, fields: dict[str, Any]) -> QuantSpec:
     """``QuantSpec.from_dict(fields)``, its errors naming the recipe's table ``where``."""
     try:
         return QuantSpec.from_dict(fields)

@@ -107,7 +107,8 @@ def test_checkpoint_tensor_regions_map_the_file_without_a_copy(tmp_path):
 def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tmp_path, stop_after):
     import threading
 
-    from qstream.engine.checkpoint import Stopped, _Stoppable
+    from qstream.engine.conversion import Stoppable as _Stoppable
+    from qstream.engine.conversion import Stopped
     from qstream.engine.job import QuantizeJob
 
     x = (np.random.default_rng(6).standard_normal((512, 256)) * 0.02).astype(np.float32)

@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from ..core import checks
-from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import plan_layout
-from ..errors import InvalidDTypeError
-from ..qtypes import float_dtype, is_qtype_dtype, qtype
-from ..rounding import round_code
+from ..engine import arrays
+from ..errors import InvalidDTypeError, InvalidParameterError
+from ..qtypes import QType, is_qtype_dtype, qtype
 from . import small
+
+if TYPE_CHECKING:
+    from ..spec import QuantSpec
 
 
 def quantize(
-    x,
-    scale,
-    zero_point=None,
+    x: ArrayLike,
+    scale: ArrayLike,
+    zero_point: ArrayLike | None = None,
     *,
     axis: int | None = None,
     block_size: int | None = None,
-    dtype=None,
+    dtype: DTypeLike | QType | None = None,
     round_mode: str = "half_to_even",
     saturate: bool = True,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
+    out: NDArray[Any] | None = None,
+) -> NDArray[Any]:
     """Quantize ``x``: ``y = saturate(round(x / scale) + zero_point)``.
 
     Args:
@@ -58,28 +59,29 @@ def quantize(
         q = small.quantize(x, scale, zero_point, dtype, round_mode)
         if q is not None:
             return q
-    x = checks.as_float_input(x, "x")
-    scale = checks.as_scale(scale)
-    qt = checks.resolve_output_type(dtype, zero_point)
-    zp = checks.as_zero_point(zero_point, qt, scale.shape)
-    layout = plan_layout(x.shape, scale.shape, axis, block_size)
-    checks.check_scale(scale)
-    zp = checks.broadcast_param(zp, scale)
-    return affine_quantize(
-        x, scale, zp, layout, qt, code=round_code(round_mode), saturate=saturate, out=out
+    return arrays.quantize_array(
+        x,
+        scale,
+        zero_point,
+        axis=axis,
+        block_size=block_size,
+        dtype=dtype,
+        round_mode=round_mode,
+        saturate=saturate,
+        out=out,
     )
 
 
 def dequantize(
-    q,
-    scale,
-    zero_point=None,
+    q: ArrayLike,
+    scale: ArrayLike,
+    zero_point: ArrayLike | None = None,
     *,
     axis: int | None = None,
     block_size: int | None = None,
-    dtype="float32",
-    out: np.ndarray | None = None,
-) -> np.ndarray:
+    dtype: DTypeLike = "float32",
+    out: NDArray[Any] | None = None,
+) -> NDArray[Any]:
     """Dequantize ``q``: ``y = (q - zero_point) * scale``, computed in float32.
 
     ``q`` must have a quantized dtype (see :func:`quantize`); ``scale``/``zero_point``/``axis``/
@@ -92,16 +94,19 @@ def dequantize(
         y = small.dequantize(q, scale, zero_point)
         if y is not None:
             return y
-    q = np.asarray(q)
-    if not is_qtype_dtype(q.dtype):
-        raise InvalidDTypeError(f"q must have a quantized dtype, got {q.dtype}")
-    qt = qtype(q.dtype)
-    scale = checks.as_scale(scale)
-    zp = checks.as_zero_point(zero_point, qt, scale.shape)
-    layout = plan_layout(q.shape, scale.shape, axis, block_size)
-    checks.check_scale(scale)
-    zp = checks.broadcast_param(zp, scale)
-    return affine_dequantize(q, scale, zp, layout, qt, float_dtype(dtype), out=out)
+    qa = np.asarray(q)
+    if not is_qtype_dtype(qa.dtype):
+        raise InvalidDTypeError(f"q must have a quantized dtype, got {qa.dtype}")
+    return arrays.dequantize_array(
+        qa,
+        qtype(qa.dtype),
+        scale,
+        zero_point,
+        axis=axis,
+        block_size=block_size,
+        dtype=dtype,
+        out=out,
+    )
 
 
 class GroupQuantized(NamedTuple):
@@ -110,13 +115,13 @@ class GroupQuantized(NamedTuple):
     ``ceil(shape[axis] / block_size)``), so ``dequantize(q, scale, zero_point, axis=axis,
     block_size=block_size)`` is the ONNX ``DequantizeLinear`` of the result."""
 
-    q: np.ndarray
-    scale: np.ndarray
-    zero_point: np.ndarray
+    q: NDArray[Any]
+    scale: NDArray[np.floating[Any]]
+    zero_point: NDArray[Any]
     axis: int
     block_size: int
 
-    def dequantize(self, dtype="float32") -> np.ndarray:
+    def dequantize(self, dtype: DTypeLike = "float32") -> NDArray[Any]:
         """``(q - zero_point) * scale`` per group, as :func:`dequantize`."""
         return dequantize(
             self.q,
@@ -128,7 +133,9 @@ class GroupQuantized(NamedTuple):
         )
 
 
-def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
+def quantize_dynamic(
+    x: ArrayLike, spec: QuantSpec | None = None, /, **fields: Any
+) -> GroupQuantized:
     """Group-wise (blocked) dynamic quantization of an in-memory array: each group of
     ``block_size`` elements along ``axis`` gets its own scale (and zero point) from its own
     finite range, then is quantized with them. The same codes and parameters as
@@ -150,41 +157,22 @@ def quantize_dynamic(x, spec=None, /, **fields) -> GroupQuantized:
         ``zero_point`` in the output type (sub-byte types as ``ml_dtypes`` arrays, one code
         per byte), ``scale`` float32, or float16 with ``scale_dtype="float16"``.
     """
-    from ..core import buffers
-    from ..core.layout import normalize_axis
-    from ..engine.blockmath import block_ranges, dynamic_quantize, nan_to_zero_point
-    from ..errors import InvalidParameterError
     from ..spec import QuantSpec
 
     if spec is None:
         spec = QuantSpec(**{"method": "dynamic", **fields})
     elif fields:
         raise InvalidParameterError("give either a QuantSpec or its fields as keywords, not both")
-    if spec.method != "dynamic" or spec.block_size is None or spec.scale is not None:
+    if (
+        spec.method != "dynamic"
+        or spec.block_size is None
+        or spec.axis is None  # (never, with a block_size: for mypy)
+        or spec.scale is not None
+    ):
         raise InvalidParameterError(
             "quantize_dynamic needs method='dynamic' with axis and block_size (each group its"
             " own range); other methods calibrate over the whole array: use"
             " qstream.quantize_store(x, 'memory://...', spec)"
         )
-    x = checks.as_float_input(x, "x")
-    axis = normalize_axis(spec.axis, x.ndim)
-    qt = spec.qtype
-    q = buffers.empty(x.shape, qt.dtype)  # a large result: from the pool of freed buffers
-    s, z, layout, nonfinite = dynamic_quantize(x, qt, spec, axis, q)
-    if nonfinite and spec.nan_policy == "error":
-        raise block_ranges(x, None).refusal("x", x.shape)
-    if nonfinite and spec.nan_policy == "zero_point":
-        nan_to_zero_point(x, q, z, layout, qt)
-    if nonfinite and spec.nan_policy == "fill":  # the reserved code (the type's minimum)
-        from ..engine.work import fill_nan
-
-        fill_nan(x, q, qt)
-    scale = s
-    if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
-        from ..kernels.blocked import float16_bits
-        from ..kernels.runtime import run
-
-        scale = np.empty(s.shape, np.uint16)
-        run(float16_bits, s.reshape(-1), scale.reshape(-1))
-        scale = scale.view(np.float16)
-    return GroupQuantized(q, scale, z.astype(qt.dtype), axis, int(spec.block_size))
+    q, scale, zero_point, axis = arrays.quantize_groups(x, spec, spec.axis)
+    return GroupQuantized(q, scale, zero_point, axis, int(spec.block_size))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..engine.checkpoint import TensorEvent, convert
 from ..errors import InvalidParameterError
@@ -11,27 +11,30 @@ from ..io import compression as compressions
 from ..io.stores import store_errors
 from ..recipe import Recipe
 
+if TYPE_CHECKING:
+    from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
+
 __all__ = ["TensorEvent", "convert_checkpoint", "plan_conversion"]
 
 
 def convert_checkpoint(
-    checkpoint,
-    dst,
-    recipe: Recipe | str | os.PathLike | None = None,
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe | PathLike | None = None,
     *,
     max_memory: int | None = None,
     overwrite: bool = False,
-    on_tensor: Callable[[TensorEvent], None] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    executor=None,
+    on_tensor: OnTensor | None = None,
+    progress: Progress | None = None,
+    executor: ExecutorLike = None,
     max_shard_size: int = 5 * 10**9,
     compression: str | None = "auto",
     format: str = "compressed-tensors",
-    config=None,
-    storage_options: dict | None = None,
+    config: PathLike | dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
     store: str | None = None,
     packs: bool | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
     ``checkpoint`` may be an object-store URL (``s3://bucket/model/``: a safetensors file, a
@@ -96,8 +99,17 @@ def convert_checkpoint(
 
 
 def _convert_checkpoint(
-    checkpoint, dst, recipe, *, overwrite, max_shard_size, compression, format, config, **kw
-) -> dict:
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe | PathLike | None,
+    *,
+    overwrite: bool,
+    max_shard_size: int,
+    compression: str | None,
+    format: str,
+    config: PathLike | dict[str, Any] | None,
+    **kw: Any,
+) -> dict[str, Any]:
     from ..io.suffixes import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
@@ -136,7 +148,15 @@ def _convert_checkpoint(
     )
 
 
-def _to_safetensors(checkpoint, dst, recipe, *, overwrite, export, **kw) -> dict:
+def _to_safetensors(
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe | None,
+    *,
+    overwrite: bool,
+    export: dict[str, Any],
+    **kw: Any,
+) -> dict[str, Any]:
     import contextlib
     import json
     import os
@@ -150,8 +170,8 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, export, **kw) -> dict
     dst = os.fspath(dst)
     source = location(checkpoint) or str(checkpoint)
     recipe = recipe or Recipe()
-    job = {"source": source, "recipe": recipe.to_dict(), "format": export["format"]}
-    job = json.dumps(job, sort_keys=True)
+    ident = {"source": source, "recipe": recipe.to_dict(), "format": export["format"]}
+    job = json.dumps(ident, sort_keys=True)
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
     # nothing this run writes may be (or hold) a file the checkpoint is read from
@@ -163,7 +183,7 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, export, **kw) -> dict
         check_separate(sources, target)
     shards = shard_pattern(dst)
     for src in sources:
-        if os.path.dirname(src) == os.path.dirname(location(dst)) and shards.fullmatch(
+        if os.path.dirname(src) == os.path.dirname(location(dst) or dst) and shards.fullmatch(
             os.path.basename(src)
         ):
             raise StoreError(
@@ -185,7 +205,7 @@ def _to_safetensors(checkpoint, dst, recipe, *, overwrite, export, **kw) -> dict
             os.rmdir(work)  # (only if nothing is left in it)
 
 
-def _check_layout(tensors, recipe: Recipe, format: str, dst: str) -> None:
+def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
     """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
     express (see :mod:`qstream.io.compressed_tensors`; FP8 block scales are consumed by
     their weights, as the conversion pairs them), and a ``config.json`` beside ``dst`` that
@@ -209,7 +229,17 @@ def _check_layout(tensors, recipe: Recipe, format: str, dst: str) -> None:
             compressed_tensors.layout(name, t.shape, spec)
 
 
-def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export, kw):
+def _export_locked(
+    checkpoint: PathLike,
+    dst: str,
+    recipe: Recipe,
+    job: str,
+    work: str,
+    index: str,
+    overwrite: bool,
+    export: dict[str, Any],
+    kw: dict[str, Any],
+) -> dict[str, Any]:
     import os
 
     from ..errors import StoreError
@@ -237,7 +267,7 @@ def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export,
     # (one an earlier version began compressed is resumed as it was begun)
     compression = compressions.NONE
     if resuming and not overwrite:
-        compression = work_root.meta.get("compression", compressions.AUTO)
+        compression = (work_root.meta or {}).get("compression", compressions.AUTO)
     result = convert(
         checkpoint, work, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
     )
@@ -259,12 +289,12 @@ def _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export,
 
 
 def plan_conversion(
-    checkpoint,
-    recipe: Recipe | str | os.PathLike | None = None,
+    checkpoint: PathLike,
+    recipe: Recipe | PathLike | None = None,
     *,
-    storage_options: dict | None = None,
+    storage_options: StorageOptions | None = None,
     store: str | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """What :func:`convert_checkpoint` would do, without doing it (nothing is written): for
     each tensor its name, shape, stored dtype, target (the spec, or ``keep``) and bytes
     before and after (codes and parameters). The recipe is checked as the conversion checks
@@ -281,8 +311,10 @@ def plan_conversion(
 
     if not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe) if recipe is not None else Recipe()
-    opts = {k: v for k, v in (("storage_options", storage_options), ("store", store)) if v}
-    tensors = pair_scales(open_checkpoint(checkpoint, **opts), recipe.scales)
+    tensors = open_checkpoint(
+        checkpoint, storage_options=storage_options or None, store=store or None
+    )
+    tensors = pair_scales(tensors, recipe.scales)
     for warning in recipe.check(tensors):
         warnings.warn(warning, QStreamWarning, stacklevel=2)
     rows = []

@@ -3,24 +3,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from ..engine.checkpoint import restore
 from ..engine.job import QuantizeJob
-from ..engine.job import dequantize as _dequantize
+from ..engine.job import dequantize as dequantize_group
 from ..io.qarray import is_checkpoint
 from ..io.stores import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 
+if TYPE_CHECKING:
+    from .types import (
+        ArraySource,
+        ExecutorLike,
+        Location,
+        OnTensor,
+        PathLike,
+        Progress,
+        StorageOptions,
+    )
+
 
 def calibrate(
-    src,
+    src: ArraySource,
     spec: QuantSpec | None = None,
     *,
     max_memory: int | None = None,
-    progress: Callable | None = None,
-    storage_options: dict | None = None,
-    executor=None,
+    progress: Progress | None = None,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
     store: str | None = None,
 ) -> Calibration:
     """Gather statistics from ``src`` and derive the scale/zero point ``spec`` asks for
@@ -40,21 +51,21 @@ def calibrate(
 
 
 def quantize_store(
-    src,
-    dst,
+    src: ArraySource,
+    dst: Location,
     spec: QuantSpec | None = None,
     *,
     max_memory: int | None = None,
-    progress: Callable | None = None,
+    progress: Progress | None = None,
     overwrite: bool = False,
     resume: bool = True,
-    storage_options: dict | None = None,
-    executor=None,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
     store: str | None = None,
     histogram: bool = False,
     compression: str | None = "auto",
     layout: str = "group",
-    chunks=None,
+    chunks: int | tuple[int, ...] | list[int] | None = None,
 ) -> QuantReport:
     """Quantize the array ``src`` into the quantized group ``dst``.
 
@@ -117,24 +128,24 @@ def quantize_store(
             layout=layout,
             chunks=chunks,
         )
-        dst = with_backend(dst, store, storage_options, read_only=False)
-        return job.run(dst, progress=progress, overwrite=overwrite, resume=resume)
+        target = with_backend(dst, store, storage_options, read_only=False)
+        return job.run(target, progress=progress, overwrite=overwrite, resume=resume)
 
 
 def dequantize_store(
-    src,
-    dst,
+    src: Location,
+    dst: Location,
     *,
-    dtype="float32",
+    dtype: str = "float32",
     max_memory: int | None = None,
-    progress: Callable | None = None,
+    progress: Progress | None = None,
     overwrite: bool = False,
-    storage_options: dict | None = None,
-    executor=None,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
     store: str | None = None,
     compression: str | None = "auto",
-    on_tensor: Callable | None = None,
-) -> dict:
+    on_tensor: OnTensor | None = None,
+) -> dict[str, Any]:
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
     (float32, float16 or bfloat16), under the same destination rules (and with the same
     ``executor`` and ``store`` choices) as :func:`quantize_store`. ``compression``: as for
@@ -153,10 +164,12 @@ def dequantize_store(
     from ..io.suffixes import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
+    # (both go through files: their source and destination are paths)
+    paths = cast("PathLike", src), cast("PathLike", dst)
     if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
-        return _dequantize_export(src, dst, dtype, overwrite, max_memory, progress)
+        return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
-        return _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options)
+        return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options)
     with store_errors(_remote(dst, src)):
         return _dequantize_any(
             with_backend(src, store, storage_options, read_only=True),
@@ -173,23 +186,36 @@ def dequantize_store(
         )
 
 
-def _dequantize_export(src, dst, dtype, overwrite, max_memory, progress) -> dict:
+def _dequantize_export(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
     """A qstream ``.safetensors`` export dequantized: its tensors read as values
     (:mod:`qstream.io.exported`) and kept in ``dtype``, into a Zarr group or a file."""
-    from ..api.convert import convert_checkpoint
     from ..recipe import Recipe
+    from .convert import convert_checkpoint
 
     recipe = Recipe.from_dict(
         {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
     )
-    fmt = {"format": "qstream"} if str(dst).endswith(".safetensors") else {}
+    fmt = "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
     report = convert_checkpoint(
-        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, **fmt
+        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, format=fmt
     )
     return {**report, "dtype": dtype}
 
 
-def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> dict:
+def _dequantize_to_safetensors(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    storage_options: StorageOptions | None,
+) -> dict[str, Any]:
     import json
     import os
     import time
@@ -197,16 +223,16 @@ def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> d
     from ..io.export import export_safetensors, finished_export
     from ..io.stores import location
 
-    dst = os.fspath(dst)
+    path = os.fspath(dst)
     job = json.dumps({"dequantize": location(src) or str(src), "dtype": dtype}, sort_keys=True)
-    done = None if overwrite else finished_export(dst, job)
+    done = None if overwrite else finished_export(path, job)
     if done is not None:
-        return {"destination": dst, "files": done, "already_complete": True, "dtype": dtype}
+        return {"destination": path, "files": done, "already_complete": True, "dtype": dtype}
     t0 = time.perf_counter()
     with store_errors(src):
         out = export_safetensors(
             src,
-            dst,
+            path,
             format="dequantized",
             dtype=dtype,
             overwrite=overwrite,
@@ -214,7 +240,7 @@ def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> d
             job=job,
         )
     return {
-        "destination": dst,
+        "destination": path,
         "files": out["files"],
         "tensors": out["tensors"],
         "bytes": out["bytes"],
@@ -224,7 +250,7 @@ def _dequantize_to_safetensors(src, dst, dtype, overwrite, storage_options) -> d
     }
 
 
-def _remote(*targets):
+def _remote(*targets: ArraySource) -> ArraySource:
     """The first of ``targets`` that is a URL (how failures of the store are named), else
     the first."""
     for t in targets:
@@ -233,8 +259,18 @@ def _remote(*targets):
     return targets[0]
 
 
-def _dequantize_any(src, dst, *, storage_options, store, on_tensor=None, **kw) -> dict:
+def _dequantize_any(
+    src: Location,
+    dst: Location,
+    *,
+    storage_options: StorageOptions | None,
+    store: str | None,
+    on_tensor: OnTensor | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """One quantized group dequantized into an array, or a converted checkpoint's root into a
+    group of arrays."""
     if is_checkpoint(src, storage_options):
         return restore(src, dst, on_tensor=on_tensor, **kw)
-    dst = with_backend(dst, store, storage_options, read_only=False)
-    return _dequantize(src, dst, storage_options=storage_options, **kw)
+    target = with_backend(dst, store, storage_options, read_only=False)
+    return dequantize_group(src, target, storage_options=storage_options, **kw)

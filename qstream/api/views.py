@@ -3,22 +3,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..engine.job import QuantizeJob
 from ..io.stores import with_backend
 from ..spec import Calibration, QuantSpec
 
+if TYPE_CHECKING:
+    from .types import ArraySource, ExecutorLike, Progress, StorageOptions
+
 
 def compare_methods(
-    src,
+    src: ArraySource,
     spec: QuantSpec | None = None,
     methods: Sequence[str] | None = None,
     *,
     max_memory: int | None = None,
-    progress: Callable | None = None,
-    storage_options: dict | None = None,
-    executor=None,
+    progress: Progress | None = None,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
     store: str | None = None,
 ) -> Calibration:
     """Calibrate ``src`` under ``spec`` and set every method of ``methods`` (default: minmax,

@@ -8,14 +8,23 @@ channels are searched in groups (each taking about ``PROGRESS_SECONDS``) and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+from ..spec.quantspec import QuantSpec
+
+Progress = Callable[[int, int], None]  # progress(done_channels, total_channels)
 
 PROGRESS_SECONDS = 0.25  # the work between two progress calls (callback overhead << 1%)
 _FIRST_GROUP = 64  # channels per thread in the first (timed) group
 
 
-def _channel_groups(n: int, run_group, progress) -> None:
+def _channel_groups(
+    n: int, run_group: Callable[[int, int], None], progress: Progress | None
+) -> None:
     """``run_group(c0, c1)`` over ``[0, n)``: once when ``progress`` is None, else in groups
     sized from the time the previous ones took, calling ``progress(c1, n)`` after each."""
     if progress is None:
@@ -39,7 +48,15 @@ def _channel_groups(n: int, run_group, progress) -> None:
         c0 = c1
 
 
-def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool, progress=None):
+def percentile_range(
+    hist: dict[str, Any],
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
+    percentile: float,
+    *,
+    symmetric: bool,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel range keeping ``percentile`` percent of the values.
 
     As ONNX Runtime's PercentileCalibrater and NVIDIA's ``_compute_amax_percentile``:
@@ -55,7 +72,7 @@ def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool, 
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
     n = counts.shape[0]
 
-    def per_channel(v):
+    def per_channel(v: npt.ArrayLike) -> np.ndarray:
         return np.ascontiguousarray(np.broadcast_to(np.asarray(v, np.float64), (n,)))
 
     hlo, hhi, clo, chi = (per_channel(v) for v in (hist["lo"], hist["hi"], lo, hi))
@@ -79,7 +96,15 @@ def percentile_range(hist: dict, lo, hi, percentile: float, *, symmetric: bool, 
     return out_lo, out_hi
 
 
-def method_range(hist: dict, lo, hi, spec, bits: int, *, progress=None):
+def method_range(
+    hist: dict[str, Any],
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
+    spec: QuantSpec,
+    bits: int,
+    *,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel range of a histogram method (``spec.method``: percentile, entropy, mse,
     l2) from the channels' histograms ``hist`` and observed ranges ``lo``/``hi``.
     ``progress``: see the module."""
@@ -104,7 +129,16 @@ def _logs() -> np.ndarray:
     return _log_table
 
 
-def search_range(hist: dict, lo, hi, method: str, bits: int, *, symmetric: bool, progress=None):
+def search_range(
+    hist: dict[str, Any],
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
+    method: str,
+    bits: int,
+    *,
+    symmetric: bool,
+    progress: Progress | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel range from a threshold search (entropy, mse over ``|x|``; l2 signed).
 
     entropy: TensorRT KL over ``2**(bits-1)`` levels, candidates from bin 128; mse: NVIDIA's

@@ -17,7 +17,10 @@ the rounded scale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import numpy.typing as npt
 
 from ..qtypes import TINY_SCALE, QType
 
@@ -40,7 +43,7 @@ HALF_MIN = 2.0**-24  # the smallest positive float16
 HALF_MAX = 65504.0  # the largest finite float16
 
 
-def half_scales(scale) -> np.ndarray:
+def half_scales(scale: npt.ArrayLike) -> np.ndarray:
     """Scales rounded to the nearest float16 (ties to even) and clamped to ``[2**-24,
     65504]`` (so none becomes 0 or inf), as float32 values."""
     s = np.asarray(scale, np.float32)
@@ -49,20 +52,22 @@ def half_scales(scale) -> np.ndarray:
 
 
 def params_from_range(
-    lo,
-    hi,
+    lo: npt.ArrayLike,
+    hi: npt.ArrayLike,
     qt: QType,
     *,
     symmetric: bool,
     narrow_range: bool = False,
     half_scale: bool = False,
     full_levels: bool = False,
-):
+) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays;
     ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first. A scale that
     rounds to 0 in float32 (a range of a few subnormals) becomes :data:`TINY_SCALE`, which
     still holds the range: a stored scale is never 0."""
-    fix = half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
+    fix: Callable[[np.ndarray], np.ndarray] = (
+        half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
+    )
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
     qmin, qmax = qt.qrange(narrow_range)
@@ -77,5 +82,5 @@ def params_from_range(
         return fix(scale.astype(np.float32)), np.full(scale.shape, zp)
     span = hi - lo
     scale = fix(np.where(span > 0, span / (qmax - qmin), 1.0).astype(np.float32))
-    zp = np.clip(np.rint(qmin - lo / scale.astype(np.float64)), qmin, qmax)
-    return scale, zp
+    zps = np.clip(np.rint(qmin - lo / scale.astype(np.float64)), qmin, qmax)
+    return scale, zps

@@ -12,13 +12,23 @@ from __future__ import annotations
 import re
 import sys
 import traceback
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 import typer.core
 
-# Recent Typer releases carry their own copy of Click; take its classes from Typer's exports.
-ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+import qstream as qs
+
+if TYPE_CHECKING:  # Typer's own copy of Click: the classes its commands are typed with
+    from typer._click import Context
+    from typer._click.exceptions import ClickException
+else:
+    # Recent Typer releases carry their own copy of Click; take its classes from Typer's
+    # exports.
+    ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 state = {"debug": False}
 
@@ -28,7 +38,8 @@ class Terminated(KeyboardInterrupt):
     (what finished stays, the same command resumes)."""
 
 
-def on_sigterm(signum, frame) -> None:
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """The SIGTERM handler: raise :class:`Terminated` in the main thread."""
     raise Terminated()
 
 
@@ -69,12 +80,17 @@ def show_warnings() -> None:
     ``file:line: Category`` form)."""
     import warnings
 
-    from qstream.errors import QStreamWarning
-
     default = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):
-        if issubclass(category, QStreamWarning):
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if issubclass(category, qs.QStreamWarning):
             typer.echo(f"warning: {message}", err=True)
         else:
             default(message, category, filename, lineno, file, line)
@@ -95,17 +111,15 @@ def cli_terms(message: str) -> str:
     return message
 
 
-def fail(message: str, code: int):
+def fail(message: str, code: int) -> NoReturn:
     """Print ``error: message`` (one line, in command-line terms) and exit with ``code``."""
     typer.echo(f"error: {cli_terms(message)}", err=True)
     raise typer.Exit(code)
 
 
 @contextmanager
-def library_errors():
+def library_errors() -> Iterator[None]:
     """Map library errors to one line and an exit code."""
-    from qstream import InvalidDTypeError, InvalidParameterError, QStreamError
-
     try:
         yield
     except typer.Exit:
@@ -122,16 +136,16 @@ def library_errors():
     except Exception as e:
         if state["debug"]:
             traceback.print_exc()
-        if isinstance(e, (InvalidParameterError, InvalidDTypeError)):
+        if isinstance(e, (qs.InvalidParameterError, qs.InvalidDTypeError)):
             fail(str(e), 2)
-        if isinstance(e, QStreamError):
+        if isinstance(e, qs.QStreamError):
             fail(str(e), 1)
         if isinstance(e, OSError):
             fail(f"{e.__class__.__name__}: {e}", 1)
         fail(f"internal error: {e.__class__.__name__}: {e} (re-run with --debug for details)", 1)
 
 
-def _usage_line(e) -> str:
+def _usage_line(e: Any) -> str:
     """A usage error as one line, with where to look next."""
     message = e.format_message().replace("\n", " ").rstrip(".")
     message = re.sub(
@@ -149,26 +163,41 @@ class Group(typer.core.TyperGroup):
     """The ``qstream`` group: usage errors as one line (exit 2), ``--debug`` and
     ``--version`` anywhere on the line, commands listed in definition order."""
 
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: Context) -> list[str]:
+        """The commands in the order they were added (``qstream --help`` lists them so)."""
         return list(self.commands)
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        args = list(sys.argv[1:] if args is None else args)
-        cut = args.index("--") if "--" in args else len(args)
-        state["debug"] = "--debug" in args[:cut]
-        if "--version" in args[:cut]:
-            import qstream
-
-            typer.echo(f"qstream {qstream.__version__}")
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> int:
+        """Run the command line ``args`` (default: ``sys.argv[1:]``); returns the exit code
+        when not ``standalone_mode`` (else exits with it)."""
+        argv = list(sys.argv[1:] if args is None else args)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        state["debug"] = "--debug" in argv[:cut]
+        if "--version" in argv[:cut]:
+            typer.echo(f"qstream {qs.__version__}")
             return _exit(0, standalone_mode)
-        args = [a for a in args[:cut] if a != "--debug"] + args[cut:]
+        argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
         try:
             rv = super().main(
-                args, prog_name or "qstream", complete_var, standalone_mode=False, **extra
+                argv,
+                prog_name or "qstream",
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
             )
         except ClickException as e:
-            if type(e).__name__ == "NoArgsIsHelpError":  # bare ``qstream``: the help
-                typer.echo(e.ctx.get_help())
+            ctx = getattr(e, "ctx", None)  # a usage error's
+            if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare ``qstream``
+                typer.echo(ctx.get_help())
             else:
                 typer.echo(_usage_line(e), err=True)
             return _exit(e.exit_code, standalone_mode)
@@ -178,7 +207,7 @@ class Group(typer.core.TyperGroup):
         return _exit(rv if isinstance(rv, int) else 0, standalone_mode)
 
 
-def _exit(code: int, standalone: bool):
+def _exit(code: int, standalone: bool) -> int:
     if standalone:
         sys.exit(code)
     return code

@@ -9,8 +9,12 @@ otherwise (pipes, logs, CI) plain lines such as ``    0.4688 |#######           
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import typer
+
+import qstream as qs
 
 from .output import console, fmt_bytes, fmt_db, table
 
@@ -27,32 +31,35 @@ STYLES = {
 }
 
 
-def _num(v) -> str:
+def _num(v: float | str | None) -> str:
     if v is None:
         return "-"
-    v = float(v)
-    return f"{v:.6g}" if math.isfinite(v) else str(v)
+    x = float(v)
+    return f"{x:.6g}" if math.isfinite(x) else str(x)
 
 
-def _edge(v) -> str:
+def _edge(v: float) -> str:
     return f"{float(v):.4g}"
 
 
 class Lines:
     """Lines of styled segments, printed as Rich text on a terminal, plain otherwise."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lines: list[list[tuple[str, str | None]]] = []
         self.out = console()
         self.rich = self.out.is_terminal
 
     def add(self, *segments: tuple[str, str | None]) -> None:
+        """A line of ``(text, Rich style or None)`` segments."""
         self.lines.append(list(segments))
 
     def text(self, s: str, style: str | None = None) -> None:
+        """A line of one segment."""
         self.add((s, style))
 
     def flush(self) -> None:
+        """Print the lines so far."""
         if self.rich:
             from rich.text import Text
 
@@ -68,11 +75,19 @@ class Lines:
 
     @property
     def bar_width(self) -> int:
+        """Characters for the longest bar: what the terminal leaves, at most WIDTH."""
         return max(10, min(WIDTH, self.out.width - 32)) if self.rich else WIDTH
 
 
 def histogram_lines(
-    out: Lines, hist, markers=(), *, clip=None, log=True, rows=ROWS, label_fmt=_edge
+    out: Lines,
+    hist: Any,
+    markers: Iterable[tuple[str, float]] = (),
+    *,
+    clip: tuple[float, float] | None = None,
+    log: bool = True,
+    rows: int = ROWS,
+    label_fmt: Callable[[float], str] = _edge,
 ) -> None:
     """Rows of ``hist`` (regrouped into at most ``rows`` rows) with a marker line at each
     ``(name, x)`` of ``markers``, between the row holding ``x`` and the next."""
@@ -102,6 +117,7 @@ def histogram_lines(
             marker(*pending.pop(0))
         n = scaled(c)
         clipped = bool(outside[r])
+        bar: tuple[str, str | None]
         if out.rich:
             bar = ("█" * n, "red" if clipped else "cyan")
         else:
@@ -115,7 +131,7 @@ def histogram_lines(
         marker(*m)
 
 
-def _view_histogram(out: Lines, cal, what: str) -> None:
+def _view_histogram(out: Lines, cal: Any, what: str) -> None:
     hist = cal.histogram
     kind = "|x|" if hist.abs else "x"
     shown = hist.regroup(ROWS)
@@ -133,7 +149,7 @@ def _view_histogram(out: Lines, cal, what: str) -> None:
     histogram_lines(out, hist, cal.markers(), clip=cal.clip)
 
 
-def _channel_lines(out: Lines, ch, title: str) -> None:
+def _channel_lines(out: Lines, ch: Any, title: str) -> None:
     out.text(
         f"{title}: {ch.channels} channels" + (f", {ch.exact} exact" if ch.exact else ""), "bold"
     )
@@ -148,7 +164,7 @@ def _channel_lines(out: Lines, ch, title: str) -> None:
         histogram_lines(out, ch.histogram, markers, log=False, label_fmt=lambda v: f"{v:.2f} dB")
 
 
-def _worst_table(ch, title: str = "worst channels") -> None:
+def _worst_table(ch: Any, title: str = "worst channels") -> None:
     cols = ["channel", "SQNR dB", "clip %"]
     with_err = any(w.get("max_abs") is not None for w in ch.worst)
     rows = []
@@ -165,7 +181,7 @@ def _worst_table(ch, title: str = "worst channels") -> None:
     table(title, [*cols, "max err"] if with_err else cols, rows)
 
 
-def _clip_ratio_line(out: Lines, cal) -> None:
+def _clip_ratio_line(out: Lines, cal: Any) -> None:
     """Per channel, how much of each channel's range the calibration keeps (when it clips)."""
     if cal.clip_ratio and cal.clip_ratio.get("quantiles"):
         q = cal.clip_ratio["quantiles"]
@@ -179,9 +195,10 @@ def _clip_ratio_line(out: Lines, cal) -> None:
         )
 
 
-def comparison_table(cal, what: str) -> None:
+def comparison_table(cal: qs.Calibration, what: str) -> None:
     """Every compared method's range, parameters and predicted SQNR, the best starred."""
     view = cal.view
+    assert view is not None  # (a comparison keeps its view)
     best = view.best
     per_tensor = view.channels == 1
     rows = []
@@ -224,7 +241,7 @@ def comparison_table(cal, what: str) -> None:
     )
 
 
-def show_calibration(cal, what: str) -> None:
+def show_calibration(cal: qs.Calibration, what: str) -> None:
     """``calibrate --show`` / ``--compare``: the histogram with every threshold, the methods
     side by side, and per channel the predicted SQNR distribution and the worst channels."""
     view = cal.view
@@ -246,7 +263,7 @@ def show_calibration(cal, what: str) -> None:
         comparison_table(cal, what)
 
 
-def show_report(view, what: str) -> None:
+def show_report(view: Any, what: str) -> None:
     """``inspect --show``: the stored histogram with the clip threshold (per tensor), the
     per-channel SQNR distribution and the worst channels (per channel)."""
     out = Lines()
@@ -299,7 +316,7 @@ def show_report(view, what: str) -> None:
         table("worst groups", ["group", "first element", "SQNR dB", "max err"], rows)
 
 
-def show_checkpoint(view) -> None:
+def show_checkpoint(view: Any) -> None:
     """``inspect --show`` of a converted checkpoint (a
     :class:`~qstream.calibration.views.CheckpointView`): totals, the SQNR over its quantized
     tensors, the worst and the largest tensors, the bytes per target."""
@@ -323,7 +340,7 @@ def show_checkpoint(view) -> None:
             )
     out.flush()
 
-    def rows(rs):
+    def rows(rs: Iterable[dict[str, Any]]) -> list[list[str]]:
         return [
             [
                 str(r.get("name")),

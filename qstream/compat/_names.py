@@ -15,17 +15,19 @@ spellings of every supported type.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import InvalidDTypeError
 from ..qtypes import is_float_dtype, is_qtype_dtype, qtype
 
 
-def _qstream_name(value) -> str | None:
+def _qstream_name(value: object) -> str | None:
     """qstream's name of a dtype-like ``value`` (None if it is not a quantized or real type)."""
     try:
-        dt = np.dtype(value)
+        dt = np.dtype(cast(npt.DTypeLike, value))  # (anything: np.dtype says what it is not)
     except (TypeError, ValueError):
         return None
     if is_qtype_dtype(dt):
@@ -35,7 +37,7 @@ def _qstream_name(value) -> str | None:
     return None
 
 
-def resolve_type(value, native: Mapping[str, str], what: str, *, prefix: str = "") -> str:
+def resolve_type(value: object, native: Mapping[str, str], what: str, *, prefix: str = "") -> str:
     """qstream's name of the type ``value`` names, among the types a profile supports.
 
     ``native`` maps the framework's names to qstream's names; its values are the supported
@@ -62,7 +64,7 @@ def resolve_type(value, native: Mapping[str, str], what: str, *, prefix: str = "
     return found
 
 
-def _is_dtype_like(value) -> bool:
+def _is_dtype_like(value: object) -> bool:
     """A NumPy dtype, a scalar type, or anything ``np.dtype`` turns into a dtype qstream
     knows (ml_dtypes types included)."""
     return isinstance(value, (np.dtype, type)) or _qstream_name(value) is not None

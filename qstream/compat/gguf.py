@@ -21,7 +21,10 @@ QuantSpec: ``qstream convert CK out.gguf`` and :func:`qstream.export_gguf` use i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import InvalidDTypeError, InvalidParameterError
 
@@ -30,7 +33,7 @@ BLOCK = 32
 TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 #: GGML type numbers (``gguf.GGMLQuantizationType``)
 TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
-PLAIN = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
+PLAIN: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
 TYPES = tuple(TYPE_ID)
 __all__ = ["BLOCK", "TYPES", "byte_shape", "dequantize", "quantize"]
 
@@ -44,7 +47,7 @@ def _type(qtype: str) -> str:
     return name
 
 
-def byte_shape(shape, qtype: str) -> tuple[int, ...]:
+def byte_shape(shape: Sequence[int], qtype: str) -> tuple[int, ...]:
     """The stored shape of a tensor of ``shape``: quantized types (and BF16) as bytes, the last
     axis ``shape[-1] / 32 * type size``; F32/F16 as values."""
     qtype = _type(qtype)
@@ -60,7 +63,7 @@ def byte_shape(shape, qtype: str) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // BLOCK * TYPE_SIZE[qtype])
 
 
-def quantize(x, qtype: str) -> np.ndarray:
+def quantize(x: npt.ArrayLike, qtype: str) -> np.ndarray:
     """``gguf.quants.quantize(x, qtype)``: uint8 blocks for Q8_0/Q4_0/Q4_1/BF16 (shaped
     :func:`byte_shape`), float32/float16 values for F32/F16."""
     qtype = _type(qtype)
@@ -77,7 +80,7 @@ def quantize(x, qtype: str) -> np.ndarray:
     return {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}[qtype](blocks).reshape(out_shape)
 
 
-def dequantize(raw, qtype: str) -> np.ndarray:
+def dequantize(raw: npt.ArrayLike, qtype: str) -> np.ndarray:
     """``gguf.quants.dequantize(raw, qtype)``: float32 values of stored blocks (the last axis
     back to values)."""
     qtype = _type(qtype)
@@ -160,5 +163,5 @@ def _bf16(x: np.ndarray) -> np.ndarray:
         (n & np.uint32(0xFFFF0000)) | np.uint32(64 << 16),
         n,
     )
-    n = (n.astype(np.uint64) + (np.uint64(0x7FFF) + ((n >> np.uint32(16)) & np.uint32(1)))) >> 16
-    return n.astype(np.uint16).view(np.uint8)
+    r = (n.astype(np.uint64) + (np.uint64(0x7FFF) + ((n >> np.uint32(16)) & np.uint32(1)))) >> 16
+    return r.astype(np.uint16).view(np.uint8)

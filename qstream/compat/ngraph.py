@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.affine import affine_dequantize, affine_quantize
 from ..core.layout import plan_layout
@@ -60,7 +61,9 @@ ROUND_MODES = {
 }
 
 
-def _gather_axes(x: np.ndarray, scale: np.ndarray, axes: Iterable[int]):
+def _gather_axes(
+    x: np.ndarray, scale: np.ndarray, axes: Iterable[int]
+) -> tuple[list[int], tuple[int, ...], np.ndarray]:
     """Move ``axes`` to the front and flatten them, so the parameters become per-axis on 0."""
     axes = sorted({int(a) for a in axes})
     for a in axes:
@@ -76,20 +79,20 @@ def _gather_axes(x: np.ndarray, scale: np.ndarray, axes: Iterable[int]):
     return axes, moved.shape, flat
 
 
-def _restore(y: np.ndarray, axes, moved_shape) -> np.ndarray:
+def _restore(y: np.ndarray, axes: list[int], moved_shape: tuple[int, ...]) -> np.ndarray:
     return np.moveaxis(y.reshape(moved_shape), list(range(len(axes))), axes)
 
 
-def _real(dtype, what: str) -> np.dtype:
+def _real(dtype: object, what: str) -> np.dtype:
     return np.dtype(resolve_type(dtype, REAL_TYPES, what))
 
 
 def quantize(
-    input,
-    scale,
-    zero_point,
+    input: npt.ArrayLike,
+    scale: npt.ArrayLike,
+    zero_point: npt.ArrayLike,
     *,
-    type,
+    type: object,
     axes: Iterable[int] = (),
     round_mode: str = "ROUND_NEAREST_TOWARD_EVEN",
 ) -> np.ndarray:
@@ -121,7 +124,14 @@ def quantize(
     return np.ascontiguousarray(_restore(q, axes, moved_shape))
 
 
-def dequantize(input, scale, zero_point, *, type="float32", axes: Iterable[int] = ()) -> np.ndarray:
+def dequantize(
+    input: npt.ArrayLike,
+    scale: npt.ArrayLike,
+    zero_point: npt.ArrayLike,
+    *,
+    type: object = "float32",
+    axes: Iterable[int] = (),
+) -> np.ndarray:
     """nGraph ``Dequantize``: ``(REAL)(q - offset) * scale`` in the real type ``type``
     ("f32", "f64" or qstream's "float32", "float64")."""
     q = np.asarray(input)

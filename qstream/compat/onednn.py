@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import plan_layout
+from ..core.layout import Layout, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import is_qtype_dtype, qtype
 from ..rounding import OP_DIV_ADD
@@ -25,31 +26,37 @@ from ._names import resolve_type
 _DST = {"s8": "int8", "u8": "uint8", "f8_e4m3": "float8_e4m3fn", "f8_e5m2": "float8_e5m2"}
 
 
-def _params(shape, scales, zps, qtype_: str, axis: int):
-    scales = np.asarray(scales, dtype=np.float32).reshape(-1)
+def _params(
+    shape: tuple[int, ...],
+    scales: Sequence[float],
+    zps: Sequence[int] | None,
+    qtype_: str,
+    axis: int,
+) -> tuple[Layout, np.ndarray, np.ndarray | None]:
+    s: np.ndarray = np.asarray(scales, dtype=np.float32).reshape(-1)
     if qtype_ == "per_tensor":
-        if scales.size != 1:
+        if s.size != 1:
             raise InvalidParameterError("per_tensor quantization takes exactly one scale")
         layout = plan_layout(shape, (), None, None)
-        scales = scales.reshape(())
+        s = s.reshape(())
     elif qtype_ == "per_channel":
         if not -len(shape) <= axis < len(shape):
             raise InvalidParameterError(
                 f"axis {axis} is out of range [{-len(shape)}, {len(shape) - 1}]"
             )
-        layout = plan_layout(shape, scales.shape, axis, None)
+        layout = plan_layout(shape, s.shape, axis, None)
     else:
         raise InvalidParameterError(f"qtype must be 'per_tensor' or 'per_channel', got {qtype_!r}")
     if zps is None:
-        return layout, scales, None
+        return layout, s, None
     z = np.asarray(zps, dtype=np.int64).reshape(-1)
-    if z.size != scales.size:
-        raise InvalidParameterError(f"zps has {z.size} elements, scales has {scales.size}")
-    return layout, scales, z.reshape(scales.shape).astype(np.float64)
+    if z.size != s.size:
+        raise InvalidParameterError(f"zps has {z.size} elements, scales has {s.size}")
+    return layout, s, z.reshape(s.shape).astype(np.float64)
 
 
 def quantize(
-    src,
+    src: npt.ArrayLike,
     *,
     scales: Sequence[float],
     zps: Sequence[int] | None = None,
@@ -77,7 +84,7 @@ def quantize(
 
 
 def dequantize(
-    src,
+    src: npt.ArrayLike,
     *,
     scales: Sequence[float],
     zps: Sequence[int] | None = None,

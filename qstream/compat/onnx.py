@@ -15,10 +15,13 @@ Zero and negative scales are accepted, as both ONNX implementations accept them.
 
 from __future__ import annotations
 
+from types import EllipsisType
+
 import numpy as np
+import numpy.typing as npt
 
 from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import blocked_param_shape, plan_layout
+from ..core.layout import Layout, blocked_param_shape, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import QType, float_dtype, is_qtype_dtype, qtype
 from ._names import resolve_type
@@ -49,13 +52,16 @@ _ONNX_NAMES = dict(_TENSOR_TYPES.values())
 _QUANTIZED_NAMES = {k: v for k, v in _ONNX_NAMES.items() if v not in _FLOAT_INPUTS}
 _REAL_NAMES = {k: v for k, v in _ONNX_NAMES.items() if v in _FLOAT_INPUTS}
 
+# An element type: a TensorProto code, ONNX's or qstream's name, or a dtype.
+TypeArg = int | npt.DTypeLike
 
-def _type_name(t, names: dict[str, str], what: str) -> str:
+
+def _type_name(t: TypeArg, names: dict[str, str], what: str) -> str:
     """qstream's name of an element type given as a TensorProto code, ONNX's name ("FLOAT",
     "INT8", "FLOAT8E4M3FN" ..., any case), qstream's name or a dtype, among ``names``."""
     if isinstance(t, (int, np.integer)) and not isinstance(t, bool):
         name = _TENSOR_TYPES.get(int(t), (None, None))[1]
-        if name not in names.values():
+        if name is None or name not in names.values():
             codes = ", ".join(
                 f"{c} ({o})" for c, (o, n) in _TENSOR_TYPES.items() if n in names.values()
             )
@@ -67,7 +73,7 @@ def _type_name(t, names: dict[str, str], what: str) -> str:
 _OUT = "ONNX QuantizeLinear output_dtype"
 
 
-def _output_type(zero_point, output_dtype) -> QType:
+def _output_type(zero_point: npt.ArrayLike | None, output_dtype: TypeArg | None) -> QType:
     if zero_point is not None:
         zt = qtype(np.asarray(zero_point).dtype)
         if output_dtype and qtype(_type_name(output_dtype, _QUANTIZED_NAMES, _OUT)) != zt:
@@ -79,7 +85,9 @@ def _output_type(zero_point, output_dtype) -> QType:
     return qtype(_type_name(output_dtype, _QUANTIZED_NAMES, _OUT) if output_dtype else "uint8")
 
 
-def _layout(shape, scale, axis, block_size):
+def _layout(
+    shape: tuple[int, ...], scale: npt.ArrayLike, axis: int | None, block_size: int
+) -> tuple[Layout, EllipsisType | tuple[slice, ...]]:
     """Granularity as the ONNX reference decides it; returns (layout, scale_used, slicer)."""
     scale = np.asarray(scale)
     if block_size:
@@ -102,7 +110,7 @@ def _layout(shape, scale, axis, block_size):
     return plan_layout(shape, scale.shape, _axis(axis, len(shape)), None), ...
 
 
-def _axis(axis, ndim) -> int:
+def _axis(axis: int | None, ndim: int) -> int:
     if axis is None or not -ndim <= axis < ndim:
         raise InvalidParameterError(
             f"axis {axis} is out of boundary for an input of rank {ndim}"
@@ -111,7 +119,7 @@ def _axis(axis, ndim) -> int:
     return axis % ndim
 
 
-def _float_input(x, name) -> np.ndarray:
+def _float_input(x: npt.ArrayLike, name: str) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype == np.int32:
         return x.astype(np.float64)  # x / scale promotes int32 to float64 in the reference
@@ -122,7 +130,11 @@ def _float_input(x, name) -> np.ndarray:
     return x
 
 
-def _zero_point_values(zero_point, scale, take) -> np.ndarray | None:
+def _zero_point_values(
+    zero_point: npt.ArrayLike | None,
+    scale: np.ndarray,
+    take: EllipsisType | tuple[slice, ...],
+) -> np.ndarray | None:
     if zero_point is None:
         return None
     z = np.asarray(zero_point)
@@ -132,15 +144,15 @@ def _zero_point_values(zero_point, scale, take) -> np.ndarray | None:
 
 
 def quantize_linear(
-    x,
-    y_scale,
-    y_zero_point=None,
+    x: npt.ArrayLike,
+    y_scale: npt.ArrayLike,
+    y_zero_point: npt.ArrayLike | None = None,
     *,
     axis: int = 1,
     block_size: int = 0,
     saturate: int = 1,
-    output_dtype=None,
-    precision=None,
+    output_dtype: TypeArg | None = None,
+    precision: TypeArg | None = None,
 ) -> np.ndarray:
     """ONNX ``QuantizeLinear``: ``y = saturate(round_half_even(x / y_scale) + y_zero_point)``.
 
@@ -161,7 +173,13 @@ def quantize_linear(
 
 
 def dequantize_linear(
-    x, x_scale, x_zero_point=None, *, axis: int = 1, block_size: int = 0, output_dtype=None
+    x: npt.ArrayLike,
+    x_scale: npt.ArrayLike,
+    x_zero_point: npt.ArrayLike | None = None,
+    *,
+    axis: int = 1,
+    block_size: int = 0,
+    output_dtype: TypeArg | None = None,
 ) -> np.ndarray:
     """ONNX ``DequantizeLinear``: ``y = (x - x_zero_point) * x_scale``, computed in float32.
 
@@ -194,7 +212,7 @@ def dequantize_linear(
     return affine_dequantize(q, scale_used, zp, layout, qt, out_dtype)
 
 
-def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def dynamic_quantize_linear(x: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ONNX ``DynamicQuantizeLinear`` (uint8): returns ``(y, y_scale, y_zero_point)``.
 
     ``scale = (max(0, max(x)) - min(0, min(x))) / 255`` in float32 (1/255 when the range is
@@ -213,7 +231,13 @@ def dynamic_quantize_linear(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return y, np.array(scale, np.float32), np.array(zp, np.uint8)
 
 
-def contrib_quantize_linear(x, y_scale, y_zero_point=None, *, axis: int | None = None):
+def contrib_quantize_linear(
+    x: npt.ArrayLike,
+    y_scale: npt.ArrayLike,
+    y_zero_point: npt.ArrayLike | None = None,
+    *,
+    axis: int | None = None,
+) -> np.ndarray:
     """ORT ``com.microsoft`` ``QuantizeLinear``: like ONNX, but ``axis`` is optional (absent:
     per-tensor, the scale must be a scalar) and there is no block_size or saturate."""
     if axis is None and np.size(y_scale) != 1:
@@ -226,7 +250,13 @@ def contrib_quantize_linear(x, y_scale, y_zero_point=None, *, axis: int | None =
     return quantize_linear(x, y_scale, y_zero_point, axis=1 if axis is None else axis)
 
 
-def contrib_dequantize_linear(x, x_scale, x_zero_point=None, *, axis: int | None = None):
+def contrib_dequantize_linear(
+    x: npt.ArrayLike,
+    x_scale: npt.ArrayLike,
+    x_zero_point: npt.ArrayLike | None = None,
+    *,
+    axis: int | None = None,
+) -> np.ndarray:
     """ORT ``com.microsoft`` ``DequantizeLinear``: optional ``axis`` (absent: per-tensor)."""
     if axis is None and np.size(x_scale) != 1:
         raise InvalidParameterError("without axis, x_scale and x_zero_point must be scalars")

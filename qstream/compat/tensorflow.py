@@ -126,11 +126,12 @@ def _to_int(
     with np.errstate(invalid="ignore"):
         out = np.where(bad, _F32(0), v).astype(np.int64).astype(dtype)
     if bad.any():
+        fill: int | np.ndarray = indefinite
         if vector_width is not None:
             n = v.size
             in_vector = np.arange(n).reshape(v.shape) < n - n % vector_width
-            indefinite = np.where(in_vector, np.iinfo(dtype).min, indefinite)
-        out = np.where(bad, indefinite, out).astype(dtype)
+            fill = np.where(in_vector, np.iinfo(dtype).min, indefinite)
+        out = np.where(bad, fill, out).astype(dtype)
     return out
 
 

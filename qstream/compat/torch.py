@@ -22,11 +22,12 @@ Dequantize (measured against torch 2.13, every int32 value):
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.affine import affine_dequantize, affine_quantize
 from ..core.layout import plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
-from ..qtypes import qtype
+from ..qtypes import QType, qtype
 from ..rounding import OP_FMA, OP_MUL_ADD
 from ._names import resolve_type
 
@@ -35,13 +36,13 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
 
-def _qtype(dtype):
+def _qtype(dtype: object) -> tuple[str, QType]:
     """``(torch name, QType)`` of a torch quantized dtype given by torch's or qstream's name."""
     qt = qtype(resolve_type(dtype, _TYPES, "torch quantized dtype", prefix="torch."))
     return {v: k for k, v in _TYPES.items()}[qt.name], qt
 
 
-def _float_input(x) -> np.ndarray:
+def _float_input(x: npt.ArrayLike) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype != F32:
         got = {"float16": "Half", "bfloat16": "BFloat16", "float64": "Double"}.get(
@@ -51,19 +52,19 @@ def _float_input(x) -> np.ndarray:
     return x
 
 
-def _check_zero_points(zp: np.ndarray, qt) -> None:
+def _check_zero_points(zp: np.ndarray, qt: QType) -> None:
     if zp.size and zp.max() > qt.qmax:
         raise InvalidParameterError(f"zero_point {int(zp.max())} is above upper bound.")
     if zp.size and zp.min() < qt.qmin:
         raise InvalidParameterError(f"zero_point {int(zp.min())} is below lower bound.")
 
 
-def _reciprocal(scale) -> np.ndarray:
+def _reciprocal(scale: npt.ArrayLike) -> np.ndarray:
     with np.errstate(divide="ignore"):
         return F32.type(1.0) / np.asarray(scale, dtype=np.float64).astype(F32)
 
 
-def quantize_per_tensor(x, scale: float, zero_point: int, dtype: str) -> np.ndarray:
+def quantize_per_tensor(x: npt.ArrayLike, scale: float, zero_point: int, dtype: str) -> np.ndarray:
     """``torch.quantize_per_tensor(x, scale, zero_point, dtype).int_repr()``."""
     x = _float_input(x)
     name, qt = _qtype(dtype)
@@ -79,7 +80,13 @@ def quantize_per_tensor(x, scale: float, zero_point: int, dtype: str) -> np.ndar
     return q
 
 
-def quantize_per_channel(x, scales, zero_points, axis: int, dtype: str) -> np.ndarray:
+def quantize_per_channel(
+    x: npt.ArrayLike,
+    scales: npt.ArrayLike,
+    zero_points: npt.ArrayLike,
+    axis: int,
+    dtype: str,
+) -> np.ndarray:
     """``torch.quantize_per_channel(x, scales, zero_points, axis, dtype).int_repr()``."""
     x = _float_input(x)
     _, qt = _qtype(dtype)
@@ -103,7 +110,9 @@ def quantize_per_channel(x, scales, zero_points, axis: int, dtype: str) -> np.nd
     return q
 
 
-def dequantize(q, scale, zero_point, axis: int | None = None) -> np.ndarray:
+def dequantize(
+    q: npt.ArrayLike, scale: npt.ArrayLike, zero_point: npt.ArrayLike, axis: int | None = None
+) -> np.ndarray:
     """``dequantize()`` of a torch quantized tensor given by its integer representation ``q``."""
     q = np.asarray(q)
     if q.dtype.name not in _TYPES.values():

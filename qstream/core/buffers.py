@@ -36,7 +36,7 @@ def empty(shape, dtype) -> np.ndarray:
             _held[0] -= nbytes
     if raw is None:
         raw = np.empty(nbytes, np.uint8)
-    owner = np.frombuffer(memoryview(raw), dtype=dtype)
+    owner = np.frombuffer(raw.data, dtype=dtype)
     weakref.finalize(owner, _release, raw)
     return owner.reshape(shape)
 

@@ -6,11 +6,22 @@ Everything here works on one in-memory block; the pipeline decides which blocks 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.scratch import scratch
-from ..spec import ErrorStats, GroupSQNR, RangeStats, WorstGroups
+from ..qtypes import QType
+from ..spec import ErrorStats, GroupSQNR, QuantSpec, RangeStats, WorstGroups
+
+if TYPE_CHECKING:
+    from ..core.layout import Layout
+
+#: what the error kernels take first (see :func:`_error_inputs`)
+ErrorInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, float]
+#: each parameter group's ``(x2, e2, emax)`` sums
+GroupSums = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
@@ -54,14 +65,18 @@ def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.nda
     return lo.reshape(pshape), hi.reshape(pshape)
 
 
-def dynamic_params(x: np.ndarray, qt, spec, axis: int):
+def dynamic_params(
+    x: np.ndarray, qt: QType, spec: QuantSpec, axis: int
+) -> tuple[np.ndarray, np.ndarray, Layout]:
     """``(scale, zero_point, layout)`` of ``x``'s parameter blocks for a dynamic blocked
     ``spec`` (``axis`` resolved), each block's parameters from its own finite range (a block
     with none gets scale 1)."""
     from ..calibration.params import params_from_range
     from ..core.layout import plan_layout
 
-    lo, hi = block_slot_ranges(x, axis, spec.block_size)
+    bs = spec.block_size
+    assert bs  # (a blocked spec)
+    lo, hi = block_slot_ranges(x, axis, bs)
     lo, hi = np.nan_to_num(lo, nan=0.0), np.nan_to_num(hi, nan=0.0)
     s, z = params_from_range(
         lo,
@@ -72,10 +87,10 @@ def dynamic_params(x: np.ndarray, qt, spec, axis: int):
         half_scale=spec.half_scales,
         full_levels=spec.full_levels,
     )
-    return s, z, plan_layout(x.shape, s.shape, axis, spec.block_size)
+    return s, z, plan_layout(x.shape, s.shape, axis, bs)
 
 
-def fused_applies(qt, spec) -> bool:
+def fused_applies(qt: QType, spec: QuantSpec) -> bool:
     """Whether :func:`dynamic_blocked` quantizes float32 values to ``qt`` with ``spec``'s
     rounding (integer types of at most 16 bits, half to even)."""
     from ..rounding import round_code
@@ -87,7 +102,9 @@ def fused_applies(qt, spec) -> bool:
     )
 
 
-def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors: bool = False):
+def dynamic_blocked(
+    x: np.ndarray, qt: QType, spec: QuantSpec, axis: int, out: np.ndarray, errors: bool = False
+) -> tuple[np.ndarray, np.ndarray, Layout, int, tuple[ErrorStats, GroupSums] | None] | None:
     """:func:`dynamic_params` and the quantized values written to ``out`` (``qt``'s dtype,
     shaped like ``x``) in one fused kernel pass, bit-identical to :func:`dynamic_params` then
     ``affine_quantize``: ``(scale, zero_point, layout, nonfinite, sums)``, ``nonfinite`` the
@@ -108,8 +125,10 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
 
     if x.dtype != np.float32 or not fused_applies(qt, spec):
         return None
-    pshape = blocked_param_shape(x.shape, axis, spec.block_size)
-    layout = plan_layout(x.shape, pshape, axis, spec.block_size)
+    bs = spec.block_size
+    assert bs  # (a blocked spec)
+    pshape = blocked_param_shape(x.shape, axis, bs)
+    layout = plan_layout(x.shape, pshape, axis, bs)
     qmin, qmax = qt.qrange(spec.narrow_range)
     if not spec.symmetric:
         mode, steps, zp = blocked.ASYM, 1.0, 0.0
@@ -121,8 +140,12 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
     errors = errors and groups_in_pass(layout.cblock, layout.iblock, layout.pshape3[2])
     sums = np.zeros((1, N_SUMS))
-    groups = (
-        tuple(scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
+    groups: GroupSums = (
+        (
+            scratch("group-0", layout.pshape3, np.float64),
+            scratch("group-1", layout.pshape3, np.float64),
+            scratch("group-2", layout.pshape3, np.float64),
+        )
         if errors
         else (NO_GROUPS,) * 3
     )
@@ -155,7 +178,15 @@ def dynamic_blocked(x: np.ndarray, qt, spec, axis: int, out: np.ndarray, errors:
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
 
 
-def quantize_spec(x, s, z, layout, qt, spec, out) -> None:
+def quantize_spec(
+    x: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    layout: Layout,
+    qt: QType,
+    spec: QuantSpec,
+    out: np.ndarray,
+) -> None:
     """Quantize ``x`` into ``out`` with the parameters ``s``/``z`` and ``spec``'s rounding and
     range (the unfused path)."""
     from ..core.affine import affine_quantize
@@ -173,7 +204,9 @@ def quantize_spec(x, s, z, layout, qt, spec, out) -> None:
     )
 
 
-def dynamic_quantize(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
+def dynamic_quantize(
+    x: np.ndarray, qt: QType, spec: QuantSpec, axis: int, out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, Layout, int]:
     """A dynamic blocked spec's ``(scale, zero_point, layout, nonfinite)`` with ``x``
     quantized into ``out``: :func:`dynamic_blocked` where it applies, else
     :func:`dynamic_params` then :func:`quantize_spec` (``nonfinite`` then 0 or 1)."""
@@ -185,7 +218,9 @@ def dynamic_quantize(x: np.ndarray, qt, spec, axis: int, out: np.ndarray):
     return s, z, layout, 0 if np.isfinite(x).all() else 1
 
 
-def nan_to_zero_point(x: np.ndarray, q: np.ndarray, z, layout, qt) -> None:
+def nan_to_zero_point(
+    x: np.ndarray, q: np.ndarray, z: np.ndarray, layout: Layout, qt: QType
+) -> None:
     """Set the codes in ``q`` of ``x``'s NaN values to their zero points (the ``zero_point``
     NaN policy; integer types)."""
     nan = np.isnan(x)
@@ -193,7 +228,16 @@ def nan_to_zero_point(x: np.ndarray, q: np.ndarray, z, layout, qt) -> None:
     q[nan] = zp_e[nan].astype(qt.widened).astype(qt.dtype)
 
 
-def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
+def block_errors(
+    x: np.ndarray,
+    xhat: np.ndarray,
+    scale_e: Any,
+    zp_e: Any,
+    qt: QType,
+    lo_q: float,
+    hi_q: float,
+    axis: int | None,
+) -> ErrorStats:
     """Error statistics of one block; ``scale_e``/``zp_e`` broadcast against ``x``."""
     finite = np.isfinite(x)
     xf = np.where(finite, x, 0).astype(np.float64)
@@ -221,7 +265,15 @@ def block_errors(x, xhat, scale_e, zp_e, qt, lo_q, hi_q, axis) -> ErrorStats:
     return stats
 
 
-def _error_inputs(x, q, s, z, layout, qt, lo_q) -> tuple:
+def _error_inputs(
+    x: np.ndarray,
+    q: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    layout: Layout,
+    qt: QType,
+    lo_q: float,
+) -> ErrorInputs:
     """The leading arguments of the error kernels: ``x`` (float32/64) and ``q`` (widened) as
     ``[O, C, I]`` views, the parameters in their float type, ``cblock``, ``iblock`` and the
     code range."""
@@ -244,7 +296,17 @@ def _error_inputs(x, q, s, z, layout, qt, lo_q) -> tuple:
     )
 
 
-def block_errors_fused(x, q, s, z, layout, qt, lo_q, axis, groups=None) -> ErrorStats:
+def block_errors_fused(
+    x: np.ndarray,
+    q: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    layout: Layout,
+    qt: QType,
+    lo_q: float,
+    axis: int | None,
+    groups: GroupSums | None = None,
+) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
 
@@ -263,7 +325,18 @@ def _stats_of(sums: np.ndarray) -> ErrorStats:
     )
 
 
-def block_worst_groups(x, q, s, z, layout, qt, lo_q, first, param_shape, sums=None) -> WorstGroups:
+def block_worst_groups(
+    x: np.ndarray,
+    q: np.ndarray,
+    s: np.ndarray,
+    z: np.ndarray,
+    layout: Layout,
+    qt: QType,
+    lo_q: float,
+    first: Sequence[int],
+    param_shape: tuple[int, ...],
+    sums: GroupSums | None = None,
+) -> WorstGroups:
     """The worst parameter groups (lowest SQNR) of one quantized piece of a blocked spec.
 
     ``first``: the piece's first parameter index along each axis; ``param_shape``: the whole

@@ -1,5 +1,4 @@
-"""Calibration methods side by side, from one histogram pass (:func:`compare`), and the
-optional histogram pass that gives a minmax job something to draw (:func:`view_histogram`).
+"""Calibration methods side by side, from one histogram pass (:func:`compare`).
 
 :func:`compare` runs the ranges pass, then one pass that builds, from each block read once,
 the two histograms the methods search: ``|x|`` over ``[0, absmax]`` (percentile when
@@ -13,7 +12,9 @@ the job does (a group reads only the blocks that hold its channels).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,13 @@ from ..calibration.views import (
     total_sqnr,
 )
 from ..errors import InvalidParameterError
-from ..spec import HISTOGRAM_METHODS, Calibration, QuantParams
+from ..spec import HISTOGRAM_METHODS, Calibration, QuantParams, QuantSpec
+from .calibration_passes import HIST_SHARE, check_nonfinite
+from .calibration_passes import ranges as ranges_pass
+from .handles import SourceRef
+from .passes import JobView, Progress
 from .plan import Block, memory_limit
-from .work import HistogramWork, JobPlan, SourceRef, channel_pieces
+from .regions import JobPlan, channel_pieces
 
 COMPARED = ("minmax", "percentile", "entropy", "mse", "l2")
 ABS_SEARCH = ("entropy", "mse")  # searched over |x| whatever the spec's symmetry
@@ -52,7 +57,7 @@ class DualHistogramWork:
     lo_channel: int
     hi_channel: int
 
-    def __call__(self, b: Block):
+    def __call__(self, b: Block) -> tuple[int, np.ndarray, np.ndarray] | None:
         from ..kernels.stats import channel_histograms
 
         plan = self.plan
@@ -71,7 +76,7 @@ class DualHistogramWork:
             channel_histograms(v, lo, hi, False, hs[p0 - c0 : p1 - c0])
         return c0, ha, hs
 
-    def combine(self, results: list) -> list:
+    def combine(self, results: list[Any]) -> list[Any]:
         """Consecutive blocks' histograms summed into the first (exact int64 sums)."""
         parts = [p for p in results if p is not None]
         if len(parts) < 2:
@@ -86,7 +91,7 @@ class DualHistogramWork:
         return [(c0, ha, hs), *([None] * (len(results) - 1))]
 
 
-def check_comparable(spec, plan) -> None:
+def check_comparable(spec: QuantSpec, plan: JobPlan) -> None:
     """Refuse what the comparison cannot do, naming the reason."""
     if spec.scale is not None:
         raise InvalidParameterError("methods are compared without an explicit scale")
@@ -102,12 +107,12 @@ def check_comparable(spec, plan) -> None:
         )
 
 
-def compare(job, methods=None, progress=None) -> Calibration:
+def compare(
+    job: JobView, methods: Sequence[str] | None = None, progress: Progress | None = None
+) -> Calibration:
     """The calibration of ``job.spec`` with a :class:`CalibrationView` whose predictions hold
     every method of ``methods`` (default: minmax, percentile, entropy, mse, l2), all from one
     ranges pass and one histogram pass (see the module docstring)."""
-    from .job import HIST_SHARE
-
     spec, plan = job.spec, job.plan
     check_comparable(spec, plan)
     methods = tuple(dict.fromkeys(methods or COMPARED))
@@ -118,8 +123,8 @@ def compare(job, methods=None, progress=None) -> Calibration:
             )
     if spec.method not in methods:
         methods = (spec.method, *methods)
-    st = job.ranges(progress)
-    job.check_nonfinite(st)
+    st = ranges_pass(job, progress)
+    check_nonfinite(job, st)
     lo = np.where(st.count > 0, st.min, 0.0)
     hi = np.where(st.count > 0, st.max, 0.0)
     amax = np.maximum(-lo, hi)
@@ -219,7 +224,7 @@ def compare(job, methods=None, progress=None) -> Calibration:
                 )
             )
     chosen_lo, chosen_hi = ranges[spec.method]
-    thresholds = {"min": chosen_lo, "max": chosen_hi}
+    thresholds: dict[str, Any] = {"min": chosen_lo, "max": chosen_hi}
     if spec.method in HISTOGRAM_METHODS:
         thresholds["num_bins"] = spec.num_bins
     s, z = params_from_range(
@@ -241,35 +246,3 @@ def _predict(hs, lo, hi, scale, zp, qmin, qmax, nonzero):
     return np.stack(
         predict_error(hs, lo, hi, scale.astype(np.float64), zp, qmin, qmax, nonzero=nonzero)
     )
-
-
-def view_histogram(job, lo, hi, progress=None) -> Histogram:
-    """One histogram pass over a per-tensor source for the views (``|x|`` over ``[0,
-    absmax]`` for a symmetric spec, else ``x`` over ``[min, max]``), in at most
-    :data:`~qstream.calibration.views.VIEW_BINS` bins."""
-    plan = job.plan
-    sym = job.spec.symmetric
-    e_lo = np.zeros(1) if sym else np.asarray(lo, np.float64).reshape(1)
-    e_hi = (
-        np.maximum(-np.asarray(lo), np.asarray(hi)).reshape(1)
-        if sym
-        else np.asarray(hi, np.float64).reshape(1)
-    )
-    hist = np.zeros((1, plan.spec.num_bins), np.int64)
-
-    def merge(b, part) -> None:
-        if part is not None:
-            hist[part[0] : part[0] + 1] += part[1]
-
-    work = HistogramWork(plan, job.ref, e_lo, e_hi, sym, 0, 1)
-    workers = job.worker_count(cap=2)
-    job.scan(
-        job.blocks,
-        work,
-        merge,
-        progress,
-        stage="histograms",
-        workers=workers,
-        inflight=None if job.executor.distributed else workers,
-    )
-    return Histogram.from_counts(hist[0], e_lo[0], e_hi[0], abs=sym)

@@ -8,20 +8,25 @@ same stored object and no lock is needed) and return the blocks' statistics. The
 them in block order, so float sums fold exactly as in a local run, and it alone writes the
 progress snapshot. Tasks are idempotent: a retried or duplicated task rewrites the same bytes.
 
-This module imports ``distributed``; ``qstream.DaskExecutor`` loads it on first use.
+This module imports ``distributed``; ``qstream.DaskExecutor`` loads it on first use. Like
+:mod:`qstream.engine.executors`, it is a leaf: it runs the work it is handed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import uuid
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any
 
 import distributed
+from distributed import Client, Future
 
 from ..errors import InvalidParameterError, StoreError
-from .executors import in_order
-from .plan import Block
+from .executors import Item, ItemT, in_order
+from .handles import forget
 
 TASK_BYTES = 64 << 20  # source bytes a task reads at least (when there are blocks enough)
 LOST_RETRIES = 3  # times a pass's lost work object is scattered again before the job fails
@@ -36,7 +41,7 @@ class ClusterLost(StoreError):
 _WARMED: set[str] = set()  # clients (by id) whose workers have the plugin
 
 
-def _run_blocks(work, blocks: list[Block], kernel_threads: int) -> list:
+def _run_blocks(work: Callable[[Any], Any], blocks: list[Any], kernel_threads: int) -> list[Any]:
     """A task: ``work`` on each block, with ``kernel_threads`` Numba threads (the setting is
     per thread, so it is made in every task). Exact statistics of the blocks are combined
     here, so only one partial per task travels back."""
@@ -44,7 +49,7 @@ def _run_blocks(work, blocks: list[Block], kernel_threads: int) -> list:
 
     limit_threads(kernel_threads)
     results = [work(b) for b in blocks]
-    combine = getattr(work, "combine", None)
+    combine: Callable[[list[Any]], list[Any]] | None = getattr(work, "combine", None)
     return results if combine is None else combine(results)
 
 
@@ -52,17 +57,13 @@ class _Task:
     """A submitted batch: its future, ``(index, blocks)`` and which copy of the work object
     it uses; cancelled with the future."""
 
-    def __init__(self, future, batch, scatter: int) -> None:
+    def __init__(
+        self, future: Future[list[Any]], batch: tuple[int, list[Any]], scatter: int
+    ) -> None:
         self.future, self.batch, self.scatter = future, batch, scatter
 
     def cancel(self) -> None:
         self.future.cancel()
-
-
-def _forget(token: str) -> None:
-    from .work import forget
-
-    forget(token)
 
 
 class QstreamWorkerPlugin(distributed.WorkerPlugin):
@@ -71,15 +72,21 @@ class QstreamWorkerPlugin(distributed.WorkerPlugin):
     ``client.register_plugin(QstreamWorkerPlugin())`` (:class:`DaskExecutor` does)."""
 
     name = "qstream"
+    #: what a worker runs at start-up, as ``module:function``. It runs whole jobs, which sit
+    #: above the executors, so it is named here and imported on the worker, as unpickling a
+    #: function sent to a worker would (the executors never import the job).
+    warm = "qstream.engine.warmup:warm_kernels"
 
-    def setup(self, worker) -> None:
-        from .warmup import warm_kernels
-
-        warm_kernels()
+    def setup(self, worker: distributed.Worker) -> None:
+        """Compile the kernels in the worker's process."""
+        module, _, function = self.warm.partition(":")
+        getattr(importlib.import_module(module), function)()
 
 
 @contextlib.contextmanager
-def local_client(n_workers: int, *, threads_per_worker: int = 2, trim_malloc: bool = False):
+def local_client(
+    n_workers: int, *, threads_per_worker: int = 2, trim_malloc: bool = False
+) -> Iterator[Client]:
     """A ``LocalCluster`` of ``n_workers`` worker processes and its client, for one run
     (``--scheduler local:N``). Two threads per worker by default, each task's kernels on one
     Numba thread: while one task waits on the store the other computes, as the local
@@ -117,7 +124,12 @@ class DaskExecutor:
 
     distributed = True
 
-    def __init__(self, client=None, kernel_threads: int = 1, blocks_per_task: int | None = None):
+    def __init__(
+        self,
+        client: Client | None = None,
+        kernel_threads: int = 1,
+        blocks_per_task: int | None = None,
+    ) -> None:
         if int(kernel_threads) < 1:
             raise InvalidParameterError(f"kernel_threads must be >= 1, got {kernel_threads}")
         if blocks_per_task is not None and int(blocks_per_task) < 1:
@@ -130,14 +142,14 @@ class DaskExecutor:
 
     @classmethod
     @contextlib.contextmanager
-    def local(cls, n_workers: int, **kwargs):
+    def local(cls, n_workers: int, **kwargs: Any) -> Iterator[DaskExecutor]:
         """An executor on a fresh ``LocalCluster`` of ``n_workers`` worker processes (see
         :func:`local_client`), closed on exit: ``with qstream.DaskExecutor.local(2) as ex:``."""
         with local_client(n_workers) as client:
             yield cls(client, **kwargs)
 
     @property
-    def client(self):
+    def client(self) -> Client:
         """The client blocks run through."""
         if self._client is not None:
             return self._client
@@ -151,9 +163,10 @@ class DaskExecutor:
 
     def threads(self) -> int:
         """Worker threads in the cluster now."""
-        return max(1, sum(self.client.nthreads().values()))
+        nthreads: dict[str, int] = self.client.nthreads()
+        return max(1, sum(nthreads.values()))
 
-    def per_task(self, blocks: list[Block], itemsize: int = 4) -> int:
+    def per_task(self, blocks: Sequence[Item], itemsize: int = 4) -> int:
         """Blocks per task for ``blocks``."""
         if self.blocks_per_task:
             return self.blocks_per_task
@@ -163,12 +176,19 @@ class DaskExecutor:
         k = math.ceil(TASK_BYTES / block_bytes)
         return max(1, min(k, math.ceil(len(blocks) / (2 * self.threads()))))
 
-    def _prepare(self, client) -> None:
+    def _prepare(self, client: Client) -> None:
         if client.id not in _WARMED:
             client.register_plugin(QstreamWorkerPlugin(), name="qstream")
             _WARMED.add(client.id)
 
-    def map_ordered(self, blocks, work, *, workers: int = 0, inflight: int | None = None):
+    def map_ordered(
+        self,
+        blocks: Sequence[ItemT],
+        work: Callable[[ItemT], Any],
+        *,
+        workers: int = 0,
+        inflight: int | None = None,
+    ) -> Generator[tuple[ItemT, Any], None, None]:
         """See :class:`qstream.engine.executors.Executor`; ``inflight`` counts tasks here
         (default: two per worker thread)."""
         if not len(blocks):
@@ -186,7 +206,7 @@ class DaskExecutor:
         shared = [client.scatter([work], broadcast=True, hash=False)[0]]
         scatters = [0]  # times it was scattered again
 
-        def submit(batch_i):
+        def submit(batch_i: tuple[int, list[ItemT]]) -> _Task:
             i, batch = batch_i
             fut = client.submit(
                 _run_blocks,
@@ -199,10 +219,10 @@ class DaskExecutor:
             )
             return _Task(fut, batch_i, scatters[0])
 
-        def fetch(task):
+        def fetch(task: _Task) -> list[Any]:
             while True:
                 try:
-                    results = task.future.result()
+                    results: list[Any] = task.future.result()
                     task.future.release()
                     return results
                 except LOST as e:
@@ -229,11 +249,10 @@ class DaskExecutor:
             shared[0].release()
 
     def release(self, token: str) -> None:
-        from .work import forget
-
+        """Forget the run's handles here and on every worker."""
         forget(token)  # the client's own handles
         with contextlib.suppress(Exception):  # workers gone: nothing of theirs to forget
-            self.client.run(_forget, token)
+            self.client.run(forget, token)
 
     def __repr__(self) -> str:
         return (

@@ -1,25 +1,40 @@
-"""Where a pass's blocks run: this process's threads, or a Dask cluster.
+"""Where a pass's blocks run: this process's threads (or the calling thread alone).
 
-An executor takes a pass's blocks and its picklable work object (``qstream.engine.work``) and
-yields ``(block, result)`` in block order, with a bounded number of blocks started and not
-yet yielded. The job merges what it yields in the calling thread, so float sums fold in block
-order whatever executor ran the blocks: a local run and a cluster run give the same bits.
+An executor takes a pass's items (blocks, or units of work such as a checkpoint's small
+tensors) and its picklable work object (``qstream.engine.work``) and yields ``(item,
+result)`` in order, with a bounded number of items started and not yet yielded. The job
+merges what it yields in the calling thread, so float sums fold in block order whatever
+executor ran the blocks: a local run and a cluster run give the same bits.
 
-``executor=`` of the public functions accepts None or ``"local"`` (this process's threads),
-``"dask"`` (the current ``distributed`` client) or an executor object (:class:`LocalExecutor`,
-:class:`qstream.DaskExecutor`).
+Executors are leaves: they run what they are handed and import nothing of the job above
+them. ``executor=`` of the public functions accepts None or ``"local"`` (this process's
+threads), ``"dask"`` (the current ``distributed`` client, :mod:`qstream.engine.dask`) or an
+executor object; :func:`qstream.engine.scheduling.resolve` turns those into an executor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from ..errors import InvalidParameterError
-from .plan import Block
+from .handles import forget
+
+
+class Item(Protocol):
+    """What an executor runs work on: a block, or a unit of work sized by its ``shape``."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The item's extent (its elements are what a task's size is counted in)."""
+        ...
+
+
+ItemT = TypeVar("ItemT", bound=Item)
 
 
 class Executor(Protocol):
@@ -29,8 +44,13 @@ class Executor(Protocol):
     distributed: bool
 
     def map_ordered(
-        self, blocks: list[Block], work, *, workers: int, inflight: int | None
-    ) -> Iterator[tuple[Block, Any]]:
+        self,
+        blocks: Sequence[ItemT],
+        work: Callable[[ItemT], Any],
+        *,
+        workers: int,
+        inflight: int | None = None,
+    ) -> Generator[tuple[ItemT, Any], None, None]:
         """``(block, work(block))`` for every block, in block order. ``workers`` is what the
         local memory bound allows; ``inflight`` bounds the blocks started and not yet yielded
         (default ``2 * workers``). A work object with a ``combine(results)`` method returns
@@ -45,12 +65,27 @@ class Executor(Protocol):
         ...
 
 
-def in_order(items, submit, window: int, result=lambda fut: fut.result()):
+class Cancellable(Protocol):
+    """A submitted piece of work that can be dropped before it runs."""
+
+    def cancel(self) -> object:
+        """Drop the work if it has not started (what it returns is ignored)."""
+        ...
+
+
+S = TypeVar("S")
+F = TypeVar("F", bound=Cancellable)
+R = TypeVar("R")
+
+
+def in_order(
+    items: Iterable[S], submit: Callable[[S], F], window: int, result: Callable[[F], R]
+) -> Generator[tuple[S, R], None, None]:
     """``(item, result(submit(item)))`` for each item, in order, with at most ``window`` items
     submitted and not yet yielded; what was submitted and not yielded is cancelled when the
     consumer stops or an error is raised."""
-    pending: deque = deque()
-    todo = iter(items)
+    pending: deque[tuple[S, F]] = deque()
+    todo: Iterator[S] = iter(items)
     try:
         while True:
             while len(pending) < window:
@@ -67,6 +102,19 @@ def in_order(items, submit, window: int, result=lambda fut: fut.result()):
             f.cancel()
 
 
+def _future_result(fut: Future[Any]) -> Any:
+    """What a thread pool's future returns (or raises)."""
+    return fut.result()
+
+
+def default_workers() -> int:
+    """Workers a job runs by default: two per kernel thread of the calling thread, so that
+    while one waits on the disk (a write, an uncached read) another computes."""
+    from ..kernels.runtime import kernel_threads
+
+    return 2 * kernel_threads()
+
+
 class LocalExecutor:
     """Worker threads of this process; each takes a whole block through read -> kernels ->
     write with its share of Numba's threads, so no kernel waits for a thread that a read or
@@ -80,12 +128,11 @@ class LocalExecutor:
         self._pool_workers = 0
 
     @contextlib.contextmanager
-    def session(self, workers: int | None = None):
-        """One pool of ``workers`` threads (default: :func:`~qstream.engine.pipeline.
-        default_workers`) for every pass run inside, as a conversion of many tensors runs
-        many small jobs; nested sessions use the outer one."""
+    def session(self, workers: int | None = None) -> Iterator[LocalExecutor]:
+        """One pool of ``workers`` threads (default: :func:`default_workers`) for every pass
+        run inside, as a conversion of many tensors runs many small jobs; nested sessions use
+        the outer one."""
         from ..kernels.runtime import kernel_threads, limit_threads
-        from .pipeline import default_workers
 
         if self._pool is not None:
             yield self
@@ -104,21 +151,33 @@ class LocalExecutor:
             self._pool, self._pool_workers = None, 0
             pool.shutdown(wait=True)
 
-    def submit(self, fn, *args):
+    def submit(self, fn: Callable[..., R], *args: Any) -> Future[R]:
         """Run ``fn(*args)`` on the session's pool (a future)."""
         if self._pool is None:
             raise RuntimeError("LocalExecutor.submit needs an open session()")
         return self._pool.submit(fn, *args)
 
-    def map_ordered(self, blocks, work, *, workers: int, inflight: int | None = None):
+    def map_ordered(
+        self,
+        blocks: Sequence[ItemT],
+        work: Callable[[ItemT], Any],
+        *,
+        workers: int,
+        inflight: int | None = None,
+    ) -> Generator[tuple[ItemT, Any], None, None]:
+        """See :class:`Executor`."""
         from ..kernels.runtime import kernel_threads, limit_threads
 
         if not len(blocks):
             return
-        if self._pool is not None:
+        pool = self._pool
+        if pool is not None:
             workers = max(1, min(workers, len(blocks), self._pool_workers))
             results = in_order(
-                blocks, lambda b: self._pool.submit(work, b), max(workers, inflight or 2 * workers)
+                blocks,
+                lambda b: pool.submit(work, b),
+                max(workers, inflight or 2 * workers),
+                _future_result,
             )
             try:
                 yield from results
@@ -133,16 +192,15 @@ class LocalExecutor:
             thread_name_prefix="qstream-worker",
             initializer=limit_threads,
             initargs=(max(1, threads // workers),),
-        ) as pool:
-            results = in_order(blocks, lambda b: pool.submit(work, b), inflight)
+        ) as own:
+            results = in_order(blocks, lambda b: own.submit(work, b), inflight, _future_result)
             try:
                 yield from results
             finally:
                 results.close()  # drop what has not started before the pool waits
 
     def release(self, token: str) -> None:
-        from .work import forget
-
+        """See :class:`Executor`."""
         forget(token)
 
     def __repr__(self) -> str:
@@ -155,42 +213,26 @@ class InlineExecutor:
 
     distributed = False
 
-    def map_ordered(self, blocks, work, *, workers: int = 1, inflight: int | None = None):
+    def map_ordered(
+        self,
+        blocks: Sequence[ItemT],
+        work: Callable[[ItemT], Any],
+        *,
+        workers: int = 1,
+        inflight: int | None = None,
+    ) -> Generator[tuple[ItemT, Any], None, None]:
+        """See :class:`Executor`."""
         for b in blocks:
             yield b, work(b)
 
     def release(self, token: str) -> None:
-        from .work import forget
-
+        """See :class:`Executor`."""
         forget(token)
 
 
-def resolve(executor) -> Executor:
-    """The executor object ``executor`` (None, "local", "dask" or an executor) names."""
-    if executor is None or executor == "local":
-        return LocalExecutor()
-    if executor == "dask":
-        try:
-            from .dask import DaskExecutor
-        except ImportError as e:
-            raise InvalidParameterError(
-                f"executor='dask' needs Dask ({e.name} is missing):"
-                " pip install 'qstream-zarr[dask]'"
-            ) from None
-        return DaskExecutor()
-    if hasattr(executor, "map_ordered") and hasattr(executor, "distributed"):
-        return executor
-    raise InvalidParameterError(
-        f"executor must be None, 'local', 'dask' or an executor object"
-        f" (qstream.DaskExecutor(...)), got {executor!r}"
-    )
-
-
-def check_shared(what: str, target, *, executor: Executor) -> None:
+def check_shared(what: str, target: Any, *, executor: Executor) -> None:
     """Refuse ``target`` (a source or destination) that processes on other machines cannot
     reach: in-process objects, ``memory://`` stores and ``.zip`` files."""
-    import os
-
     import numpy as np
 
     if not executor.distributed:

@@ -26,25 +26,33 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from ..core.layout import dimension_names, normalize_axis, param_dimension_names
+from ..core.layout import (
+    blocked_param_shape,
+    dimension_names,
+    normalize_axis,
+    param_dimension_names,
+)
 from ..errors import NonFiniteInputError
 from ..io import packs, qarray
 from ..io.packs import ERROR_COLUMNS
-from ..spec import ErrorStats, merge_into
+from ..spec import QuantSpec
 from .executors import InlineExecutor
+from .handles import worker_cached
+from .memory import quantize_in_memory
+from .pack_figures import blocked_errors, brief_errors, tensor_ranges
 from .plan import block_budget
-from .small import MemoryDest
-from .work import worker_cached
+from .quantize_work import NonFiniteBlock
 
 MAX_PER_PACK = 4096  # tensors of one pack (its document lists each)
 
 
-def pack_mode(t, spec) -> str | None:
+def pack_mode(t: Any, spec: QuantSpec) -> str | None:
     """How the tensor ``t`` joins a pack under ``spec`` (module docstring), or None."""
     if spec.scale is not None or spec.float_offset or not len(t.shape) or not math.prod(t.shape):
         return None
@@ -61,7 +69,7 @@ def pack_mode(t, spec) -> str | None:
     return "rows" if normalize_axis(spec.axis, len(t.shape)) == 0 else None
 
 
-def source_bytes(t) -> int:
+def source_bytes(t: Any) -> int:
     """The tensor's size as its job counts it (float32 or wider values)."""
     return math.prod(t.shape) * max(4, np.dtype(t.dtype).itemsize)
 
@@ -81,10 +89,13 @@ class PackItem:
 
     @property
     def name(self) -> str:
+        """The pack's name (:func:`qstream.io.packs.pack_name`)."""
         return packs.pack_name(self.seq)
 
 
-def plan_packs(entries, max_memory) -> list[tuple[int, int]]:
+def plan_packs(
+    entries: Sequence[tuple[Any, QuantSpec] | None], max_memory: int | None
+) -> list[tuple[int, int]]:
     """The packs of ``entries`` (``(t, spec)`` of consecutive tensors, None where a tensor is
     not packable): ``(first, end)`` index ranges of runs of at least two alike tensors, each
     within one block budget of source values and :data:`MAX_PER_PACK` tensors."""
@@ -93,7 +104,7 @@ def plan_packs(entries, max_memory) -> list[tuple[int, int]]:
     start, key, size = 0, None, 0
     spec_keys: dict[int, tuple] = {}  # id(spec) -> (spec, its JSON): recipes share specs
     for i, entry in enumerate([*entries, None]):
-        k = None
+        k, nbytes = None, 0
         if entry is not None:
             t, spec = entry
             known = spec_keys.get(id(spec))
@@ -102,7 +113,7 @@ def plan_packs(entries, max_memory) -> list[tuple[int, int]]:
             mode = pack_mode(t, spec)
             if mode is not None and source_bytes(t) <= budget // 2:
                 k = (mode, known[1], t.dtype, tuple(t.shape))
-        nbytes = source_bytes(entry[0]) if k is not None else 0
+                nbytes = source_bytes(t)
         if k is None or k != key or size + nbytes > budget or i - start >= MAX_PER_PACK:
             if key is not None and i - start >= 2:
                 out.append((start, i))
@@ -124,9 +135,8 @@ class PackWork:
     compression: str
     max_memory: int | None
 
-    def __call__(self, item: PackItem) -> list[dict]:
+    def __call__(self, item: PackItem) -> list[dict[str, Any]]:
         from ..io.checkpoints import open_checkpoint
-        from ..spec import QuantSpec
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)
@@ -143,19 +153,7 @@ class PackWork:
         return convert_pack(item, ts, spec, path, fp, self.source, self.compression)
 
 
-@dataclass(frozen=True, eq=False)
-class UnitWork:
-    """A conversion's unit of work: a pack (:class:`PackWork`) or a small tensor
-    (:class:`~qstream.engine.small.SmallTensorWork`), so that both share one pipeline."""
-
-    small: Any
-    pack: Any
-
-    def __call__(self, item):
-        return self.pack(item) if isinstance(item, PackItem) else self.small(item)
-
-
-def _fingerprint(item: PackItem, ts, spec, compression: str) -> str:
+def _fingerprint(item: PackItem, ts: list[Any], spec: QuantSpec, compression: str) -> str:
     """What makes two packs the same: the format, the spec, the compression and each
     tensor's name, type, shape and place in its file (with the file's version)."""
     h = hashlib.sha256()
@@ -173,7 +171,7 @@ def _fingerprint(item: PackItem, ts, spec, compression: str) -> str:
     return h.hexdigest()[:32]
 
 
-def read_stack(ts) -> np.ndarray:
+def read_stack(ts: Sequence[Any]) -> np.ndarray:
     """The tensors ``ts`` (same shape and dtype) stacked along a new first axis: one read when
     they lie one after another in one file (safetensors), else one read each."""
     from ..core.scratch import scratch
@@ -203,20 +201,29 @@ class _Stack:
         self.values, self.name = values, name
         self.shape, self.dtype = values.shape, values.dtype
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Any) -> np.ndarray:
         return self.values[key]
 
 
-def _stacked(x: np.ndarray, spec, mode: str):
+def _stacked(x: np.ndarray, spec: QuantSpec, mode: str) -> tuple[np.ndarray, QuantSpec]:
     """The stacked array and spec of the pack's job."""
     if mode == "rows":
         return x.reshape(-1, *x.shape[2:]), spec
     if mode == "flat":
         return x.reshape(x.shape[0], -1), replace(spec, axis=0)
+    assert spec.axis is not None  # (blocks: a blocked spec has an axis)
     return x, replace(spec, axis=normalize_axis(spec.axis, x.ndim - 1) + 1)
 
 
-def convert_pack(item: PackItem, ts, spec, path: str, fp: str, source: str, compression: str):
+def convert_pack(
+    item: PackItem,
+    ts: list[Any],
+    spec: QuantSpec,
+    path: str,
+    fp: str,
+    source: str,
+    compression: str,
+) -> list[dict[str, Any]]:
     """Quantize the pack's tensors ``ts`` as one stacked job and publish the pack at ``path``;
     the tensors' results (as the conversion lists them)."""
     from .job import QuantizeJob
@@ -233,45 +240,26 @@ def convert_pack(item: PackItem, ts, spec, path: str, fp: str, source: str, comp
             cal = job.calibration()
         except NonFiniteInputError:
             raise _nonfinite(item, x) from None
-        members = job.member_arrays(progress_log=False)
-        dest = MemoryDest(members)
-        from .work import NonFiniteBlock, QuantizeWork
-
-        per = cal.params is not None
-        work = QuantizeWork(
-            job.plan,
-            job.ref,
-            dest,
-            cal.params.scale if per else None,
-            cal.params.zero_point if per else None,
-        )
-        errors = ErrorStats.empty(job.plan.channels)
-
-        def merge(b, result) -> None:
-            merge_into(errors, result[0], job.plan.offset(b.key))
-
         try:
-            job.scan(job.blocks, work, merge, None)
+            out = quantize_in_memory(job, cal)
         except NonFiniteBlock:
             raise _nonfinite(item, x) from None
-        if per:
-            scale = cal.params.scale.astype(members["scale"]["dtype"])
-            zero_point = cal.params.zero_point.astype(members["zero_point"]["dtype"])
-        else:
-            scale, zero_point = dest.values("scale"), dest.values("zero_point")
-            if zero_point is None:  # (all zero: never written, the fill value)
-                zero_point = np.zeros(scale.shape, members["zero_point"]["dtype"])
-        data = dest.values("data")
+        members = out.members
+        scale, zero_point, data = out.scale, out.zero_point, out.data
+        assert scale is not None and data is not None  # (a pack's tensors are never empty)
+        if zero_point is None:  # (all zero: never written, the fill value)
+            zero_point = np.zeros(scale.shape, members["zero_point"]["dtype"])
         pshape = _param_shape(shape, spec)
         scale = scale.reshape(n, *pshape)
         zero_point = zero_point.reshape(n, *pshape)
         data = data.reshape(n, *shape)
         if item.mode == "blocks":
-            summaries = _block_errors(x, data, scale, zero_point, spec)
+            summaries = blocked_errors(x, data, scale, zero_point, spec)
             ranges = {}
         else:
-            summaries = brief_errors(errors, n)
-            ranges = _ranges(cal.stats, n)
+            summaries = brief_errors(out.errors, n)
+            assert cal.stats is not None  # (rows and flat packs take their ranges first)
+            ranges = tensor_ranges(cal.stats, n)
     finally:
         job.close()
     qt = spec.qtype
@@ -316,7 +304,7 @@ def convert_pack(item: PackItem, ts, spec, path: str, fp: str, source: str, comp
     return results(meta)
 
 
-def results(meta: dict) -> list[dict]:
+def results(meta: dict) -> list[dict[str, Any]]:
     """The conversion's results for the tensors of the pack ``meta`` (as it lists them)."""
     from ..qtypes import qtype
 
@@ -337,9 +325,7 @@ def results(meta: dict) -> list[dict]:
     ]
 
 
-def _param_shape(shape, spec) -> tuple[int, ...]:
-    from ..core.layout import blocked_param_shape
-
+def _param_shape(shape: tuple[int, ...], spec: QuantSpec) -> tuple[int, ...]:
     if spec.axis is None:
         return ()
     axis = normalize_axis(spec.axis, len(shape))
@@ -348,7 +334,9 @@ def _param_shape(shape, spec) -> tuple[int, ...]:
     return (shape[axis],)
 
 
-def _member_kw(members: dict, n: int, shape, spec, axis) -> dict:
+def _member_kw(
+    members: dict, n: int, shape: tuple[int, ...], spec: QuantSpec, axis: int | None
+) -> dict[str, dict]:
     """The pack's members' ``create_array`` keywords: the job's, stacked on a ``tensor``
     axis, each one chunk."""
     dims = dimension_names(len(shape))
@@ -377,86 +365,3 @@ def _nonfinite(item: PackItem, x: np.ndarray) -> NonFiniteInputError:
         if st.nonfinite:
             return st.refusal(name, x.shape[1:])
     return NonFiniteInputError(f"pack {item.name}: non-finite values")  # (not reached)
-
-
-def _ranges(stats, n: int) -> dict:
-    """Each tensor's calibration range (its channels' finite min and max; 0 where none is
-    finite), as columns ``min`` and ``max``."""
-    lo = np.where(stats.count > 0, stats.min, np.inf).reshape(n, -1).min(axis=1)
-    hi = np.where(stats.count > 0, stats.max, -np.inf).reshape(n, -1).max(axis=1)
-    return {
-        "min": np.where(np.isfinite(lo), lo, 0.0).tolist(),
-        "max": np.where(np.isfinite(hi), hi, 0.0).tolist(),
-    }
-
-
-WORST = 5  # channels listed per tensor (worst SQNR first)
-
-
-def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict:
-    """The error figures of ``n`` tensors from the per-channel sums ``errors`` (the tensors'
-    channels one after another), as columns (one list per figure, a value per tensor): the
-    figures of :meth:`~qstream.spec.ErrorStats.summary` and, with several channels, the
-    ``worst`` channels by SQNR (``worst_channel``, ``worst_sqnr_db``, ``worst_max_abs``:
-    a list per tensor); not the per-channel distribution."""
-    from ..calibration.views import channel_sqnr
-
-    def total(a):
-        return a.reshape(n, -1).sum(axis=1)
-
-    count = total(errors.count)
-    x2, e2 = total(errors.sum_x2), total(errors.sum_e2)
-    xy, y2 = total(errors.sum_xy), total(errors.sum_y2)
-    clipped = total(errors.clipped)
-    nan, pinf, ninf = total(errors.nan), total(errors.posinf), total(errors.neginf)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sqnr = np.where(e2 == 0, np.inf, np.where(x2 == 0, -np.inf, 10.0 * np.log10(x2 / e2)))
-        mse = np.where(count > 0, e2 / np.maximum(count, 1), 0.0)
-        denom = np.sqrt(x2 * y2)
-        cosine = np.where(denom > 0, xy / denom, np.where((x2 == 0) & (y2 == 0), 1.0, 0.0))
-        clip_fraction = np.where(count > 0, clipped / np.maximum(count, 1), 0.0)
-    cols = {
-        "sqnr_db": _numbers(sqnr),
-        "mse": mse.tolist(),
-        "max_abs": errors.max_abs.reshape(n, -1).max(axis=1).tolist(),
-        "cosine": cosine.tolist(),
-        "clipped": clipped.tolist(),
-        "clip_fraction": clip_fraction.tolist(),
-        "nonfinite": (nan + pinf + ninf).tolist(),
-        "count": count.tolist(),
-        "nan": nan.tolist(),
-        "posinf": pinf.tolist(),
-        "neginf": ninf.tolist(),
-    }
-    channels = errors.count.size // max(n, 1)
-    if channels > 1:
-        sq = channel_sqnr(errors.sum_x2, errors.sum_e2).reshape(n, channels)
-        order = np.argsort(sq, axis=1, kind="stable")[:, :worst]
-        cols["worst_channel"] = order.tolist()
-        worst_sq = np.take_along_axis(sq, order, axis=1).tolist()
-        cols["worst_sqnr_db"] = [[v if math.isfinite(v) else str(v) for v in r] for r in worst_sq]
-        mx = errors.max_abs.reshape(n, channels)
-        cols["worst_max_abs"] = np.take_along_axis(mx, order, axis=1).tolist()
-    return cols
-
-
-def _numbers(a: np.ndarray) -> list:
-    """``a``'s values as JSON holds them: non-finite figures as strings (as in every
-    report)."""
-    return [v if math.isfinite(v) else str(v) for v in a.tolist()]
-
-
-def _block_errors(x, q, scale, zero_point, spec) -> dict:
-    """The blocked tensors' error columns: one error pass over each tensor."""
-    from ..core.layout import plan_layout
-    from .blockmath import block_errors_fused
-
-    qt = spec.qtype
-    lo_q = qt.qrange(spec.narrow_range)[0]
-    axis = normalize_axis(spec.axis, x.ndim - 1)
-    layout = plan_layout(x.shape[1:], scale.shape[1:], axis, spec.block_size)
-    total = ErrorStats.empty(x.shape[0])
-    for i in range(x.shape[0]):
-        err = block_errors_fused(x[i], q[i], scale[i], zero_point[i], layout, qt, lo_q, None)
-        merge_into(total, err, i)
-    return brief_errors(total, x.shape[0])

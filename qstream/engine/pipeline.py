@@ -12,15 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .executors import Executor, LocalExecutor, default_workers
 from .plan import Block
 
-
-def default_workers() -> int:
-    """Workers a job runs by default: two per kernel thread of the calling thread, so that
-    while one waits on the disk (a write, an uncached read) another computes."""
-    from ..kernels.runtime import kernel_threads
-
-    return 2 * kernel_threads()
+__all__ = ["default_workers", "run"]
 
 
 def run(
@@ -31,7 +26,7 @@ def run(
     workers: int | None = None,
     inflight: int | None = None,
     progress: Callable[[Block], None] | None = None,
-    executor=None,
+    executor: Executor | None = None,
 ) -> None:
     """Run ``work`` on every block and ``merge`` the results in block order.
 
@@ -40,8 +35,6 @@ def run(
     ``progress(block)`` is called after each merge. The first error stops the pass: blocks not
     started are dropped, running ones finish (their output stays valid for a resume).
     """
-    from .executors import LocalExecutor
-
     executor = executor or LocalExecutor()
     results = executor.map_ordered(
         list(blocks), work, workers=workers or default_workers(), inflight=inflight

@@ -7,8 +7,9 @@ tensor whose job is one block is read, calibrated, quantized and written by one 
 thread (or one Dask task) with nothing else in between: the same :class:`QuantizeJob` plans
 and computes it, its passes run inline (:class:`~qstream.engine.executors.InlineExecutor`),
 so values, parameters and report are those of the job's own run, bit for bit; its members
-are kept in memory (:class:`MemoryDest`) and its group is written whole and published by one
-rename (:func:`qstream.io.qarray.write_group`): a tensor's folder is complete or absent.
+are kept in memory (:func:`~qstream.engine.memory.quantize_in_memory`) and its group is
+written whole and published by one rename (:func:`qstream.io.qarray.write_group`): a
+tensor's folder is complete or absent.
 """
 
 from __future__ import annotations
@@ -22,52 +23,16 @@ import numpy as np
 
 from ..io import destination, qarray
 from ..io.destination import Action, Destination
-from ..spec import ErrorStats, WorstGroups, merge_into
+from ..spec import QuantSpec
 from .executors import InlineExecutor
+from .handles import worker_cached
 from .job import QuantizeJob
+from .kept import keep_tensor
+from .memory import quantize_in_memory
 from .plan import block_budget
-from .work import QuantizeWork, worker_cached
 
 
-class _Captured:
-    """What a block work writes to one member, kept in memory."""
-
-    def __init__(self, dtype) -> None:
-        self.array = type("A", (), {"dtype": np.dtype(dtype)})()
-        self.values: np.ndarray | None = None
-        self.shape: tuple[int, ...] = ()
-
-    def __setitem__(self, key, value) -> None:
-        if self.values is None:
-            whole = tuple(slice(0, n) for n in self.shape)
-            if key == whole and np.shape(value) == self.shape:  # (one block: no zeros first)
-                self.values = np.array(value, self.array.dtype)
-                return
-            self.values = np.zeros(self.shape, self.array.dtype)
-        self.values[key] = value
-
-
-class MemoryDest:
-    """A destination whose members are arrays in memory (the work's ``dest``)."""
-
-    def __init__(self, members: dict[str, dict]) -> None:
-        self._members = {}
-        for name, kw in members.items():
-            c = _Captured(kw["dtype"])
-            c.shape = tuple(kw["shape"])
-            self._members[name] = c
-
-    def check(self, node=None) -> None:
-        """(Nothing to check: nothing is written until the group is published.)"""
-
-    def writer(self, name: str) -> _Captured:
-        return self._members[name]
-
-    def values(self, name: str) -> np.ndarray | None:
-        return self._members[name].values
-
-
-def is_small(t, spec, max_memory) -> bool:
+def is_small(t: Any, spec: QuantSpec, max_memory: int | None) -> bool:
     """Whether the tensor ``t`` is one block of its job under ``spec`` (at most one block
     budget of float32 or wider values), so :func:`convert_small` takes it."""
     if spec.scale is not None and spec.block_size:  # explicit group scales: read from DST
@@ -77,14 +42,14 @@ def is_small(t, spec, max_memory) -> bool:
 
 
 def convert_small(
-    t,
-    spec,
-    path,
+    t: Any,
+    spec: QuantSpec,
+    path: str,
     *,
     source: str,
     name: str,
     compression: str,
-    max_memory=None,
+    max_memory: int | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any] | None:
     """Convert the checkpoint tensor ``t`` into the new group ``path`` (a local path inside a
@@ -110,91 +75,32 @@ def convert_small(
         fp = job.fingerprint()
         action, existing = Destination(path, "quantized", fp).look(overwrite=overwrite)
         if action is Action.COMPLETE:
+            assert existing.meta is not None  # (a complete output has its metadata)
             return _result(job, existing.meta["report"])
         if action is not Action.CREATE:
             destination.remove_output(path, existing)
         cal = job.calibration()
-        members = job.member_arrays(progress_log=False)
-        dest = MemoryDest(members)
-        per = cal.params is not None and not spec.block_size
-        work = QuantizeWork(
-            job.plan,
-            job.ref,
-            dest,
-            cal.params.scale if per else None,
-            cal.params.zero_point if per else None,
-        )
-        errors = ErrorStats.empty(job.plan.channels)
-        worst = [WorstGroups.empty() if job.keeps_worst_groups() else None]
-
-        def merge(b, result) -> None:
-            err, groups = result
-            merge_into(errors, err, job.plan.offset(b.key))
-            if groups is not None:
-                worst[0] = worst[0].merged(groups)
-
-        job.scan(job.blocks, work, merge, None)
-        if cal.params is not None and math.prod(job.plan.param_shape):
-            scale = cal.params.scale.astype(members["scale"]["dtype"])
-            zero_point = cal.params.zero_point.astype(members["zero_point"]["dtype"])
-        else:  # dynamic groups: what the block wrote
-            scale, zero_point = dest.values("scale"), dest.values("zero_point")
+        out = quantize_in_memory(job, cal)
         summary = cal.summary()
         meta = {**job.new_meta(fp, path), "calibration": summary, "ready": True}
         meta, report, data_attrs = job.finished(
-            meta, summary, (errors, worst[0]), path, t0, 0, scale, zero_point
+            meta, summary, (out.errors, out.worst), path, t0, 0, out.scale, out.zero_point
         )
+        zero_point = out.zero_point
         if zero_point is not None and not np.any(zero_point):
             zero_point = None  # the fill value: not written
         qarray.write_group(
             path,
             {"qstream": meta},
             {
-                "data": (members["data"], dest.values("data"), data_attrs),
-                "scale": (members["scale"], scale, None),
-                "zero_point": (members["zero_point"], zero_point, None),
+                "data": (out.members["data"], out.data, data_attrs),
+                "scale": (out.members["scale"], out.scale, None),
+                "zero_point": (out.members["zero_point"], zero_point, None),
             },
         )
         return _result(job, report.to_dict())
     finally:
         job.close()
-
-
-def one_chunk(arr) -> bool:
-    """Whether the quantized tensor ``arr`` is stored in one chunk (see
-    :func:`dequantize_small`)."""
-    return math.prod(-(-n // c) for n, c in zip(arr.shape, arr.data.chunks, strict=True)) == 1
-
-
-def dequantize_small(
-    arr, src_loc: str, path, *, dtype: str, compression: str, fresh: bool = False
-) -> dict | None:
-    """Dequantize the quantized tensor ``arr`` (one stored chunk) into the new array ``path``
-    (a local path inside a locked root) in this thread, as :func:`qstream.engine.job.
-    dequantize` would, bytes and metadata alike; its result, or None when ``arr`` is more
-    than one chunk (then the job runs as usual). ``fresh``: the root is new, nothing is at
-    ``path`` to look at."""
-    from ..qtypes import float_dtype
-    from .job import dequantized_array, dequantized_fingerprint
-
-    if not one_chunk(arr):
-        return None
-    out_dtype = float_dtype(dtype)
-    fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
-    result = {"kept": False, "bytes_written": int(math.prod(arr.shape) * out_dtype.itemsize)}
-    if not fresh:
-        action, existing = Destination(path, "dequantized", fp).look(overwrite=False)
-        if action is Action.COMPLETE:
-            return result
-        if action is not Action.CREATE:
-            destination.remove_output(path, existing)
-    whole = tuple(slice(0, n) for n in arr.shape)
-    y = arr.dequantize_region(whole, arr.quantized(whole), out_dtype)
-    kw = dequantized_array(arr, out_dtype, compression)
-    meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
-    values = y.view(kw["dtype"]) if y.dtype != kw["dtype"] else y
-    qarray.write_array(path, kw, values, {"qstream": {**meta, "complete": True}})
-    return result
 
 
 @dataclass(frozen=True)
@@ -225,14 +131,12 @@ class SmallTensorWork:
     max_memory: int | None
     overwrite: bool
 
-    def register(self, tensors) -> None:
+    def register(self, tensors: Any) -> None:
         """Use the already open checkpoint ``tensors`` in this process."""
         worker_cached((self.token, "checkpoint"), lambda: tensors)
 
-    def __call__(self, item: TensorItem) -> dict | None:
+    def __call__(self, item: TensorItem) -> dict[str, Any] | None:
         from ..io.checkpoints import open_checkpoint
-        from ..spec import QuantSpec
-        from .checkpoint import keep_tensor
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)

@@ -22,6 +22,13 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..spec import QuantSpec
 
 
 def warm_kernels() -> float:
@@ -53,7 +60,7 @@ def warm_kernels() -> float:
 #: the job kinds ``qstream warm-up`` compiles: checkpoint conversions and store jobs users
 #: run most (int8 per tensor / per channel / percentile, int4 and int8 groups, asymmetric
 #: uint8 and uint4 groups, float8)
-COMMON_SPECS = (
+COMMON_SPECS: tuple[dict[str, Any], ...] = (
     {"dtype": "int8"},
     {"dtype": "int8", "axis": 0},
     {"dtype": "int8", "axis": 0, "method": "percentile"},
@@ -65,7 +72,7 @@ COMMON_SPECS = (
 )
 
 
-def warm_common(processes: int | None = None) -> dict:
+def warm_common(processes: int | None = None) -> dict[str, Any]:
     """Compile every kernel the common job kinds (:data:`COMMON_SPECS`: calibration,
     quantize and report passes, serial and parallel builds, and their dequantize) into
     Numba's on-disk cache, spread over ``processes`` processes (default: the cores), so that
@@ -97,7 +104,7 @@ def warm_common(processes: int | None = None) -> dict:
     return {"specs": list(COMMON_SPECS), "seconds": time.perf_counter() - t0}
 
 
-def _shares(specs, n: int) -> list[list[dict]]:
+def _shares(specs: Sequence[dict[str, Any]], n: int) -> list[list[dict[str, Any]]]:
     """``specs`` (dicts) dealt to ``n`` processes: the dynamic group-wise specs whose fused
     kernel builds are the same (one widened code type: int4 and int8) to one process, which
     compiles them once; the heaviest first (each such set of builds weighs about as much as
@@ -107,14 +114,15 @@ def _shares(specs, n: int) -> list[list[dict]]:
     from ..qtypes import qtype
     from ..spec import QuantSpec
 
-    groups: dict = {}
+    groups: dict[Any, list[int]] = {}
     for i, d in enumerate(specs):
         spec = QuantSpec.from_dict(d)
         fused = spec.method == "dynamic" and spec.block_size
         key = ("fused", np.dtype(qtype(spec.dtype).widened).str) if fused else i
         groups.setdefault(key, []).append(i)
     weight = {k: 3 + len(v) if isinstance(k, tuple) else 1 for k, v in groups.items()}
-    load, dealt = [0] * n, [[] for _ in range(n)]
+    load = [0] * n
+    dealt: list[list[int]] = [[] for _ in range(n)]
     for key in sorted(groups, key=lambda k: -weight[k]):  # (stable: ties in specs' order)
         j = load.index(min(load))
         load[j] += weight[key]
@@ -122,14 +130,15 @@ def _shares(specs, n: int) -> list[list[dict]]:
     return [[specs[i] for i in sorted(d)] for d in dealt if d]
 
 
-def _run_full_jobs(specs) -> None:
+def _run_full_jobs(specs: Sequence[QuantSpec]) -> None:
     """Whole tiny jobs (calibration, quantize, report, dequantize) of ``specs``, with the
     serial and then the parallel builds of the kernels."""
     import numpy as np
 
     from ..io.stores import MEMORY_STORES
     from ..kernels import runtime
-    from .job import QuantizeJob, dequantize
+    from .dequantize_job import dequantize
+    from .job import QuantizeJob
 
     x = np.linspace(-1.0, 1.0, 64 * 256, dtype=np.float32).reshape(64, 256)
     before = runtime.SERIAL_BELOW
@@ -149,7 +158,7 @@ def _run_full_jobs(specs) -> None:
         runtime.SERIAL_BELOW = before
 
 
-def _run_fused(spec, x) -> None:
+def _run_fused(spec: QuantSpec, x: np.ndarray) -> None:
     """For a dynamic spec, every build of the fused quantize kernel its jobs may run: groups
     along the rows and down the columns (blocked along the last axis or an outer one), for
     finite values and with a NaN (the builds that handle them)."""
@@ -168,7 +177,7 @@ def _run_fused(spec, x) -> None:
             dynamic_blocked(values, qt, spec, axis, np.empty(values.shape, qt.dtype), True)
 
 
-def _run_after_pass(specs) -> None:
+def _run_after_pass(specs: Sequence[QuantSpec]) -> None:
     """The kernels a job of ``specs`` runs after its quantize pass: the worst groups of a
     group-wise spec's report, the packing of sub-byte codes."""
     import numpy as np
@@ -184,7 +193,7 @@ def _run_after_pass(specs) -> None:
         pack_codes(np.zeros(8, np.uint8), bits, np.zeros(8, np.uint8))
 
 
-def _quantize_pass_specs(specs):
+def _quantize_pass_specs(specs: Iterable[QuantSpec]) -> list[QuantSpec]:
     """Explicit-scale versions of ``specs``: the same quantize pass with no calibration."""
     from dataclasses import replace
 
@@ -197,7 +206,7 @@ def _quantize_pass_specs(specs):
     return out
 
 
-def _run_quantize_passes(specs, parallel: bool) -> None:
+def _run_quantize_passes(specs: Sequence[QuantSpec], parallel: bool) -> None:
     import numpy as np
 
     from ..io.stores import MEMORY_STORES
@@ -220,7 +229,7 @@ def _run_quantize_passes(specs, parallel: bool) -> None:
         runtime.SERIAL_BELOW = before
 
 
-def _cached(kernel) -> bool:
+def _cached(kernel: Any) -> bool:
     """Whether Numba's on-disk cache holds some build of ``kernel`` (best effort)."""
     try:
         return os.path.exists(kernel._cache._cache_file._index_path)
@@ -228,7 +237,9 @@ def _cached(kernel) -> bool:
         return True  # unknown: do not start anything
 
 
-def warm_up(specs, *, background: bool = False) -> subprocess.Popen | None:
+def warm_up(
+    specs: Iterable[QuantSpec], *, background: bool = False
+) -> subprocess.Popen[bytes] | None:
     """Compile the quantize pass's kernels of ``specs`` (serial builds first, then parallel
     ones) into Numba's cache, and before them the kernels their jobs run after that pass.
     ``background``: in a separate process, started only on a first run (no build of the
@@ -253,7 +264,7 @@ def warm_up(specs, *, background: bool = False) -> subprocess.Popen | None:
     return proc
 
 
-def _pass_kernels(spec) -> list:
+def _pass_kernels(spec: QuantSpec) -> list[Any]:
     """The kernels (parallel builds, with their serial twins) a quantize pass of ``spec``
     runs: the fused kernel's builds for finite values, either layout, for a dynamic spec it
     applies to, else the quantize kernel of its round mode."""
@@ -276,16 +287,18 @@ class _Tensor:
 
     name = "warm-up"
 
-    def __init__(self, values):
+    def __init__(self, values: np.ndarray) -> None:
         self.values = values
         self.shape = values.shape
         self.dtype = values.dtype
 
-    def __getitem__(self, key):
-        return self.values[key]
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """The values at ``key`` (a slice of the tensor)."""
+        part: np.ndarray = self.values[key]
+        return part
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()  # Numba writes cache files by rename: a kill leaves none half-written
         proc.wait()

@@ -29,6 +29,7 @@ import math
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
+from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
 from .packing import packed_nbytes
 from .paths import open_regular
@@ -65,7 +67,7 @@ class ChunkFiles:
     # an array in a folder no reader sees yet)
     atomic: bool = True
 
-    def path(self, coords) -> str:
+    def path(self, coords: tuple[int, ...]) -> str:
         """The file of chunk ``coords``."""
         return os.path.join(self.root, self.encode_key(coords))
 
@@ -113,7 +115,7 @@ class ChunkFiles:
             return None
         return np.frombuffer(m, self.dtype).reshape(self.chunks)[inner]
 
-    def _read_chunk(self, coords, dest: np.ndarray) -> None:
+    def _read_chunk(self, coords: tuple[int, ...], dest: np.ndarray) -> None:
         """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
         path = self.path(coords)
         if self.bits:  # the packed bytes first, then unpacked into ``dest``
@@ -133,7 +135,7 @@ class ChunkFiles:
             with open_regular(path, "chunk") as f:
                 if self.codec is None:  # straight into the caller's buffer
                     _check_size(f, flat.nbytes, path)
-                    _read_exact(f, memoryview(flat), path)
+                    _read_exact(f, flat.data, path)
                     return True
                 size = os.fstat(f.fileno()).st_size
                 if size > 2 * flat.size + (64 << 10):  # no codec expands data that much
@@ -141,7 +143,7 @@ class ChunkFiles:
                         f"corrupt chunk {path}: {size} bytes stored for {flat.size} bytes of values"
                     )
                 buf = scratch("chunk-bytes", (size,), np.uint8)
-                _read_exact(f, memoryview(buf), path)
+                _read_exact(f, buf.data, path)
         except FileNotFoundError:
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
             return False
@@ -149,7 +151,7 @@ class ChunkFiles:
         # leaves the rest as it was: check the size the frame declares, and never decode more
         # than the chunk holds (a few bytes may declare gigabytes)
         try:
-            declared = _decode_bounded(self.codec, buf, flat)
+            declared = decode_bounded(self.codec, buf, flat)
         except StoreError as e:
             raise StoreError(f"corrupt chunk {path}: {e}") from None
         except Exception as e:
@@ -161,7 +163,9 @@ class ChunkFiles:
 
     # ---- writing
 
-    def write(self, region: tuple[slice, ...], data: np.ndarray, made=None) -> None:
+    def write(
+        self, region: tuple[slice, ...], data: np.ndarray, made: set[str] | None = None
+    ) -> None:
         """Write ``data`` to ``region``, which must cover whole chunks (edge chunks may be
         short at the array's end: they are padded with the fill value, as zarr stores them)."""
         for d, (s, c, n) in enumerate(zip(region, self.chunks, self.shape, strict=True)):
@@ -191,7 +195,7 @@ class ChunkFiles:
                 payload = self.codec.encode(payload)
             self._put(self.path(coords), payload, made)
 
-    def _put(self, path: str, payload, made: set[str]) -> None:
+    def _put(self, path: str, payload: Any, made: set[str]) -> None:
         parent = os.path.dirname(path)
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
@@ -224,7 +228,7 @@ class ChunkFiles:
             if np.frombuffer(view, np.uint8).ctypes.data % ALIGN:
                 buf = scratch("direct-write", (len(view),), np.uint8)
                 buf[...] = np.frombuffer(view, np.uint8)
-                view = memoryview(buf)
+                view = buf.data
             head = len(view) // ALIGN * ALIGN
             try:
                 _write_all(fd, view[:head])
@@ -241,14 +245,16 @@ class ChunkFiles:
 
     # ---- geometry
 
-    def count(self, region) -> int:
+    def count(self, region: tuple[slice, ...]) -> int:
         """How many chunks ``region`` touches."""
         return math.prod(
             max(0, -(-s.stop // c) - s.start // c) if s.stop > s.start else 0
             for s, c in zip(region, self.chunks, strict=True)
         )
 
-    def chunks_of(self, region):
+    def chunks_of(
+        self, region: tuple[slice, ...]
+    ) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]]:
         """(chunk coords, slice inside the chunk, slice inside the region) for each chunk
         that ``region`` touches."""
         ranges = [
@@ -265,7 +271,7 @@ class ChunkFiles:
             yield coords, tuple(inner), tuple(outer)
 
 
-def chunk_files(arr) -> ChunkFiles | None:
+def chunk_files(arr: Any) -> ChunkFiles | None:
     """Direct access to ``arr``'s chunk files, or None where zarr must do the work."""
     try:
         import zarr
@@ -299,13 +305,13 @@ def chunk_files(arr) -> ChunkFiles | None:
             endian = codec_config(ser).get("endian")
             if endian not in ("little", None) and not (endian == "big" and dtype.itemsize == 1):
                 return None
-        codec = _v3_compressor(arr.compressors)
+        codec = numcodecs_of(arr.compressors)
     else:
         if meta.order != "C":
             return None
         comps = arr.compressors
         codec = comps[0] if len(comps) == 1 else None
-        if len(comps) > 1 or (codec is not None and not _bounded(codec)):
+        if len(comps) > 1 or (codec is not None and not is_bounded(codec)):
             return None  # (zarr decodes what qstream cannot decode with a bound)
     if codec is False:
         return None
@@ -326,110 +332,12 @@ def chunk_files(arr) -> ChunkFiles | None:
     )
 
 
-def _v3_compressor(compressors):
-    """The numcodecs equivalent of a Zarr v3 compressor chain: None (no compressor), a codec,
-    or False (not reproducible here)."""
-    if not compressors:
-        return None
-    if len(compressors) > 1:
-        return False
-    import numcodecs
-    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
-
-    c = compressors[0]
-    cfg = codec_config(c)
-    if isinstance(c, ZstdCodec):
-        return numcodecs.Zstd(level=cfg.get("level", 0), checksum=cfg.get("checksum", False))
-    if isinstance(c, GzipCodec):
-        return numcodecs.GZip(level=cfg.get("level", 5))
-    if isinstance(c, BloscCodec):
-        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[cfg["shuffle"]]
-        return numcodecs.Blosc(  # typesize: chunks are encoded as bytes, shuffled as zarr does
-            cname=cfg["cname"],
-            clevel=cfg["clevel"],
-            shuffle=shuffle,
-            blocksize=cfg["blocksize"],
-            typesize=cfg.get("typesize"),
-        )
-    return False
-
-
-def _bounded(codec) -> bool:
-    """Whether :func:`_decode_bounded` decodes ``codec``'s chunks."""
-    import numcodecs
-
-    known = (numcodecs.Zlib, numcodecs.GZip, numcodecs.BZ2, numcodecs.LZMA, numcodecs.Zstd)
-    return isinstance(codec, (*known, numcodecs.Blosc, numcodecs.LZ4))
-
-
-def _decode_bounded(codec, buf: np.ndarray, flat: np.ndarray) -> int:
-    """Decode ``buf`` into ``flat`` (when it decodes to exactly ``flat``'s size) and return
-    the size it decodes to, without ever decoding more than ``flat.size + 1`` bytes: codecs
-    whose frames declare their size (zstd, blosc, lz4) are checked first, stream formats
-    (zlib, gzip, bz2, lzma) are decoded with a bound. A frame that declares nothing (a zstd
-    frame without a content size) is refused."""
-    import bz2
-    import lzma
-    import zlib
-
-    import numcodecs
-
-    streams = {
-        numcodecs.Zlib: lambda: zlib.decompressobj(),
-        numcodecs.GZip: lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
-        numcodecs.BZ2: bz2.BZ2Decompressor,
-        numcodecs.LZMA: lzma.LZMADecompressor,
-    }
-    make = next((m for t, m in streams.items() if isinstance(codec, t)), None)
-    if make is not None:
-        d = make()
-        out = d.decompress(memoryview(buf).cast("B"), flat.size + 1)
-        if len(out) == flat.size:
-            flat[...] = np.frombuffer(out, np.uint8)
-        return len(out)
-    declared = _declared_size(codec, buf)
-    if declared is None:
-        raise StoreError(f"its {type(codec).__name__} frame does not declare its size")
-    if declared == flat.size:
-        codec.decode(buf, out=flat)
-    return declared
-
-
-def _declared_size(codec, buf: np.ndarray) -> int | None:
-    """The decoded size a compressed chunk declares in its header (zstd frame content size,
-    blosc header, lz4 prefix), or None when the format does not say."""
-    import numcodecs
-
-    b = memoryview(buf).cast("B")
-    if isinstance(codec, numcodecs.Zstd):
-        return _zstd_content_size(b)
-    if isinstance(codec, numcodecs.Blosc) and len(b) >= 16:
-        return int.from_bytes(b[4:8], "little")
-    if isinstance(codec, numcodecs.LZ4) and len(b) >= 4:
-        return int.from_bytes(b[:4], "little")
-    return None
-
-
-def _zstd_content_size(b: memoryview) -> int | None:
-    """The frame content size of a single zstd frame (RFC 8878, 3.1.1.1), or None."""
-    if len(b) < 6 or bytes(b[:4]) != b"\x28\xb5\x2f\xfd":
-        return None
-    fhd = b[4]
-    fcs_flag, single, dict_flag = fhd >> 6, (fhd >> 5) & 1, fhd & 3
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
-    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
-    if size == 0 or len(b) < pos + size:
-        return None
-    value = int.from_bytes(b[pos : pos + size], "little")
-    return value + 256 if size == 2 else value
-
-
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view) :]
 
 
-def _check_size(f, nbytes: int, path: str) -> int:
+def _check_size(f: Any, nbytes: int, path: str) -> int:
     """The size of the open chunk file ``f``, which must be ``nbytes`` (uncompressed)."""
     size = os.fstat(f.fileno()).st_size
     if size != nbytes:
@@ -437,7 +345,7 @@ def _check_size(f, nbytes: int, path: str) -> int:
     return size
 
 
-def _read_exact(f, view: memoryview, path: str) -> None:
+def _read_exact(f: Any, view: memoryview, path: str) -> None:
     while view:
         n = f.readinto(view)
         if not n:

@@ -24,11 +24,16 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InvalidParameterError, StoreError
-from .destination import local_path
+from ..qtypes import QType
+from .paths import local_path
+
+if TYPE_CHECKING:
+    from ..spec import QuantSpec
 
 LAYOUTS = ("group", "codec")
 _CODEC_NAMES = ("scale_offset", "cast_value")
@@ -37,8 +42,9 @@ _CODEC_NAMES = ("scale_offset", "cast_value")
 def unavailable() -> str | None:
     """Why this zarr cannot write or read the codec layout (None: it can)."""
     import zarr
+    from zarr import codecs
 
-    if not hasattr(zarr.codecs, "ScaleOffset") or not hasattr(zarr.codecs, "CastValue"):
+    if not hasattr(codecs, "ScaleOffset") or not hasattr(codecs, "CastValue"):
         return (
             f"layout 'codec' needs zarr >= 3.2 (its scale_offset and cast_value codecs; zarr"
             f" >= 3.2 needs Python >= 3.12), this is zarr {zarr.__version__}: use the default"
@@ -54,7 +60,7 @@ def unavailable() -> str | None:
     return None
 
 
-def check_layout(layout: str, spec, qt) -> str:
+def check_layout(layout: str, spec: QuantSpec, qt: QType) -> str:
     """``layout`` checked against ``spec`` and this zarr (refusals before any work)."""
     if layout not in LAYOUTS:
         raise InvalidParameterError(
@@ -77,19 +83,22 @@ def check_layout(layout: str, spec, qt) -> str:
     return layout
 
 
-def codec_document(raw: dict, qt, c: float, zp: float, o: float, fill: bool) -> dict:
+def codec_document(
+    raw: dict[str, Any], qt: QType, c: float, zp: float, o: float, fill: bool
+) -> dict[str, Any]:
     """``data``'s metadata document in the codec form, from its plain (integer) form
     ``raw``."""
     from ..core.offsets import codec_decode
 
     code = np.dtype(qt.widened).name
-    main = {"scale": c}
+    main: dict[str, Any] = {"scale": c}
     if o != 0.0:
         main["offset"] = o
-    filters = [{"name": "scale_offset", "configuration": main}]
+    filters: list[dict[str, Any]] = [{"name": "scale_offset", "configuration": main}]
     if zp != 0.0:
         filters.append({"name": "scale_offset", "configuration": {"offset": -zp}})
-    cast = {"data_type": code, "rounding": "nearest-even", "out_of_range": "clamp"}
+    cast: dict[str, Any] = {"data_type": code, "rounding": "nearest-even", "out_of_range": "clamp"}
+    fill_value: str | float
     if fill:
         q = int(qt.qmin)
         cast["scalar_map"] = {"encode": [["NaN", q]], "decode": [[q, "NaN"]]}
@@ -107,7 +116,7 @@ def codec_document(raw: dict, qt, c: float, zp: float, o: float, fill: bool) -> 
     return doc
 
 
-def plain_document(doc: dict) -> dict | None:
+def plain_document(doc: dict[str, Any]) -> dict[str, Any] | None:
     """The plain (integer) form of a codec-form ``data`` document; None if it is plain."""
     codecs = doc.get("codecs") or []
     names = [c.get("name") if isinstance(c, dict) else c for c in codecs]
@@ -124,22 +133,24 @@ def plain_document(doc: dict) -> dict | None:
     return out
 
 
-def _key(group, name: str) -> str:
+def _key(group: Any, name: str) -> str:
     prefix = group.store_path.path
     return f"{prefix}/{name}/zarr.json" if prefix else f"{name}/zarr.json"
 
 
-def read_doc(group, name: str = "data") -> dict:
+def read_doc(group: Any, name: str = "data") -> dict[str, Any]:
+    """The metadata document of the member ``name`` of the zarr group ``group``."""
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
     raw = sync(group.store_path.store.get(_key(group, name), default_buffer_prototype()))
     if raw is None:
         raise KeyError(name)
-    return json.loads(raw.to_bytes())
+    doc: dict[str, Any] = json.loads(raw.to_bytes())
+    return doc
 
 
-def write_doc(group, dst, doc: dict, name: str = "data") -> None:
+def write_doc(group: Any, dst: object, doc: dict[str, Any], name: str = "data") -> None:
     """Replace the member's document in one write (local: a renamed file)."""
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
@@ -160,14 +171,14 @@ def write_doc(group, dst, doc: dict, name: str = "data") -> None:
         raise StoreError(f"cannot write {dst}: {e}") from None
 
 
-def to_codec(group, dst, qt, c: float, zp: float, o: float, fill: bool) -> None:
+def to_codec(group: Any, dst: object, qt: QType, c: float, zp: float, o: float, fill: bool) -> None:
     """Swap ``data``'s document to the codec form (the chunks stay as they are)."""
     doc = read_doc(group)
     if plain_document(doc) is None:
         write_doc(group, dst, codec_document(doc, qt, c, zp, o, fill))
 
 
-def to_plain(group, dst) -> None:
+def to_plain(group: Any, dst: object) -> None:
     """Swap ``data``'s document back to its plain form (a resumed run writes codes)."""
     try:
         doc = read_doc(group)
@@ -178,8 +189,9 @@ def to_plain(group, dst) -> None:
         write_doc(group, dst, plain)
 
 
-def open_plain(group):
-    """``data`` of a codec-layout output as its plain integer array (the same chunks)."""
+def open_plain(group: Any) -> Any:
+    """``data`` of a codec-layout output as its plain integer array (a ``zarr.Array`` over
+    the same chunks)."""
     import zarr
     from zarr.core.array import AsyncArray
     from zarr.core.metadata.v3 import ArrayV3Metadata
@@ -192,6 +204,6 @@ def open_plain(group):
     return zarr.Array(AsyncArray(meta, zarr.storage.StorePath(group.store_path.store, path)))
 
 
-def constants(meta_codec: dict) -> tuple[float, float, float]:
+def constants(meta_codec: dict[str, Any]) -> tuple[float, float, float]:
     """``(c, zp, o)`` recorded in an output's ``qstream`` metadata (``codec`` entry)."""
     return float(meta_codec["scale"]), float(meta_codec["zero_point"]), float(meta_codec["offset"])

@@ -22,11 +22,14 @@ symmetric, strategy, group size) with ``format`` inside the group, as the loader
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..spec import QuantSpec
 
 INT_QUANTIZED = "int-quantized"
 PACK_QUANTIZED = "pack-quantized"
@@ -46,6 +49,7 @@ class Layout:
 
     @property
     def format(self) -> str:
+        """The compressed-tensors format of the weight: packed for 4 bits, plain for 8."""
         return PACK_QUANTIZED if self.bits == 4 else INT_QUANTIZED
 
     @property
@@ -53,11 +57,12 @@ class Layout:
         """What is subtracted from unsigned codes and zero points to make them signed."""
         return 1 << (self.bits - 1) if self.unsigned else 0
 
-    def group_key(self) -> tuple:
+    def group_key(self) -> tuple[str, int, bool, str, int | None]:
+        """The layouts one config group of ``quantization_config`` holds have one key."""
         return (self.format, self.bits, self.symmetric, self.strategy, self.group_size)
 
 
-def layout(name: str, shape, spec) -> Layout:
+def layout(name: str, shape: Sequence[int], spec: QuantSpec) -> Layout:
     """The layout of the tensor ``name`` quantized by ``spec``, or an
     :class:`InvalidParameterError` naming what compressed-tensors cannot express."""
     qt = spec.qtype
@@ -148,10 +153,10 @@ def _targets(mine: list[str], others: list[str]) -> list[str]:
     return list(out)
 
 
-def quantization_config(layouts: list[Layout], kept_weights: list[str]) -> dict:
+def quantization_config(layouts: list[Layout], kept_weights: list[str]) -> dict[str, Any]:
     """The ``quantization_config`` of an export: one config group per kind of layout, its
     ``targets`` naming exactly its modules; ``ignore``: the kept 2-D weights' modules."""
-    groups: dict[tuple, list[str]] = {}
+    groups: dict[tuple[str, int, bool, str, int | None], list[str]] = {}
     for lay in layouts:
         groups.setdefault(lay.group_key(), []).append(lay.module.rstrip("."))
     everyone = [m.rstrip(".") for m in kept_weights]

@@ -17,6 +17,8 @@ with another one is another job (``overwrite=True`` replaces the output).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import InvalidParameterError
 
 AUTO = "auto"
@@ -27,7 +29,7 @@ CHOICES = "auto, none, zstd[:LEVEL], gzip[:LEVEL], blosc[:CNAME[:LEVEL]]"
 _LEVELS = {"zstd": (-131072, 22, 0), "gzip": (0, 9, 5), "blosc": (0, 9, 5)}
 
 
-def canonical(compression) -> str:
+def canonical(compression: object) -> str:
     """``compression`` spelled one way (``"auto"``, ``"none"``, ``"zstd:0"``, ``"gzip:5"``,
     ``"blosc:zstd:5"``); :class:`InvalidParameterError` naming it for anything else."""
     if compression is None:
@@ -67,7 +69,7 @@ def _level(compression: str, name: str, args: list[str]) -> int:
     return level
 
 
-def compressors(compression: str, inherited=AUTO):
+def compressors(compression: str, inherited: Any = AUTO) -> Any:
     """The ``compressors`` argument of ``zarr.create_array`` for the canonical
     ``compression``: ``inherited`` for ``"auto"``, None for ``"none"``, else a list of the one
     codec."""
@@ -75,22 +77,22 @@ def compressors(compression: str, inherited=AUTO):
         return inherited
     if compression == NONE:
         return None
-    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+    from zarr.codecs import BloscCname, BloscCodec, GzipCodec, ZstdCodec
 
     name, *args = compression.split(":")
     if name == "zstd":
         return [ZstdCodec(level=int(args[0]))]
     if name == "gzip":
         return [GzipCodec(level=int(args[0]))]
-    return [BloscCodec(cname=args[0], clevel=int(args[1]))]
+    return [BloscCodec(cname=BloscCname(args[0]), clevel=int(args[1]))]
 
 
-def codec_config(codec) -> dict:
+def codec_config(codec: Any) -> dict[str, Any]:
     """A zarr v3 codec's JSON configuration (plain strings and numbers)."""
     return dict(codec.to_dict().get("configuration") or {})
 
 
-def describe(codecs) -> str:
+def describe(codecs: Any) -> str:
     """How an array's chunks are compressed, in the option's spelling (``"none"``,
     ``"zstd:3"``, ``"blosc:lz4:5"``); other codecs by their names."""
     if not codecs:

@@ -33,368 +33,52 @@ slabs of ~16 MiB.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 import os
 import struct
-
-import numpy as np
+from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
 from . import compressed_tensors as ct
+from .export_entries import (
+    FLOAT_TYPES,
+    Tensors,
+    ct_entries,
+    entries,
+    float_entry,
+    quantized_entries,
+)
+from .export_files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
+from .export_meta import CONFIG, export_metadata, read_json
+from .export_targets import check_targets, finished_export, other_forms
+from .export_targets import shard_pattern as shard_pattern
+from .gguf_file import describe
+from .locations import location
+from .paths import kind_of, open_regular
 from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
-SLAB = 16 << 20
 FORMATS = ("compressed-tensors", "qstream", "dequantized")
-CONFIG = "config.json"
 LOADERS = {
     "compressed-tensors": "transformers / vLLM (compressed-tensors)",
     "qstream": "qstream (open_quantized-style layout; not for transformers)",
     "dequantized": "any safetensors reader (float values)",
 }
-FLOAT_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_INT_TAGS = {
-    "int8": "I8",
-    "uint8": "U8",
-    "int16": "I16",
-    "uint16": "U16",
-    "int32": "I32",
-    "int4": "I8",
-    "int2": "I8",
-    "uint4": "U8",
-    "uint2": "U8",
-}
-_FLOAT_TAGS = {"float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-_PLAIN_TAGS = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
-
-
-class _Entry:
-    """One tensor of the export: its safetensors dtype tag, shape and a slab reader."""
-
-    def __init__(self, name: str, tag: str, shape, itemsize: int, read):
-        self.name, self.tag, self.shape = name, tag, tuple(int(d) for d in shape)
-        self.nbytes = math.prod(self.shape) * itemsize
-        self.read = read  # read(row0, row1) -> C-contiguous array of the rows (or all for 0-d)
-
-
-class _Tensors:
-    """The tensors of an export, opened when their entries are read and one at a time (the
-    last one is kept: its entries are written one after another), so that an export of many
-    tensors holds one tensor's parameters, not all of them."""
-
-    def __init__(self, opened, name: str) -> None:
-        self.opened, self.single = opened, name
-        self.last: tuple[str, object] | None = None
-
-    def names(self) -> list[str]:
-        if isinstance(self.opened, QuantizedCheckpoint):
-            return list(self.opened)
-        return [self.single]
-
-    def __call__(self, name: str):
-        if self.last is None or self.last[0] != name:
-            t = self.opened[name] if isinstance(self.opened, QuantizedCheckpoint) else self.opened
-            self.last = (name, t)
-        return self.last[1]
-
-
-def _entries(name: str, t, get) -> list[_Entry]:
-    """The entries of the tensor ``name`` (``t``, open now); their readers open it again
-    through ``get``."""
-    if isinstance(t, QuantizedArray):
-        return _quantized_entries(name, t, get)
-    import ml_dtypes
-
-    dtype = dict(t.attrs.get("qstream", {})).get("dtype", np.dtype(t.dtype).name)
-    if dtype not in _PLAIN_TAGS:
-        raise InvalidParameterError(f"{name}: no safetensors type for {dtype}")
-    out = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-
-    def read(r0, r1):
-        t = get(name)
-        v = np.asarray(t[r0:r1] if t.ndim else t[...])
-        return np.ascontiguousarray(v.astype(out, copy=False))
-
-    return [_Entry(name, _PLAIN_TAGS[dtype], t.shape, out.itemsize, read)]
-
-
-def _quantized_entries(name: str, arr: QuantizedArray, get) -> list[_Entry]:
-    qt = arr.qtype
-    if qt.name in _INT_TAGS:
-        tag = _INT_TAGS[qt.name]
-        values = np.dtype(qt.widened)
-    else:
-        tag = _FLOAT_TAGS.get(qt.name, "U8")
-        values = np.dtype(np.uint8)
-
-    def read(r0, r1):
-        a = get(name)
-        q = a.quantized((slice(r0, r1),) if a.ndim else ...)
-        v = q.astype(values, copy=False) if qt.name in _INT_TAGS else q.view(np.uint8)
-        return np.ascontiguousarray(v)
-
-    entries = [_Entry(name, tag, arr.shape, values.itemsize, read)]
-    s, z = _param_shape(arr)
-    half = arr.scale_dtype == np.float16  # stored as float16: exported as such
-    scale_dtype = np.dtype(np.float16 if half else np.float32)
-
-    def read_scale(r0, r1):
-        return get(name).scale.reshape(s).astype(scale_dtype)[r0:r1]
-
-    def read_zero_point(r0, r1):
-        return get(name).zero_point.reshape(z).astype(values)[r0:r1]
-
-    entries.append(
-        _Entry(f"{name}_scale", "F16" if half else "F32", s, scale_dtype.itemsize, read_scale)
-    )
-    if not qt.is_float and np.any(arr.zero_point != 0):
-        entries.append(_Entry(f"{name}_zero_point", tag, z, values.itemsize, read_zero_point))
-    return entries
-
-
-def _float_entry(name: str, arr: QuantizedArray, get, dtype: str) -> _Entry:
-    """The dequantized values of ``name`` in ``dtype``, read in slabs."""
-    import ml_dtypes
-
-    out = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-
-    def read(r0, r1):
-        a = get(name)
-        v = a[r0:r1] if a.ndim else a[...]
-        return np.ascontiguousarray(np.asarray(v).astype(out, copy=False))
-
-    return _Entry(name, FLOAT_TYPES[dtype], arr.shape, out.itemsize, read)
-
-
-def _ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get) -> list[_Entry]:
-    """The compressed-tensors entries of the quantized weight ``name`` (see
-    :mod:`qstream.io.compressed_tensors`)."""
-    out, cols = arr.shape
-    m = lay.module
-
-    def codes(r0, r1):
-        return ct.signed_codes(get(name).quantized((slice(r0, r1),)), lay)
-
-    if lay.bits == 8:
-        entries = [_Entry(f"{m}weight", "I8", arr.shape, 1, codes)]
-    else:
-        words = -(-cols * lay.bits // 32)
-        entries = [
-            _Entry(
-                f"{m}weight_packed",
-                "I32",
-                (out, words),
-                4,
-                lambda r0, r1: ct.pack_rows(codes(r0, r1)),
-            ),
-            _Entry(
-                f"{m}weight_shape", "I64", (2,), 8, lambda r0, r1: np.array([out, cols], np.int64)
-            ),
-        ]
-    pshape = {"tensor": (1,), "channel": (out, 1)}.get(lay.strategy, arr.scale.shape)
-    half = arr.scale_dtype == np.float16
-    sdtype = np.dtype(np.float16 if half else np.float32)
-    entries.append(
-        _Entry(
-            f"{m}weight_scale",
-            "F16" if half else "F32",
-            pshape,
-            sdtype.itemsize,
-            lambda r0, r1: get(name).scale.reshape(pshape).astype(sdtype)[r0:r1],
-        )
-    )
-    if not lay.symmetric:
-
-        def zero_points():
-            zp = np.rint(get(name).zero_point.reshape(pshape)).astype(np.int16)
-            return (zp - lay.offset).astype(np.int8)
-
-        if lay.bits == 8:
-            zshape, read_zp = pshape, lambda r0, r1: zero_points()[r0:r1]
-        else:
-            zshape = (-(-pshape[0] * lay.bits // 32), pshape[1])
-            read_zp = lambda r0, r1: ct.pack_columns(zero_points(), lay.bits)[r0:r1]  # noqa: E731
-        tag, size = ("I8", 1) if lay.bits == 8 else ("I32", 4)
-        entries.append(_Entry(f"{m}weight_zero_point", tag, zshape, size, read_zp))
-    return entries
-
-
-def _param_shape(arr: QuantizedArray) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The shape of the exported scale / zero point (see the module docstring)."""
-    if arr.axis is None:
-        return (1,), (1,)
-    if arr.spec.block_size:
-        return arr.scale.shape, arr.scale.shape
-    shape = [1] * arr.ndim
-    shape[arr.axis] = arr.shape[arr.axis]
-    return tuple(shape), tuple(shape)
-
-
-def _shards(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
-    shards: list[list[_Entry]] = [[]]
-    size = 0
-    for e in entries:
-        if shards[-1] and size + e.nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(e)
-        size += e.nbytes
-    return shards
-
-
-def _write_file(path: str, entries: list[_Entry], metadata: dict[str, str]) -> None:
-    header: dict = {"__metadata__": metadata}
-    offset = 0
-    for e in entries:
-        header[e.name] = {"dtype": e.tag, "shape": list(e.shape), "data_offsets": [offset, 0]}
-        offset += e.nbytes
-        header[e.name]["data_offsets"][1] = offset
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            for e in entries:
-                rows = e.shape[0] if e.shape else 1
-                per_row = max(1, e.nbytes // max(1, rows))
-                step = max(1, SLAB // per_row)
-                written = 0
-                for r0 in range(0, rows, step):
-                    chunk = e.read(r0, min(rows, r0 + step))
-                    f.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8))
-                    written += chunk.nbytes
-                if written != e.nbytes:
-                    raise StoreError(f"{e.name}: wrote {written} bytes, expected {e.nbytes}")
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise StoreError(f"cannot write {path}: {e}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def shard_pattern(out: str):
-    """The names of the shard files an export to ``out`` may write (a compiled regex)."""
-    import re
-
-    stem = os.path.basename(out)[: -len(".safetensors")]
-    return re.compile(re.escape(stem) + r"-\d{5}-of-\d{5}\.safetensors")
-
-
-def _written_by_qstream(path: str) -> bool:
-    """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
-    return export_metadata(path) is not None
-
-
-def finished_export(out, job: str) -> list[str] | None:
-    """The files of a finished export to ``out`` that recorded the identity ``job`` (its
-    last file, the index or the only file, exists and says so), else None."""
-    out = os.fspath(out)
-    index = out[: -len(".safetensors")] + ".safetensors.index.json"
-    if os.path.lexists(index):
-        doc = read_json(index)
-        meta = _qstream_meta(doc.get("metadata") if doc else None)
-        if meta is None or meta.get("qstream_job") != job:
-            return None
-        wmap = doc.get("weight_map")
-        names = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
-        if not all(isinstance(n, str) and shard_pattern(out).fullmatch(n) for n in names):
-            return None  # not an index this export writes
-        if meta.get("qstream_format") == "compressed-tensors":
-            names.append(CONFIG)
-        return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
-    meta = export_metadata(out) if os.path.lexists(out) else None
-    if meta is None or meta.get("qstream_job") != job:
-        return None
-    config = os.path.join(os.path.dirname(out), CONFIG)
-    return [out, config] if meta.get("qstream_format") == "compressed-tensors" else [out]
-
-
-def export_metadata(path: str) -> dict | None:
-    """qstream's metadata in a safetensors file or index, or None."""
-    if path.endswith(".json"):
-        doc = read_json(path)
-        if doc is not None and os.path.basename(path) == CONFIG:
-            return _qstream_meta(doc)
-        return _qstream_meta(doc.get("metadata") if doc else None)
-    from .paths import open_regular
-
-    try:
-        with open_regular(path) as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(min(n, 100 << 20)))
-    except (OSError, ValueError, RecursionError, struct.error):
-        return None
-    return _qstream_meta(header.get("__metadata__") if isinstance(header, dict) else None)
-
-
-def _qstream_meta(meta) -> dict | None:
-    if isinstance(meta, dict) and "qstream_export" in meta:  # a config.json qstream wrote
-        return {"qstream": "config", **meta["qstream_export"]}
-    return meta if isinstance(meta, dict) and "qstream" in meta else None
-
-
-def read_json(path: str) -> dict | None:
-    """The JSON object in the file ``path`` (at most 100 MB), or None."""
-    from .paths import open_regular
-
-    try:
-        with open_regular(path) as f:
-            doc = json.loads(f.read(100 << 20))
-    except (OSError, ValueError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def remove_stale_partials(target: str) -> None:
-    """Remove ``target.<pid>.partial`` files that a killed export (a dead process) left."""
-    import glob
-    import re
-
-    for tmp in glob.glob(glob.escape(target) + ".*.partial"):
-        m = re.fullmatch(re.escape(target) + r"\.(\d+)\.partial", tmp)
-        if m is None or int(m.group(1)) == os.getpid():
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        except OSError:  # alive (another user's process): not ours to touch
-            continue
 
 
 def export_safetensors(
-    src,
-    out,
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
     *,
     format: str = "compressed-tensors",
-    config=None,
+    config: str | os.PathLike[str] | dict[str, Any] | None = None,
     max_shard_size: int = 5 * 10**9,
     overwrite: bool = False,
     name: str = "weight",
-    storage_options: dict | None = None,
+    storage_options: dict[str, Any] | None = None,
     replace_own: bool = False,
     job: str | None = None,
     dtype: str = "float32",
-) -> dict:
+) -> dict[str, Any]:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
     it, with an index, above ``max_shard_size`` bytes); see the module docstring for the two
@@ -435,8 +119,11 @@ def export_safetensors(
     folder = os.path.dirname(out) or "."
     if not os.path.isdir(folder):  # (after the source: its faults are named first)
         raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
-    tensors = _Tensors(opened, name)
-    entries, described, layouts, kept = [], {}, [], []
+    tensors = Tensors(opened, name)
+    found: list[Entry] = []
+    described: dict[str, dict[str, Any]] = {}
+    layouts: list[ct.Layout] = []
+    kept: list[str] = []
     for n in tensors.names():
         t = tensors(n)
         if isinstance(t, QuantizedArray) and t.spec.float_offset and format != "dequantized":
@@ -449,24 +136,24 @@ def export_safetensors(
             if format == "compressed-tensors":
                 lay = ct.layout(n, t.shape, t.spec)
                 layouts.append(lay)
-                entries += _ct_entries(n, t, lay, tensors)
+                found += ct_entries(n, t, lay, tensors)
             elif format == "dequantized":
-                entries.append(_float_entry(n, t, tensors, dtype))
+                found.append(float_entry(n, t, tensors, dtype))
                 continue
             else:
-                entries += _quantized_entries(n, t, tensors)
+                found += quantized_entries(n, t, tensors)
             described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
         else:
-            entries += _entries(n, t, tensors)
+            found += entries(n, t, tensors)
             if len(t.shape) == 2 and n.endswith("weight"):
                 kept.append(n[: -len("weight")])
-    names = [e.name for e in entries]
+    names = [e.name for e in found]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})[:3]
         raise InvalidParameterError(
             f"tensor names collide with the export's parameter names: {', '.join(dup)}"
         )
-    shards = _shards(entries, int(max_shard_size))
+    shards = split_shards(found, int(max_shard_size))
     stem = out[: -len(".safetensors")]
     files = (
         [out]
@@ -475,7 +162,7 @@ def export_safetensors(
     )
     index = f"{stem}.safetensors.index.json"
     config_path = os.path.join(os.path.dirname(out), CONFIG)
-    model_config = None
+    model_config: dict[str, Any] | None = None
     if format == "compressed-tensors":
         model_config = _model_config(config, opened)
         model_config["quantization_config"] = ct.quantization_config(layouts, kept)
@@ -483,7 +170,7 @@ def export_safetensors(
     targets = files + ([config_path] if write_config else [])
     targets += [index] if len(shards) > 1 else []
     check_targets(targets, overwrite or replace_own)
-    stale = _other_forms(out, index, targets, overwrite or replace_own)
+    stale = other_forms(out, index, targets, overwrite or replace_own)
     for f in targets:
         remove_stale_partials(f)
     for f in stale:  # an earlier export's other form (one file vs shards): never left beside
@@ -498,106 +185,64 @@ def export_safetensors(
     last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
     for path, shard in zip(files, shards, strict=True):
         if path != last:
-            _write_file(path, shard, meta)
-    if write_config:
+            write_safetensors(path, shard, meta)
+    if write_config and model_config is not None:
         model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
-        _write_json(config_path, model_config)
+        write_json(config_path, model_config)
     if last is not None:
-        _write_file(last, shards[0], meta)
+        write_safetensors(last, shards[0], meta)
     else:
         weight_map = {
             e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
         }
-        total = sum(e.nbytes for e in entries)
-        doc = {
-            "metadata": {"total_size": total, "qstream": "export", "qstream_format": format},
-            "weight_map": weight_map,
+        total = sum(e.nbytes for e in found)
+        index_meta: dict[str, Any] = {
+            "total_size": total,
+            "qstream": "export",
+            "qstream_format": format,
         }
         if job is not None:
-            doc["metadata"]["qstream_job"] = job
-        _write_json(index, doc)
+            index_meta["qstream_job"] = job
+        write_json(index, {"metadata": index_meta, "weight_map": weight_map})
     return {
         "already_complete": False,
         "files": targets,
         "tensors": names,
-        "bytes": sum(e.nbytes for e in entries),
+        "bytes": sum(e.nbytes for e in found),
         "format": format,
         "loader": LOADERS[format],
         "config": config_path if model_config is not None else None,
     }
 
 
-def _other_forms(out: str, index: str, targets: list[str], replace: bool) -> list[str]:
-    """Files of an earlier export to ``out`` in the form this one does not write (its single
-    file, its index, its shards): they must go, or a loader would read them (transformers
-    prefers ``model.safetensors`` to an index). Only qstream's, only with ``replace`` (or
-    shards no finished export lists); anything else is refused."""
-    import re
-
-    from .paths import kind_of
-
-    folder = os.path.dirname(out) or "."
-    found = [f for f in (out, index) if f not in targets and kind_of(f) is not None]
-    pattern = shard_pattern(out)
-    try:
-        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
-    except OSError:
-        names = []
-    found += [os.path.join(folder, n) for n in names if os.path.join(folder, n) not in targets]
-    for f in found:
-        if kind_of(f) != "file" or not _written_by_qstream(f):
-            raise StoreError(
-                f"{f} exists and is not a qstream export; qstream never replaces what it did"
-                " not write (even with overwrite=True): remove it yourself or export elsewhere"
-            )
-        finished = not re.search(r"-\d{5}-of-\d{5}\.safetensors$", f)  # a file or an index
-        if finished and not replace:
-            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
-    return found
-
-
-def _export_job(src, format: str, name: str, dtype: str, config, shard: int) -> str:
+def _export_job(
+    src: str | os.PathLike[str],
+    format: str,
+    name: str,
+    dtype: str,
+    config: str | os.PathLike[str] | dict[str, Any] | None,
+    shard: int,
+) -> str:
     """The identity of a plain export: what it reads (the output's root document, whose
     time changes when the output is written again), how and into what layout."""
-    from .stores import location
-
     where = location(src) or str(src)
     try:
         stamp = os.stat(os.path.join(os.fspath(src), "zarr.json")).st_mtime_ns
     except (OSError, TypeError):
         stamp = None
-    conf = config if isinstance(config, dict | None) else os.path.abspath(os.fspath(config))
+    conf: dict[str, Any] | str | None
+    if config is None or isinstance(config, dict):
+        conf = config
+    else:
+        conf = os.path.abspath(os.fspath(config))
     ident = {"export": where, "stamp": stamp, "format": format, "name": name, "dtype": dtype}
     ident["max_shard_size"] = int(shard)
     return json.dumps({**ident, "config": conf}, sort_keys=True, default=str)
 
 
-def check_targets(targets: list[str], replace: bool) -> None:
-    """Refuse an export over files qstream did not write (whatever ``overwrite`` says) and,
-    unless ``replace``, over a finished export (its last file, the marker, exists)."""
-    from .paths import kind_of
-
-    for f in targets:
-        kind = kind_of(f)
-        if kind is None:
-            continue
-        ours = kind == "file" and _written_by_qstream(f)
-        if not ours:  # never replaced, whatever ``overwrite`` says
-            raise StoreError(
-                f"{f} exists and is not a qstream export; qstream never replaces what it did"
-                " not write (even with overwrite=True): remove it yourself or export elsewhere"
-            )
-        # the last file written (the index, or the only file) marks a finished export; shards
-        # of an interrupted one (ours: they carry qstream's metadata) are written again
-        if not (replace or f != targets[-1]):
-            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
-
-
-def _same_config(path: str, doc: dict) -> bool:
+def _same_config(path: str, doc: dict[str, Any]) -> bool:
     """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` (two
     exports of one model into one folder share it)."""
-    from .paths import kind_of
-
     if kind_of(path) != "file":
         return False
     old = read_json(path)
@@ -607,12 +252,15 @@ def _same_config(path: str, doc: dict) -> bool:
     return old == doc
 
 
-def _model_config(config, opened) -> dict:
+def _model_config(
+    config: str | os.PathLike[str] | dict[str, Any] | None, opened: object
+) -> dict[str, Any]:
     """The model configuration the quantization config is merged into: ``config`` (a dict or
     the path of a JSON file), or the ``config.json`` beside the converted checkpoint's local
     source, or an empty one."""
     if isinstance(config, dict):
-        return json.loads(json.dumps(config))  # a copy; JSON only
+        copy: dict[str, Any] = json.loads(json.dumps(config))  # a copy; JSON only
+        return copy
     path = os.fspath(config) if config is not None else _source_config(opened)
     if path is None:
         return {}
@@ -630,7 +278,7 @@ def _model_config(config, opened) -> dict:
     return doc
 
 
-def _source_config(opened) -> str | None:
+def _source_config(opened: object) -> str | None:
     """``config.json`` beside (or in) a converted checkpoint's local source, if there is one."""
     if not isinstance(opened, QuantizedCheckpoint):
         return None
@@ -642,26 +290,12 @@ def _source_config(opened) -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _write_json(path: str, doc: dict) -> None:
-    tmp = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=2)
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise StoreError(f"cannot write {path}: {e}") from None
-
-
-def describe_export(path) -> dict:
+def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a file qstream exported holds and which loader it targets: a ``.safetensors``
     (or its index) or a ``.gguf``. Raises :class:`StoreError` for a file qstream did not
     export."""
     path = os.fspath(path)
     if path.endswith(".gguf"):
-        from .gguf import describe
-
         return describe(path)
     meta = export_metadata(path)
     if meta is None:
@@ -671,8 +305,6 @@ def describe_export(path) -> dict:
         names = list((doc.get("weight_map") or {}).keys())
         total = (doc.get("metadata") or {}).get("total_size")
     else:
-        from .paths import open_regular
-
         with open_regular(path) as f:
             (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(min(n, 100 << 20)))

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from ..core.indexing import expand_key
 from ..errors import StoreError
+from ..qtypes import qtype
+from .checkpoint_tensor import TensorLike
+from .export_meta import export_metadata
 
-_SUFFIXES = ("_scale", "_zero_point")
 
-
-def exported_format(meta: dict | None) -> str | None:
+def exported_format(meta: dict[str, Any] | None) -> str | None:
     """The layout a safetensors file's ``__metadata__`` says qstream exported, or None."""
     if not isinstance(meta, dict) or not isinstance(meta.get("qstream"), str):
         return None
@@ -30,22 +34,30 @@ def exported_format(meta: dict | None) -> str | None:
     return fmt if fmt in ("qstream", "compressed-tensors") else None
 
 
-def dequantizing(path: str, tensors: dict, meta: dict) -> dict:
+def dequantizing(
+    path: str, tensors: Mapping[str, TensorLike], meta: dict[str, Any]
+) -> dict[str, TensorLike]:
     """``tensors`` (a qstream export's, as stored) with each quantized tensor replaced by a
     :class:`DequantizedTensor` and its parameter tensors consumed, in the file's order."""
     fmt = exported_format(meta)
+    if fmt is None:
+        raise StoreError(f"{path}: not a qstream export")
     try:
         described = json.loads(meta["qstream"])
     except (ValueError, TypeError):
         raise StoreError(f"{path}: its qstream metadata is not JSON") from None
     if not isinstance(described, dict):
         raise StoreError(f"{path}: its qstream metadata is not a table of tensors")
-    parts: dict[str, dict] = {}
+    parts: dict[str, dict[str, Any]] = {}
     for name, d in described.items():
         if not isinstance(d, dict):
             raise StoreError(f"{path}: bad qstream metadata for {name!r}")
         if fmt == "qstream":
-            names = {"codes": name, "scale": f"{name}_scale", "zp": f"{name}_zero_point"}
+            names: dict[str, str | None] = {
+                "codes": name,
+                "scale": f"{name}_scale",
+                "zp": f"{name}_zero_point",
+            }
         else:
             m = name[: -len("weight")]
             packed = f"{m}weight_packed" in tensors
@@ -61,7 +73,7 @@ def dequantizing(path: str, tensors: dict, meta: dict) -> dict:
         parts[name] = {"names": names, **found, **d}
     consumed = {v for p in parts.values() for v in p["names"].values() if v}
     owners = {p["names"]["codes"]: q for q, p in parts.items()}  # (one lookup per tensor)
-    out: dict = {}
+    out: dict[str, TensorLike] = {}
     for n, t in tensors.items():
         owner = owners.get(n)
         if owner is not None:
@@ -74,12 +86,10 @@ def dequantizing(path: str, tensors: dict, meta: dict) -> dict:
 class DequantizedTensor:
     """An exported quantized tensor read as float32 values (see the module docstring)."""
 
-    def __init__(self, name: str, fmt: str, part: dict) -> None:
+    def __init__(self, name: str, fmt: str, part: dict[str, Any]) -> None:
         self.name, self.fmt = name, fmt
         self.codes, self.scale_t, self.zp_t = part["codes"], part["scale"], part.get("zp")
         self.axis, self.block = part.get("axis"), part.get("block_size")
-        from ..qtypes import qtype
-
         try:
             self.qtype = qtype(str(part.get("dtype", "int8")))
         except Exception:
@@ -93,18 +103,21 @@ class DequantizedTensor:
             self.shape = tuple(self.codes.shape)
         self.dtype = np.dtype(np.float32)
         self.chunks = None
-        self._params: tuple | None = None
+        self._params: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of its float32 values."""
         return self.size * 4
 
     def __repr__(self) -> str:
@@ -131,22 +144,20 @@ class DequantizedTensor:
             q = q.view(self.qtype.dtype)
         return q.astype(np.float32)
 
-    def __getitem__(self, key) -> np.ndarray:
-        from ..core.indexing import expand_key
-
-        key = expand_key(key, self.shape)
+    def __getitem__(self, key: Any) -> np.ndarray:
+        full = expand_key(key, self.shape)
         if not self.shape:
             r0, r1 = 0, 1
         else:
-            k0 = key[0]
+            k0 = full[0]
             r0, r1, _ = k0.indices(self.shape[0]) if isinstance(k0, slice) else (k0, k0 + 1, 1)
         x = self._values(r0, r1)
         if not self.shape:
             return x.reshape(())
-        first = key[0]
+        first = full[0]
         local = (
             slice(0, r1 - r0, first.step) if isinstance(first, slice) else 0,
-            *key[1:],
+            *full[1:],
         )
         return np.ascontiguousarray(x[local])
 
@@ -188,17 +199,15 @@ def _unpack(words: np.ndarray, n: int, bits: int = 4) -> np.ndarray:
     return (vals.reshape(*w.shape[:-1], -1)[..., :n] - (1 << (bits - 1))).astype(np.int16)
 
 
-def maybe_dequantizing(path: str, tensors: dict) -> dict:
+def maybe_dequantizing(path: str, tensors: Mapping[str, TensorLike]) -> dict[str, TensorLike]:
     """``tensors`` of the safetensors file or index ``path``, read through
     :func:`dequantizing` when qstream exported it (its metadata says so), else as they are."""
-    from .export import export_metadata
-
     meta = export_metadata(path)
     if meta is None:
-        return tensors
+        return dict(tensors)
     if path.endswith(".json"):  # an index: the tensors' description is in its shards
-        files = {t.file[0] for t in tensors.values() if getattr(t, "file", None)}
+        files = {f[0] for t in tensors.values() if (f := getattr(t, "file", None))}
         meta = export_metadata(sorted(files)[0]) if files else None
-    if exported_format(meta) is None:
-        return tensors
+    if meta is None or exported_format(meta) is None:
+        return dict(tensors)
     return dequantizing(path, tensors, meta)

@@ -13,13 +13,17 @@ scale reads as its float32 values (exact). The pairing is a recipe's ``[scales]`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..core.indexing import expand_key
 from ..errors import InvalidParameterError, StoreError
+from .checkpoint_dtypes import FLOAT8_DTYPES
+from .checkpoint_tensor import TensorLike, forward_key
 
 DEFAULT_SUFFIXES = ("_scale_inv",)
 PREFERRED_BLOCK = 128  # a block length the shapes leave open is this one when it fits
@@ -38,16 +42,19 @@ class ScaleRule:
     enabled: bool = True
 
     def is_default(self) -> bool:
+        """Whether this is the rule a recipe without a ``[scales]`` table has."""
         return self == ScaleRule()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as a recipe's ``[scales]`` table."""
         out: dict[str, Any] = {"enabled": self.enabled, "suffix": list(self.suffixes)}
         if self.block is not None:
             out["block"] = list(self.block)
         return out
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> ScaleRule:
+    def from_dict(cls, d: dict[str, Any] | None) -> ScaleRule:
+        """The rule of a recipe's ``[scales]`` table (None: the default rule)."""
         if d is None:
             return cls()
         where = "recipe [scales]"
@@ -84,20 +91,21 @@ class ScaleRule:
         return cls(tuple(suffixes), None if block is None else tuple(block), enabled)
 
 
-def is_float8(dtype) -> bool:
-    from .checkpoints import FLOAT8_DTYPES
-
+def is_float8(dtype: DTypeLike) -> bool:
+    """Whether ``dtype`` is one of the 8-bit float types checkpoints hold."""
     try:
         return np.dtype(dtype) in FLOAT8_DTYPES
     except TypeError:
         return False
 
 
-def pair_scales(tensors: dict, rule: ScaleRule | None = None) -> dict:
+def pair_scales(
+    tensors: Mapping[str, TensorLike], rule: ScaleRule | None = None
+) -> dict[str, TensorLike]:
     """``tensors`` with every FP8 tensor as a :class:`Float8Tensor` (paired with its scale
     tensor where ``rule`` finds one; the scale tensors consumed), in the same order."""
     rule = rule or ScaleRule()
-    out: dict = {}
+    out: dict[str, TensorLike] = {}
     consumed: set[str] = set()
     for name, t in tensors.items():
         if not is_float8(t.dtype):
@@ -119,7 +127,13 @@ def pair_scales(tensors: dict, rule: ScaleRule | None = None) -> dict:
     return {n: t for n, t in out.items() if n not in consumed}
 
 
-def _block_shape(name, shape, scale_name, scale, given) -> tuple[int, ...]:
+def _block_shape(
+    name: str,
+    shape: tuple[int, ...],
+    scale_name: str,
+    scale: TensorLike,
+    given: tuple[int, ...] | None,
+) -> tuple[int, ...]:
     """The block shape that maps the weight ``shape`` onto the scale tensor's shape."""
     at = f"FP8 tensor {name!r} and its scale {scale_name!r}"
     sdtype = np.dtype(scale.dtype)
@@ -189,7 +203,14 @@ class Float8Tensor:
     chunks = None
     file = None
 
-    def __init__(self, name, weight, scale=None, block=None, scale_name=None) -> None:
+    def __init__(
+        self,
+        name: str,
+        weight: TensorLike,
+        scale: TensorLike | None = None,
+        block: tuple[int, ...] | None = None,
+        scale_name: str | None = None,
+    ) -> None:
         self.name, self.weight, self.scale = name, weight, scale
         self.block, self.scale_name = block, scale_name
         self.shape = tuple(weight.shape)
@@ -199,22 +220,24 @@ class Float8Tensor:
 
     @property
     def ndim(self) -> int:
+        """Number of dimensions."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """Number of elements."""
         return math.prod(self.shape)
 
     def __repr__(self) -> str:
         pair = f", scale={self.scale_name!r}, block={self.block}" if self.scale else ""
         return f"Float8Tensor({self.name!r}, {self.shape}, {self.source_dtype.name}{pair})"
 
-    def __getitem__(self, key) -> np.ndarray:
-        from .checkpoints import forward_key
-
-        key, flip = forward_key(expand_key(key, self.shape), self.shape)
-        box, inner = [], []
-        for k, n in zip(key, self.shape, strict=True):
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """The region ``key`` (basic indexing) as float32 values."""
+        fwd, flip = forward_key(expand_key(key, self.shape), self.shape)
+        box: list[slice] = []
+        inner: list[int | slice] = []
+        for k, n in zip(fwd, self.shape, strict=True):
             if isinstance(k, slice):
                 start, stop, step = k.indices(n)
                 stop = max(start, stop)
@@ -230,7 +253,7 @@ class Float8Tensor:
             part = np.flip(part, axis=flip)
         return np.array(part, dtype=_F32, order="C", copy=True)
 
-    def read_into(self, key, out: np.ndarray) -> bool:
+    def read_into(self, key: tuple[slice, ...], out: np.ndarray) -> bool:
         """The region ``key`` (forward slices of step 1) into ``out`` (float32,
         C-contiguous, the region's shape)."""
         if (
@@ -256,6 +279,7 @@ class Float8Tensor:
             out *= np.asarray(self.scale[...], _F32).reshape(())
             return
         b = self.block
+        assert b is not None  # (a scale comes with its block shape)
         blo = [k.start // bd for k, bd in zip(box, b, strict=True)]
         bhi = [-(-k.stop // bd) for k, bd in zip(box, b, strict=True)]
         if math.prod(self.scale.shape) == 1:

@@ -6,9 +6,10 @@ cores run kernels (each hand-off waits for a time slice). A converted checkpoint
 metadata writes per tensor, so on a local disk qstream writes these documents itself, in the
 calling thread: the bytes are zarr's own serialization of the node's metadata
 (``to_buffer_dict``), written under a temporary name and renamed (readers never see a torn
-document; :func:`qstream.io.destination.clean_partials` removes a killed writer's leftovers).
+document; :func:`qstream.io.cleanup.clean_partials` removes a killed writer's leftovers).
 New nodes are linked into place, so a node that exists is never replaced. Elsewhere (object
-stores, memory) zarr writes them as usual.
+stores, memory) zarr writes them as usual. :func:`read_local_doc` reads one back, refusing
+anything that is not a regular file holding a JSON object.
 """
 
 from __future__ import annotations
@@ -17,30 +18,48 @@ import contextlib
 import json
 import os
 import threading
+from typing import Any
 
 from .chunks import PARTIAL
+from .paths import open_regular
 
 DOC = "zarr.json"
+MAX_DOC = 256 << 20  # bytes of a metadata document qstream reads (a root of 100k tensors)
 
 
-if os.name == "nt":  # a rename refuses an existing target there
-    _move_new = os.rename
-else:  # a rename replaces it: link (atomic, refuses an existing target), then unlink, as
-    # zarr's LocalStore does for its exclusive writes
+def _move_new(src: str, dst: str) -> None:
+    """Move ``src`` to the new name ``dst``, refusing an existing ``dst``."""
+    if os.name == "nt":  # a rename refuses an existing target there
+        os.rename(src, dst)
+        return
+    # a rename replaces it: link (atomic, refuses an existing target), then unlink, as zarr's
+    # LocalStore does for its exclusive writes
+    os.link(src, dst)
+    os.unlink(src)
 
-    def _move_new(src: str, dst: str) -> None:
-        os.link(src, dst)
-        os.unlink(src)
+
+def read_local_doc(path: str) -> dict[str, Any] | None:
+    """The JSON object in the local file ``path`` (a ``zarr.json``), or None: absent,
+    unreadable, not JSON, not an object, or nested too deeply to be a Zarr document."""
+    try:
+        with open_regular(path, "Zarr metadata") as f:
+            raw = f.read(MAX_DOC + 1)
+        if len(raw) > MAX_DOC:
+            return None
+        doc = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
-def local_root(store) -> str | None:
+def local_root(store: Any) -> str | None:
     """The directory of a local Zarr store, or None."""
     import zarr
 
     return str(store.root) if isinstance(store, zarr.storage.LocalStore) else None
 
 
-def encode_doc(metadata) -> bytes:
+def encode_doc(metadata: Any) -> bytes:
     """``metadata``'s ``zarr.json``: a Zarr v3 group's written here, compactly, by the C
     JSON encoder (zarr's own indents it, which takes the pure-Python encoder: 5-10 ms for a
     group carrying a report); anything else as zarr serializes it."""
@@ -51,10 +70,11 @@ def encode_doc(metadata) -> bytes:
     if plain and metadata.zarr_format == 3:
         doc = {"attributes": metadata.attributes, "zarr_format": 3, "node_type": "group"}
         return json.dumps(doc, allow_nan=True, separators=(",", ":")).encode()
-    return metadata.to_buffer_dict(default_buffer_prototype())[DOC].to_bytes()
+    raw: bytes = metadata.to_buffer_dict(default_buffer_prototype())[DOC].to_bytes()
+    return raw
 
 
-def write_doc(directory: str, metadata, *, new: bool) -> None:
+def write_doc(directory: str, metadata: Any, *, new: bool) -> None:
     """Write ``metadata``'s ``zarr.json`` into ``directory`` (made if absent); ``new``: fail
     with :class:`FileExistsError` if the node already has one, else replace it."""
     os.makedirs(directory, exist_ok=True)
@@ -73,29 +93,38 @@ def write_doc(directory: str, metadata, *, new: bool) -> None:
         raise
 
 
-def new_group(store, attrs: dict):
-    """A new Zarr v3 group at the root of the local ``store`` with ``attrs``."""
+def _root(store: Any) -> str:
+    root = local_root(store)
+    if root is None:
+        raise TypeError(f"{store!r} is not a local Zarr store")
+    return root
+
+
+def new_group(store: Any, attrs: dict[str, Any]) -> Any:
+    """A new Zarr v3 group (``zarr.Group``) at the root of the local ``store`` with
+    ``attrs``."""
     import zarr
     from zarr.core.group import AsyncGroup, GroupMetadata
 
     metadata = GroupMetadata(attributes=attrs, zarr_format=3)
-    write_doc(local_root(store), metadata, new=True)
+    write_doc(_root(store), metadata, new=True)
     return zarr.Group(AsyncGroup(metadata=metadata, store_path=zarr.storage.StorePath(store, "")))
 
 
-def new_array(group, name: str, metadata, config=None):
-    """A new array ``name`` of the local ``group`` with ``metadata`` (none may exist)."""
+def new_array(group: Any, name: str, metadata: Any, config: Any = None) -> Any:
+    """A new array (``zarr.Array``) ``name`` of the local ``group`` with ``metadata`` (none
+    may exist)."""
     import zarr
     from zarr.core.array import AsyncArray
 
     path = f"{group.store_path.path}/{name}".lstrip("/")
     store = group.store_path.store
-    write_doc(os.path.join(local_root(store), path), metadata, new=True)
+    write_doc(os.path.join(_root(store), path), metadata, new=True)
     return zarr.Array(AsyncArray(metadata, zarr.storage.StorePath(store, path), config))
 
 
-def update_group(group, key: str, value) -> None:
+def update_group(group: Any, key: str, value: Any) -> None:
     """Set ``group.attrs[key] = value`` in one replacing write of its document."""
-    root = local_root(group.store_path.store)
+    root = _root(group.store_path.store)
     group.metadata.attributes[key] = value  # as zarr's own update_attributes does
     write_doc(os.path.join(root, group.store_path.path), group.metadata, new=False)

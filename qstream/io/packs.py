@@ -14,10 +14,11 @@ tensors that share their shape, dtype and quantization spec, stacked along a new
 
 Tensor ``i`` of the pack is ``data[i]``, ``scale[i]``, ``zero_point[i]``: plain Zarr (or
 xarray) reads it with no qstream code. A pack is built in a hidden folder and renamed into
-place (:func:`qstream.io.qarray.write_group`), so it is whole or absent; the root's index
+place (:func:`qstream.io.publish.write_group`), so it is whole or absent; the root's index
 lists its tensors (their rows name the pack and the slot) once it is published.
-:class:`PackReader` opens one for :class:`~qstream.io.qarray.QuantizedCheckpoint`, whose
-packed tensors are ordinary :class:`~qstream.io.qarray.QuantizedArray` objects.
+:class:`~qstream.io.packreader.PackReader` opens one for
+:class:`~qstream.io.reader.QuantizedCheckpoint`, whose packed tensors are ordinary
+:class:`~qstream.io.quantized.QuantizedArray` objects.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import threading
-from types import SimpleNamespace
-
-import numpy as np
+import shutil
+from typing import Any
 
 from ..errors import StoreError
+from .localmeta import read_local_doc, write_doc
+from .ondisk import TMP_PREFIX
+from .paths import remove_child
+from .removal import remove_array_files, remove_if_empty
 
 PACKS = "_packs"
 KEY = "qstream_pack"
@@ -46,7 +49,7 @@ def pack_name(seq: int) -> str:
     return f"p{seq:06d}"
 
 
-def check_pack_name(name, root) -> str:
+def check_pack_name(name: object, root: object) -> str:
     """``name`` if it can name a pack (read back from an index row), else refused."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise StoreError(f"{root}: an index row names no valid pack ({name!r}); it is damaged")
@@ -58,11 +61,9 @@ def pack_path(root: str, name: str) -> str:
     return os.path.join(root, PACKS, name)
 
 
-def read_pack_doc(path: str) -> dict | None:
+def read_pack_doc(path: str) -> dict[str, Any] | None:
     """The ``qstream_pack`` attributes of the pack at ``path``, or None (absent, or not a
     pack qstream wrote)."""
-    from .destination import read_local_doc
-
     doc = read_local_doc(os.path.join(path, "zarr.json"))
     if doc is None or doc.get("node_type") != "group":
         return None
@@ -74,9 +75,6 @@ def read_pack_doc(path: str) -> dict | None:
 def remove_packs(local: str) -> None:
     """Remove every pack qstream wrote below the converted checkpoint ``local`` (a pack's own
     document says so), the partial packs of killed writers, and ``_packs`` if left empty."""
-    from .destination import remove_if_empty
-    from .paths import remove_child
-
     folder = os.path.join(local, PACKS)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
@@ -92,9 +90,6 @@ def remove_packs(local: str) -> None:
 def remove_pack(path: str) -> None:
     """Remove the pack at the local ``path`` if qstream wrote it (its own document says so):
     its member arrays' files, its document, its folder if left empty; else nothing."""
-    from .destination import remove_array_files, remove_if_empty
-    from .paths import remove_child
-
     if os.path.islink(path) or read_pack_doc(path) is None:
         return  # not qstream's
     for m in MEMBERS:
@@ -108,10 +103,6 @@ def remove_pack(path: str) -> None:
 
 def clean_partial_packs(local: str) -> None:
     """Remove the packs killed writers were building (never published)."""
-    import shutil
-
-    from .destination import TMP_PREFIX
-
     folder = os.path.join(local, PACKS)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
@@ -124,8 +115,6 @@ def ensure_folder(local: str) -> None:
     """Create ``DST/_packs`` (a plain Zarr group) if it is not there."""
     from zarr.core.group import GroupMetadata
 
-    from .localmeta import write_doc
-
     folder = os.path.join(local, PACKS)
     if os.path.exists(os.path.join(folder, "zarr.json")):
         return
@@ -133,7 +122,7 @@ def ensure_folder(local: str) -> None:
         write_doc(folder, GroupMetadata(attributes={}, zarr_format=3), new=True)
 
 
-def error_summary(cols: dict, i: int) -> dict:
+def error_summary(cols: dict[str, Any], i: int) -> dict[str, Any]:
     """Tensor ``i``'s error summary (as :meth:`~qstream.spec.ErrorStats.summary` words it)
     from the columns of :func:`brief_errors`."""
     out = {k: cols[k][i] for k in (*ERROR_COLUMNS, "count", "nan", "posinf", "neginf")}
@@ -148,126 +137,3 @@ def error_summary(cols: dict, i: int) -> dict:
             )
         ]
     return out
-
-
-class _SlotArray:
-    """Tensor ``slot`` of a pack's member array, read whole (a pack is one chunk) once."""
-
-    store_path = None  # (no chunk files of its own: see qstream.io.chunks.chunk_files)
-
-    def __init__(self, reader: PackReader, member: str, slot: int) -> None:
-        arr = reader.array(member)
-        self._reader, self._member, self._slot = reader, member, slot
-        self.shape = tuple(arr.shape[1:])
-        self.dtype = arr.dtype
-        self.chunks = self.shape
-        self.compressors = arr.compressors
-        names = getattr(arr.metadata, "dimension_names", None)
-        # (what readers take of an array's metadata: its dimensions, without the pack's)
-        self.metadata = SimpleNamespace(dimension_names=tuple(names[1:]) if names else None)
-        self.attrs: dict = {}
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __getitem__(self, key):
-        return self._reader.values(self._member)[self._slot][key]
-
-
-class _SlotGroup:
-    """What :class:`~qstream.io.qarray.QuantizedArray` reads of a packed tensor: its members
-    (``group["data"]``...) and where it is."""
-
-    def __init__(self, reader: PackReader, slot: int, name: str) -> None:
-        self._reader, self._slot = reader, slot
-        self.attrs: dict = {}
-        self.store_path = f"{reader.path}[{slot}] ({name})"
-
-    def __getitem__(self, member: str) -> _SlotArray:
-        if member not in MEMBERS:
-            raise KeyError(member)
-        return _SlotArray(self._reader, member, self._slot)
-
-
-class PackReader:
-    """One published pack, opened from its document; its arrays are read whole, once."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        meta = read_pack_doc(path)
-        if meta is None:
-            raise StoreError(f"{path}: the pack is missing or damaged; re-run the conversion")
-        tensors = meta.get("tensors")
-        names = tensors.get("name") if isinstance(tensors, dict) else None
-        if not isinstance(names, list) or not isinstance(tensors.get("error"), dict):
-            raise StoreError(f"{path}: the pack's metadata is damaged or crafted")
-        self.count = len(names)
-        self.meta = meta
-        self._arrays: dict = {}
-        self._values: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()  # (tensors of one pack may be read by several threads)
-
-    def array(self, member: str):
-        if member not in self._arrays:
-            from .qarray import LocalGroup
-
-            try:  # (the group's document is read already: its members are opened alone)
-                a = LocalGroup(self.path, {})[member]
-            except KeyError:
-                raise StoreError(f"{self.path}: the pack has no {member} array") from None
-            n = self.count
-            if not a.shape or a.shape[0] != n:
-                raise StoreError(
-                    f"{self.path}: its {member} array ({list(a.shape)}) does not hold the"
-                    f" pack's {n} tensors; the output is damaged or crafted"
-                )
-            self._arrays[member] = a
-        return self._arrays[member]
-
-    def values(self, member: str) -> np.ndarray:
-        with self._lock:
-            if member not in self._values:
-                from .qarray import read_all
-
-                self._values[member] = read_all(self.array(member))
-            return self._values[member]
-
-    def tensor_meta(self, slot: int) -> dict:
-        """The metadata of the pack's tensor ``slot``, as a quantized group's would be."""
-        m = self.meta
-        cols = m["tensors"]
-        try:
-            calibration = {"method": "per-block ranges"}
-            if "min" in cols:
-                calibration = {
-                    "method": "minmax",
-                    "min": cols["min"][slot],
-                    "max": cols["max"][slot],
-                }
-            return {
-                "version": m.get("format"),
-                "fingerprint": f"{m.get('fingerprint')}/{slot}",
-                "complete": True,
-                "spec": m["spec"],
-                "dtype": m["dtype"],
-                "axis": m["axis"],
-                "storage": m.get("storage"),
-                "source": {**(m.get("source") or {}), "tensor": cols["name"][slot]},
-                "calibration": calibration,
-                "error": error_summary(cols["error"], slot),
-                "pack": {"path": self.path, "slot": slot},
-            }
-        except (KeyError, IndexError, TypeError, ValueError) as e:
-            raise StoreError(
-                f"{self.path}: the pack's metadata is damaged or crafted ({e})"
-            ) from None
-
-    def tensor(self, slot: int, name: str):
-        """The pack's tensor ``slot`` as a :class:`~qstream.io.qarray.QuantizedArray`."""
-        from .qarray import QuantizedArray
-
-        n = self.count
-        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
-            raise StoreError(f"{self.path}: no tensor at slot {slot!r}; the output is damaged")
-        return QuantizedArray(_SlotGroup(self, slot, name), self.tensor_meta(slot))

@@ -6,6 +6,8 @@ destination may lead out of it), and every deletion goes through :func:`remove_c
 removes only a direct child of a directory, never follows a link, and refuses anything whose
 resolved path is not inside that directory. Files qstream reads are opened by
 :func:`open_regular`, which refuses FIFOs, devices and sockets without blocking on them.
+Whether a destination is a local directory at all (not a URL, a zip file or a store object)
+is :func:`local_path`.
 """
 
 from __future__ import annotations
@@ -14,8 +16,29 @@ import contextlib
 import os
 import shutil
 import stat
+from typing import IO
 
 from ..errors import StoreError
+
+
+def _is_url(dst: object) -> bool:
+    return isinstance(dst, str) and "://" in dst and not dst.startswith("file://")
+
+
+def local_path(dst: object) -> str | None:
+    """The local directory of ``dst``, or None (a URL, a zip file, a store object)."""
+    if not isinstance(dst, str | os.PathLike) or _is_url(dst):
+        return None
+    p = os.fspath(dst).removeprefix("file://")
+    return None if p.endswith(".zip") else p
+
+
+def local_zip(dst: object) -> str | None:
+    """The local ``.zip`` file of ``dst``, or None (a directory, a URL, a store object)."""
+    if not isinstance(dst, str | os.PathLike) or _is_url(dst):
+        return None
+    p = os.fspath(dst)
+    return p.removeprefix("file://") if p.endswith(".zip") else None
 
 
 def is_inside(path: str, root: str) -> bool:
@@ -24,7 +47,7 @@ def is_inside(path: str, root: str) -> bool:
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
-def child(root: str, key: str, where=None) -> str:
+def child(root: str, key: str, where: object = None) -> str:
     """The path of ``key`` (a checked key, possibly ``/``-separated for outputs of earlier
     versions) below the local directory ``root``, refused if it resolves outside ``root``."""
     path = os.path.join(root, *key.split("/"))
@@ -115,7 +138,7 @@ def refuse_special(path: str, what: str = "input") -> None:
         )
 
 
-def open_regular(path: str, what: str = "file"):
+def open_regular(path: str, what: str = "file") -> IO[bytes]:
     """``open(path, "rb", buffering=0)``, refused (without blocking) unless ``path`` is a
     regular file: the open does not wait for a FIFO's writer, and the opened file is checked,
     so a file swapped for a FIFO between a check and the open is refused too."""

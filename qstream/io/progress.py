@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
 from ..core.scratch import aligned_empty
 from ..spec import ErrorStats, GroupSQNR, WorstGroups
+from .sources import ArrayWriter
 
 NAME = "_progress"
 _FIELDS = [f.name for f in fields(ErrorStats)]
@@ -35,9 +37,7 @@ class ProgressLog:
     and the counts of their SQNR distribution (``GroupSQNR.SLOTS`` of them, exact in
     float64 below 2**53; a snapshot of an older run has none)."""
 
-    def __init__(self, array) -> None:
-        from .stores import ArrayWriter
-
+    def __init__(self, array: Any) -> None:
         self.array = array
         attrs = array.attrs.asdict()
         self.keep = int(attrs.get("worst_groups", 0))
@@ -49,7 +49,7 @@ class ProgressLog:
     NAME = NAME
 
     @staticmethod
-    def array_spec(channels: int, keep: int = 0, bins: int = 0) -> dict:
+    def array_spec(channels: int, keep: int = 0, bins: int = 0) -> dict[str, Any]:
         """The ``create_array`` keywords of a new ``_progress`` array for ``channels`` channels
         (and ``keep`` worst groups, ``bins`` counts of their distribution). Until its first
         snapshot it holds no chunk, which reads as zeros: no block has landed."""
@@ -68,7 +68,8 @@ class ProgressLog:
         }
 
     @classmethod
-    def open(cls, group) -> ProgressLog:
+    def open(cls, group: Any) -> ProgressLog:
+        """The resume snapshot of the quantized group ``group``."""
         return cls(group[NAME])
 
     def load(self) -> tuple[int, ErrorStats, WorstGroups | None]:
@@ -116,7 +117,7 @@ class ProgressLog:
             tail = raw[1 + body : 1 + body + 3 * self.keep].reshape(3, self.keep)
             tail[:] = np.nan
             n = worst.index.size if worst is not None else 0
-            if n:
+            if worst is not None and n:
                 tail[0, :n], tail[1, :n], tail[2, :n] = worst.sqnr_db, worst.index, worst.max_abs
         if self.bins:  # (none taken: NaN, read back as None: a resumed job starts over)
             groups = worst.groups if worst is not None else None

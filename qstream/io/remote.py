@@ -14,21 +14,23 @@ import itertools
 import json
 import math
 import threading
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..errors import StoreError
 
-_STORES: dict[tuple, Any] = {}
+_STORES: dict[tuple[str, str | None, str], Any] = {}
 _STORES_LOCK = threading.Lock()
 RUNS_PER_BATCH = 1024  # byte runs of one region fetched in one batch of ranged requests
 BATCH_SPAN = 16 << 20  # bytes a batch of runs may span (obstore coalesces nearby ranges)
 MAX_LISTING = 100_000  # names of a checkpoint folder qstream lists
 
 
-def is_url(path) -> bool:
+def is_url(path: object) -> bool:
     """Whether ``path`` is an object-store URL a checkpoint can be read from by ranges."""
     p = str(path)
     return "://" in p and not p.startswith(("file://", "memory://"))
@@ -42,7 +44,7 @@ def split_url(url: str) -> tuple[str, str]:
     return folder, name
 
 
-def _prototype():
+def _prototype() -> Any:
     from zarr.core.buffer import default_buffer_prototype
 
     return default_buffer_prototype()
@@ -55,9 +57,9 @@ class RemoteFolder:
 
     url: str
     backend: str | None = None
-    storage_options: dict | None = field(default=None, compare=False)
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
-    def store(self):
+    def store(self) -> Any:
         """The zarr store of the folder, opened once per process."""
         key = (
             self.url,
@@ -76,9 +78,10 @@ class RemoteFolder:
             return store
 
     def where(self, name: str) -> str:
+        """The URL of the object ``name`` of the folder (the folder's own for ``""``)."""
         return f"{self.url}/{name}" if name else self.url
 
-    def _run(self, name: str, coro_of):
+    def _run(self, name: str, coro_of: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
         from zarr.core.sync import sync
 
         from .stores import one_line, store_errors
@@ -128,7 +131,7 @@ class RemoteFolder:
     def names(self) -> list[str]:
         """The names directly in the folder (at most :data:`MAX_LISTING`)."""
 
-        async def listing(store):
+        async def listing(store: Any) -> list[str]:
             out = []
             async for n in store.list_dir(""):
                 out.append(n)
@@ -151,14 +154,16 @@ class RangedTensor:
 
     __slots__ = ("dtype", "folder", "name", "offset", "shape")
 
-    def __init__(self, folder: RemoteFolder, name: str, offset: int, dtype, shape) -> None:
+    def __init__(
+        self, folder: RemoteFolder, name: str, offset: int, dtype: DTypeLike, shape: Iterable[int]
+    ) -> None:
         self.folder, self.name, self.offset = folder, name, int(offset)
         self.dtype, self.shape = np.dtype(dtype), tuple(int(s) for s in shape)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             object.__setattr__(self, k, v)
 
@@ -172,10 +177,10 @@ class RangedTensor:
             )
         out.reshape(-1).view(np.uint8)[...] = np.frombuffer(raw, np.uint8)
 
-    def __getitem__(self, key) -> np.ndarray:
+    def __getitem__(self, key: tuple[int | slice, ...]) -> np.ndarray:
         """The region ``key`` (ints and forward slices, one per axis)."""
-        box = []  # (start, stop) per axis
-        inner = []  # the key relative to the box
+        box: list[tuple[int, int]] = []  # (start, stop) per axis
+        inner: list[int | slice] = []  # the key relative to the box
         for k, n in zip(key, self.shape, strict=True):
             if isinstance(k, slice):
                 start, stop, step = k.indices(n)
@@ -191,7 +196,7 @@ class RangedTensor:
             self._read_box(box, out)
         return out[tuple(inner)]
 
-    def _read_box(self, box, out: np.ndarray) -> None:
+    def _read_box(self, box: list[tuple[int, int]], out: np.ndarray) -> None:
         item = self.dtype.itemsize
         strides = [math.prod(self.shape[d + 1 :]) * item for d in range(len(self.shape))]
         # the runs: the box's last axes that are whole belong to one run, with the axis before

@@ -17,7 +17,7 @@ grows by appending.
 A row is one tensor's compact entry (:data:`ROW_KEYS`, a few hundred bytes): its name, key,
 position in the checkpoint, shape, dtype, target, byte counts and the scalar figures of its
 error report. The root's document is written when the conversion begins and when it ends,
-never per tensor; ``inspect`` and :class:`~qstream.io.qarray.QuantizedCheckpoint` read the
+never per tensor; ``inspect`` and :class:`~qstream.io.reader.QuantizedCheckpoint` read the
 index's batches, not the tensors. Outputs of version 1 (every tensor's whole report in
 ``attrs["qstream_checkpoint"]["tensors"]``, rewritten as tensors finished) still read.
 """
@@ -27,9 +27,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from typing import Any
 
 from ..errors import StoreError
+from .localmeta import encode_doc, write_doc
 from .names import check_key
+from .paths import local_path, open_regular
 
 INDEX = "_index"
 KEY = "qstream_checkpoint"
@@ -53,7 +56,7 @@ ROW_KEYS = (
 ERROR_KEYS = ("sqnr_db", "mse", "max_abs", "cosine", "clipped", "clip_fraction", "nonfinite")
 
 
-def compact(row: dict) -> dict:
+def compact(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with only :data:`ROW_KEYS` and the scalar figures of its error report."""
     out = {k: row[k] for k in ROW_KEYS if k in row}
     if isinstance(out.get("error"), dict):
@@ -61,27 +64,17 @@ def compact(row: dict) -> dict:
     return out
 
 
-def _local(root) -> str | None:
-    from .destination import local_path
-
-    return local_path(root)
-
-
-def _doc_bytes(attrs: dict) -> bytes:
+def _doc_bytes(attrs: dict[str, Any]) -> bytes:
     from zarr.core.group import GroupMetadata
 
-    from .localmeta import encode_doc as encode
-
-    return encode(GroupMetadata(attributes=attrs, zarr_format=3))
+    return encode_doc(GroupMetadata(attributes=attrs, zarr_format=3))
 
 
-def _put(root, store, rel: str, attrs: dict, *, new: bool) -> None:
+def _put(root: object, store: Any, rel: str, attrs: dict[str, Any], *, new: bool) -> None:
     """Write the group document ``rel/zarr.json`` (``rel`` "" for the root) with ``attrs``."""
-    local = _local(root)
+    local = local_path(root)
     if local is not None:
         from zarr.core.group import GroupMetadata
-
-        from .localmeta import write_doc
 
         write_doc(os.path.join(local, rel), GroupMetadata(attributes=attrs, zarr_format=3), new=new)
         return
@@ -99,7 +92,7 @@ class RootIndex:
     """The root of a converted checkpoint at ``root`` (a local directory or a store URL;
     ``store``: the zarr store of a non-local root)."""
 
-    def __init__(self, root, meta: dict, store=None) -> None:
+    def __init__(self, root: object, meta: dict[str, Any], store: Any = None) -> None:
         self.root = root
         self.meta = meta
         self.store = store
@@ -108,7 +101,7 @@ class RootIndex:
     # ---- writing
 
     @classmethod
-    def create(cls, root, meta: dict, store=None) -> RootIndex:
+    def create(cls, root: object, meta: dict[str, Any], store: Any = None) -> RootIndex:
         """A new root with ``meta`` (``complete: false``) and an empty index; the root's
         document is written first, with ``new`` semantics (never replacing one)."""
         meta = {**meta, "version": VERSION, "index": INDEX, "complete": False}
@@ -123,7 +116,7 @@ class RootIndex:
         index._batches = 0
         return index
 
-    def append(self, rows: list[dict]) -> None:
+    def append(self, rows: list[dict[str, Any]]) -> None:
         """Add the compact rows of newly finished tensors, as one new batch."""
         if not rows:
             return
@@ -135,7 +128,7 @@ class RootIndex:
             raise StoreError(f"cannot write the index of {self.root}: {e}") from None
         self._batches += 1
 
-    def set_meta(self, **changes) -> None:
+    def set_meta(self, **changes: Any) -> None:
         """Rewrite the root's own (small) document with ``changes`` (its start and end)."""
         self.meta = {**self.meta, **changes}
         try:
@@ -164,7 +157,7 @@ class RootIndex:
     # ---- reading
 
     def _batch_names(self) -> list[str]:
-        local = _local(self.root)
+        local = local_path(self.root)
         if local is not None:
             folder = os.path.join(local, INDEX)
             try:
@@ -177,18 +170,16 @@ class RootIndex:
         else:
             from zarr.core.sync import sync
 
-            async def listing():
+            async def listing() -> list[str]:
                 return [n async for n in self.store.list_dir(INDEX)]
 
             names = sync(listing())
         return sorted(n for n in names if n.startswith("b") and n[1:].isdigit())
 
-    def _read_batch(self, name: str) -> list:
-        local = _local(self.root)
+    def _read_batch(self, name: str) -> list[dict[str, Any]]:
+        local = local_path(self.root)
         try:
             if local is not None:
-                from .paths import open_regular
-
                 path = os.path.join(local, INDEX, name, "zarr.json")
                 with open_regular(path, "index document") as f:
                     doc = json.loads(f.read(64 << 20))
@@ -210,7 +201,7 @@ class RootIndex:
             raise StoreError(f"{self.root}: index batch {name} is damaged")
         return rows
 
-    def rows(self) -> dict[str, dict]:
+    def rows(self) -> dict[str, dict[str, Any]]:
         """Every listed tensor's row by name, in checkpoint order, keys checked (an output of
         version 1 gives its ``tensors`` entries, their keys defaulting to their names)."""
         if self.meta.get("version", 1) < VERSION:
@@ -233,14 +224,16 @@ class RootIndex:
         return out
 
     @classmethod
-    def open(cls, root, meta: dict, store=None) -> RootIndex:
+    def open(cls, root: object, meta: dict[str, Any] | None, store: Any = None) -> RootIndex:
+        """The root at ``root`` whose ``qstream_checkpoint`` metadata is ``meta`` (refused if
+        it is not an object with an integer version)."""
         version = meta.get("version", 1) if isinstance(meta, dict) else None
-        if isinstance(version, bool) or not isinstance(version, int):
+        if not isinstance(meta, dict) or isinstance(version, bool) or not isinstance(version, int):
             raise StoreError(f"{root}: its metadata is damaged or crafted")
         return cls(root, meta, store)
 
 
-def _batch(rows: list[dict]) -> dict:
+def _batch(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A batch document's attributes: ``{"columns": {key: [value per row]}}`` when every row
     has the same keys (a pack's tensors: a few times smaller and faster to write than a list
     of objects), ``error`` split into ``error.<figure>`` columns when every row's has the
@@ -259,7 +252,7 @@ def _batch(rows: list[dict]) -> dict:
     return {"columns": columns}
 
 
-def _rows(columns, name: str) -> list[dict]:
+def _rows(columns: object, name: str) -> list[dict[str, Any]]:
     """The rows of a batch written as :func:`_batch` columns."""
     if not isinstance(columns, dict) or not columns:
         raise ValueError(f"batch {name} has no columns")
@@ -279,7 +272,7 @@ def _rows(columns, name: str) -> list[dict]:
     return rows
 
 
-def _position(row: dict, root) -> int:
+def _position(row: dict[str, Any], root: object) -> int:
     pos = row.get("pos", 0)
     if isinstance(pos, bool) or not isinstance(pos, int):
         raise StoreError(f"{root}: an index row has no position; it is damaged")

@@ -14,8 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Any
 
-from .destination import local_path
+from .paths import local_path
+from .removal import (
+    ARRAY_KEY,
+    delete_keys,
+    is_array_doc,
+    is_array_doc_at,
+    remove_array_files,
+    remove_if_empty,
+)
 
 # Attributes that describe how the source's values were stored, not what they mean: never
 # carried (the output's ``data`` has its own encoding).
@@ -40,10 +49,10 @@ MAX_ATTRS_BYTES = 64 << 10  # source attributes carried, as JSON (larger ones ar
 _NAME = re.compile(r"[^/\x00]{1,255}")
 
 
-def source_dims(source, ndim: int) -> list[str] | None:
+def source_dims(source: Any, ndim: int) -> list[str] | None:
     """The source's dimension names (Zarr v3 metadata, else xarray's v2 attribute), when it
     has a valid set (strings, distinct, one per axis, no ``/``), else None."""
-    arr = getattr(source, "array", None)
+    arr: Any = getattr(source, "array", None)
     meta = getattr(arr, "metadata", None)
     names = getattr(meta, "dimension_names", None)
     if not names:
@@ -60,11 +69,11 @@ def source_dims(source, ndim: int) -> list[str] | None:
     return list(names)
 
 
-def source_attrs(source) -> dict:
+def source_attrs(source: Any) -> dict[str, Any]:
     """The source's descriptive attributes (a Zarr source's, without its encoding ones and
     without keys starting with ``_``); none when they are larger than
     :data:`MAX_ATTRS_BYTES` as JSON."""
-    arr = getattr(source, "array", None)
+    arr: Any = getattr(source, "array", None)
     if getattr(source, "description", {}).get("kind") != "zarr":
         return {}
     try:
@@ -74,7 +83,7 @@ def source_attrs(source) -> dict:
     return carried_attrs(attrs)
 
 
-def carried_attrs(attrs: dict) -> dict:
+def carried_attrs(attrs: dict[Any, Any]) -> dict[str, Any]:
     """The descriptive ones of ``attrs`` (see :func:`source_attrs`)."""
     out = {
         k: v
@@ -106,23 +115,22 @@ def coordinates(offset: bool) -> str:
     return "scale zero_point offset" if offset else "scale zero_point"
 
 
-def drop_progress(dst, group, storage_options=None) -> None:
+def drop_progress(dst: object, group: Any, storage_options: dict[str, Any] | None = None) -> None:
     """Remove the ``_progress`` member of a complete output (only an array qstream wrote:
     its own metadata says so); nothing fails if it is gone already."""
-    from . import destination as d
-
     local = local_path(dst)
     if local is not None:
         path = os.path.join(local, "_progress")
-        if os.path.isdir(path) and not os.path.islink(path) and d.is_array_doc_at(path):
-            d.remove_array_files(path)
-            d.remove_if_empty(path)
+        if os.path.isdir(path) and not os.path.islink(path) and is_array_doc_at(path):
+            remove_array_files(path)
+            remove_if_empty(path)
         return
+    from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
     store = group.store_path.store
     prefix = group.store_path.path
     prefix = f"{prefix}/_progress/" if prefix else "_progress/"
-    raw = sync(store.get(f"{prefix}zarr.json", d.buffer_prototype()))
-    if raw is not None and d.is_array_doc(raw.to_bytes()):
-        d.delete_keys(store, prefix, d.ARRAY_KEY, sync)
+    raw = sync(store.get(f"{prefix}zarr.json", default_buffer_prototype()))
+    if raw is not None and is_array_doc(raw.to_bytes()):
+        delete_keys(store, prefix, ARRAY_KEY, sync)

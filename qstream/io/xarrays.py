@@ -8,13 +8,24 @@ to ``qstream.dequantize`` for every granularity and type. Needs ``xarray`` and `
 from __future__ import annotations
 
 import uuid
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
+from .quantized import QuantizedArray
+from .reader import QuantizedCheckpoint, open_output
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+# Dask chunks as dask spells them: a size, "auto", one size (or tuple of sizes) per axis, or
+# {axis: size}; None: the stored chunks
+Chunks = int | str | tuple[int, ...] | tuple[tuple[int, ...], ...] | dict[int, int] | None
 
 
-def open_xarray(path, *, storage_options: dict | None = None, chunks=None):
+def open_xarray(
+    path: Any, *, storage_options: dict[str, Any] | None = None, chunks: Chunks = None
+) -> xr.DataArray | xr.Dataset:
     """Open a quantized output as a lazy, dequantized float32 ``xarray.DataArray`` (dims as
     stored, e.g. ``dim_0, dim_1``; Dask chunks = the stored chunks unless ``chunks``), or a
     converted checkpoint's root as an ``xarray.Dataset`` with one such variable per tensor
@@ -30,7 +41,7 @@ def open_xarray(path, *, storage_options: dict | None = None, chunks=None):
             f"open_xarray needs xarray and dask ({e.name} is missing):"
             " pip install 'qstream-zarr[xarray]'"
         ) from None
-    opened = open_quantized(path, storage_options=storage_options)
+    opened = open_output(path, storage_options=storage_options)
     if isinstance(opened, QuantizedCheckpoint):
         import xarray as xr
 
@@ -41,14 +52,14 @@ def open_xarray(path, *, storage_options: dict | None = None, chunks=None):
     return _quantized(opened, "data", None, chunks)
 
 
-def _dims(array, prefix: str | None) -> list[str]:
+def _dims(array: Any, prefix: str | None) -> list[str]:
     names = getattr(array.metadata, "dimension_names", None) or [
         f"dim_{i}" for i in range(len(array.shape))
     ]
     return [f"{prefix}/{n}" if prefix else str(n) for n in names]
 
 
-def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks):
+def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks: Chunks) -> xr.DataArray:
     import dask.array as da
     import xarray as xr
 
@@ -73,7 +84,7 @@ def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks):
     return xr.DataArray(lazy, dims=_dims(arr.data, prefix), name=name, attrs=attrs)
 
 
-def _tensor(t, name: str, chunks):
+def _tensor(t: Any, name: str, chunks: Chunks) -> xr.DataArray:
     if isinstance(t, QuantizedArray):
         return _quantized(t, name, name, chunks)
     import dask.array as da

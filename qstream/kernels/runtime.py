@@ -21,14 +21,16 @@ from __future__ import annotations
 import os
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any, overload
 
 import numba
 import numpy as np
 from numba import njit
 
 if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
-    numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
+    # (numba.config sets its settings at import: no declared attributes)
+    numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ignore[attr-defined]
 
 _lock = threading.Lock()
 _serial: bool | None = None  # unknown until the first parallel call has chosen a layer
@@ -37,17 +39,30 @@ _serial: bool | None = None  # unknown until the first parallel call has chosen 
 SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 
 
-def parallel_kernel(fn=None, *, serial_scale: int = 1, **options):
+@overload
+def parallel_kernel(fn: Callable[..., Any], *, serial_scale: int = 1, **options: Any) -> Any: ...
+
+
+@overload
+def parallel_kernel(
+    fn: None = None, *, serial_scale: int = 1, **options: Any
+) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def parallel_kernel(
+    fn: Callable[..., Any] | None = None, *, serial_scale: int = 1, **options: Any
+) -> Any:
     """``@njit(parallel=True, cache=True, nogil=True, **options)`` plus a serial twin compiled
     from the same source, as the ``serial`` attribute (see the module docstring).
     ``serial_scale``: the twin runs below ``serial_scale * SERIAL_BELOW`` elements (for
-    kernels whose elements are cheap, e.g. histogram bins scanned once)."""
+    kernels whose elements are cheap, e.g. histogram bins scanned once). The kernel is a
+    Numba dispatcher (untyped here: ``Any``)."""
 
     # NumPy's error model (x / 0 is inf or NaN, no exception) in both builds: the one parfors
     # use inside a prange loop, so the twin computes exactly what the parallel kernel does.
     options = {"error_model": "numpy", **options}
 
-    def wrap(f):
+    def wrap(f: Callable[..., Any]) -> Any:
         kernel = njit(parallel=True, cache=True, nogil=True, **options)(f)
         # A distinct qualified name gives the twin its own entries in Numba's cache (the cache
         # index does not key on the parallel flag).
@@ -59,7 +74,9 @@ def parallel_kernel(fn=None, *, serial_scale: int = 1, **options):
     return wrap(fn) if fn is not None else wrap
 
 
-def _copy(f, suffix: str, constants=None):
+def _copy(
+    f: Callable[..., Any], suffix: str, constants: dict[str, Any] | None = None
+) -> types.FunctionType:
     """``f`` under the qualified name ``<name>__<suffix>``, with the module-level names in
     ``constants`` bound to other values."""
     g = f.__globals__ if constants is None else {**f.__globals__, **constants}
@@ -70,7 +87,7 @@ def _copy(f, suffix: str, constants=None):
     return copy
 
 
-def specialize(kernel, suffix: str, **constants):
+def specialize(kernel: Any, suffix: str, **constants: Any) -> Any:
     """Another build of the :func:`parallel_kernel` ``kernel`` (with its serial twin), in
     which the module-level names ``constants`` have the given values. Numba reads a global
     as a compile-time constant and drops the branches that an ``if NAME:`` on it rules out,
@@ -85,7 +102,7 @@ def specialize(kernel, suffix: str, **constants):
     )
 
 
-def _largest(args) -> int:
+def _largest(args: Iterable[Any]) -> int:
     n = 0
     for a in args:
         if isinstance(a, np.ndarray) and a.size > n:
@@ -93,7 +110,7 @@ def _largest(args) -> int:
     return n
 
 
-def run(kernel, *args) -> None:
+def run(kernel: Any, *args: Any) -> None:
     """Call ``kernel(*args)``: its serial twin for small work; a parallel kernel serialised
     when the threading layer is not thread-safe."""
     global _serial
@@ -125,7 +142,8 @@ def kernel_threads() -> int:
 
 def limit_threads(n: int) -> None:
     """Let kernels called from this thread use ``n`` threads (Numba's setting is per thread)."""
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    top: int = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # (set at import)
+    numba.set_num_threads(max(1, min(int(n), top)))
 
 
 _listeners: list[Callable[[str], None]] = []
@@ -136,7 +154,7 @@ _depth = threading.local()
 class _CompileListener(numba.core.event.Listener):
     """Tells the listeners when a top-level compilation of a qstream kernel starts."""
 
-    def on_start(self, event):
+    def on_start(self, event: numba.core.event.Event) -> None:
         depth = getattr(_depth, "n", 0)
         _depth.n = depth + 1
         if depth or not _listeners:
@@ -146,7 +164,7 @@ class _CompileListener(numba.core.event.Listener):
             for listener in list(_listeners):
                 listener(func.__qualname__.removesuffix("__serial"))
 
-    def on_end(self, event):
+    def on_end(self, event: numba.core.event.Event) -> None:
         _depth.n = getattr(_depth, "n", 1) - 1
 
 

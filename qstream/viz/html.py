@@ -4,7 +4,9 @@ arrays): a table of the numbers and inline SVG charts (:mod:`qstream.viz.svg`)."
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from html import escape
+from typing import Any, SupportsFloat
 
 from ..calibration.views import ChannelSummary, CheckpointView, GroupSummary, ReportView
 from .svg import fmt, fmt_bytes, fmt_size, histogram_svg, paired_svg
@@ -17,7 +19,8 @@ STYLE = (
 )
 
 
-def granularity(spec: dict) -> str:
+def granularity(spec: dict[str, Any]) -> str:
+    """``per tensor``, ``per channel, axis 0`` or ``blocks of 32 along axis 1``."""
     if spec.get("axis") is None:
         return "per tensor"
     if spec.get("block_size"):
@@ -25,14 +28,14 @@ def granularity(spec: dict) -> str:
     return f"per channel, axis {spec['axis']}"
 
 
-def describe(spec: dict) -> str:
+def describe(spec: dict[str, Any]) -> str:
     """``int8, per tensor, entropy, symmetric`` (explicit scales: ``explicit scale``)."""
     method = "explicit scale" if spec.get("scale") is not None else spec.get("method", "?")
     sym = "symmetric" if spec.get("symmetric", True) else "asymmetric"
     return f"{spec.get('dtype', '?')}, {granularity(spec)}, {method}, {sym}"
 
 
-def _num(v) -> str:
+def _num(v: SupportsFloat | str | None) -> str:
     if v is None:
         return "-"
     if isinstance(v, str):
@@ -40,14 +43,14 @@ def _num(v) -> str:
     return fmt(float(v))
 
 
-def _db(v) -> str:
+def _db(v: SupportsFloat | str | None) -> str:
     if v is None:
         return "-"
-    v = float(v)
-    return "inf" if v == math.inf else f"{v:.2f}"
+    f = float(v)
+    return "inf" if f == math.inf else f"{f:.2f}"
 
 
-def _table(rows, header=None) -> str:
+def _table(rows: Iterable[Sequence[str]], header: Sequence[str] | None = None) -> str:
     out = ["<table>"]
     if header:
         out.append("<tr>" + "".join(f"<th>{escape(h)}</th>" for h in header) + "</tr>")
@@ -58,6 +61,7 @@ def _table(rows, header=None) -> str:
 
 
 def channels_svg(ch: ChannelSummary, title: str) -> str | None:
+    """The per-channel SQNR distribution (one count per channel), the median marked."""
     if ch.histogram is None:
         return None
     markers = []
@@ -83,7 +87,7 @@ def _worst(ch: ChannelSummary) -> str:
     return _table(rows, ["worst channel", "SQNR dB", "clip %", "max err"])
 
 
-def groups_svg(g: GroupSummary, block_size=None) -> str | None:
+def groups_svg(g: GroupSummary, block_size: int | None = None) -> str | None:
     """The per-group SQNR distribution (log count scale), median and worst group marked."""
     h = g.shown()
     if h is None:
@@ -111,7 +115,7 @@ def _worst_groups(g: GroupSummary) -> str:
     return _table(rows, ["worst group", "first element", "SQNR dB", "max err"])
 
 
-def _groups_html(g: GroupSummary, spec: dict) -> list[str]:
+def _groups_html(g: GroupSummary, spec: dict[str, Any]) -> list[str]:
     """The per-group section: the distribution, what lies outside it, the worst groups."""
     parts = []
     svg = groups_svg(g, spec.get("block_size"))
@@ -200,8 +204,9 @@ def view_html(view: ReportView) -> str:
         )
     ch = view.channels
     title = "per-channel SQNR"
-    if ch is None and cal is not None and cal.prediction(cal.method) is not None:
-        ch = cal.prediction(cal.method).channels
+    predicted = cal.prediction(cal.method) if ch is None and cal is not None else None
+    if cal is not None and predicted is not None:
+        ch = predicted.channels
         title = f"per-channel SQNR predicted for {cal.method}"
     if ch is not None:
         svg = channels_svg(ch, f"{title} ({ch.channels} channels)")

@@ -8,6 +8,7 @@ bins have height 0), every threshold one ``<line class="threshold" data-method=.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from html import escape
 
 from ..calibration.views import Histogram
@@ -28,6 +29,7 @@ AFTER = "#2563eb"  # sizes after
 
 
 def color(method: str) -> str:
+    """The colour of a method's (or a marker's) lines."""
     return COLORS.get(method, "#111827")
 
 
@@ -58,9 +60,41 @@ def fmt(v: float) -> str:
     return f"{v:.3g}" if abs(v) >= 1e-3 and abs(v) < 1e4 else f"{v:.2e}"
 
 
+LEFT, RIGHT, BOTTOM = 56, 16, 36  # margins of the plot area (the top one: 24 with a title)
+
+
+def _start(width: int, height: int, title: str | None) -> list[str]:
+    """An SVG document's opening: the root element, a white background, the title."""
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
+        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="white"/>',
+    ]
+    if title:
+        out.append(f'<text x="{LEFT}" y="15" font-weight="bold">{escape(title)}</text>')
+    return out
+
+
+def _axes(top: float, pw: float, ph: float) -> list[str]:
+    """The x and y axes of a plot area of ``pw`` x ``ph`` at ``(LEFT, top)``."""
+    return [
+        f'<line class="axis" x1="{LEFT}" y1="{top + ph}" x2="{LEFT + pw}" y2="{top + ph}"'
+        ' stroke="#111827"/>',
+        f'<line class="axis" x1="{LEFT}" y1="{top}" x2="{LEFT}" y2="{top + ph}" stroke="#111827"/>',
+    ]
+
+
+def _count_ticks(top: float, ph: float, peak: int) -> list[str]:
+    """The count axis' ends: ``peak`` at the top, 0 at the bottom."""
+    return [
+        f'<text x="{LEFT - 4}" y="{top + 8}" text-anchor="end">{peak}</text>',
+        f'<text x="{LEFT - 4}" y="{top + ph}" text-anchor="end">0</text>',
+    ]
+
+
 def histogram_svg(
     hist: Histogram,
-    markers: list[tuple[str, float]] = (),
+    markers: Sequence[tuple[str, float]] = (),
     *,
     clip: tuple[float, float] | None = None,
     log: bool = True,
@@ -72,8 +106,8 @@ def histogram_svg(
     """An SVG document of ``hist``: one bar per bin (height ``log10(1 + count)`` on a log
     scale), bins outside ``clip`` (``|x| > max(-lo, hi)`` on a ``|x|`` histogram) in red, and a
     labelled vertical line per ``(method, x)`` marker."""
-    left, right, top, bottom = 56, 16, 24 if title else 10, 36
-    pw, ph = width - left - right, height - top - bottom
+    left, top = LEFT, 24 if title else 10
+    pw, ph = width - LEFT - RIGHT, height - top - BOTTOM
     counts = [int(c) for c in hist.counts]
     peak = max(counts) if counts else 0
 
@@ -87,13 +121,7 @@ def histogram_svg(
     def xpos(v: float) -> float:
         return left + pw * (min(max(v, hist.lo), hist.hi) - hist.lo) / span
 
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-    ]
-    if title:
-        out.append(f'<text x="{left}" y="15" font-weight="bold">{escape(title)}</text>')
+    out = _start(width, height, title)
     edges = hist.edges
     outside = hist.clipped(clip)
     bw = pw / max(1, hist.nbins)
@@ -108,14 +136,7 @@ def histogram_svg(
             f' width="{max(bw - 0.3, 0.3):.2f}" height="{h:.2f}" fill="{fill}">'
             f"<title>[{fmt(lo_e)}, {fmt(hi_e)}): {c}</title></rect>"
         )
-    # axes
-    out.append(
-        f'<line class="axis" x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}"'
-        ' stroke="#111827"/>'
-    )
-    out.append(
-        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#111827"/>'
-    )
+    out += _axes(top, pw, ph)
     for v in (hist.lo, (hist.lo + hist.hi) / 2, hist.hi):
         x = xpos(v)
         out.append(
@@ -126,8 +147,7 @@ def histogram_svg(
         f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle"'
         f' fill="#374151">{escape(label)}</text>'
     )
-    out.append(f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>')
-    out.append(f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">0</text>')
+    out += _count_ticks(top, ph, peak)
     scale_name = "count (log)" if log else "count"
     out.append(
         f'<text x="12" y="{top + ph / 2:.1f}" transform="rotate(-90 12 {top + ph / 2:.1f})"'
@@ -161,24 +181,18 @@ def paired_svg(
     height: int = 200,
     title: str | None = None,
     xlabel: str | None = None,
-    tick=fmt,
+    tick: Callable[[float], str] = fmt,
 ) -> str:
     """An SVG document of two histograms on the same bins, side by side in each bin (one
     ``<rect class="bar" data-series=...>`` per bin and series, linear count scale), with a
     legend; ``tick`` formats the axis labels (the bins' edges)."""
-    left, right, top, bottom = 56, 16, 24 if title else 10, 36
-    pw, ph = width - left - right, height - top - bottom
+    left, top = LEFT, 24 if title else 10
+    pw, ph = width - LEFT - RIGHT, height - top - BOTTOM
     peak = max(int(first.counts.max(initial=0)), int(second.counts.max(initial=0)))
     edges = first.edges
     nb = max(1, first.nbins)
     bw = pw / nb
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-        f' viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
-        f'<rect class="background" x="0" y="0" width="{width}" height="{height}" fill="white"/>',
-    ]
-    if title:
-        out.append(f'<text x="{left}" y="15" font-weight="bold">{escape(title)}</text>')
+    out = _start(width, height, title)
     for k, (hist, name, fill) in enumerate(
         ((first, labels[0], BEFORE), (second, labels[1], AFTER))
     ):
@@ -196,13 +210,7 @@ def paired_svg(
             f' fill="{fill}"/><text x="{left + pw - 106 + 60 * k}" y="{top + 9}">'
             f"{escape(name)}</text>"
         )
-    out.append(
-        f'<line class="axis" x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}"'
-        ' stroke="#111827"/>'
-    )
-    out.append(
-        f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="#111827"/>'
-    )
+    out += _axes(top, pw, ph)
     for i in sorted({0, nb // 2, nb}):
         out.append(
             f'<text x="{left + i * bw:.1f}" y="{top + ph + 14}" text-anchor="middle">'
@@ -213,7 +221,6 @@ def paired_svg(
             f'<text x="{left + pw / 2:.1f}" y="{height - 4}" text-anchor="middle"'
             f' fill="#374151">{escape(xlabel)}</text>'
         )
-    out.append(f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{peak}</text>')
-    out.append(f'<text x="{left - 4}" y="{top + ph}" text-anchor="end">0</text>')
+    out += _count_ticks(top, ph, peak)
     out.append("</svg>")
     return "".join(out)

@@ -1,0 +1,99 @@
+"""The figures a pack lists for each of its tensors: error columns and calibration ranges.
+
+A pack's tensors are one job's channels (or, blocked, one error pass each); their figures are
+folded back per tensor from the job's per-channel sums, as columns of the pack's document
+(:mod:`qstream.io.packs`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.layout import normalize_axis, plan_layout
+from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
+from .blockmath import block_errors_fused
+
+
+def tensor_ranges(stats: RangeStats, n: int) -> dict[str, list[float]]:
+    """Each tensor's calibration range (its channels' finite min and max; 0 where none is
+    finite), as columns ``min`` and ``max``."""
+    lo = np.where(stats.count > 0, stats.min, np.inf).reshape(n, -1).min(axis=1)
+    hi = np.where(stats.count > 0, stats.max, -np.inf).reshape(n, -1).max(axis=1)
+    return {
+        "min": np.where(np.isfinite(lo), lo, 0.0).tolist(),
+        "max": np.where(np.isfinite(hi), hi, 0.0).tolist(),
+    }
+
+
+WORST = 5  # channels listed per tensor (worst SQNR first)
+
+
+def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, list]:
+    """The error figures of ``n`` tensors from the per-channel sums ``errors`` (the tensors'
+    channels one after another), as columns (one list per figure, a value per tensor): the
+    figures of :meth:`~qstream.spec.ErrorStats.summary` and, with several channels, the
+    ``worst`` channels by SQNR (``worst_channel``, ``worst_sqnr_db``, ``worst_max_abs``:
+    a list per tensor); not the per-channel distribution."""
+    from ..calibration.views import channel_sqnr
+
+    def total(a: np.ndarray) -> np.ndarray:
+        return a.reshape(n, -1).sum(axis=1)
+
+    count = total(errors.count)
+    x2, e2 = total(errors.sum_x2), total(errors.sum_e2)
+    xy, y2 = total(errors.sum_xy), total(errors.sum_y2)
+    clipped = total(errors.clipped)
+    nan, pinf, ninf = total(errors.nan), total(errors.posinf), total(errors.neginf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sqnr = np.where(e2 == 0, np.inf, np.where(x2 == 0, -np.inf, 10.0 * np.log10(x2 / e2)))
+        mse = np.where(count > 0, e2 / np.maximum(count, 1), 0.0)
+        denom = np.sqrt(x2 * y2)
+        cosine = np.where(denom > 0, xy / denom, np.where((x2 == 0) & (y2 == 0), 1.0, 0.0))
+        clip_fraction = np.where(count > 0, clipped / np.maximum(count, 1), 0.0)
+    cols = {
+        "sqnr_db": _numbers(sqnr),
+        "mse": mse.tolist(),
+        "max_abs": errors.max_abs.reshape(n, -1).max(axis=1).tolist(),
+        "cosine": cosine.tolist(),
+        "clipped": clipped.tolist(),
+        "clip_fraction": clip_fraction.tolist(),
+        "nonfinite": (nan + pinf + ninf).tolist(),
+        "count": count.tolist(),
+        "nan": nan.tolist(),
+        "posinf": pinf.tolist(),
+        "neginf": ninf.tolist(),
+    }
+    channels = errors.count.size // max(n, 1)
+    if channels > 1:
+        sq = channel_sqnr(errors.sum_x2, errors.sum_e2).reshape(n, channels)
+        order = np.argsort(sq, axis=1, kind="stable")[:, :worst]
+        cols["worst_channel"] = order.tolist()
+        worst_sq = np.take_along_axis(sq, order, axis=1).tolist()
+        cols["worst_sqnr_db"] = [[v if math.isfinite(v) else str(v) for v in r] for r in worst_sq]
+        mx = errors.max_abs.reshape(n, channels)
+        cols["worst_max_abs"] = np.take_along_axis(mx, order, axis=1).tolist()
+    return cols
+
+
+def _numbers(a: np.ndarray) -> list:
+    """``a``'s values as JSON holds them: non-finite figures as strings (as in every
+    report)."""
+    return [v if math.isfinite(v) else str(v) for v in a.tolist()]
+
+
+def blocked_errors(
+    x: np.ndarray, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, spec: QuantSpec
+) -> dict[str, list]:
+    """The blocked tensors' error columns: one error pass over each tensor."""
+    assert spec.axis is not None  # (a blocked spec has an axis)
+    qt = spec.qtype
+    lo_q = qt.qrange(spec.narrow_range)[0]
+    axis = normalize_axis(spec.axis, x.ndim - 1)
+    layout = plan_layout(x.shape[1:], scale.shape[1:], axis, spec.block_size)
+    total = ErrorStats.empty(x.shape[0])
+    for i in range(x.shape[0]):
+        err = block_errors_fused(x[i], q[i], scale[i], zero_point[i], layout, qt, lo_q, None)
+        merge_into(total, err, i)
+    return brief_errors(total, x.shape[0])

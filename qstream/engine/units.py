@@ -1,0 +1,115 @@
+"""The units of a checkpoint's conversion: which tensors go as packs, which as small tensors
+(a unit of work each) and which as jobs of their own, and the items the executor is handed.
+
+Packs are planned over every tensor of the checkpoint (finished ones too), so that a re-run
+makes the same packs; a run of consecutive units goes to the executor as one pipeline
+(:class:`UnitWork` converts a pack or a small tensor).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..spec import QuantSpec
+from .events import TensorEvent
+from .packs import PackItem, PackWork, pack_mode, plan_packs, source_bytes
+from .small import SmallTensorWork, TensorItem, is_small
+
+#: how a tensor is converted: ``("pack", its pack's number)``, ``("small",)`` or ``("job",)``
+Kind = tuple[Any, ...]
+#: a tensor to convert: its event, the tensor, its spec (None: kept) and its kind
+Todo = tuple[TensorEvent, Any, QuantSpec | None, Kind]
+
+
+def pack_runs(
+    tensors: Sequence[Any], specs: Sequence[QuantSpec | None], max_memory: int | None
+) -> dict[int, tuple[int, int, int]]:
+    """The pack of every packed tensor: its index -> ``(pack, first, end)``."""
+    entries = [None if spec is None else (t, spec) for t, spec in zip(tensors, specs, strict=True)]
+    pack_of: dict[int, tuple[int, int, int]] = {}
+    for seq, (a, b) in enumerate(plan_packs(entries, max_memory)):
+        for i in range(a, b):
+            pack_of[i] = (seq, a, b)
+    return pack_of
+
+
+def unit_kind(
+    i: int,
+    t: Any,
+    spec: QuantSpec | None,
+    pack_of: dict[int, tuple[int, int, int]],
+    small: bool,
+    max_memory: int | None,
+) -> Kind:
+    """How the ``i``-th tensor ``t`` is converted (``small``: whether small tensors are
+    units of work of their own in this conversion)."""
+    if i in pack_of:
+        return ("pack", pack_of[i][0])
+    if small and (spec is None or is_small(t, spec, max_memory)):
+        return ("small",)
+    return ("job",)
+
+
+def unit_items(
+    run: list[Todo],
+    keys: dict[str, str],
+    positions: dict[str, int],
+    keep_dtypes: dict[str, str | None],
+) -> tuple[list[PackItem | TensorItem], dict[str, tuple[TensorEvent, Any, QuantSpec | None]]]:
+    """The items of a run of packs and small tensors, in order, and each tensor's
+    ``(event, tensor, spec)`` by name."""
+    items: list[PackItem | TensorItem] = []
+    rows: dict[str, tuple[TensorEvent, Any, QuantSpec | None]] = {}
+    for kind, grouped in itertools.groupby(run, key=lambda item: item[3]):
+        group = list(grouped)
+        for ev, t, spec, _ in group:
+            rows[ev.name] = (ev, t, spec)
+        if kind[0] == "pack":
+            spec = group[0][2]
+            assert spec is not None  # (kept tensors are never packed)
+            mode = pack_mode(group[0][1], spec)
+            assert mode is not None  # (planned as packable)
+            items.append(
+                PackItem(
+                    kind[1],
+                    tuple(ev.name for ev, *_ in group),
+                    tuple(keys[ev.name] for ev, *_ in group),
+                    tuple(positions[ev.name] for ev, *_ in group),
+                    spec.to_dict(),
+                    mode,
+                    (sum(max(1, source_bytes(t) // 4) for _, t, *_ in group),),
+                )
+            )
+            continue
+        items.extend(
+            TensorItem(
+                ev.index,
+                ev.name,
+                keys[ev.name],
+                None if spec is None else spec.to_dict(),
+                (max(1, source_bytes(t) // 4),),
+                keep_dtypes.get(ev.name),
+            )
+            for ev, t, spec, _ in group
+        )
+    return items, rows
+
+
+@dataclass(frozen=True, eq=False)
+class UnitWork:
+    """A conversion's unit of work: a pack (:class:`~qstream.engine.packs.PackWork`) or a
+    small tensor (:class:`~qstream.engine.small.SmallTensorWork`), so that both share one
+    pipeline."""
+
+    small: SmallTensorWork | None
+    pack: PackWork | None
+
+    def __call__(self, item: PackItem | TensorItem) -> Any:
+        if isinstance(item, PackItem):
+            assert self.pack is not None  # (packs are planned only with their work)
+            return self.pack(item)
+        assert self.small is not None  # (small tensors likewise)
+        return self.small(item)

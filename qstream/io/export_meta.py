@@ -1,0 +1,51 @@
+"""What a qstream export says about itself: the metadata qstream writes into a safetensors
+file's ``__metadata__``, an index's ``metadata`` or the ``config.json`` beside them.
+
+Readers of exports (:mod:`qstream.io.exported`) and the exports themselves
+(:mod:`qstream.io.export`: is a file there one of ours? a finished one?) read it here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+from .paths import open_regular
+
+CONFIG = "config.json"
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """The JSON object in the file ``path`` (at most 100 MB), or None."""
+    try:
+        with open_regular(path) as f:
+            doc = json.loads(f.read(100 << 20))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def export_metadata(path: str) -> dict[str, Any] | None:
+    """qstream's metadata in a safetensors file or index, or None."""
+    if path.endswith(".json"):
+        doc = read_json(path)
+        if doc is not None and os.path.basename(path) == CONFIG:
+            return qstream_meta(doc)
+        return qstream_meta(doc.get("metadata") if doc else None)
+    try:
+        with open_regular(path) as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(min(n, 100 << 20)))
+    except (OSError, ValueError, RecursionError, struct.error):
+        return None
+    return qstream_meta(header.get("__metadata__") if isinstance(header, dict) else None)
+
+
+def qstream_meta(meta: Any) -> dict[str, Any] | None:
+    """``meta`` (a header's, an index's or a config's) when qstream wrote it, else None; a
+    ``config.json``'s own part is returned as ``{"qstream": "config", ...}``."""
+    if isinstance(meta, dict) and "qstream_export" in meta:  # a config.json qstream wrote
+        return {"qstream": "config", **meta["qstream_export"]}
+    return meta if isinstance(meta, dict) and "qstream" in meta else None

@@ -1,0 +1,142 @@
+"""Reading a pack (:mod:`qstream.io.packs`): its tensors as ordinary quantized arrays.
+
+A :class:`PackReader` opens one published pack from its document and reads each member array
+whole, once (a pack is one chunk); tensor ``slot`` is a
+:class:`~qstream.io.quantized.QuantizedArray` over a stand-in group whose members are the
+slot's rows of the pack's arrays.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from .localgroup import LocalGroup, read_all
+from .packs import MEMBERS, error_summary, read_pack_doc
+from .quantized import QuantizedArray
+
+
+class _SlotArray:
+    """Tensor ``slot`` of a pack's member array, read whole (a pack is one chunk) once."""
+
+    store_path = None  # (no chunk files of its own: see qstream.io.chunks.chunk_files)
+
+    def __init__(self, reader: PackReader, member: str, slot: int) -> None:
+        arr = reader.array(member)
+        self._reader, self._member, self._slot = reader, member, slot
+        self.shape = tuple(arr.shape[1:])
+        self.dtype = arr.dtype
+        self.chunks = self.shape
+        self.compressors = arr.compressors
+        names = getattr(arr.metadata, "dimension_names", None)
+        # (what readers take of an array's metadata: its dimensions, without the pack's)
+        self.metadata = SimpleNamespace(dimension_names=tuple(names[1:]) if names else None)
+        self.attrs: dict[str, Any] = {}
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions (the tensor's, without the pack's axis)."""
+        return len(self.shape)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._reader.values(self._member)[self._slot][key]
+
+
+class _SlotGroup:
+    """What :class:`~qstream.io.quantized.QuantizedArray` reads of a packed tensor: its members
+    (``group["data"]``...) and where it is."""
+
+    def __init__(self, reader: PackReader, slot: int, name: str) -> None:
+        self._reader, self._slot = reader, slot
+        self.attrs: dict[str, Any] = {}
+        self.store_path = f"{reader.path}[{slot}] ({name})"
+
+    def __getitem__(self, member: str) -> _SlotArray:
+        if member not in MEMBERS:
+            raise KeyError(member)
+        return _SlotArray(self._reader, member, self._slot)
+
+
+class PackReader:
+    """One published pack, opened from its document; its arrays are read whole, once."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        meta = read_pack_doc(path)
+        if meta is None:
+            raise StoreError(f"{path}: the pack is missing or damaged; re-run the conversion")
+        tensors = meta.get("tensors")
+        tensors = tensors if isinstance(tensors, dict) else {}
+        names = tensors.get("name")
+        if not isinstance(names, list) or not isinstance(tensors.get("error"), dict):
+            raise StoreError(f"{path}: the pack's metadata is damaged or crafted")
+        self.count = len(names)
+        self.meta = meta
+        self._arrays: dict[str, Any] = {}  # member -> its zarr.Array
+        self._values: dict[str, np.ndarray[Any, Any]] = {}
+        self._lock = threading.Lock()  # (tensors of one pack may be read by several threads)
+
+    def array(self, member: str) -> Any:
+        """The pack's ``member`` array (a ``zarr.Array``), checked to hold its tensors."""
+        if member not in self._arrays:
+            try:  # (the group's document is read already: its members are opened alone)
+                a = LocalGroup(self.path, {})[member]
+            except KeyError:
+                raise StoreError(f"{self.path}: the pack has no {member} array") from None
+            n = self.count
+            if not a.shape or a.shape[0] != n:
+                raise StoreError(
+                    f"{self.path}: its {member} array ({list(a.shape)}) does not hold the"
+                    f" pack's {n} tensors; the output is damaged or crafted"
+                )
+            self._arrays[member] = a
+        return self._arrays[member]
+
+    def values(self, member: str) -> np.ndarray[Any, Any]:
+        """All of the pack's ``member`` array, read once."""
+        with self._lock:
+            if member not in self._values:
+                self._values[member] = read_all(self.array(member))
+            return self._values[member]
+
+    def tensor_meta(self, slot: int) -> dict[str, Any]:
+        """The metadata of the pack's tensor ``slot``, as a quantized group's would be."""
+        m = self.meta
+        cols = m["tensors"]
+        try:
+            calibration = {"method": "per-block ranges"}
+            if "min" in cols:
+                calibration = {
+                    "method": "minmax",
+                    "min": cols["min"][slot],
+                    "max": cols["max"][slot],
+                }
+            return {
+                "version": m.get("format"),
+                "fingerprint": f"{m.get('fingerprint')}/{slot}",
+                "complete": True,
+                "spec": m["spec"],
+                "dtype": m["dtype"],
+                "axis": m["axis"],
+                "storage": m.get("storage"),
+                "source": {**(m.get("source") or {}), "tensor": cols["name"][slot]},
+                "calibration": calibration,
+                "error": error_summary(cols["error"], slot),
+                "pack": {"path": self.path, "slot": slot},
+            }
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise StoreError(
+                f"{self.path}: the pack's metadata is damaged or crafted ({e})"
+            ) from None
+
+    def tensor(self, slot: object, name: str) -> QuantizedArray:
+        """The pack's tensor ``slot`` (read from an index row: checked) as a
+        :class:`~qstream.io.quantized.QuantizedArray`."""
+        n = self.count
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
+            raise StoreError(f"{self.path}: no tensor at slot {slot!r}; the output is damaged")
+        return QuantizedArray(_SlotGroup(self, slot, name), self.tensor_meta(slot))

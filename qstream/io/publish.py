@@ -1,0 +1,124 @@
+"""Writing a finished node whole: built in a hidden folder beside its place, renamed into it.
+
+A small tensor's quantized group (or a pack of them, :mod:`qstream.io.packs`) is written at
+once, with its values, instead of member by member: the node is made in a folder named
+``.qstream-tmp-*`` (:data:`~qstream.io.ondisk.TMP_PREFIX`) next to where it goes and renamed
+into place, so it is whole or absent. A killed writer's folder is never published; it is
+removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import StoreError
+from .chunks import chunk_files
+from .localmeta import encode_doc
+from .ondisk import TMP_PREFIX, array_metadata
+from .paths import local_path
+
+# create_array keywords -> (metadata, document, chunk files)
+_PREPARED: dict[str, tuple[Any, bytes, Any]] = {}
+
+# one member: (create_array keywords, values or None, attributes or None)
+Member = tuple[dict[str, Any], Any, dict[str, Any] | None]
+
+
+def _prepared(kw: dict[str, Any]) -> tuple[Any, bytes, Any]:
+    """``(metadata, zarr.json bytes, ChunkFiles or None)`` of an array made with ``kw`` (no
+    ``config``), made once per keywords: the many small tensors of a conversion share them.
+    The chunk files' ``root`` is to be set (``dataclasses.replace``)."""
+    import zarr
+    from zarr.core.array import AsyncArray
+
+    key = repr(sorted(kw.items()))
+    got = _PREPARED.get(key)
+    if got is None:
+        meta = array_metadata(kw)
+        store = zarr.storage.LocalStore(os.sep)  # (a location for chunk_files to accept)
+        files = chunk_files(zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, "x"))))
+        if len(_PREPARED) >= 256:
+            _PREPARED.clear()
+        got = _PREPARED[key] = (meta, encode_doc(meta), files)
+    return got
+
+
+def write_array(path: str, kw: dict[str, Any], values: Any, attrs: dict[str, Any]) -> None:
+    """A new array at the local ``path`` (absent) holding ``values``, complete at once (built
+    beside its place and renamed into it, as :func:`write_group` does)."""
+    _publish(path, lambda tmp: _write_member(tmp, kw, values, attrs))
+
+
+def _write_member(
+    where: str, kw: dict[str, Any], values: Any, attrs: dict[str, Any] | None
+) -> None:
+    """The array made with ``kw`` and ``attrs``, holding ``values`` (or none), written into the
+    new folder ``where``."""
+    meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
+    if attrs:  # (the prepared document with these attributes, by the C encoder)
+        parsed = json.loads(doc)
+        parsed["attributes"] = attrs
+        doc = json.dumps(parsed, allow_nan=True, separators=(",", ":")).encode()
+    os.mkdir(where)
+    with open(os.path.join(where, "zarr.json"), "wb") as f:
+        f.write(doc)
+    if values is None:
+        return
+    values = np.asarray(values)
+    if files is None or not values.shape:
+        _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values)
+    else:
+        out = dataclasses.replace(files, root=where, atomic=False)
+        out.write(tuple(slice(0, n) for n in values.shape), values, made={where})
+
+
+def _publish(path: str, build: Callable[[str], None]) -> None:
+    """``build(folder)`` a node in a hidden folder beside the local ``path``, then rename it
+    into place (an existing node is never replaced); nothing is left if it fails."""
+    local = local_path(path)
+    if local is None:
+        raise StoreError(f"cannot write {path}: nodes are written whole in a local directory")
+    tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        build(tmp)
+        os.replace(tmp, local)  # published whole
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and not isinstance(e, StoreError):
+            raise StoreError(f"cannot write {path}: {e}") from None
+        raise
+
+
+def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) -> None:
+    """A new quantized group at the local ``path`` (absent), complete at once: ``members``
+    maps a name to ``(create_array keywords, values or None, attributes or None)``. The group
+    is built in a hidden folder beside ``path`` and renamed into place, so it is whole or
+    absent (a killed writer's folder, ``.qstream-tmp-*``, is removed by
+    :func:`~qstream.io.cleanup.clean_partials` of the root)."""
+    from zarr.core.group import GroupMetadata
+
+    def build(tmp: str) -> None:
+        os.mkdir(tmp)
+        for name, (kw, values, member_attrs) in members.items():
+            _write_member(os.path.join(tmp, name), kw, values, member_attrs)
+        with open(os.path.join(tmp, "zarr.json"), "wb") as f:
+            f.write(encode_doc(GroupMetadata(attributes=attrs, zarr_format=3)))
+
+    _publish(path, build)
+
+
+def _zarr_write(root: str, name: str, meta: Any, values: np.ndarray) -> None:
+    """Write ``values`` to the array ``name`` of the local folder ``root`` through zarr."""
+    import zarr
+    from zarr.core.array import AsyncArray
+
+    store = zarr.storage.LocalStore(root)
+    zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, name)))[...] = values

@@ -1,0 +1,94 @@
+"""Deleting a Zarr node's own files, and nothing else.
+
+An array's own files are its ``zarr.json`` and its chunk files (flat ``c.0.1`` or nested
+``c/0/1``): :func:`remove_array_files` deletes only those (and the temporary files of killed
+writers) from a local directory, :func:`delete_keys` only the keys a pattern matches from a
+store. Whether a node is qstream's to delete is decided above (:mod:`qstream.io.cleanup`):
+these functions are told what to remove.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from typing import Any
+
+from .chunks import PARTIAL
+from .localmeta import read_local_doc
+from .paths import remove_child
+
+_CHUNK_KEY = re.compile(r"c(?:[./]\d+)*")  # an array's chunk keys (flat "c.0.1" or "c/0/1")
+ARRAY_KEY = re.compile(r"zarr\.json|c(?:[./]\d+)*")  # an array's own keys, below its prefix
+
+
+def delete_keys(store: Any, prefix: str, pattern: re.Pattern[str], sync: Any) -> None:
+    """Delete the keys below ``prefix`` of the zarr ``store`` (relative to the prefix) that
+    ``pattern`` matches in full; ``sync`` is zarr's ``sync``."""
+
+    async def keys() -> list[str]:
+        return [k async for k in store.list_prefix(prefix)]
+
+    for key in sync(keys()):
+        if pattern.fullmatch(key[len(prefix) :]):
+            sync(store.delete(key))
+
+
+def is_array_doc(raw: bytes) -> bool:
+    """Whether ``raw`` is the ``zarr.json`` of an array."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("node_type") == "array"
+
+
+def is_array_doc_at(path: str) -> bool:
+    """Whether the local directory ``path`` holds an array's ``zarr.json``."""
+    doc = read_local_doc(os.path.join(path, "zarr.json"))
+    return doc is not None and doc.get("node_type") == "array"
+
+
+def remove_array_files(directory: str) -> None:
+    """Remove a Zarr array's own files from ``directory``: its chunk files (flat ``c.0.1``, or
+    nested ``c/0/1``: only files whose path is chunk coordinates, and the folders they leave
+    empty) and temporary files, then its ``zarr.json``. Nothing else is touched."""
+    for entry in os.scandir(directory):
+        if entry.name == "c" and entry.is_dir(follow_symlinks=False):
+            _remove_chunk_folder(entry.path)
+        elif (_CHUNK_KEY.fullmatch(entry.name) or entry.name.endswith(PARTIAL)) and (
+            entry.is_file(follow_symlinks=False) or entry.is_symlink()
+        ):
+            remove_child(directory, entry.name)
+    remove_child(directory, "zarr.json")
+
+
+def _remove_chunk_folder(folder: str) -> None:
+    """Remove the nested chunk files below ``folder`` (``c``): entries named by a number (or
+    temporary files), recursively, and the folders left empty; links only unlinked."""
+    for entry in os.scandir(folder):
+        if entry.name.isdigit() and entry.is_dir(follow_symlinks=False):
+            _remove_chunk_folder(entry.path)
+        elif (entry.name.isdigit() or entry.name.endswith(PARTIAL)) and (
+            entry.is_file(follow_symlinks=False) or entry.is_symlink()
+        ):
+            remove_child(folder, entry.name)
+    remove_if_empty(folder)
+
+
+def remove_if_empty(directory: str) -> None:
+    """Remove ``directory`` if it is empty (else, or if it is gone, nothing)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(directory)
+
+
+def remove_partials(directory: str, *, recurse: bool) -> None:
+    """Remove the temporary files (``*.partial``) of killed writers from ``directory`` (and
+    its subfolders with ``recurse``)."""
+    for entry in os.scandir(directory):
+        if entry.name.endswith(PARTIAL) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        elif recurse and entry.is_dir(follow_symlinks=False):
+            remove_partials(entry.path, recurse=True)

@@ -1,0 +1,46 @@
+"""Specs and metadata: frozen dataclasses, each with an explicit JSON round-trip.
+
+``QuantSpec`` says what to do (:mod:`.quantspec`); ``RangeStats``/``ErrorStats`` are the
+mergeable statistics gathered while streaming (:mod:`.stats`), ``GroupSQNR``/``WorstGroups``
+those of a blocked spec's parameter groups (:mod:`.groupstats`); ``QuantParams`` holds the
+scale/zero point a spec resolved to, and ``Calibration`` and ``QuantReport`` are what the store
+functions return (:mod:`.reports`). The JSON helpers they share are in :mod:`.jsonable`.
+"""
+
+from __future__ import annotations
+
+from .groupstats import GroupSQNR, WorstGroups
+from .jsonable import check_keys, jsonable
+from .quantspec import (
+    HISTOGRAM_METHODS,
+    MAX_BINS,
+    METHODS,
+    NAN_POLICIES,
+    OFFSET_MODES,
+    SCALE_DTYPES,
+    SYMMETRIC_LEVELS,
+    QuantSpec,
+)
+from .reports import Calibration, QuantParams, QuantReport
+from .stats import ErrorStats, RangeStats, merge_into
+
+__all__ = [
+    "HISTOGRAM_METHODS",
+    "MAX_BINS",
+    "METHODS",
+    "NAN_POLICIES",
+    "OFFSET_MODES",
+    "SCALE_DTYPES",
+    "SYMMETRIC_LEVELS",
+    "Calibration",
+    "ErrorStats",
+    "GroupSQNR",
+    "QuantParams",
+    "QuantReport",
+    "QuantSpec",
+    "RangeStats",
+    "WorstGroups",
+    "check_keys",
+    "jsonable",
+    "merge_into",
+]
