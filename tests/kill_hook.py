@@ -6,6 +6,8 @@ disk between two writes is reached. ``count[0]`` holds the events seen so far.""
 
 import textwrap
 
+import pytest
+
 KILL_HOOK = textwrap.dedent(
     """
     import os, signal, threading
@@ -40,3 +42,15 @@ KILL_HOOK = textwrap.dedent(
     os.link = _link
     """
 )
+
+
+# A kill test runs its child twice per kill point (~2 s each). The default run kills at a few
+# points chosen to reach each kind of state (early, mid-pass, after the last chunk); the full
+# sweep of points, the same test with every point, is marked slow (`pytest -m slow`).
+SWEEPS = ["spot", pytest.param("sweep", marks=pytest.mark.slow)]
+
+
+def kill_points(sweep: str, every: set[int], spot: set[int]) -> list[int]:
+    """The kill points of one run: ``every`` for the full sweep, ``spot`` (a subset) else."""
+    assert spot <= every, (spot, every)
+    return sorted(every if sweep == "sweep" else spot)

@@ -27,7 +27,7 @@ import qstream as qs
 from qstream.recipe import Recipe
 from qstream.spec import QuantSpec
 
-from .kill_hook import KILL_HOOK
+from .kill_hook import KILL_HOOK, SWEEPS, kill_points
 
 
 def _experts(path: Path, dtype=np.float32, layers: int = 3, experts: int = 8) -> list[str]:
@@ -262,7 +262,8 @@ def _child(src, dst, kill_at=None):
     )
 
 
-def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_path):
+@pytest.mark.parametrize("sweep", SWEEPS)
+def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_path, sweep):
     src = tmp_path / "ck.safetensors"
     _experts(src, layers=4, experts=12)
     ref = _child(src, tmp_path / "ref")
@@ -272,8 +273,8 @@ def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_
     want = _tree(tmp_path / "ref", packs_only=True)
     assert any(k.startswith("_packs/p") for k in want)
     rng = random.Random(7)
-    points = sorted({0, 1, events // 2, events - 2, events - 1, *rng.sample(range(events), 5)})
-    for n in points:
+    every = {0, 1, events // 2, events - 2, events - 1, *rng.sample(range(events), 5)}
+    for n in kill_points(sweep, every, {1, events // 2, events - 2}):
         d = tmp_path / f"k{n}"
         killed = _child(src, d, kill_at=n)
         assert killed.returncode == -signal.SIGKILL, (n, killed.stderr[-2000:])
