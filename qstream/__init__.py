@@ -17,14 +17,17 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.arrays import quantize_dynamic as quantize_dynamic
     from .api.convert import TensorEvent as TensorEvent
     from .api.convert import convert_checkpoint as convert_checkpoint
+    from .api.convert import open_checkpoint as open_checkpoint
     from .api.convert import plan_conversion as plan_conversion
     from .api.stores import calibrate as calibrate
     from .api.stores import dequantize_store as dequantize_store
     from .api.stores import quantize_store as quantize_store
     from .api.views import compare_methods as compare_methods
+    from .api.views import save_plot as save_plot
     from .engine.dask import DaskExecutor as DaskExecutor
     from .engine.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
     from .engine.executors import LocalExecutor as LocalExecutor
+    from .engine.warmup import warm_common as warm_common
     from .engine.warmup import warm_up as warm_up
     from .errors import InvalidDTypeError as InvalidDTypeError
     from .errors import InvalidParameterError as InvalidParameterError
@@ -60,6 +63,7 @@ _EXPORTS = {
     "dequantize_store": "qstream.api.stores",
     "calibrate": "qstream.api.stores",
     "compare_methods": "qstream.api.views",
+    "save_plot": "qstream.api.views",
     "open_quantized": "qstream.io.qarray",
     "QuantizedArray": "qstream.io.qarray",
     "QuantizedCheckpoint": "qstream.io.qarray",
@@ -68,6 +72,7 @@ _EXPORTS = {
     "export_gguf": "qstream.io.gguf",
     "describe_export": "qstream.io.export",
     "convert_checkpoint": "qstream.api.convert",
+    "open_checkpoint": "qstream.api.convert",
     "plan_conversion": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.recipe",
@@ -88,6 +93,7 @@ _EXPORTS = {
     "QstreamWorkerPlugin": "qstream.engine.dask",
     "on_compile": "qstream.kernels.runtime",
     "warm_up": "qstream.engine.warmup",
+    "warm_common": "qstream.engine.warmup",
     "register_zarr_types": "qstream.io.zarr_ext",
 }
 _SUBMODULES = ("compat",)

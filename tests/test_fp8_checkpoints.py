@@ -371,3 +371,16 @@ def test_a_converted_fp8_checkpoint_resumes_after_a_stop(tmp_path):
         )
         assert again["tensors"][name]["error"] == clean["tensors"][name]["error"]
     assert math.isfinite(clean["tensors"]["a"]["error"]["sqnr_db"])
+
+
+def test_public_open_checkpoint_pairs_fp8_weights_with_their_scales(tmp_path):
+    rng = np.random.default_rng(11)
+    x = fp8_weight(rng, (256, 300))
+    s = block_scales(rng, (256, 300))
+    b = rng.standard_normal(300).astype(np.float32)
+    write_safetensors(tmp_path / "m.safetensors", {"l.weight": x, "l.weight_scale_inv": s, "b": b})
+    tensors = qs.open_checkpoint(tmp_path / "m.safetensors")
+    assert list(tensors) == ["l.weight", "b"]  # the scale is consumed, the order kept
+    _same_bits(tensors["l.weight"][...], dequant_ref(x, s))
+    _same_bits(tensors["l.weight"][100:200, 7:300:5], dequant_ref(x, s)[100:200, 7:300:5])
+    _same_bits(tensors["b"][...], b)

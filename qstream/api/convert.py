@@ -12,9 +12,10 @@ from ..io.stores import store_errors
 from ..recipe import Recipe
 
 if TYPE_CHECKING:
+    from ..io.checkpoint_tensor import TensorLike
     from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
 
-__all__ = ["TensorEvent", "convert_checkpoint", "plan_conversion"]
+__all__ = ["TensorEvent", "convert_checkpoint", "open_checkpoint", "plan_conversion"]
 
 
 def convert_checkpoint(
@@ -351,3 +352,20 @@ def plan_conversion(
             }
         )
     return rows
+
+
+def open_checkpoint(
+    checkpoint: PathLike,
+    *,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
+) -> dict[str, TensorLike]:
+    """The tensors of ``checkpoint`` (a safetensors file, folder or index, .npy/.npz, .pt/.bin,
+    a Zarr group; local or a URL) by name, in the files' order, each read lazily by slices
+    (``t[...]``, ``t.shape``, ``t.dtype``). FP8 weights come paired with their scale tensors
+    (read as ``float32(W) * s``), as a conversion reads them; nothing is written."""
+    from ..io.checkpoints import open_checkpoint as open_tensors
+    from ..io.fp8 import pair_scales
+
+    tensors = open_tensors(checkpoint, storage_options=storage_options or None, store=store)
+    return pair_scales(tensors)

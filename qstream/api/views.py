@@ -11,7 +11,9 @@ from ..io.stores import with_backend
 from ..spec import Calibration, QuantSpec
 
 if TYPE_CHECKING:
-    from .types import ArraySource, ExecutorLike, Progress, StorageOptions
+    from ..io.quantized import QuantizedArray
+    from ..io.reader import QuantizedCheckpoint
+    from .types import ArraySource, ExecutorLike, PathLike, Progress, StorageOptions
 
 
 def compare_methods(
@@ -54,3 +56,21 @@ def compare_methods(
         return compare(job, methods, progress)
     finally:
         job.close()
+
+
+def save_plot(
+    output: QuantizedArray | QuantizedCheckpoint, path: PathLike, *, title: str | None = None
+) -> str:
+    """Write the one-page figure of an opened output (:func:`qstream.open_quantized`) to
+    ``path`` (``.png`` or ``.svg``; needs matplotlib): for a converted checkpoint its SQNR and
+    sizes per tensor, read from the root's index (``title`` heads it); for a group-wise integer
+    output the scales and errors per group; else the calibration view. Returns the path."""
+    from ..io.reader import QuantizedCheckpoint
+    from ..viz import mpl
+
+    if isinstance(output, QuantizedCheckpoint):
+        rows = list(output.tensors.values())
+        return mpl.save_figure(None, path, mpl.checkpoint_figure(rows, title))
+    group_wise = output.spec.block_size and not output.qtype.is_float
+    fig = mpl.group_figure(output.view, output.scale) if group_wise else None
+    return mpl.save_figure(output.view, path, fig)

@@ -134,11 +134,7 @@ def checkpoint_tensor(path: str, name: str) -> Any:
     read lazily by slices."""
     import difflib
 
-    # No public name opens one tensor of a checkpoint yet: these two are the library's own.
-    from qstream.io.checkpoints import open_checkpoint
-    from qstream.io.fp8 import pair_scales
-
-    tensors = pair_scales(open_checkpoint(path))
+    tensors = qs.open_checkpoint(path)
     if name not in tensors:
         near = difflib.get_close_matches(name, list(tensors), n=3)
         hint = f"; did you mean {', '.join(near)}?" if near else f" ({len(tensors)} tensors)"

@@ -148,12 +148,4 @@ def check_plot(path: Path) -> None:
 
 def save_plot(arr: qs.QuantizedArray | qs.QuantizedCheckpoint, store: str, plot: Path) -> None:
     """Write the one-page figure of ``arr`` to ``plot``."""
-    # No public name draws the figures yet: qstream.viz.mpl is the library's own.
-    from qstream.viz import mpl
-
-    if isinstance(arr, qs.QuantizedCheckpoint):  # SQNR and size per tensor, from the root's index
-        mpl.save_figure(None, plot, mpl.checkpoint_figure(list(arr.tensors.values()), str(store)))
-        return
-    group_wise = arr.spec.block_size and not arr.qtype.is_float
-    fig = mpl.group_figure(arr.view, arr.scale) if group_wise else None
-    mpl.save_figure(arr.view, plot, fig)
+    qs.save_plot(arr, plot, title=str(store))

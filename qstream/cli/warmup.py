@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import typer
 
+import qstream as qs
+
 from .errors import library_errors
 from .helptext import examples
 from .options import JSON, QUIET
@@ -28,12 +30,9 @@ def warm_up(
     int4 and int8 groups, asymmetric uint8 and uint4, float8; their dequantize) into Numba's
     cache once, so that no later run on this machine or image waits for a compiler."""
     with library_errors():
-        # No public name compiles the common jobs yet: warm_common is the engine's own.
-        from qstream.engine.warmup import warm_common
-
         if not (quiet or as_json):
             typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
-        result = warm_common(processes)
+        result = qs.warm_common(processes)
         if as_json:
             emit_json(result)
         elif not quiet:
