@@ -188,17 +188,18 @@ class QuantizedArray:
         return ReportView.from_meta(self.meta, title=title)
 
     def _repr_html_(self) -> str:
-        from ..viz.html import view_html
+        from ..calibration.views import display
 
-        return view_html(self.view)
+        return display.html(self.view)
 
     def plot(self, ax: Axes | None = None) -> Axes:
         """Draw the stored calibration histogram with its thresholds (per tensor), the
         per-channel SQNR (per channel) or the per-group SQNR (group-wise) on ``ax`` with
         matplotlib (``pip install 'qstream-zarr[plot]'``); returns the axes."""
-        from ..viz.mpl import plot_view
+        from ..calibration.views import display
 
-        return plot_view(self.view, ax=ax)
+        axes: Axes = display.plot(self.view, ax=ax)
+        return axes
 
     def quantized(self, key: Any = ...) -> np.ndarray[Any, Any]:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""

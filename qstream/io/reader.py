@@ -151,15 +151,16 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         return CheckpointView.from_rows(self.tensors.values(), title=str(self.path))
 
     def _repr_html_(self) -> str:
-        from ..viz.html import checkpoint_html
+        from ..calibration.views import display
 
-        return checkpoint_html(self.view)
+        return display.html(self.view)
 
     def plot(self, ax: Axes | None = None) -> Axes:
         """Draw the SQNR over the quantized tensors (one count per tensor, the median and the
         worst marked) on ``ax`` (a new figure when None) with matplotlib (``pip install
         'qstream-zarr[plot]'``); returns the axes. The whole page (the worst tensors and
-        the sizes too): ``qstream.viz.mpl.checkpoint_figure(ck.view)``."""
-        from ..viz.mpl import plot_checkpoint
+        the sizes too) as a file: ``qstream.save_plot(ck, "page.png")``."""
+        from ..calibration.views import display
 
-        return plot_checkpoint(self.view, ax=ax)
+        axes: Axes = display.plot(self.view, ax=ax)
+        return axes
