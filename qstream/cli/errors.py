@@ -183,7 +183,7 @@ class Group(typer.core.TyperGroup):
         state["debug"] = "--debug" in argv[:cut]
         if "--version" in argv[:cut]:
             typer.echo(f"qstream {qs.__version__}")
-            return _exit(0, standalone_mode)
+            return _end_with(0, standalone_mode)
         argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
         try:
             rv = super().main(
@@ -200,14 +200,14 @@ class Group(typer.core.TyperGroup):
                 typer.echo(ctx.get_help())
             else:
                 typer.echo(_usage_line(e), err=True)
-            return _exit(e.exit_code, standalone_mode)
+            return _end_with(e.exit_code, standalone_mode)
         except typer.Abort:
             typer.echo("error: interrupted", err=True)
-            return _exit(130, standalone_mode)
-        return _exit(rv if isinstance(rv, int) else 0, standalone_mode)
+            return _end_with(130, standalone_mode)
+        return _end_with(rv if isinstance(rv, int) else 0, standalone_mode)
 
 
-def _exit(code: int, standalone: bool) -> int:
+def _end_with(code: int, standalone: bool) -> int:
     if standalone:
         sys.exit(code)
     return code

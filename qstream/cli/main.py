@@ -59,7 +59,7 @@ app = build_app()
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    """The ``qstream`` console script."""
+    """Run the command line of ``sys.argv``; ends with ``SystemExit`` (its exit code)."""
     import signal
 
     from .errors import on_sigterm, quiet_pipe, show_warnings
@@ -73,5 +73,18 @@ def main() -> None:  # pragma: no cover - console entry point
         raise SystemExit(141) from None
 
 
+def console() -> None:  # pragma: no cover - console entry point
+    """The ``qstream`` console script: :func:`main`, then the process ends at once, without
+    the interpreter's teardown (:func:`~qstream.cli.leave.leave`)."""
+    from .leave import leave
+
+    code: object = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+    leave(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    console()

@@ -12,7 +12,6 @@ from ..errors import StoreError
 from ..io import compression as compressions
 from ..io import destination
 from ..io.checkpoints import read_rows
-from ..io.zarr_ext import register_zarr_types
 from .plan import check_fits
 
 
@@ -43,6 +42,7 @@ def keep_tensor(
     attributes naming bfloat16, and read the same)."""
     import zarr
 
+    from ..io.zarr_ext import register_zarr_types
     from ..qtypes import float_dtype
 
     dtype = np.dtype(t.dtype)

@@ -37,7 +37,10 @@ def export_metadata(path: str) -> dict[str, Any] | None:
     try:
         with open_regular(path) as f:
             (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(min(n, 100 << 20)))
+            raw = f.read(min(n, 100 << 20))
+        if b'"qstream' not in raw:  # (no need to parse a checkpoint's header of many tensors)
+            return None
+        header = json.loads(raw)
     except (OSError, ValueError, RecursionError, struct.error):
         return None
     return qstream_meta(header.get("__metadata__") if isinstance(header, dict) else None)

@@ -8,6 +8,7 @@ resolved or a normalised URL (``memory://name`` for qstream's in-memory stores,
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 MEMORY_STORES: dict[str, Any] = {}  # memory://name -> its zarr MemoryStore (process-wide)
@@ -17,31 +18,31 @@ def location(target: object) -> str | None:
     """Where ``target`` (a path, URL, ``zarr.Array`` or store) lives, spelled one way only: an
     absolute path with links resolved, or a URL with its path normalised; None for
     in-memory objects that have no address (NumPy arrays)."""
-    import zarr
-
-    if isinstance(target, zarr.Array):
-        store, path = target.store_path.store, target.store_path.path
-        root = location(store)
-        return None if root is None else location(f"{root.rstrip('/')}/{path}")
-    if isinstance(target, zarr.storage.LocalStore):
-        return location(str(target.root))
-    if isinstance(target, zarr.storage.FsspecStore):
-        proto = target.fs.protocol
-        proto = proto[0] if isinstance(proto, tuple | list) else proto
-        return location(f"{proto}://{target.path.rstrip('/')}")
-    if isinstance(target, zarr.storage.ObjectStore):
-        return _object_store_location(target.store)
-    if not isinstance(target, str | os.PathLike):
-        for name, mem in MEMORY_STORES.items():
-            if mem is target:
-                return f"memory://{name}"
-        return None
-    p = os.fspath(target)
-    if "://" in p and not p.startswith("file://"):
-        scheme, rest = p.split("://", 1)
-        parts = [q for q in rest.split("/") if q not in ("", ".")]
-        return f"{scheme.lower()}://{'/'.join(parts)}"
-    return os.path.realpath(os.path.abspath(os.path.expanduser(p.removeprefix("file://"))))
+    if isinstance(target, str | os.PathLike):
+        p = os.fspath(target)
+        if "://" in p and not p.startswith("file://"):
+            scheme, rest = p.split("://", 1)
+            parts = [q for q in rest.split("/") if q not in ("", ".")]
+            return f"{scheme.lower()}://{'/'.join(parts)}"
+        return os.path.realpath(os.path.abspath(os.path.expanduser(p.removeprefix("file://"))))
+    zarr = sys.modules.get("zarr")  # (a zarr object exists only once zarr is imported)
+    if zarr is not None:
+        if isinstance(target, zarr.Array):
+            store, path = target.store_path.store, target.store_path.path
+            root = location(store)
+            return None if root is None else location(f"{root.rstrip('/')}/{path}")
+        if isinstance(target, zarr.storage.LocalStore):
+            return location(str(target.root))
+        if isinstance(target, zarr.storage.FsspecStore):
+            proto = target.fs.protocol
+            proto = proto[0] if isinstance(proto, tuple | list) else proto
+            return location(f"{proto}://{target.path.rstrip('/')}")
+        if isinstance(target, zarr.storage.ObjectStore):
+            return _object_store_location(target.store)
+    for name, mem in MEMORY_STORES.items():
+        if mem is target:
+            return f"memory://{name}"
+    return None
 
 
 def display(target: object) -> str:

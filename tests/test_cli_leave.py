@@ -1,0 +1,84 @@
+"""The console script ends its process without the interpreter's teardown
+(:mod:`qstream.cli.leave`): exit codes, output, ``atexit`` handlers and running threads are
+as a normal exit leaves them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from qstream.cli.leave import exit_code
+
+
+def _script(tmp_path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``body`` then the console script (``console()``) with ``args``, in a new
+    process."""
+    code = textwrap.dedent(body) + textwrap.dedent(f"""
+        import sys
+        sys.argv = ["qstream", *{list(args)!r}]
+        from qstream.cli.main import console
+        console()
+        """)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+
+
+@pytest.mark.parametrize(("code", "expected"), [(None, 0), (0, 0), (2, 2), (141, 141), ("boom", 1)])
+def test_exit_code_is_that_of_system_exit(code, expected, capsys):
+    assert exit_code(code) == expected
+    if isinstance(code, str):
+        assert capsys.readouterr().err.strip() == "boom"
+
+
+def test_a_failing_command_keeps_its_exit_code_and_message(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "qstream.cli.main", "inspect", str(tmp_path / "absent.zarr")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1
+    assert "absent.zarr" in r.stderr
+
+
+def test_piped_output_is_complete_and_atexit_handlers_run(tmp_path):
+    from safetensors.numpy import save_file
+
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    tensors = {f"layer.{i}.weight": x * (i + 1) for i in range(40)}
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    ran = tmp_path / "atexit-ran"
+    r = _script(
+        tmp_path,
+        f"""
+        import atexit, pathlib
+        atexit.register(lambda: pathlib.Path({str(ran)!r}).write_text("yes"))
+        """,
+        "convert", "m.safetensors", "out.zarr", "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout[r.stdout.index("{") :])  # the whole report, flushed
+    assert len(report["tensors"]) == 40
+    assert ran.read_text() == "yes"
+
+
+def test_a_running_thread_is_waited_for_as_python_would(tmp_path):
+    done = tmp_path / "thread-done"
+    r = _script(
+        tmp_path,
+        f"""
+        import pathlib, threading, time
+        def later():
+            time.sleep(0.5)
+            pathlib.Path({str(done)!r}).write_text("done")
+        threading.Thread(target=later).start()
+        """,
+        "--version",
+    )
+    assert r.returncode == 0 and r.stdout.startswith("qstream ")
+    assert done.read_text() == "done"
