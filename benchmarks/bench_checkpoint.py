@@ -12,6 +12,10 @@ one safetensors file each. For each, in fresh processes, one run after another:
 - ``inspect`` and ``export`` of qstream's output (``qstream inspect OUT --json``, ``qstream
   export OUT X.safetensors``).
 
+- kept tensors: ``--kept`` small 1-D float32 tensors (norms: the default recipe keeps them as
+  they are) converted the same way, against a plain safetensors copy of them (``load_file``,
+  ``save_file``).
+
 Reported: medians of ``--rounds`` (after one warm-up conversion that compiles the kernels),
 the ratio of each count's conversion to the 16-tensor one, and to the NumPy loop, the root
 metadata's bytes per tensor.
@@ -50,6 +54,12 @@ with safe_open(src, framework="np") as f:
         out[name + "_scale"] = scale
 save_file(out, dst)
 print(time.perf_counter() - t)
+"""
+
+COPY = """
+import sys
+from safetensors.numpy import load_file, save_file
+save_file(load_file(sys.argv[1]), sys.argv[2])
 """
 
 
@@ -94,6 +104,35 @@ def _make(path: str, total: int, count: int) -> None:
     tensors = {n: base * np.float32(1 + (i % 7) / 10) for i, n in enumerate(expert_names(count))}
     save_file(tensors, path + ".tmp")
     os.replace(path + ".tmp", path)
+
+
+def _make_norms(path: str, count: int) -> None:
+    """``count`` float32 tensors of 4096 values, named like a model's norms."""
+    if not os.path.exists(path):
+        code = (
+            "import sys, numpy as np; from safetensors.numpy import save_file;"
+            " n = int(sys.argv[2]); x = np.linspace(-1, 1, 4096, dtype=np.float32);"
+            " save_file({f'model.layers.{i // 2}.norm{i % 2}.weight': x * (1 + i % 5)"
+            " for i in range(n)}, sys.argv[1] + '.tmp')"
+        )
+        subprocess.run([sys.executable, "-c", code, path, str(count)], check=True)
+        os.replace(path + ".tmp", path)
+
+
+def kept_rows(workdir: str, count: int, rounds: int) -> dict:
+    """qstream's conversion of ``count`` kept norms against a safetensors copy of them."""
+    ck = os.path.join(workdir, f"norms-{count}.safetensors")
+    _make_norms(ck, count)
+    out = os.path.join(workdir, f"norms-{count}.zarr")
+    copy = os.path.join(workdir, f"norms-{count}-copy.safetensors")
+    q, c = [], []
+    for _ in range(rounds):
+        shutil.rmtree(out, ignore_errors=True)
+        q.append(timed(qstream("convert", ck, out, "--quiet", "--compression", "none")))
+        c.append(timed([sys.executable, "-c", COPY, ck, copy]))
+    qs_s = statistics.median(s for s, _ in q)
+    copy_s = statistics.median(s for s, _ in c)
+    return {"kept_tensors": count, "qstream_s": qs_s, "copy_s": copy_s, "vs_copy": qs_s / copy_s}
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:
@@ -145,6 +184,7 @@ def main() -> None:
     ap.add_argument("--counts", type=int, nargs="+", default=[16, 1024, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", default="/tmp/qstream-bench-checkpoint")
+    ap.add_argument("--kept", type=int, nargs="*", default=[2000])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     total = parse_bytes(args.size)
@@ -204,9 +244,15 @@ def main() -> None:
             f" {r['vs_first_count']:>6.2f} {r['vs_numpy']:>8.2f} {r['qstream_rss_mb']:>7.0f}"
             f" {r['inspect_s']:>9.2f} {r['export_s']:>9.2f} {r['root_bytes_per_tensor']:>9.0f}"
         )
+    kept = [kept_rows(args.workdir, n, args.rounds) for n in args.kept]
+    for r in kept:
+        print(
+            f"{r['kept_tensors']:>8} kept norms: qstream {r['qstream_s']:.2f} s, safetensors"
+            f" copy {r['copy_s']:.2f} s ({r['vs_copy']:.2f}x)"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"git": git_state(), "rows": rows}, f, indent=1)
+            json.dump({"git": git_state(), "rows": rows, "kept": kept}, f, indent=1)
 
 
 if __name__ == "__main__":
