@@ -37,6 +37,7 @@ def checkpoint(tmp_path):
         "norm": rng.standard_normal(1000).astype(np.float32),
         "proj": rng.standard_normal((3000, 700)).astype(np.float32),  # several chunks
         "half": rng.standard_normal((64, 33)).astype(np.float16),
+        "zeros": np.zeros((40, 8), np.float32),  # (zarr leaves all-fill chunks unwritten)
     }
     save_file(tensors, str(tmp_path / "m.safetensors"))
     return tensors, open_checkpoint(str(tmp_path / "m.safetensors"))
@@ -44,7 +45,7 @@ def checkpoint(tmp_path):
 
 @pytest.mark.parametrize("compression", ["none", "zstd:3"])
 @pytest.mark.parametrize("as_dtype", [None, "bfloat16"])
-@pytest.mark.parametrize("name", ["norm", "proj", "half"])
+@pytest.mark.parametrize("name", ["norm", "proj", "half", "zeros"])
 def test_a_small_kept_tensor_written_whole_has_the_files_zarr_writes(
     tmp_path, checkpoint, monkeypatch, name, as_dtype, compression
 ):
@@ -77,3 +78,28 @@ def test_many_kept_tensors_convert_and_read_back(tmp_path):
     for name in ("model.layers.0.norm.weight", "model.layers.299.norm.weight"):
         np.testing.assert_array_equal(out[name][...], tensors[name])
     assert not [p for p in os.listdir(tmp_path / "out") if p.startswith(".qstream-tmp")]
+
+
+@pytest.mark.parametrize("compression", ["auto", "none"])
+def test_a_restored_kept_tensor_written_whole_has_the_files_zarr_writes(
+    tmp_path, monkeypatch, compression
+):
+    rng = np.random.default_rng(2)
+    tensors = {
+        "norm": rng.standard_normal(1000).astype(np.float32),
+        "bias": rng.standard_normal((64, 33)).astype(np.float16),
+        "emb": rng.standard_normal((300, 70)).astype(ml_dtypes.bfloat16),
+        "zeros": np.zeros((40, 8), np.float32),  # (zarr leaves all-fill chunks unwritten)
+    }
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    keep_all = qs.Recipe.from_dict({"rules": [{"pattern": "*", "action": "keep"}]})
+    qs.convert_checkpoint(
+        str(tmp_path / "m.safetensors"), str(tmp_path / "c"), keep_all, compression=compression
+    )
+    qs.dequantize_store(str(tmp_path / "c"), str(tmp_path / "whole"), compression=compression)
+    monkeypatch.setattr(kept, "WHOLE", 0)  # every tensor through zarr
+    qs.dequantize_store(str(tmp_path / "c"), str(tmp_path / "zarr"), compression=compression)
+    for name, x in tensors.items():
+        assert _files(tmp_path / "whole" / name) == _files(tmp_path / "zarr" / name)
+        got = zarr.open_array(str(tmp_path / "whole" / name))[...]
+        np.testing.assert_array_equal(got.view(np.uint8), x.view(np.uint8))

@@ -67,7 +67,7 @@ def keep_tensor(
         # trips through zarr's event loop, which one thread runs for every worker
         values = read_rows(t, (slice(0, t.shape[0]),), dtype).astype(kept, copy=False)
         os.makedirs(os.path.dirname(local), exist_ok=True)
-        publish.write_array(local, kw, values, attrs)
+        publish.write_array(local, kw, values, attrs, empty=False)  # (as zarr)
     else:
         _write_with_zarr(t, path, kw, attrs, kept, storage_options if local is None else None)
     return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}

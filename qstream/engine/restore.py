@@ -16,12 +16,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..core.layout import dimension_names
 from ..io import compression as compressions
-from ..io import destination, packs, qarray
+from ..io import destination, packs, publish, qarray
+from ..io.chunks import chunk_files
 from ..io.destination import Action, Destination
 from ..io.names import tensor_key
 from ..io.stores import location, open_group
+from . import kept
 from .events import TensorEvent
 from .kept import remove_own
 from .rootjob import same_job
@@ -123,7 +127,7 @@ def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **jo
     """One tensor of :func:`_restore_tensors`, opened (``t``), restored to ``path``."""
     dtype, compression = job["dtype"], job["compression"]
     if not isinstance(t, qarray.QuantizedArray):
-        results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression)}
+        results[name] = {"kept": True, "bytes_written": _copy_kept(t, path, compression, local)}
         return
     pack = t.meta.get("pack")
     where: str | None
@@ -149,26 +153,37 @@ def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **jo
     results[name] = {"kept": False, "bytes_written": r["bytes_written"]}
 
 
-def _copy_kept(a: Any, path: str, compression: str) -> int:
-    """Copy the kept tensor ``a`` (a zarr array) to ``path``, slab by slab."""
+def _copy_kept(a: Any, path: str, compression: str, local: bool) -> int:
+    """Copy the kept tensor ``a`` (a zarr array) to ``path``: whole at once when small and
+    ``local`` (as a kept tensor of a conversion is written), else slab by slab."""
     import zarr
 
     remove_own(path)  # what a killed run left of this tensor
-    out = zarr.create_array(
-        path,
-        shape=a.shape,
-        chunks=a.chunks,
-        dtype=a.dtype,
-        compressors=compressions.compressors(compression, a.compressors),
-        dimension_names=dimension_names(a.ndim),
-        attributes=dict(a.attrs),
-    )
+    kw = {
+        "shape": a.shape,
+        "chunks": a.chunks,
+        "dtype": a.dtype,
+        "compressors": compressions.compressors(compression, a.compressors),
+        "dimension_names": dimension_names(a.ndim),
+    }
+    nbytes = int(a.size * a.dtype.itemsize)
+    if local and a.shape and 0 < nbytes <= kept.WHOLE:
+        files = chunk_files(a)  # (read directly: zarr's reads take a round trip each)
+        if files is None:
+            values = a[...]
+        else:
+            values = np.empty(a.shape, a.dtype)
+            files.read(tuple(slice(0, n) for n in a.shape), values)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        publish.write_array(path, kw, values, dict(a.attrs), empty=False)  # (as zarr)
+        return nbytes
+    out = zarr.create_array(path, **kw, attributes=dict(a.attrs))
     if a.size:
-        rows = max(1, (16 << 20) // max(1, math.prod(a.shape[1:]) * a.dtype.itemsize))
+        rows = max(1, kept.ROWS // max(1, math.prod(a.shape[1:]) * a.dtype.itemsize))
         for r in range(0, a.shape[0] if a.shape else 1, rows):
             key = (slice(r, r + rows),) if a.shape else ()
             out[key] = a[key]
-    return int(a.size * a.dtype.itemsize)
+    return nbytes
 
 
 def one_chunk(arr: qarray.QuantizedArray) -> bool:

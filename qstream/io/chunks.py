@@ -164,10 +164,17 @@ class ChunkFiles:
     # ---- writing
 
     def write(
-        self, region: tuple[slice, ...], data: np.ndarray, made: set[str] | None = None
+        self,
+        region: tuple[slice, ...],
+        data: np.ndarray,
+        made: set[str] | None = None,
+        *,
+        empty: bool = True,
     ) -> None:
         """Write ``data`` to ``region``, which must cover whole chunks (edge chunks may be
-        short at the array's end: they are padded with the fill value, as zarr stores them)."""
+        short at the array's end: they are padded with the fill value, as zarr stores them).
+        ``empty=False``: a chunk whose bytes are all zero, as is a fill value of 0, is not
+        written (zarr's own writes leave such chunks out; they read as the fill value)."""
         for d, (s, c, n) in enumerate(zip(region, self.chunks, self.shape, strict=True)):
             if s.start % c or (s.stop % c and s.stop != n):
                 raise ValueError(
@@ -185,6 +192,8 @@ class ChunkFiles:
                 chunk[inner] = src
                 src = chunk
             payload = src.reshape(-1).view(np.uint8)
+            if not empty and self._zero_fill() and not payload.any():
+                continue
             if self.bits:
                 from ..kernels.packing import pack_codes
 
@@ -194,6 +203,10 @@ class ChunkFiles:
             if self.codec is not None:
                 payload = self.codec.encode(payload)
             self._put(self.path(coords), payload, made)
+
+    def _zero_fill(self) -> bool:
+        """Whether the fill value's bytes are all zero (so an all-zero chunk is all fill)."""
+        return not any(np.asarray(self.fill_value, self.dtype).tobytes())
 
     def _put(self, path: str, payload: Any, made: set[str]) -> None:
         parent = os.path.dirname(path)

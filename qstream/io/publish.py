@@ -51,14 +51,22 @@ def _prepared(kw: dict[str, Any]) -> tuple[Any, bytes, Any]:
     return got
 
 
-def write_array(path: str, kw: dict[str, Any], values: Any, attrs: dict[str, Any]) -> None:
+def write_array(
+    path: str, kw: dict[str, Any], values: Any, attrs: dict[str, Any], *, empty: bool = True
+) -> None:
     """A new array at the local ``path`` (absent) holding ``values``, complete at once (built
-    beside its place and renamed into it, as :func:`write_group` does)."""
-    _publish(path, lambda tmp: _write_member(tmp, kw, values, attrs))
+    beside its place and renamed into it, as :func:`write_group` does). ``empty=False``:
+    chunks of zero bytes are left out, as ``zarr.create_array`` and a write leave them."""
+    _publish(path, lambda tmp: _write_member(tmp, kw, values, attrs, empty=empty))
 
 
 def _write_member(
-    where: str, kw: dict[str, Any], values: Any, attrs: dict[str, Any] | None
+    where: str,
+    kw: dict[str, Any],
+    values: Any,
+    attrs: dict[str, Any] | None,
+    *,
+    empty: bool = True,
 ) -> None:
     """The array made with ``kw`` and ``attrs``, holding ``values`` (or none), written into the
     new folder ``where``."""
@@ -77,7 +85,7 @@ def _write_member(
         _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values)
     else:
         out = dataclasses.replace(files, root=where, atomic=False)
-        out.write(tuple(slice(0, n) for n in values.shape), values, made={where})
+        out.write(tuple(slice(0, n) for n in values.shape), values, made={where}, empty=empty)
 
 
 def _publish(path: str, build: Callable[[str], None]) -> None:
