@@ -179,6 +179,30 @@ def test_crafted_pack_rows_are_refused(tmp_path):
         qs.open_quantized(dst)[name][...]
 
 
+def test_a_crafted_spec_in_a_pack_is_refused_for_each_of_its_tensors(tmp_path):
+    _experts(tmp_path / "ck.safetensors")
+    dst = tmp_path / "p"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", dst, packs=True)
+    ck = qs.open_quantized(dst)
+    packed = [n for n in ck if ck.tensors[n].get("pack") is not None]
+    pack = ck.tensors[packed[0]]["pack"]
+    names = [n for n in packed if ck.tensors[n]["pack"] == pack]
+    doc_path = dst / "_packs" / pack / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    key = next(k for k in doc["attributes"] if isinstance(doc["attributes"][k], dict))
+    for bad in ({"dtype": "int9"}, {"dtype": "int8", "axis": "x"}, "int8"):
+        crafted = json.loads(json.dumps(doc))
+        crafted["attributes"][key]["spec"] = bad
+        doc_path.write_text(json.dumps(crafted))
+        ck = qs.open_quantized(dst)  # (each pack's spec is parsed once, for all its tensors)
+        for name in names[:2]:
+            with pytest.raises(qs.StoreError, match="damaged or crafted"):
+                ck[name]
+    doc_path.write_text(json.dumps(doc))  # the pack's own spec: its tensors read again
+    values = qs.open_quantized(dst)[names[0]][...]
+    assert list(values.shape) == ck.tensors[names[0]]["shape"] and np.isfinite(values).all()
+
+
 def test_packed_checkpoint_exports_and_restores_as_the_one_by_one_conversion(tmp_path):
     names = _experts(tmp_path / "ck.safetensors")
     for layout, packs in (("p", True), ("g", False)):

@@ -8,6 +8,7 @@ slot's rows of the pack's arrays.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from ..spec import QuantSpec
 from .localgroup import LocalGroup, read_all
 from .packs import MEMBERS, error_summary, read_pack_doc
 from .quantized import QuantizedArray
@@ -26,15 +28,9 @@ class _SlotArray:
     store_path = None  # (no chunk files of its own: see qstream.io.chunks.chunk_files)
 
     def __init__(self, reader: PackReader, member: str, slot: int) -> None:
-        arr = reader.array(member)
         self._reader, self._member, self._slot = reader, member, slot
-        self.shape = tuple(arr.shape[1:])
-        self.dtype = arr.dtype
+        self.shape, self.dtype, self.compressors, self.metadata = reader.slot_form(member)
         self.chunks = self.shape
-        self.compressors = arr.compressors
-        names = getattr(arr.metadata, "dimension_names", None)
-        # (what readers take of an array's metadata: its dimensions, without the pack's)
-        self.metadata = SimpleNamespace(dimension_names=tuple(names[1:]) if names else None)
         self.attrs: dict[str, Any] = {}
 
     @property
@@ -77,6 +73,8 @@ class PackReader:
         self.count = len(names)
         self.meta = meta
         self._arrays: dict[str, Any] = {}  # member -> its zarr.Array
+        self._forms: dict[str, tuple[tuple[int, ...], Any, Any, SimpleNamespace]] = {}
+        self._spec: QuantSpec | None = None
         self._values: dict[str, np.ndarray[Any, Any]] = {}
         self._lock = threading.Lock()  # (tensors of one pack may be read by several threads)
 
@@ -95,6 +93,18 @@ class PackReader:
                 )
             self._arrays[member] = a
         return self._arrays[member]
+
+    def slot_form(self, member: str) -> tuple[tuple[int, ...], Any, Any, SimpleNamespace]:
+        """``(shape, dtype, compressors, metadata)`` of one tensor's slot of ``member``: the
+        array's without the pack's axis (what readers take of an array's metadata: its
+        dimensions), made once per member."""
+        form = self._forms.get(member)
+        if form is None:
+            arr = self.array(member)
+            names = getattr(arr.metadata, "dimension_names", None)
+            meta = SimpleNamespace(dimension_names=tuple(names[1:]) if names else None)
+            form = self._forms[member] = (tuple(arr.shape[1:]), arr.dtype, arr.compressors, meta)
+        return form
 
     def values(self, member: str) -> np.ndarray[Any, Any]:
         """All of the pack's ``member`` array, read once."""
@@ -139,4 +149,8 @@ class PackReader:
         n = self.count
         if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < n:
             raise StoreError(f"{self.path}: no tensor at slot {slot!r}; the output is damaged")
-        return QuantizedArray(_SlotGroup(self, slot, name), self.tensor_meta(slot))
+        if self._spec is None:  # (parsed once per pack; damage is named by QuantizedArray)
+            with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                self._spec = QuantSpec.from_dict(self.meta["spec"])
+        meta = self.tensor_meta(slot)
+        return QuantizedArray(_SlotGroup(self, slot, name), meta, spec=self._spec)

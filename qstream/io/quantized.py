@@ -41,7 +41,10 @@ Group = Any
 class QuantizedArray:
     """A quantized array on disk, dequantized on indexing (float32)."""
 
-    def __init__(self, group: Group, meta: dict[str, Any]) -> None:
+    def __init__(
+        self, group: Group, meta: dict[str, Any], *, spec: QuantSpec | None = None
+    ) -> None:
+        """``spec``: ``meta["spec"]`` already parsed (a pack's tensors share one)."""
         self.group = group
         self.meta = meta
         where = str(group.store_path).removeprefix("file://")
@@ -52,7 +55,7 @@ class QuantizedArray:
                 self.data: Any = open_plain(group)  # the stored codes (a zarr.Array)
             else:
                 self.data = group["data"]
-            self.spec = QuantSpec.from_dict(meta["spec"])
+            self.spec = spec if spec is not None else QuantSpec.from_dict(meta["spec"])
             self.qtype = qtype(self.spec.dtype)
             scale, zero_point = group["scale"], group["zero_point"]
             self.scale_dtype = np.dtype(scale.dtype)
