@@ -34,6 +34,7 @@ from ..io import compression as compressions
 from ..io import destination, qarray
 from ..io.destination import Action, Destination, Lease
 from ..io.existing import Existing
+from ..io.locations import imported_zarr
 from ..io.paths import check_tree
 from ..io.stores import display, open_group, open_source
 from ..qtypes import is_float_dtype
@@ -350,6 +351,8 @@ class QuantizeJob:
 
 
 def _is_zarr_store(obj: Any) -> bool:
+    if imported_zarr() is None:  # (no store exists before zarr is imported)
+        return False
     from zarr.abc.store import Store
 
     return isinstance(obj, Store)

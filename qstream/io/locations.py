@@ -14,6 +14,17 @@ from typing import Any
 MEMORY_STORES: dict[str, Any] = {}  # memory://name -> its zarr MemoryStore (process-wide)
 
 
+def imported_zarr() -> Any:
+    """zarr-python once something has imported it (waiting for an import under way in
+    another thread), else None: until then no zarr object exists, and a job that makes none
+    need not pay for the import (0.2 s)."""
+    if "zarr" not in sys.modules:
+        return None
+    import zarr
+
+    return zarr
+
+
 def location(target: object) -> str | None:
     """Where ``target`` (a path, URL, ``zarr.Array`` or store) lives, spelled one way only: an
     absolute path with links resolved, or a URL with its path normalised; None for
@@ -25,7 +36,7 @@ def location(target: object) -> str | None:
             parts = [q for q in rest.split("/") if q not in ("", ".")]
             return f"{scheme.lower()}://{'/'.join(parts)}"
         return os.path.realpath(os.path.abspath(os.path.expanduser(p.removeprefix("file://"))))
-    zarr = sys.modules.get("zarr")  # (a zarr object exists only once zarr is imported)
+    zarr = imported_zarr()
     if zarr is not None:
         if isinstance(target, zarr.Array):
             store, path = target.store_path.store, target.store_path.path

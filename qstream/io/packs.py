@@ -30,7 +30,7 @@ import shutil
 from typing import Any
 
 from ..errors import StoreError
-from .localmeta import read_local_doc, write_doc
+from .localmeta import group_doc, read_local_doc, write_doc
 from .ondisk import TMP_PREFIX
 from .paths import remove_child
 from .removal import remove_array_files, remove_if_empty
@@ -113,13 +113,11 @@ def clean_partial_packs(local: str) -> None:
 
 def ensure_folder(local: str) -> None:
     """Create ``DST/_packs`` (a plain Zarr group) if it is not there."""
-    from zarr.core.group import GroupMetadata
-
     folder = os.path.join(local, PACKS)
     if os.path.exists(os.path.join(folder, "zarr.json")):
         return
     with contextlib.suppress(FileExistsError):
-        write_doc(folder, GroupMetadata(attributes={}, zarr_format=3), new=True)
+        write_doc(folder, group_doc({}), new=True)
 
 
 def error_summary(cols: dict[str, Any], i: int) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
+from .arraydoc import plain_array
 from .chunks import chunk_files
-from .localmeta import encode_doc
+from .localmeta import encode_doc, group_doc
 from .ondisk import TMP_PREFIX, array_metadata
 from .paths import local_path
 
@@ -36,18 +37,23 @@ def _prepared(kw: dict[str, Any]) -> tuple[Any, bytes, Any]:
     """``(metadata, zarr.json bytes, ChunkFiles or None)`` of an array made with ``kw`` (no
     ``config``), made once per keywords: the many small tensors of a conversion share them.
     The chunk files' ``root`` is to be set (``dataclasses.replace``)."""
-    import zarr
-    from zarr.core.array import AsyncArray
-
     key = repr(sorted(kw.items()))
     got = _PREPARED.get(key)
     if got is None:
-        meta = array_metadata(kw)
-        store = zarr.storage.LocalStore(os.sep)  # (a location for chunk_files to accept)
-        files = chunk_files(zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, "x"))))
+        plain = plain_array(kw)  # (most arrays: no zarr-python needed)
+        if plain is not None:
+            got = (None, *plain)
+        else:
+            import zarr
+            from zarr.core.array import AsyncArray
+
+            meta = array_metadata(kw)
+            store = zarr.storage.LocalStore(os.sep)  # (a location for chunk_files to accept)
+            files = chunk_files(zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, "x"))))
+            got = (meta, encode_doc(meta), files)
         if len(_PREPARED) >= 256:
             _PREPARED.clear()
-        got = _PREPARED[key] = (meta, encode_doc(meta), files)
+        _PREPARED[key] = got
     return got
 
 
@@ -111,14 +117,13 @@ def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) ->
     is built in a hidden folder beside ``path`` and renamed into place, so it is whole or
     absent (a killed writer's folder, ``.qstream-tmp-*``, is removed by
     :func:`~qstream.io.cleanup.clean_partials` of the root)."""
-    from zarr.core.group import GroupMetadata
 
     def build(tmp: str) -> None:
         os.mkdir(tmp)
         for name, (kw, values, member_attrs) in members.items():
             _write_member(os.path.join(tmp, name), kw, values, member_attrs)
         with open(os.path.join(tmp, "zarr.json"), "wb") as f:
-            f.write(encode_doc(GroupMetadata(attributes=attrs, zarr_format=3)))
+            f.write(group_doc(attrs))
 
     _publish(path, build)
 

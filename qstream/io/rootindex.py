@@ -30,7 +30,7 @@ import os
 from typing import Any
 
 from ..errors import StoreError
-from .localmeta import encode_doc, write_doc
+from .localmeta import group_doc, write_doc
 from .names import check_key
 from .paths import local_path, open_regular
 
@@ -64,25 +64,17 @@ def compact(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _doc_bytes(attrs: dict[str, Any]) -> bytes:
-    from zarr.core.group import GroupMetadata
-
-    return encode_doc(GroupMetadata(attributes=attrs, zarr_format=3))
-
-
 def _put(root: object, store: Any, rel: str, attrs: dict[str, Any], *, new: bool) -> None:
     """Write the group document ``rel/zarr.json`` (``rel`` "" for the root) with ``attrs``."""
     local = local_path(root)
     if local is not None:
-        from zarr.core.group import GroupMetadata
-
-        write_doc(os.path.join(local, rel), GroupMetadata(attributes=attrs, zarr_format=3), new=new)
+        write_doc(os.path.join(local, rel), group_doc(attrs), new=new)
         return
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
     key = f"{rel}/zarr.json".lstrip("/")
-    buf = default_buffer_prototype().buffer.from_bytes(_doc_bytes(attrs))
+    buf = default_buffer_prototype().buffer.from_bytes(group_doc(attrs))
     if new and sync(store.get(key, default_buffer_prototype())) is not None:
         raise FileExistsError(key)
     sync(store.set(key, buf))

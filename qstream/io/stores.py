@@ -28,7 +28,7 @@ from .backends import (
     store_timeout,
     with_backend,
 )
-from .locations import MEMORY_STORES, display, inside, location
+from .locations import MEMORY_STORES, display, imported_zarr, inside, location
 from .paths import check_tree, refuse_special
 from .sources import MAX_PIECES, ZARR_READ_CHUNKS, ArrayWriter, Source
 
@@ -141,8 +141,6 @@ def open_source(
     src: Any, *, storage_options: dict[str, Any] | None = None, path: str | None = None
 ) -> Source:
     """Open ``src`` (path/URL of a Zarr v2 or v3 array, a ``zarr.Array``, or a NumPy array)."""
-    import zarr
-
     if isinstance(src, np.ndarray):
         desc = {
             "kind": "numpy",
@@ -153,7 +151,8 @@ def open_source(
             "digest": _digest(src),
         }
         return Source(src, desc)
-    if isinstance(src, zarr.Array):
+    imported = imported_zarr()
+    if imported is not None and isinstance(src, imported.Array):
         return Source(src, _describe(src, location(src) or str(src.store_path)))
     if all(hasattr(src, a) for a in ("shape", "dtype", "__getitem__")) and not isinstance(
         src, (str, os.PathLike)
@@ -166,6 +165,8 @@ def open_source(
             "dtype": np.dtype(src.dtype).name,
         }
         return Source(src, desc)
+    import zarr
+
     try:
         store = open_store(src, mode="r", storage_options=storage_options)
         node = zarr.open(store=store, mode="r", path=path or "")
