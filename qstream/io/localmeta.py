@@ -4,8 +4,9 @@ zarr-python writes a node's ``zarr.json`` through its event-loop thread and a fi
 after existence checks and parent-group writes: ~2-5 ms a node, and much more while the
 cores run kernels (each hand-off waits for a time slice). A converted checkpoint makes six
 metadata writes per tensor, so on a local disk qstream writes these documents itself, in the
-calling thread: the bytes are zarr's own serialization of the node's metadata
-(``to_buffer_dict``), written under a temporary name and renamed (readers never see a torn
+calling thread: a group's by :func:`group_doc`, a plain array's by
+:mod:`qstream.io.arraydoc` (both the JSON zarr writes), anything else as zarr serializes it
+(``to_buffer_dict``); written under a temporary name and renamed (readers never see a torn
 document; :func:`qstream.io.cleanup.clean_partials` removes a killed writer's leftovers).
 New nodes are linked into place, so a node that exists is never replaced. Elsewhere (object
 stores, memory) zarr writes them as usual. :func:`read_local_doc` reads one back, refusing
