@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -61,37 +62,48 @@ def keep_tensor(
     }
     attrs = {"qstream": {"kept": True, "dtype": kept.name}}
     local = destination.local_path(path)
-    n = math.prod(t.shape)
-    if local is not None and t.shape and 0 < n * max(dtype.itemsize, stored.itemsize) <= WHOLE:
-        # a small tensor, written whole at once (the common case: norms, biases): no round
-        # trips through zarr's event loop, which one thread runs for every worker
-        values = read_rows(t, (slice(0, t.shape[0]),), dtype).astype(kept, copy=False)
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        publish.write_array(local, kw, values, attrs, empty=False)  # (as zarr)
-    else:
-        _write_with_zarr(t, path, kw, attrs, kept, storage_options if local is None else None)
+    store_kept(
+        local if local is not None else path,
+        kw,
+        attrs,
+        lambda key: read_rows(t, key, dtype).astype(kept, copy=False),
+        itemsize=max(dtype.itemsize, stored.itemsize),
+        local=local is not None,
+        storage_options=storage_options if local is None else None,
+    )
     return {"kept": True, "error": None, "bytes_after": int(math.prod(t.shape) * stored.itemsize)}
 
 
-def _write_with_zarr(
-    t: Any,
+def store_kept(
     path: str,
     kw: dict[str, Any],
     attrs: dict[str, Any],
-    kept: np.dtype[Any],
-    storage_options: dict | None,
+    rows: Callable[[tuple[slice, ...]], np.ndarray],
+    *,
+    itemsize: int,
+    local: bool,
+    storage_options: dict | None = None,
 ) -> None:
-    """Store ``t`` at ``path`` through zarr, ``ROWS`` bytes of rows at a time."""
+    """Write the new array ``path`` (``create_array`` keywords ``kw``, attributes ``attrs``)
+    from ``rows(key)``, the values of a range of rows (``itemsize``: the bytes a value takes
+    in memory). Small and ``local`` (the common case: norms, biases): read and written whole
+    at once, as small quantized tensors are, with zarr's own files and no round trips through
+    zarr's event loop, which one thread runs for every worker; else through zarr, ``ROWS``
+    bytes of rows at a time."""
+    shape = tuple(kw["shape"])
+    if local and shape and 0 < math.prod(shape) * itemsize <= WHOLE:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        publish.write_array(path, kw, rows((slice(0, shape[0]),)), attrs, empty=False)
+        return
     import zarr
 
     from ..io.zarr_ext import register_zarr_types
 
     register_zarr_types()  # (bfloat16)
     a = zarr.create_array(path, **kw, attributes=attrs, storage_options=storage_options)
-    dtype = np.dtype(t.dtype)
-    if math.prod(t.shape):
-        rows = max(1, ROWS // max(1, math.prod(t.shape[1:]) * dtype.itemsize))
-        n = t.shape[0] if t.shape else 1
-        for r in range(0, n, rows):
-            key = (slice(r, min(n, r + rows)),) if t.shape else ()
-            a[key] = read_rows(t, key, dtype).astype(kept, copy=False)
+    if math.prod(shape):
+        step = max(1, ROWS // max(1, math.prod(shape[1:]) * itemsize))
+        n = shape[0] if shape else 1
+        for r in range(0, n, step):
+            key = (slice(r, min(n, r + step)),) if shape else ()
+            a[key] = rows(key)

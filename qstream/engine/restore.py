@@ -16,13 +16,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..core.layout import dimension_names
 from ..io import compression as compressions
-from ..io import destination, packs, publish, qarray
-from ..io.chunks import chunk_files
+from ..io import destination, packs, qarray
 from ..io.destination import Action, Destination
+from ..io.localgroup import read_all
 from ..io.names import tensor_key
 from ..io.stores import location, open_group
 from . import kept
@@ -154,10 +152,8 @@ def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **jo
 
 
 def _copy_kept(a: Any, path: str, compression: str, local: bool) -> int:
-    """Copy the kept tensor ``a`` (a zarr array) to ``path``: whole at once when small and
-    ``local`` (as a kept tensor of a conversion is written), else slab by slab."""
-    import zarr
-
+    """Copy the kept tensor ``a`` (a zarr array) to ``path`` (see
+    :func:`~qstream.engine.kept.store_kept`)."""
     remove_own(path)  # what a killed run left of this tensor
     kw = {
         "shape": a.shape,
@@ -166,24 +162,17 @@ def _copy_kept(a: Any, path: str, compression: str, local: bool) -> int:
         "compressors": compressions.compressors(compression, a.compressors),
         "dimension_names": dimension_names(a.ndim),
     }
-    nbytes = int(a.size * a.dtype.itemsize)
-    if local and a.shape and 0 < nbytes <= kept.WHOLE:
-        files = chunk_files(a)  # (read directly: zarr's reads take a round trip each)
-        if files is None:
-            values = a[...]
-        else:
-            values = np.empty(a.shape, a.dtype)
-            files.read(tuple(slice(0, n) for n in a.shape), values)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        publish.write_array(path, kw, values, dict(a.attrs), empty=False)  # (as zarr)
-        return nbytes
-    out = zarr.create_array(path, **kw, attributes=dict(a.attrs))
-    if a.size:
-        rows = max(1, kept.ROWS // max(1, math.prod(a.shape[1:]) * a.dtype.itemsize))
-        for r in range(0, a.shape[0] if a.shape else 1, rows):
-            key = (slice(r, r + rows),) if a.shape else ()
-            out[key] = a[key]
-    return nbytes
+    whole = (slice(0, a.shape[0]),) if a.shape else ()
+    # (read whole from its chunk files: zarr's reads take a round trip each)
+    kept.store_kept(
+        path,
+        kw,
+        dict(a.attrs),
+        lambda key: read_all(a) if key == whole else a[key],
+        itemsize=a.dtype.itemsize,
+        local=local,
+    )
+    return int(a.size * a.dtype.itemsize)
 
 
 def one_chunk(arr: qarray.QuantizedArray) -> bool:

@@ -21,10 +21,15 @@ from .chunks import ChunkFiles
 
 # zarr's default compressor of a Zarr v3 array of numbers ("auto")
 _DEFAULT_ZSTD = {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
-_PLAIN = {np.dtype(t) for t in ("int8", "int16", "int32", "int64", "uint8", "uint16")} | {
-    np.dtype(t) for t in ("uint32", "uint64", "float16", "float32", "float64")
-}
-_KEYS = {"shape", "chunks", "dtype", "fill_value", "compressors", "chunk_key_encoding"} | {
+_PLAIN = {np.dtype(f"{kind}{bits}") for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
+_PLAIN |= {np.dtype(f"float{bits}") for bits in (16, 32, 64)}
+_KEYS = {
+    "shape",
+    "chunks",
+    "dtype",
+    "fill_value",
+    "compressors",
+    "chunk_key_encoding",
     "dimension_names",
     "attributes",
     "serializer",

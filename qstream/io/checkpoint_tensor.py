@@ -51,8 +51,24 @@ class TensorLike(Protocol):
         ...
 
 
+class Shaped:
+    """``ndim`` and ``size`` of a tensor-like object from its ``shape``."""
+
+    shape: tuple[int, ...]
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+
 @dataclass
-class CheckpointTensor:
+class CheckpointTensor(Shaped):
     """One tensor of a checkpoint; ``t[key]`` reads just the region ``key`` selects.
 
     ``dtype`` is the element type stored in the file (native byte order). ``source`` is the lazy
@@ -74,16 +90,6 @@ class CheckpointTensor:
     # values stored as they are, in C order, in an object store (a ``RangedTensor``): regions
     # are read by byte ranges
     remote: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def ndim(self) -> int:
-        """Number of dimensions."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """Read the region selected by basic indexing (ints, slices, ``...``) as a new

@@ -13,7 +13,6 @@ a file (or index) qstream exported.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from ..core.indexing import expand_key
 from ..errors import StoreError
 from ..qtypes import qtype
-from .checkpoint_tensor import TensorLike
+from .checkpoint_tensor import Shaped, TensorLike
 from .export_meta import export_metadata
 
 
@@ -83,7 +82,7 @@ def dequantizing(
     return out
 
 
-class DequantizedTensor:
+class DequantizedTensor(Shaped):
     """An exported quantized tensor read as float32 values (see the module docstring)."""
 
     def __init__(self, name: str, fmt: str, part: dict[str, Any]) -> None:
@@ -104,16 +103,6 @@ class DequantizedTensor:
         self.dtype = np.dtype(np.float32)
         self.chunks = None
         self._params: tuple[np.ndarray, np.ndarray] | None = None
-
-    @property
-    def ndim(self) -> int:
-        """Number of dimensions."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

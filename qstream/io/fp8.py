@@ -23,7 +23,7 @@ from numpy.typing import DTypeLike
 from ..core.indexing import expand_key
 from ..errors import InvalidParameterError, StoreError
 from .checkpoint_dtypes import FLOAT8_DTYPES
-from .checkpoint_tensor import TensorLike, forward_key
+from .checkpoint_tensor import Shaped, TensorLike, forward_key
 
 DEFAULT_SUFFIXES = ("_scale_inv",)
 PREFERRED_BLOCK = 128  # a block length the shapes leave open is this one when it fits
@@ -194,7 +194,7 @@ def _block_shape(
     return tuple(block)
 
 
-class Float8Tensor:
+class Float8Tensor(Shaped):
     """An FP8 checkpoint tensor read as float32: ``float32(W) * S[block]`` with a block
     ``scale`` tensor, ``float32(W)`` without. Looks like a checkpoint tensor to the engine
     (``name``, ``shape``, ``dtype``, ``t[key]``, ``read_into``); ``nbytes`` are the stored
@@ -217,16 +217,6 @@ class Float8Tensor:
         self.dtype = _F32
         self.source_dtype = np.dtype(weight.dtype)
         self.nbytes = int(weight.nbytes) + (int(scale.nbytes) if scale is not None else 0)
-
-    @property
-    def ndim(self) -> int:
-        """Number of dimensions."""
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         pair = f", scale={self.scale_name!r}, block={self.block}" if self.scale else ""
