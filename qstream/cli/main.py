@@ -74,10 +74,14 @@ def main() -> None:  # pragma: no cover - console entry point
 
 
 def console() -> None:  # pragma: no cover - console entry point
-    """The ``qstream`` console script: :func:`main`, then the process ends at once, without
-    the interpreter's teardown (:func:`~qstream.cli.leave.leave`)."""
-    from .leave import leave
+    """The ``qstream`` console script: :func:`main` with Python's cycle collector run rarely
+    and freed memory kept for reuse (:func:`~qstream.cli.process.collect_rarely`,
+    :func:`~qstream.cli.process.keep_freed_memory`), then the process ends at once, without
+    the interpreter's teardown (:func:`~qstream.cli.process.leave`)."""
+    from .process import collect_rarely, keep_freed_memory, leave
 
+    collect_rarely()
+    keep_freed_memory()
     code: object = 0
     try:
         main()

@@ -1,10 +1,13 @@
-"""The console script ends its process without the interpreter's teardown
-(:mod:`qstream.cli.leave`): exit codes, output, ``atexit`` handlers and running threads are
-as a normal exit leaves them."""
+"""The console script's housekeeping (:mod:`qstream.cli.process`): it runs the cycle collector
+rarely and keeps freed memory for reuse, and ends its process without the interpreter's
+teardown, with exit codes, output, ``atexit`` handlers and running threads as a normal exit
+leaves them."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -12,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from qstream.cli.leave import exit_code
+from qstream.cli.process import exit_code
 
 
 def _script(tmp_path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -82,3 +85,35 @@ def test_a_running_thread_is_waited_for_as_python_would(tmp_path):
     )
     assert r.returncode == 0 and r.stdout.startswith("qstream ")
     assert done.read_text() == "done"
+
+
+def _housekeeping(env: dict[str, str] | None = None) -> dict:
+    """What the console script's housekeeping sets, seen in a new process."""
+    code = textwrap.dedent("""
+        import gc, json
+        from qstream.cli.process import THRESHOLDS, collect_rarely, keep_freed_memory
+        before = gc.get_freeze_count()
+        collect_rarely()
+        print(json.dumps({
+            "thresholds": list(gc.get_threshold()), "expected": list(THRESHOLDS),
+            "frozen": gc.get_freeze_count() - before, "malloc": keep_freed_memory(),
+        }))
+        """)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_console_script_collects_cycles_rarely_and_keeps_freed_memory():
+    seen = _housekeeping()
+    assert seen["thresholds"] == seen["expected"]
+    assert seen["frozen"] > 1000  # the start-up's objects, set aside
+    glibc = sys.platform.startswith("linux") and "glibc" in " ".join(platform.libc_ver())
+    assert seen["malloc"] is glibc
+
+
+def test_malloc_tunables_given_by_the_user_are_left_alone():
+    env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"}
+    assert _housekeeping(env)["malloc"] is False
