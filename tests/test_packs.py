@@ -307,3 +307,23 @@ def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_
         assert _tree(d, packs_only=True) == want, n
         assert json.loads(again.stdout.splitlines()[0]) == json.loads(lines[0]), n
         assert not [p for p in d.rglob("*") if p.name.startswith(".qstream-tmp-")], n
+
+
+def test_a_pack_read_in_place_is_the_files_bytes_and_never_writes_the_file(tmp_path):
+    from qstream.errors import StoreError
+    from qstream.io.checkpoints import map_file_run
+
+    path = tmp_path / "run.bin"
+    values = np.arange(3 * 5000, dtype=np.float32).reshape(3, 5000)
+    raw = b"\x00" * 12 + values.tobytes()  # a run that starts off a page boundary
+    path.write_bytes(raw)
+    mapped = map_file_run(str(path), 12, (3, 5000), np.dtype(np.float32))
+    assert mapped is not None and mapped.flags.c_contiguous and mapped.flags.writeable
+    np.testing.assert_array_equal(mapped, values)
+    mapped[0, 0] = -1.0  # (copy on write: the file keeps its bytes)
+    assert path.read_bytes() == raw
+    # a start not aligned for the type: left to positioned reads
+    assert map_file_run(str(path), 10, (2,), np.dtype(np.float32)) is None
+    assert map_file_run(str(path), 12, (0, 5000), np.dtype(np.float32)) is None
+    with pytest.raises(StoreError, match="ended early"):
+        map_file_run(str(path), 12, (4, 5000), np.dtype(np.float32))

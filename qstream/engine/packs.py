@@ -172,21 +172,28 @@ def _fingerprint(item: PackItem, ts: list[Any], spec: QuantSpec, compression: st
 
 
 def read_stack(ts: Sequence[Any]) -> np.ndarray:
-    """The tensors ``ts`` (same shape and dtype) stacked along a new first axis: one read when
-    they lie one after another in one file (safetensors), else one read each."""
+    """The tensors ``ts`` (same shape and dtype) stacked along a new first axis: read in
+    place when they lie one after another in one file (safetensors: a map of the file, see
+    :func:`~qstream.io.checkpoints.map_file_run`), else read into a scratch array (valid
+    until this thread's next pack)."""
     from ..core.scratch import scratch
 
     t0 = ts[0]
-    out = scratch("pack-stack", (len(ts), *t0.shape), t0.dtype)  # (valid until the next pack)
+    shape = (len(ts), *t0.shape)
     whole = tuple(slice(0, n) for n in t0.shape)
     f0 = getattr(t0, "file", None)
     if f0 is not None and all(
         getattr(t, "file", None) == (f0[0], f0[1] + i * t0.nbytes) for i, t in enumerate(ts)
     ):
-        from ..io.checkpoints import read_file_run
+        from ..io.checkpoints import map_file_run, read_file_run
 
+        mapped = map_file_run(f0[0], f0[1], shape, np.dtype(t0.dtype))
+        if mapped is not None:
+            return mapped
+        out = scratch("pack-stack", shape, t0.dtype)
         read_file_run(f0[0], f0[1], out)
         return out
+    out = scratch("pack-stack", shape, t0.dtype)
     for i, t in enumerate(ts):
         if not t.read_into(whole, out[i]):
             out[i] = t[whole]

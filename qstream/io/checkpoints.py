@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import StoreError
 from .checkpoint_tensor import CheckpointTensor as CheckpointTensor
 from .checkpoint_tensor import TensorLike
+from .checkpoint_tensor import map_file_run as map_file_run
 from .checkpoint_tensor import read_file_run as read_file_run
 from .checkpoint_tensor import read_rows as read_rows
 from .exported import maybe_dequantizing
