@@ -113,8 +113,8 @@ def test_background_warm_up_compiles_the_quantize_pass_for_the_job_on_a_first_ru
     assert child("warm") == "started"
     compiled = child("job", str(tmp_path / "q.zarr")).split(",")
     # the calibration kernels compile in the job; the quantize pass's were compiled ahead
-    assert "_ranges_tiles" in compiled
-    assert not {"q_half_to_even", "_error_sums_tiles"} & set(compiled)
+    assert "_ranges_channel_rows" in compiled
+    assert not {"q_half_to_even", "_error_sums_channel_rows"} & set(compiled)
     assert child("warm") == "none"  # cached now: nothing is started
 
 

@@ -23,6 +23,7 @@ from .bits import bits as _bits
 from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
 from .runtime import parallel_kernel, run
+from .stats import channel_rows
 
 # columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, NaN,
 # +inf, -inf
@@ -184,6 +185,9 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     by_column = columns(iblock, scale.shape[2]) and out.shape[0] == 1
     if groups is not None and not (by_column or groups_in_pass(cblock, iblock, 1)):
         raise ValueError("error_sums: these groups are not summed in the pass")
+    if groups is None and scale.shape[2] == 1 and channel_rows(x.shape, out.shape[0]):
+        run(_error_sums_channel_rows, x, q, scale, zero_point, cblock, qmin, qmax, out)
+        return
     kernel = _error_sums_columns if by_column else _error_sums_tiles
     run(kernel, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, *g, groups is not None)
 
@@ -379,6 +383,21 @@ def _error_sums_tiles(
             i = end
     for t in range(total):
         fold_partial(out[((t // n_tiles) % n_c) if n_c == out.shape[0] else 0], partial[t])
+
+
+@parallel_kernel(fastmath=FASTMATH)
+def _error_sums_channel_rows(x, q, scale, zero_point, cblock, qmin, qmax, out):
+    """One row per channel, no longer than a tile, a parameter per row
+    (:func:`~qstream.kernels.stats.channel_rows`): each row's sums go straight to its
+    channel's row of ``out``, as :func:`_error_sums_tiles` folds them (the row is its only
+    tile, whose partial starts at zero), without a partial per row and their fold. At rows
+    of 128 values (a pack of 16,384-tensor checkpoint's) that halves the pass."""
+    i1 = np.uint64(x.shape[2])
+    for c in prange(x.shape[1]):
+        pc = c // cblock
+        s = scale[0, pc, 0]
+        z = zero_point[0, pc, 0]
+        run_sums(x[0, c], q[0, c], np.uint64(0), i1, s, z, qmin, qmax, out[c])
 
 
 @parallel_kernel(fastmath=FASTMATH)

@@ -32,8 +32,21 @@ def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
 
     Outputs are ``[C]`` arrays, updated in place (merged with what they hold).
     """
-    kernel = _ranges_fast_axis if x.shape[2] == 1 else _ranges_tiles
+    if x.shape[2] == 1:
+        kernel = _ranges_fast_axis
+    elif channel_rows(x.shape, mins.shape[0]):
+        kernel = _ranges_channel_rows
+    else:
+        kernel = _ranges_tiles
     run(kernel, x, mins, maxs, counts, nans, posinf, neginf)
+
+
+def channel_rows(shape: tuple[int, ...], channels: int) -> bool:
+    """Whether ``x[O, C, I]`` of ``shape`` is one row per channel, each no longer than a tile
+    (``O = 1``, ``channels = C``, ``0 < I <= TILE``): a pack's stacked tensors, and most
+    weight matrices quantized per channel. Each row is then its own tile and its own
+    channel's only one, and kernels fold its figures straight into the channel."""
+    return shape[0] == 1 and shape[1] == channels and 0 < shape[2] <= TILE
 
 
 @parallel_kernel
@@ -65,30 +78,66 @@ def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
     pcnt = np.zeros((total, 4, 1), np.int64)
     for t in prange(total):
         o, c, _, _, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, 1, 1)
-        xs = x[o, c][i0:i1]
-        # integer min/max of order keys, as if every value were finite: vectorises (a float
-        # min/max does not); the non-finite ones are counted and sent to the slow path
-        kmin = KEY_MAX
-        kmax = KEY_MIN
-        bad = 0
-        for i in range(xs.shape[0]):
-            v = np.float64(xs[i])
-            k = order_key(v)
-            kmin = min(kmin, k)
-            kmax = max(kmax, k)
-            bad += nonfinite(v)
-        if bad == 0:
-            pmin[t, 0] = from_order_key(kmin)
-            pmax[t, 0] = from_order_key(kmax)
-            pcnt[t, 0, 0] = i1 - i0
-        else:  # rare: NaN or infinities in this tile, count them one by one
-            for i in range(xs.shape[0]):
-                _update(xs[i], pmin, pmax, pcnt, t, 0)
+        mn, mx, n, nan, pinf, ninf = _row_range(x[o, c][i0:i1])
+        pmin[t, 0] = mn
+        pmax[t, 0] = mx
+        pcnt[t, 0, 0] = n
+        pcnt[t, 1, 0] = nan
+        pcnt[t, 2, 0] = pinf
+        pcnt[t, 3, 0] = ninf
     for t in range(total):
         c = (t // n_tiles) % n_c
         _fold_one(
             pmin[t, 0], pmax[t, 0], pcnt[t, :, 0], c, mins, maxs, counts, nans, posinf, neginf
         )
+
+
+@parallel_kernel
+def _ranges_channel_rows(x, mins, maxs, counts, nans, posinf, neginf):
+    """One row per channel, no longer than a tile (:func:`channel_rows`): each row's range
+    goes straight to its channel, as :func:`_ranges_tiles` folds it (the row is its only
+    tile), without a partial per row."""
+    for c in prange(x.shape[1]):
+        mn, mx, n, nan, pinf, ninf = _row_range(x[0, c])
+        _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
+
+
+@njit(inline="always", cache=True)
+def _row_range(xs):
+    """``(min, max, finite, NaN, +inf, -inf)`` of the values ``xs``: the finite min/max
+    (``inf``/``-inf`` when none is finite) and the counts of each kind."""
+    # integer min/max of order keys, as if every value were finite: vectorises (a float
+    # min/max does not); the non-finite ones are counted and sent to the slow path
+    kmin = KEY_MAX
+    kmax = KEY_MIN
+    bad = 0
+    for i in range(xs.shape[0]):
+        v = np.float64(xs[i])
+        k = order_key(v)
+        kmin = min(kmin, k)
+        kmax = max(kmax, k)
+        bad += nonfinite(v)
+    if bad == 0:
+        return from_order_key(kmin), from_order_key(kmax), xs.shape[0], 0, 0, 0
+    # rare: NaN or infinities in this row, counted one by one
+    mn = np.inf
+    mx = -np.inf
+    n = nan = pinf = ninf = 0
+    for i in range(xs.shape[0]):
+        v = np.float64(xs[i])
+        if np.isfinite(v):
+            if v < mn:
+                mn = v
+            if v > mx:
+                mx = v
+            n += 1
+        elif np.isnan(v):
+            nan += 1
+        elif v > 0:
+            pinf += 1
+        else:
+            ninf += 1
+    return mn, mx, n, nan, pinf, ninf
 
 
 @njit(inline="always", cache=True)
@@ -195,14 +244,21 @@ def _update(v, pmin, pmax, pcnt, p, c):
 
 @njit(inline="always", cache=True)
 def _fold_one(mn, mx, cnt, c, mins, maxs, counts, nans, posinf, neginf):
+    n, nan, pinf, ninf = cnt[0], cnt[1], cnt[2], cnt[3]
+    _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
+
+
+@njit(inline="always", cache=True)
+def _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf):
+    """Fold one part's range (``mn``, ``mx``) and counts into channel ``c``."""
     if mn < mins[c]:
         mins[c] = mn
     if mx > maxs[c]:
         maxs[c] = mx
-    counts[c] += cnt[0]
-    nans[c] += cnt[1]
-    posinf[c] += cnt[2]
-    neginf[c] += cnt[3]
+    counts[c] += n
+    nans[c] += nan
+    posinf[c] += pinf
+    neginf[c] += ninf
 
 
 @njit(inline="always", cache=True)
