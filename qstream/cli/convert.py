@@ -158,7 +158,7 @@ def convert(
         qs.warm_up(rec.specs(), background=True)  # first run: see quantize
 
         def on_tensor(ev: qs.TensorEvent) -> None:
-            if not show or ev.result is None:
+            if ev.result is None:
                 return
             r = ev.result
             tag = "kept" if r["kept"] else ev.target
@@ -185,7 +185,7 @@ def convert(
                 rec,
                 max_memory=parse_size(max_memory, "--max-memory"),
                 overwrite=overwrite,
-                on_tensor=on_tensor,
+                on_tensor=on_tensor if show else None,  # (quiet: no event per tensor)
                 executor=ex,
                 max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
                 compression=compression,
