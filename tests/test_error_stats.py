@@ -81,3 +81,36 @@ def test_report_splits_non_finite_counts_per_tensor_and_per_channel(tmp_path, ax
     want = sorted(counts.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:5]
     got = [(r["channel"], [r["nan"], r["posinf"], r["neginf"]]) for r in e["nonfinite_channels"]]
     assert got == want
+
+
+@pytest.mark.parametrize("serial", [False, True])
+@pytest.mark.parametrize(("rows", "width", "cblock"), [(300, 128, 1), (64, 513, 3), (7, 16384, 1)])
+def test_rows_per_channel_sum_exactly_as_tiles(rows, width, cblock, serial):
+    """One row per channel (a pack's layout) adds its error sums straight to its channel:
+    the same bytes as the tiles kernel, which gives each row a partial and folds it, with
+    NaN, infinities and signed zeros, onto sums already holding an earlier block's."""
+    from qstream.kernels.errors import (
+        N_SUMS,
+        NO_GROUPS,
+        _error_sums_channel_rows,
+        _error_sums_tiles,
+    )
+
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((1, rows, width)) * 4).astype(np.float32)
+    flat = x.reshape(-1)
+    k = rng.choice(flat.size, flat.size // 40, replace=False)
+    flat[k[0::4]], flat[k[1::4]], flat[k[2::4]], flat[k[3::4]] = np.nan, np.inf, -np.inf, -0.0
+    n_p = -(-rows // cblock)
+    s = rng.uniform(0.01, 0.05, (1, n_p, 1))
+    z = rng.integers(-3, 4, (1, n_p, 1)).astype(np.int32)
+    per_row = np.repeat(s, cblock, axis=1)[:, :rows]
+    zr = np.repeat(z, cblock, axis=1)[:, :rows]
+    q = np.clip(np.rint(np.nan_to_num(x) / per_row) + zr, -128, 127).astype(np.int8)
+    start = np.abs(rng.standard_normal((rows, N_SUMS)))
+    start[:, [0, 6, 7, 8, 9]] = np.round(start[:, [0, 6, 7, 8, 9]] * 100)  # (counts: whole)
+    direct, tiles = start.copy(), start.copy()
+    pick = (lambda k: k.serial) if serial else (lambda k: k)
+    pick(_error_sums_channel_rows)(x, q, s, z, cblock, -128, 127, direct)
+    pick(_error_sums_tiles)(x, q, s, z, cblock, width, -128, 127, tiles, *(NO_GROUPS,) * 3, False)
+    assert direct.tobytes() == tiles.tobytes()

@@ -86,3 +86,25 @@ def test_block_slot_ranges_equal_numpy_nanmin_nanmax(x, axis, block):
     want_hi = np.moveaxis(np.nanmax(m, axis=-1), -1, axis)
     np.testing.assert_array_equal(lo, want_lo)
     np.testing.assert_array_equal(hi, want_hi)
+
+
+@given(x=float32_arrays(1, 60, 300), serial=st.booleans())
+def test_rows_per_channel_fold_exactly_as_tiles(x, serial):
+    """One row per channel (a pack's layout) folds its range straight into its channel: the
+    same bytes as the tiles kernel, which gives each row a partial and folds it."""
+    from qstream.kernels.stats import _ranges_channel_rows, _ranges_tiles, channel_rows
+
+    assert channel_rows(x.shape, x.shape[1])
+    c = x.shape[1]
+    rng = np.random.default_rng(c)
+    start = rng.standard_normal(c)  # outputs already holding an earlier block's figures
+    got = []
+    for kernel in (_ranges_channel_rows, _ranges_tiles):
+        out = (
+            np.where(start > 0, start, np.inf),
+            np.where(start < 0, start, -np.inf),
+            *(np.arange(c, dtype=np.int64) for _ in range(4)),
+        )
+        (kernel.serial if serial else kernel)(x, *out)
+        got.append(b"".join(a.tobytes() for a in out))
+    assert got[0] == got[1]

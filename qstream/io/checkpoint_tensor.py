@@ -261,7 +261,9 @@ def map_file_run(
 
 def read_file_run(path: str, first: int, out: np.ndarray, what: str = "tensors") -> None:
     """Fill ``out`` (C-contiguous) with the bytes of the file ``path`` from ``first`` on, by
-    positioned reads (no mapping: mapped pages count as the process's memory)."""
+    positioned reads: the blocks of streamed tensors, into reused buffers (a map of a whole
+    large tensor would count its pages as the process's memory), and the runs
+    :func:`map_file_run` cannot serve."""
     fd = _reader(path)
     view = out.reshape(-1).view(np.uint8).data
     while view:

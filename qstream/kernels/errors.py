@@ -390,8 +390,8 @@ def _error_sums_channel_rows(x, q, scale, zero_point, cblock, qmin, qmax, out):
     """One row per channel, no longer than a tile, a parameter per row
     (:func:`~qstream.kernels.stats.channel_rows`): each row's sums go straight to its
     channel's row of ``out``, as :func:`_error_sums_tiles` folds them (the row is its only
-    tile, whose partial starts at zero), without a partial per row and their fold. At rows
-    of 128 values (a pack of 16,384-tensor checkpoint's) that halves the pass."""
+    tile, whose partial starts at zero), without a partial per row and their fold: 37% less
+    time at rows of 128 values (a pack of a 16,384-tensor checkpoint), 15% at 512."""
     i1 = np.uint64(x.shape[2])
     for c in prange(x.shape[1]):
         pc = c // cblock
