@@ -16,9 +16,9 @@ first touch (up to 2.6 s a GiB on the 2-core test machine). A pack of a 16,384-t
 checkpoint has 32,768 channels, and its per-channel sums and partials are such blocks: 185,000
 page faults against 39,000 for the same bytes as 1024 tensors. :func:`keep_freed_memory` has
 ``malloc`` keep blocks up to 32 MiB in its heap and not give the heap's top back: 56,000
-faults, about 1 s less, and the same peak RSS (a freed block is reused, not added to). How
-much it saves depends on the machine's state (at times fresh pages were cheap and the count
-of faults did not move); it never changes an output.
+faults, about 1 s less, and the same peak RSS (a freed block is reused, not added to). The
+time it saves is what those faults cost, which varies with the machine's state; it never
+changes an output.
 
 After a command, the interpreter's own shutdown (freeing every module, Numba's and LLVM's
 objects) takes 0.2-0.4 s, as long as a small conversion's work. Nothing of it is needed: the
