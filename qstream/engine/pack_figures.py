@@ -70,8 +70,12 @@ def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, li
         sq = channel_sqnr(errors.sum_x2, errors.sum_e2).reshape(n, channels)
         order = np.argsort(sq, axis=1, kind="stable")[:, :worst]
         cols["worst_channel"] = order.tolist()
-        worst_sq = np.take_along_axis(sq, order, axis=1).tolist()
-        cols["worst_sqnr_db"] = [[v if math.isfinite(v) else str(v) for v in r] for r in worst_sq]
+        worst_sq = np.take_along_axis(sq, order, axis=1)
+        cols["worst_sqnr_db"] = (
+            worst_sq.tolist()  # (all finite, the common case: no test per value)
+            if np.isfinite(worst_sq).all()
+            else [_numbers(r) for r in worst_sq]
+        )
         mx = errors.max_abs.reshape(n, channels)
         cols["worst_max_abs"] = np.take_along_axis(mx, order, axis=1).tolist()
     return cols
@@ -80,7 +84,8 @@ def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, li
 def _numbers(a: np.ndarray) -> list:
     """``a``'s values as JSON holds them: non-finite figures as strings (as in every
     report)."""
-    return [v if math.isfinite(v) else str(v) for v in a.tolist()]
+    values = a.tolist()
+    return values if np.isfinite(a).all() else [v if math.isfinite(v) else str(v) for v in values]
 
 
 def blocked_errors(

@@ -238,8 +238,9 @@ def map_file_run(
     """The bytes of the file ``path`` from ``first`` on as a new C-contiguous array of
     ``shape`` and ``dtype``, read in place: a copy-on-write map of the file (nothing is
     copied; the values are never written), unmapped when the last view of it goes. None when
-    a map cannot serve: no bytes, or a start not aligned for ``dtype`` (a kernel would then
-    meet an array type it was not compiled for); read those with :func:`read_file_run`.
+    a map cannot serve: no bytes, a start not aligned for ``dtype`` (a kernel would then meet
+    an array type it was not compiled for), or a file system that cannot map the file; read
+    those with :func:`read_file_run`.
 
     Copying a run out of the page cache costs about 0.4 s a GiB of CPU on the 2-core test
     machine; reading it in place, the page faults of the map (mapped 16 pages at a time) cost
@@ -254,7 +255,10 @@ def map_file_run(
     if os.fstat(fd).st_size < first + nbytes:
         raise StoreError(f"{path}: the file ended early (tensors)")
     start = first - first % mmap.ALLOCATIONGRANULARITY
-    m = mmap.mmap(fd, first + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+    try:
+        m = mmap.mmap(fd, first + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+    except OSError:  # a file system that cannot map files: read instead
+        return None
     values = np.frombuffer(m, dtype, math.prod(shape), first - start)
     return values.reshape(shape)
 
