@@ -8,7 +8,9 @@ conversion of 16,384 tensors spent 0.5-0.75 s in it (1024 tensors: 0.2 s), almos
 in full collections, without freeing memory worth having (its peak RSS is the same with the
 collector off). :func:`collect_rarely` sets the objects already there aside
 (``gc.freeze``) and collects the young ones every 50,000 new objects instead: 0.06-0.1 s.
-Memory is still freed by reference counts as before; only cycles wait longer.
+Memory is still freed by reference counts as before; only cycles wait longer, and there are
+few: a whole 16,384-tensor conversion leaves 1,258 objects in cycles (0.4 MB), mostly classes
+made once.
 
 glibc's ``malloc`` gives blocks of more than 128 KiB their own pages and returns them to the
 system when freed, so the next such block is fresh pages again, each zeroed by the kernel on
