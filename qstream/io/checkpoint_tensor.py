@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core.indexing import expand_key
 from ..errors import StoreError
+from .inplace import map_bytes
 from .paths import open_regular
 
 _PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE")  # POSIX
@@ -141,34 +142,16 @@ class CheckpointTensor(Shaped):
     def view(self, key: tuple[slice, ...]) -> np.ndarray | None:
         """The region ``key`` without a copy where the tensor's values lie in a file as they
         are (safetensors, ``.npy``, C order, native byte order) and the region is one run of
-        bytes (a range along the first axis, every other axis whole): a private, writable
-        mapping of just those bytes (never written; writable so that kernels see ordinary
-        arrays). None otherwise: then index the tensor."""
-        if not _PRIVATE_MAPS or self.file is None:
+        bytes (a range along the first axis, every other axis whole): those bytes read in
+        place (:func:`map_file_run`). None otherwise: then index the tensor."""
+        if self.file is None:
             return None
         run = self._run(key)
         if run is None:
             return None
-        slices, first, nbytes = run
-        path = self.file[0]
-        if nbytes == 0:
-            return None
-        base = first // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
-        try:
-            with open_regular(path, "checkpoint file") as f:
-                m = mmap.mmap(
-                    f.fileno(),
-                    first + nbytes - base,
-                    flags=mmap.MAP_PRIVATE,
-                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                    offset=base,
-                )
-        except (OSError, ValueError):
-            return None
+        slices, first, _ = run
         shape = tuple(k.stop - k.start for k in slices)
-        return np.frombuffer(m, self.dtype, nbytes // self.dtype.itemsize, first - base).reshape(
-            shape
-        )
+        return map_file_run(self.file[0], first, shape, self.dtype)
 
 
 def read_rows(t: TensorLike, key: tuple[slice, ...], dtype: np.dtype[Any]) -> np.ndarray:
@@ -236,31 +219,22 @@ def map_file_run(
     path: str, first: int, shape: tuple[int, ...], dtype: np.dtype[Any]
 ) -> np.ndarray | None:
     """The bytes of the file ``path`` from ``first`` on as a new C-contiguous array of
-    ``shape`` and ``dtype``, read in place: a copy-on-write map of the file (nothing is
-    copied; the values are never written), unmapped when the last view of it goes. None when
-    a map cannot serve: no bytes, a start not aligned for ``dtype`` (a kernel would then meet
-    an array type it was not compiled for), or a file system that cannot map the file; read
-    those with :func:`read_file_run`.
-
-    Copying a run out of the page cache costs about 0.4 s a GiB of CPU on the 2-core test
-    machine; reading it in place, the page faults of the map (mapped 16 pages at a time) cost
-    a tenth of that. Copy-on-write keeps the array writable: a read-only array is another
-    type to Numba, which would compile every kernel again for it. The map is made only
-    after the file is seen long enough (a file cut shorter while mapped would end the
-    process with SIGBUS where a read fails with an error)."""
+    ``shape`` and ``dtype``, read in place (:mod:`qstream.io.inplace`), after the file is seen
+    long enough. None when a map cannot serve: no bytes, a start not aligned for ``dtype`` (a
+    kernel would then meet an array type it was not compiled for), a file system that
+    cannot map the file, or a system without private maps (POSIX has them); read those with
+    :func:`read_file_run`."""
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0 or first % dtype.alignment:
+    if not _PRIVATE_MAPS or nbytes == 0 or first % dtype.alignment:
         return None
     fd = _reader(path)
     if os.fstat(fd).st_size < first + nbytes:
         raise StoreError(f"{path}: the file ended early (tensors)")
-    start = first - first % mmap.ALLOCATIONGRANULARITY
     try:
-        m = mmap.mmap(fd, first + nbytes - start, access=mmap.ACCESS_COPY, offset=start)
+        raw = map_bytes(fd, first, nbytes)
     except OSError:  # a file system that cannot map files: read instead
         return None
-    values = np.frombuffer(m, dtype, math.prod(shape), first - start)
-    return values.reshape(shape)
+    return raw.view(dtype).reshape(shape)
 
 
 def read_file_run(path: str, first: int, out: np.ndarray, what: str = "tensors") -> None:

@@ -39,6 +39,7 @@ from ..core.scratch import ALIGN, scratch
 from ..errors import StoreError
 from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
+from .inplace import map_bytes
 from .packing import packed_nbytes
 from .paths import open_regular
 
@@ -105,15 +106,10 @@ class ChunkFiles:
         path = self.path(coords)
         try:
             with open_regular(path, "chunk") as f:
-                size = _check_size(f, self.chunk_nbytes, path)
-                # private and writable, though never written: the kernels then see ordinary
-                # arrays (a read-only mapping would compile every kernel a second time)
-                m = mmap.mmap(
-                    f.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
-                )
+                raw = map_bytes(f.fileno(), 0, _check_size(f, self.chunk_nbytes, path))
         except FileNotFoundError:
             return None
-        return np.frombuffer(m, self.dtype).reshape(self.chunks)[inner]
+        return raw.view(self.dtype).reshape(self.chunks)[inner]
 
     def _read_chunk(self, coords: tuple[int, ...], dest: np.ndarray) -> None:
         """Decode chunk ``coords`` into ``dest`` (a C-contiguous chunk-shaped array)."""
@@ -182,6 +178,7 @@ class ChunkFiles:
                 )
         data = np.asarray(data).view(self.dtype) if data.dtype != self.dtype else data
         made = set() if made is None else made  # folders known to exist
+        skip_zero = not empty and self._zero_fill()
         for coords, inner, outer in self.chunks_of(region):
             src = data[outer]
             full = self._whole(inner)
@@ -192,7 +189,7 @@ class ChunkFiles:
                 chunk[inner] = src
                 src = chunk
             payload = src.reshape(-1).view(np.uint8)
-            if not empty and self._zero_fill() and not payload.any():
+            if skip_zero and not payload.any():
                 continue
             if self.bits:
                 from ..kernels.packing import pack_codes
