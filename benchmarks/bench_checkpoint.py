@@ -16,7 +16,8 @@ one safetensors file each. For each, in fresh processes, one run after another:
   they are) converted the same way, against a plain safetensors copy of them (``load_file``,
   ``save_file``).
 
-Reported: medians of ``--rounds`` (after one warm-up conversion that compiles the kernels),
+Reported: medians of ``--rounds`` (after ``qstream warm-up`` and one warm-up conversion: the
+kernels compiled and qstream's modules in bytecode, as an installed machine or image has them),
 the ratio of each count's conversion to the 16-tensor one, and to the NumPy loop, the root
 metadata's bytes per tensor.
 
@@ -190,6 +191,9 @@ def main() -> None:
     total = parse_bytes(args.size)
     os.makedirs(args.workdir, exist_ok=True)
     rows = []
+    # (an editable install under PYTHONDONTWRITEBYTECODE would compile qstream's modules at
+    # every start, ~0.2 s a run that an installed wheel does not pay)
+    subprocess.run(qstream("warm-up", "--quiet"), check=True)
     warm = os.path.join(args.workdir, "warm.safetensors")
     make_checkpoint(warm, 1 << 20, 4)
     shutil.rmtree(os.path.join(args.workdir, "warm.zarr"), ignore_errors=True)

@@ -69,3 +69,31 @@ def test_an_editable_install_adds_a_path_not_an_import_finder():
         lines = [s for s in pth.read_text().splitlines() if s.strip()]
         assert lines and not any(s.startswith("import") for s in lines), (pth, lines)
         assert (Path(lines[0]) / "qstream" / "cli" / "main.py").is_file(), (pth, lines)
+
+
+def test_warm_up_writes_the_bytecode_python_then_loads(tmp_path):
+    """An editable install under ``PYTHONDONTWRITEBYTECODE`` has no bytecode: every start
+    compiles the modules. ``write_bytecode`` (run by ``qstream warm-up``) writes it, valid
+    for the sources as they are (Python's own check: magic, source time and size)."""
+    import importlib.util
+    import shutil
+    import struct
+
+    shutil.copytree(ROOT / "qstream", tmp_path / "qstream", ignore=shutil.ignore_patterns("*.pyc"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    package = tmp_path / "qstream"
+    sources = [package / "engine" / "packs.py", package / "cli" / "warmup.py"]
+    r = python("-c", "import qstream.engine.packs", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert not any(Path(importlib.util.cache_from_source(str(s))).exists() for s in sources)
+
+    code = "from qstream.engine.warmup import write_bytecode; print(write_bytecode())"
+    r = python("-c", code, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True"]
+    for source in sources:
+        pyc = Path(importlib.util.cache_from_source(str(source))).read_bytes()
+        magic, flags, mtime, size = struct.unpack("<4sIII", pyc[:16])
+        st = source.stat()
+        assert (magic, flags) == (importlib.util.MAGIC_NUMBER, 0)
+        assert (mtime, size) == (int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF)

@@ -28,7 +28,8 @@ def warm_up(
 ) -> None:
     """Compile the kernels of the common jobs (int8 per tensor / per channel / percentile,
     int4 and int8 groups, asymmetric uint8 and uint4, float8; their dequantize) into Numba's
-    cache once, so that no later run on this machine or image waits for a compiler."""
+    cache once, and qstream's modules into bytecode, so that no later run on this machine or
+    image waits for a compiler."""
     with library_errors():
         if not (quiet or as_json):
             typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
