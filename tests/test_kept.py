@@ -1,5 +1,6 @@
 """Kept tensors (stored as they are): a small one is written whole at once, without zarr's
-event loop, and its files are the ones zarr itself writes; a large one goes through zarr."""
+event loop, and its files are the ones zarr itself writes; a large one goes through zarr.
+Their chunk files lie side by side in the array's folder, as the quantized members' do."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def test_a_small_kept_tensor_written_whole_has_the_files_zarr_writes(
     want = kept.keep_tensor(ck[name], str(by_zarr / name), compression, None, as_dtype)
     assert got == want
     assert _files(whole / name) == _files(by_zarr / name)
+    # chunk files side by side ("c.0.0"): no chunk folder to create per kept tensor
+    assert not [rel for rel in _files(whole / name)[1] if os.sep in rel]
     qs.register_zarr_types()  # (bfloat16, for zarr 3.1)
     values = zarr.open_array(str(whole / name))[...]
     expected = tensors[name].astype(ml_dtypes.bfloat16 if as_dtype else tensors[name].dtype)

@@ -14,6 +14,7 @@ from ..errors import StoreError
 from ..io import compression as compressions
 from ..io import destination, publish
 from ..io.checkpoints import read_rows
+from ..io.ondisk import FLAT_KEYS
 from .plan import check_fits
 
 #: a kept tensor of at most this many bytes is read and written whole (local outputs)
@@ -58,6 +59,7 @@ def keep_tensor(
         "shape": t.shape,
         "dtype": stored,
         "compressors": compressions.compressors(compression),
+        "chunk_key_encoding": FLAT_KEYS,  # ("c.0": no chunk folder to create per tensor)
         "dimension_names": dimension_names(len(t.shape)),
     }
     attrs = {"qstream": {"kept": True, "dtype": kept.name}}
