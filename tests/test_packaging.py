@@ -79,9 +79,9 @@ def test_warm_up_writes_the_bytecode_python_then_loads(tmp_path):
     import shutil
     import struct
 
-    shutil.copytree(ROOT / "qstream", tmp_path / "qstream", ignore=shutil.ignore_patterns("*.pyc"))
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
     package = tmp_path / "qstream"
+    shutil.copytree(ROOT / "qstream", package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
     sources = [package / "engine" / "packs.py", package / "cli" / "warmup.py"]
     r = python("-c", "import qstream.engine.packs", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
