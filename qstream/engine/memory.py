@@ -8,11 +8,13 @@ and hands back the members' values and the merged error statistics.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.scratch import aligned_empty
 from ..spec import Calibration, ErrorStats, WorstGroups, merge_into
 from .plan import Block
 from .quantize_work import QuantizeWork
@@ -33,7 +35,11 @@ class Captured:
         if self.values is None:
             whole = tuple(slice(0, n) for n in self.shape)
             if key == whole and np.shape(value) == self.shape:  # (one block: no zeros first)
-                self.values = np.array(value, self.array.dtype)
+                # on a 4 KiB boundary, as the O_DIRECT write of the chunk needs (no copy there)
+                dtype = self.array.dtype
+                raw = aligned_empty(max(1, math.prod(self.shape)) * dtype.itemsize)
+                self.values = raw.view(dtype)[: math.prod(self.shape)].reshape(self.shape)
+                self.values[...] = value
                 return
             self.values = np.zeros(self.shape, self.array.dtype)
         self.values[key] = value
