@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..errors import InvalidParameterError
@@ -49,7 +51,43 @@ def affine_quantize(
         x = np.divide(x.astype(div), layout.expand(scale).astype(div)).astype(F32)
         scale = np.ones(layout.param_shape or (1,), F32)
         layout = plan_layout(x.shape, scale.shape, layout.axis, layout.block_size)
-        div = F32
+    from ..kernels import runtime
+
+    call = quantize_call(
+        x,
+        scale,
+        zero_point,
+        layout,
+        qt,
+        out,
+        code=code,
+        zp_dtype=zp_dtype,
+        narrow_range=narrow_range,
+    )
+    assert call is not None  # (an integer type, divided in float32 or float64)
+    runtime.run(*call)
+    return out
+
+
+def quantize_call(
+    x: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    layout: Layout,
+    qt: QType,
+    out: np.ndarray,
+    *,
+    code: int = 0,
+    zp_dtype: np.dtype | None = None,
+    narrow_range: bool = False,
+) -> tuple[Any, ...] | None:
+    """``(kernel, *arguments)`` of the one kernel call in which :func:`affine_quantize`
+    quantizes ``x`` into ``out`` (its ``[O, C, I]`` views, the parameters ``[Op, Cp, Ip]``),
+    for a caller that runs it on parts of those views; None where it takes another path (a
+    float type, a division in float16 or bfloat16)."""
+    div = F32 if code in FLOAT32_OPS else np.result_type(x.dtype, scale.dtype)
+    if qt.is_float or div not in (F32, F64):
+        return None
     wide = qt.bits > 16
     if zp_dtype is None:
         zp_dtype = F64 if (wide or div == F64) else F32
@@ -57,10 +95,9 @@ def affine_quantize(
     xk = np.ascontiguousarray(x, dtype=div)
     sk = layout.params(scale.astype(div, copy=False))
     zk = layout.params(_zeros_like(zero_point, scale).astype(zp_dtype, copy=False))
-    from ..kernels import runtime
     from ..kernels.affine import QUANTIZE_KERNELS
 
-    runtime.run(
+    return (
         QUANTIZE_KERNELS[code],
         layout.view(xk),
         sk,
@@ -72,7 +109,6 @@ def affine_quantize(
         np.int32(qt.mask),
         layout.view(out.view(qt.container)),
     )
-    return out
 
 
 def affine_dequantize(

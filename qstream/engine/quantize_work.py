@@ -19,6 +19,7 @@ from .blockmath import (
     dynamic_blocked,
     dynamic_params,
     nan_to_zero_point,
+    quantize_rows_with_errors,
     quantize_spec,
 )
 from .handles import SourceRef
@@ -199,7 +200,13 @@ class QuantizeWork:
                 out=out,
             )
             return self._offset_errors(x, s, z, layout, out)
-        quantize_spec(x, s, z, layout, self.plan.qt, self.plan.spec, out)
+        plan = self.plan
+        if plan.stat_axis == 0:  # (the error channels are the rows)
+            lo_q = plan.qt.qrange(plan.spec.narrow_range)[0]
+            err = quantize_rows_with_errors(x, s, z, layout, plan.qt, plan.spec, out, lo_q)
+            if err is not None:
+                return self._errors(x, s, z, layout, out, (err, None))
+        quantize_spec(x, s, z, layout, plan.qt, plan.spec, out)
         return self._errors(x, s, z, layout, out)
 
     def _errors(
