@@ -336,7 +336,11 @@ def quantize_rows_with_errors(
     if call is None:
         return None
     kernel, xq, sq, zq, cb, ib, lo, hi, mask, q3 = call
-    xe, qe, se, ze, _, _, qmin, qmax = _error_inputs(x, out, s, z, layout, qt, lo_q)
+    # (the values the quantize kernel reads, when the error kernel reads the same type: a
+    # bfloat16 or float16 piece converted once, not twice)
+    wanted = np.float64 if x.dtype == np.float64 else np.float32  # (as _error_inputs)
+    xs = xq.reshape(x.shape) if xq.dtype == wanted else x
+    xe, qe, se, ze, _, _, qmin, qmax = _error_inputs(xs, out, s, z, layout, qt, lo_q)
     if not np.shares_memory(qe, out):  # (sub-byte codes are widened by a copy: made too soon)
         return None
     sums = np.zeros((c, N_SUMS))

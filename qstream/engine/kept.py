@@ -59,7 +59,6 @@ def keep_tensor(
         "shape": t.shape,
         "dtype": stored,
         "compressors": compressions.compressors(compression),
-        "chunk_key_encoding": FLAT_KEYS,  # ("c.0": no chunk folder to create per tensor)
         "dimension_names": dimension_names(len(t.shape)),
     }
     attrs = {"qstream": {"kept": True, "dtype": kept.name}}
@@ -91,7 +90,9 @@ def store_kept(
     in memory). Small and ``local`` (the common case: norms, biases): read and written whole
     at once, as small quantized tensors are, with zarr's own files and no round trips through
     zarr's event loop, which one thread runs for every worker; else through zarr, ``ROWS``
-    bytes of rows at a time."""
+    bytes of rows at a time. Its chunk files lie side by side (``c.0``, as the quantized
+    members' do): no chunk folder to create per kept tensor."""
+    kw = {**kw, "chunk_key_encoding": FLAT_KEYS}
     shape = tuple(kw["shape"])
     if local and shape and 0 < math.prod(shape) * itemsize <= WHOLE:
         os.makedirs(os.path.dirname(path), exist_ok=True)
