@@ -117,3 +117,32 @@ def test_the_console_script_collects_cycles_rarely_and_keeps_freed_memory():
 def test_malloc_tunables_given_by_the_user_are_left_alone():
     env = {**os.environ, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1048576"}
     assert _housekeeping(env)["malloc"] is False
+
+
+def test_numbas_blas_probe_is_skipped_without_importing_scipy_and_scipy_still_imports(tmp_path):
+    pytest.importorskip("scipy.linalg")  # (without SciPy there is no probe to skip)
+    code = textwrap.dedent("""
+        import json, sys
+        from qstream.cli.process import skip_blas_probe
+        first = skip_blas_probe()
+        from qstream.kernels.errors import columns
+        columns(1, 1)  # a kernel's first call: Numba sets up its CPU target
+        import numba.np.arraymath as arraymath
+        seen = {"first": first, "again": skip_blas_probe(),
+                "linalg_before": "scipy.linalg" in sys.modules,
+                "blas": arraymath._HAVE_BLAS,
+                "finders": [type(f).__name__ for f in sys.meta_path]}
+        import scipy.linalg
+        seen["solved"] = scipy.linalg.solve([[2.0]], [4.0]).tolist()
+        print(json.dumps(seen))
+        """)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout)
+    assert seen["first"] is True and seen["again"] is False
+    assert seen["linalg_before"] is False  # the probe did not import SciPy's linalg
+    assert seen["blas"] is False  # Numba found no BLAS, as without SciPy
+    assert "_NoBlasProbe" not in seen["finders"]  # used once, then gone
+    assert seen["solved"] == [2.0]  # SciPy imports and works afterwards

@@ -154,6 +154,9 @@ def _usage_line(e: Any) -> str:
         message,
     )
     message = re.sub(r"Input should be a valid number.*", "not a number", message)
+    # (Typer before 0.29 words them as Click does)
+    message = re.sub(r"'[^']*' is not a valid int(eger)?\b.*", "not an integer", message)
+    message = re.sub(r"'[^']*' is not a valid float\b.*", "not a number", message)
     ctx = getattr(e, "ctx", None)
     where = ctx.command_path if ctx is not None else "qstream"
     return f"error: {message[:1].lower()}{message[1:]} (see '{where} --help')"

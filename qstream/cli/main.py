@@ -74,14 +74,17 @@ def main() -> None:  # pragma: no cover - console entry point
 
 
 def console() -> None:  # pragma: no cover - console entry point
-    """The ``qstream`` console script: :func:`main` with Python's cycle collector run rarely
-    and freed memory kept for reuse (:func:`~qstream.cli.process.collect_rarely`,
-    :func:`~qstream.cli.process.keep_freed_memory`), then the process ends at once, without
+    """The ``qstream`` console script: :func:`main` with Python's cycle collector run rarely,
+    freed memory kept for reuse and Numba's BLAS probe skipped
+    (:func:`~qstream.cli.process.collect_rarely`,
+    :func:`~qstream.cli.process.keep_freed_memory`,
+    :func:`~qstream.cli.process.skip_blas_probe`), then the process ends at once, without
     the interpreter's teardown (:func:`~qstream.cli.process.leave`)."""
-    from .process import collect_rarely, keep_freed_memory, leave
+    from .process import collect_rarely, keep_freed_memory, leave, skip_blas_probe
 
     collect_rarely()
     keep_freed_memory()
+    skip_blas_probe()
     code: object = 0
     try:
         main()

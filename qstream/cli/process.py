@@ -1,6 +1,7 @@
 """The ``qstream`` process's own housekeeping: its cycle collector run rarely, its freed
-memory kept for reuse, and its end quick once a command is done. Only the console script
-(:func:`qstream.cli.main.console`) does these, for the process it owns.
+memory kept for reuse, Numba's probe for SciPy's BLAS skipped, and its end quick once a
+command is done. Only the console script (:func:`qstream.cli.main.console`) does these, for
+the process it owns.
 
 Python's cycle collector runs every 700 new container objects and, now and then, walks every
 object of the process; after Numba is loaded that is hundreds of thousands of them. A
@@ -24,6 +25,15 @@ block is reused, not added to). A streaming job holds a little more (a percentil
 against 3.5-3.7 s). The time it saves is what those faults cost, which varies with the
 machine's state; it never changes an output.
 
+When Numba first runs a kernel, it sets up its CPU target, and ``numba.np.arraymath`` then
+probes for BLAS (its ``np.dot`` and ``@``) by importing ``scipy.linalg.cython_blas``. Where
+SciPy is installed that imports all of ``scipy.linalg``, whose array-API layer walks every
+attribute of NumPy (importing ``numpy.f2py`` on the way): 0.1-0.15 s of a 1.8 s conversion,
+in every process. No qstream kernel uses BLAS, and qstream never imports SciPy.
+:func:`skip_blas_probe` makes that one import, from that probe, fail as if SciPy were absent:
+Numba then leaves ``np.dot`` and ``@`` unsupported in this process (as it does without SciPy),
+and ``import scipy.linalg`` still works for anyone else, later too.
+
 After a command, the interpreter's own shutdown (freeing every module, Numba's and LLVM's
 objects) takes 0.2-0.4 s, as long as a small conversion's work. Nothing of it is needed: the
 command has closed its files. :func:`leave` does what a normal exit does that matters (runs
@@ -38,6 +48,7 @@ Only the console script (:func:`qstream.cli.main.console`) leaves so; ``main()``
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import gc
 import os
@@ -82,6 +93,39 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
     )
+
+
+class _NoBlasProbe:
+    """An import finder that fails the import of ``scipy.linalg`` by Numba's BLAS probe
+    (``numba.np.arraymath._check_blas``), once, and is then gone; no other import is
+    touched."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name != "scipy.linalg":
+            return None
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if (
+                code.co_name == "_check_blas"
+                and frame.f_globals.get("__name__") == "numba.np.arraymath"
+            ):
+                with contextlib.suppress(ValueError):
+                    sys.meta_path.remove(self)  # type: ignore[arg-type]
+                raise ImportError("Numba's BLAS probe is skipped in the qstream command")
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+
+def skip_blas_probe() -> bool:
+    """Have Numba's probe for BLAS find none, without importing SciPy (see the module's
+    docstring); whether the probe is still to come (False: Numba's CPU target is set up
+    already, or ``scipy.linalg`` is imported already)."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return False
+    if not any(isinstance(f, _NoBlasProbe) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoBlasProbe())  # type: ignore[arg-type]
+    return True
 
 
 def exit_code(code: object) -> int:
