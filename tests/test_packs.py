@@ -105,6 +105,93 @@ def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
         assert pack["data"].metadata.dimension_names[0] == "tensor"
 
 
+def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_they_were():
+    from qstream.io.packs import decoded_columns, float_column
+
+    odd = [0.1, -0.0, 5e-324, 1e308, np.inf, -np.inf, np.nan, -1.5]
+    sq = np.array([40.5, np.inf, -np.inf, np.nan])
+    worst = np.array([[1.0, np.inf], [2.5, 3.0], [np.nan, 4.0], [5.0, 6.0]])
+    cols = {
+        "name": ["a", "b", "c", "d"],
+        "min": float_column(np.array(odd)),
+        "error": {
+            "sqnr_db": float_column(sq),
+            "clipped": [0, 1, 2, 3],
+            "worst_channel": [[3, 1], [0, 2], [1, 0], [2, 3]],
+            "worst_sqnr_db": float_column(worst),
+            "worst_max_abs": float_column(worst * 2),
+        },
+    }
+    assert set(cols["min"]) == {"float64"}  # (bytes, base64: not spelled out value by value)
+    got = decoded_columns(json.loads(json.dumps(cols)))
+    assert got["name"] == cols["name"] and got["error"]["clipped"] == [0, 1, 2, 3]
+    assert np.array_equal(np.array(got["min"]), np.array(odd), equal_nan=True)
+    assert [np.signbit(v) for v in got["min"][:2]] == [False, True]  # -0.0 kept
+    # non-finite SQNRs read as the strings every report uses; other figures stay numbers
+    assert got["error"]["sqnr_db"] == [40.5, "inf", "-inf", "nan"]
+    assert got["error"]["worst_sqnr_db"] == [[1.0, "inf"], [2.5, 3.0], ["nan", 4.0], [5.0, 6.0]]
+    assert got["error"]["worst_max_abs"][0] == [2.0, np.inf]
+    assert len(got["error"]["worst_max_abs"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        ({"float64": "not base64!"}, "not base64"),
+        ({"float64": "AAAA"}, "not float64 values"),  # 3 bytes
+        ({"float64": "AAAAAAAAAAA=", "x": 1}, "neither a list nor float64"),
+        ({"float32": "AAAAAAAAAAA="}, "neither a list nor float64"),
+    ],
+)
+def test_a_damaged_float_column_is_refused_naming_the_pack(tmp_path, column, message):
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    name = "model.layers.0.mlp.experts.0.up_proj.weight"
+    pack = qs.open_quantized(tmp_path / "p").tensors[name]["pack"]
+    doc_path = tmp_path / "p" / "_packs" / pack / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    doc["attributes"]["qstream_pack"]["tensors"]["error"]["mse"] = column
+    doc_path.write_text(json.dumps(doc))
+    with pytest.raises(qs.StoreError, match=f"{pack}.*damaged or crafted.*{message}"):
+        qs.open_quantized(tmp_path / "p")[name]
+
+
+def test_a_pack_of_a_newer_version_is_refused(tmp_path):
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    name = "model.layers.0.mlp.experts.0.up_proj.weight"
+    pack = qs.open_quantized(tmp_path / "p").tensors[name]["pack"]
+    doc_path = tmp_path / "p" / "_packs" / pack / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    doc["attributes"]["qstream_pack"]["version"] = 99
+    doc_path.write_text(json.dumps(doc))
+    with pytest.raises(qs.StoreError, match="version 99, newer than this qstream reads"):
+        qs.open_quantized(tmp_path / "p")[name]
+
+
+def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
+    from qstream.io.packs import decoded_columns
+
+    names = _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    before = qs.open_quantized(tmp_path / "p")
+    packed = [n for n in names if "pack" in before.tensors[n]]
+    reports = {n: before[n].report for n in packed}
+    values = {n: before[n][...] for n in packed}
+    for doc_path in (tmp_path / "p" / "_packs").glob("p*/zarr.json"):
+        doc = json.loads(doc_path.read_text())
+        meta = doc["attributes"]["qstream_pack"]
+        assert meta["version"] == 2
+        # version 1 wrote every column as a JSON list (non-finite SQNRs as strings)
+        meta["tensors"] = decoded_columns(meta["tensors"])
+        meta["version"] = 1
+        doc_path.write_text(json.dumps(doc))
+    after = qs.open_quantized(tmp_path / "p")
+    for n in packed:
+        assert after[n].report == reports[n], n
+        assert np.array_equal(after[n][...].view(np.uint32), values[n].view(np.uint32))
+
+
 def test_many_tensors_are_packed_by_default_and_few_are_not(tmp_path, monkeypatch):
     from qstream.engine import checkpoint
 

@@ -7,35 +7,38 @@ folded back per tensor from the job's per-channel sums, as columns of the pack's
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import numpy as np
 
 from ..core.layout import normalize_axis, plan_layout
+from ..io.packs import float_column
 from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
 from .blockmath import block_errors_fused
 
 
-def tensor_ranges(stats: RangeStats, n: int) -> dict[str, list[float]]:
+def tensor_ranges(stats: RangeStats, n: int) -> dict[str, dict[str, str]]:
     """Each tensor's calibration range (its channels' finite min and max; 0 where none is
-    finite), as columns ``min`` and ``max``."""
+    finite), as columns ``min`` and ``max`` (:func:`~qstream.io.packs.float_column`)."""
     lo = np.where(stats.count > 0, stats.min, np.inf).reshape(n, -1).min(axis=1)
     hi = np.where(stats.count > 0, stats.max, -np.inf).reshape(n, -1).max(axis=1)
     return {
-        "min": np.where(np.isfinite(lo), lo, 0.0).tolist(),
-        "max": np.where(np.isfinite(hi), hi, 0.0).tolist(),
+        "min": float_column(np.where(np.isfinite(lo), lo, 0.0)),
+        "max": float_column(np.where(np.isfinite(hi), hi, 0.0)),
     }
 
 
 WORST = 5  # channels listed per tensor (worst SQNR first)
 
 
-def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, list]:
+def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, Any]:
     """The error figures of ``n`` tensors from the per-channel sums ``errors`` (the tensors'
-    channels one after another), as columns (one list per figure, a value per tensor): the
-    figures of :meth:`~qstream.spec.ErrorStats.summary` and, with several channels, the
-    ``worst`` channels by SQNR (``worst_channel``, ``worst_sqnr_db``, ``worst_max_abs``:
-    a list per tensor); not the per-channel distribution."""
+    channels one after another), as columns (one per figure, a value per tensor; floating
+    point ones as :func:`~qstream.io.packs.float_column`): the figures of
+    :meth:`~qstream.spec.ErrorStats.summary` and, with several channels, the ``worst``
+    channels by SQNR (``worst_channel``: a list per tensor; ``worst_sqnr_db`` and
+    ``worst_max_abs``: their figures, the tensors' one after another); not the per-channel
+    distribution. :func:`~qstream.io.packs.decoded_columns` reads them as lists."""
     from ..calibration.views import channel_sqnr
 
     def total(a: np.ndarray) -> np.ndarray:
@@ -52,13 +55,13 @@ def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, li
         denom = np.sqrt(x2 * y2)
         cosine = np.where(denom > 0, xy / denom, np.where((x2 == 0) & (y2 == 0), 1.0, 0.0))
         clip_fraction = np.where(count > 0, clipped / np.maximum(count, 1), 0.0)
-    cols = {
-        "sqnr_db": _numbers(sqnr),
-        "mse": mse.tolist(),
-        "max_abs": errors.max_abs.reshape(n, -1).max(axis=1).tolist(),
-        "cosine": cosine.tolist(),
+    cols: dict[str, Any] = {
+        "sqnr_db": float_column(sqnr),
+        "mse": float_column(mse),
+        "max_abs": float_column(errors.max_abs.reshape(n, -1).max(axis=1)),
+        "cosine": float_column(cosine),
         "clipped": clipped.tolist(),
-        "clip_fraction": clip_fraction.tolist(),
+        "clip_fraction": float_column(clip_fraction),
         "nonfinite": (nan + pinf + ninf).tolist(),
         "count": count.tolist(),
         "nan": nan.tolist(),
@@ -70,27 +73,15 @@ def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, li
         sq = channel_sqnr(errors.sum_x2, errors.sum_e2).reshape(n, channels)
         order = np.argsort(sq, axis=1, kind="stable")[:, :worst]
         cols["worst_channel"] = order.tolist()
-        worst_sq = np.take_along_axis(sq, order, axis=1)
-        cols["worst_sqnr_db"] = (
-            worst_sq.tolist()  # (all finite, the common case: no test per value)
-            if np.isfinite(worst_sq).all()
-            else [_numbers(r) for r in worst_sq]
-        )
+        cols["worst_sqnr_db"] = float_column(np.take_along_axis(sq, order, axis=1))
         mx = errors.max_abs.reshape(n, channels)
-        cols["worst_max_abs"] = np.take_along_axis(mx, order, axis=1).tolist()
+        cols["worst_max_abs"] = float_column(np.take_along_axis(mx, order, axis=1))
     return cols
-
-
-def _numbers(a: np.ndarray) -> list:
-    """``a``'s values as JSON holds them: non-finite figures as strings (as in every
-    report)."""
-    values = a.tolist()
-    return values if np.isfinite(a).all() else [v if math.isfinite(v) else str(v) for v in values]
 
 
 def blocked_errors(
     x: np.ndarray, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, spec: QuantSpec
-) -> dict[str, list]:
+) -> dict[str, Any]:
     """The blocked tensors' error columns: one error pass over each tensor."""
     assert spec.axis is not None  # (a blocked spec has an axis)
     qt = spec.qtype

@@ -316,7 +316,7 @@ def results(meta: dict) -> list[dict[str, Any]]:
     from ..qtypes import qtype
 
     nbytes = int(qarray.stored_nbytes(meta["shape"], qtype(meta["dtype"])))
-    cols = meta["tensors"]["error"]
+    cols = packs.decoded_columns({k: meta["tensors"]["error"][k] for k in ERROR_COLUMNS})
     errors = zip(*(cols[k] for k in ERROR_COLUMNS), strict=True)
     return [
         {

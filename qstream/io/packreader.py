@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import StoreError
 from ..spec import QuantSpec
 from .localgroup import LocalGroup, read_all
-from .packs import MEMBERS, error_summary, read_pack_doc
+from .packs import MEMBERS, VERSION, decoded_columns, error_summary, read_pack_doc
 from .quantized import QuantizedArray
 
 
@@ -70,8 +70,18 @@ class PackReader:
         names = tensors.get("name")
         if not isinstance(names, list) or not isinstance(tensors.get("error"), dict):
             raise StoreError(f"{path}: the pack's metadata is damaged or crafted")
+        version = meta.get("version", 1)
+        if not isinstance(version, int) or version > VERSION:
+            raise StoreError(
+                f"{path}: the pack is of version {version!r}, newer than this qstream reads"
+                f" ({VERSION}); upgrade qstream"
+            )
+        try:
+            tensors = decoded_columns(tensors)
+        except ValueError as e:
+            raise StoreError(f"{path}: the pack's metadata is damaged or crafted ({e})") from None
         self.count = len(names)
-        self.meta = meta
+        self.meta = {**meta, "tensors": tensors}
         self._arrays: dict[str, Any] = {}  # member -> its zarr.Array
         self._forms: dict[str, tuple[tuple[int, ...], Any, Any, SimpleNamespace]] = {}
         self._spec: QuantSpec | None = None
