@@ -40,13 +40,13 @@ class Command(typer.core.TyperCommand):
         pieces = [self.options_metavar] if self.options_metavar else []
         for p in self.get_params(ctx):
             if p.param_type_name == "argument":
-                name = p.metavar or p.name.upper()
+                name = p.metavar or (p.name or "").upper()
                 pieces.append(name if p.required else f"[{name}]")
         return pieces
 
     def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
         args = [
-            (p.metavar or p.name.upper(), getattr(p, "help", None) or "")  # TyperArgument
+            (p.metavar or (p.name or "").upper(), getattr(p, "help", None) or "")  # TyperArgument
             for p in self.get_params(ctx)
             if p.param_type_name == "argument"
         ]
