@@ -134,6 +134,20 @@ def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_th
     assert len(got["error"]["worst_max_abs"]) == 4
 
 
+def _converted_with_pack_edited(tmp_path, edit) -> tuple[str, str]:
+    """Convert the experts' checkpoint with packs, apply ``edit`` to the ``qstream_pack``
+    attributes of the first expert's pack; (that tensor's name, its pack)."""
+    _experts(tmp_path / "ck.safetensors")
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    name = "model.layers.0.mlp.experts.0.up_proj.weight"
+    pack = qs.open_quantized(tmp_path / "p").tensors[name]["pack"]
+    doc_path = tmp_path / "p" / "_packs" / pack / "zarr.json"
+    doc = json.loads(doc_path.read_text())
+    edit(doc["attributes"]["qstream_pack"])
+    doc_path.write_text(json.dumps(doc))
+    return name, pack
+
+
 @pytest.mark.parametrize(
     ("column", "message"),
     [
@@ -144,29 +158,54 @@ def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_th
     ],
 )
 def test_a_damaged_float_column_is_refused_naming_the_pack(tmp_path, column, message):
-    _experts(tmp_path / "ck.safetensors")
-    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
-    name = "model.layers.0.mlp.experts.0.up_proj.weight"
-    pack = qs.open_quantized(tmp_path / "p").tensors[name]["pack"]
-    doc_path = tmp_path / "p" / "_packs" / pack / "zarr.json"
-    doc = json.loads(doc_path.read_text())
-    doc["attributes"]["qstream_pack"]["tensors"]["error"]["mse"] = column
-    doc_path.write_text(json.dumps(doc))
+    def damage(meta):
+        meta["tensors"]["error"]["mse"] = column
+
+    name, pack = _converted_with_pack_edited(tmp_path, damage)
     with pytest.raises(qs.StoreError, match=f"{pack}.*damaged or crafted.*{message}"):
         qs.open_quantized(tmp_path / "p")[name]
 
 
 def test_a_pack_of_a_newer_version_is_refused(tmp_path):
-    _experts(tmp_path / "ck.safetensors")
-    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
-    name = "model.layers.0.mlp.experts.0.up_proj.weight"
-    pack = qs.open_quantized(tmp_path / "p").tensors[name]["pack"]
-    doc_path = tmp_path / "p" / "_packs" / pack / "zarr.json"
-    doc = json.loads(doc_path.read_text())
-    doc["attributes"]["qstream_pack"]["version"] = 99
-    doc_path.write_text(json.dumps(doc))
+    name, _ = _converted_with_pack_edited(tmp_path, lambda meta: meta.update(version=99))
     with pytest.raises(qs.StoreError, match="version 99, newer than this qstream reads"):
         qs.open_quantized(tmp_path / "p")[name]
+
+
+def test_a_rerun_makes_again_a_finished_pack_whose_columns_are_damaged(tmp_path):
+    names = _experts(tmp_path / "ck.safetensors")
+    root = tmp_path / "p"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", root, packs=True)
+    # as a run killed after publishing its last pack and before listing its tensors leaves it
+    rows = qs.open_quantized(root).tensors
+    batches = sorted(b for b in (root / "_index").iterdir() if b.is_dir())
+
+    def listed_in(batch):
+        attrs = json.loads((batch / "zarr.json").read_text())["attributes"]
+        return [r["name"] for r in attrs["rows"]] if "rows" in attrs else attrs["columns"]["name"]
+
+    at = max(i for i, b in enumerate(batches) if "pack" in rows[listed_in(b)[0]])
+    listed = listed_in(batches[at])
+    name = listed[0]
+    pack = rows[name]["pack"]
+    for b in batches[at:]:
+        (b / "zarr.json").unlink()
+        b.rmdir()
+    doc = json.loads((root / "zarr.json").read_text())
+    doc["attributes"]["qstream_checkpoint"]["complete"] = False
+    (root / "zarr.json").write_text(json.dumps(doc))
+    pack_doc = root / "_packs" / pack / "zarr.json"
+    doc = json.loads(pack_doc.read_text())
+    doc["attributes"]["qstream_pack"]["tensors"]["error"]["mse"] = {"float64": "not base64!"}
+    pack_doc.write_text(json.dumps(doc))
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", root, packs=True)  # resumes
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "g", packs=True)
+    p, g = qs.open_quantized(root), qs.open_quantized(tmp_path / "g")
+    assert list(p) == list(g) == names
+    assert p.tensors[name]["pack"] == pack
+    for n in listed:
+        assert p[n].report == g[n].report, n
+        assert np.array_equal(p[n].quantized(), g[n].quantized()), n
 
 
 def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):

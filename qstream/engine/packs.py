@@ -22,6 +22,7 @@ explicit scales, per-channel on another axis, float offsets) are converted one b
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -147,7 +148,8 @@ class PackWork:
         fp = _fingerprint(item, ts, spec, self.compression)
         found = packs.read_pack_doc(path)
         if found is not None and found.get("fingerprint") == fp and found.get("complete"):
-            return results(found)
+            with contextlib.suppress(ValueError, KeyError, TypeError):  # (damaged: made again)
+                return results(found)
         if found is not None:  # a pack of another run of this root: made again
             packs.remove_pack(path)
         return convert_pack(item, ts, spec, path, fp, self.source, self.compression)
