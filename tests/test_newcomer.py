@@ -297,7 +297,7 @@ def slow_ck(tmp_path) -> Path:
     """A checkpoint whose conversion (mse search) runs for a few seconds."""
     rng = np.random.default_rng(1)
     save_file({f"t{i:03d}.weight": rng.standard_normal((512, 1024)).astype(np.float32)
-               for i in range(48)}, str(tmp_path / "big.safetensors"))  # fmt: skip
+               for i in range(96)}, str(tmp_path / "big.safetensors"))  # fmt: skip
     (tmp_path / "r.toml").write_text('[defaults]\ndtype = "int8"\naxis = 0\nmethod = "mse"\n')
     return tmp_path / "big.safetensors"
 
