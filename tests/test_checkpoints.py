@@ -346,3 +346,16 @@ def test_unsupported_and_corrupt_others(tmp_path):
     with zipfile.ZipFile(tmp_path / "trunc.npz", "w") as zf:
         zf.writestr("w.npy", b"\x93NUMPY\x01\x00" + b"v" * 10)
     _raises(tmp_path / "trunc.npz", "'w'")
+
+
+def test_dtype_facts_are_right_for_each_dtype_object_and_remembered_within_a_bound():
+    from qstream.io import checkpoint_dtypes
+    from qstream.io.checkpoint_dtypes import BF16, dtype_facts
+
+    assert dtype_facts(np.dtype("<f4")) == (np.dtype("float32"), "float32", True)
+    assert dtype_facts(BF16).name == "bfloat16"
+    for _ in range(1000):  # a big-endian dtype read from a file is a new object each time
+        big = np.dtype(">f4")
+        facts = dtype_facts(big)
+        assert facts.dtype == big and facts.name == "float32" and not facts.native
+    assert len(checkpoint_dtypes._FACTS) <= checkpoint_dtypes._MAX_FACTS

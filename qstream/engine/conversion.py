@@ -19,9 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
 from ..io import destination, packs, qarray
+from ..io.checkpoint_dtypes import dtype_facts
 from ..io.destination import Destination
 from ..io.rootindex import RootIndex, compact
 from ..recipe import Recipe
@@ -119,7 +118,7 @@ class Conversion:
                 if spec is None
                 else describe_target(spec)
             )
-            shown = _dtype_name(getattr(t, "source_dtype", t.dtype))  # (FP8: as stored)
+            shown = dtype_facts(getattr(t, "source_dtype", t.dtype)).name  # (FP8: as stored)
             event = TensorEvent(i, n, name, tuple(t.shape), shown, target)
             if name in self.results:
                 if self.on_tensor:
@@ -246,7 +245,7 @@ class Conversion:
             "key": self.keys[event.name],
             "pos": self.positions[event.name],
             "shape": list(t.shape),
-            "dtype": _dtype_name(t.dtype),
+            "dtype": dtype_facts(t.dtype).name,
             "target": event.target,
             "bytes_before": int(t.nbytes),
         }
@@ -257,18 +256,6 @@ class Conversion:
             self._flush()
         if self.on_tensor:
             self.on_tensor(TensorEvent(**{**event.__dict__, "result": row}))
-
-
-_DTYPE_NAMES: dict[int, tuple] = {}
-
-
-def _dtype_name(dtype: Any) -> str:
-    """``np.dtype(dtype).name``, remembered by the dtype object (a tensor's is one of a few
-    shared ones; hashing a dtype, like naming it, costs microseconds, per tensor)."""
-    known = _DTYPE_NAMES.get(id(dtype))
-    if known is None or known[0] is not dtype:
-        known = _DTYPE_NAMES[id(dtype)] = (dtype, np.dtype(dtype).name)
-    return known[1]
 
 
 def path_of(target: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .checkpoint_dtypes import BF16, native
+from .checkpoint_dtypes import BF16, dtype_facts, native
 from .checkpoint_tensor import CheckpointTensor
 
 
@@ -69,23 +69,9 @@ def memmap_tensor(
     fortran: bool = False,
 ) -> CheckpointTensor:
     """The tensor ``name`` whose values are at ``offset`` of the mapped file ``fmap``."""
-    dt, as_is = _native_of(dtype)
+    dt, _, as_is = dtype_facts(dtype)
     dims = tuple(map(int, shape))
     src = Mapped(fmap, offset, dt, dims, fortran)
     nbytes = math.prod(dims) * dt.itemsize
     file = (fmap.path, offset) if as_is and not fortran else None
     return CheckpointTensor(name, dims, native(dt), nbytes, src, file=file)
-
-
-_NATIVE: dict[int, tuple[Any, np.dtype[Any], bool]] = {}
-
-
-def _native_of(dtype: DTypeLike) -> tuple[np.dtype[Any], bool]:
-    """``np.dtype(dtype)`` and whether it is in native byte order, remembered by the dtype
-    object (a header's tensors share a few; comparing dtypes costs microseconds per
-    tensor)."""
-    known = _NATIVE.get(id(dtype))
-    if known is None or known[0] is not dtype:
-        dt = np.dtype(dtype)
-        known = _NATIVE[id(dtype)] = (dtype, dt, native(dt) == dt)
-    return known[1], known[2]
