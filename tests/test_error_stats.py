@@ -17,6 +17,7 @@ CASES = [
     ((8, 64, 5), 1, 16, "int4"),
     ((30, 40), 0, None, "int32"),
     ((40000,), None, None, "uint8"),
+    ((50, 1), 1, None, "int8"),  # one channel, on the inner axis: a per-tensor layout
 ]
 
 
@@ -83,6 +84,30 @@ def test_report_splits_non_finite_counts_per_tensor_and_per_channel(tmp_path, ax
     assert got == want
 
 
+def test_a_piece_one_channel_wide_on_the_inner_axis_sums_its_channel(tmp_path):
+    """Channels on the inner axis, 65 of them in chunks of 64: the last piece holds one
+    channel, whose layout is per tensor. Its error sums are that channel's (they once ran
+    as 64 channels into a one-channel array, writing beyond it)."""
+    import zarr
+
+    rng = np.random.default_rng(65)
+    x = rng.standard_normal((64, 65)).astype(np.float32)
+    src = zarr.create_array(tmp_path / "x.zarr", shape=x.shape, chunks=(64, 64), dtype="f4")
+    src[...] = x
+    spec = qs.QuantSpec(dtype="int8", axis=1)
+    rep = qs.quantize_store(tmp_path / "x.zarr", tmp_path / "q.zarr", spec, max_memory=1 << 20)
+    q = qs.open_quantized(tmp_path / "q.zarr")
+    xhat = np.asarray(q[...], np.float64)
+    e = x.astype(np.float64) - xhat
+    assert rep.error["count"] == x.size
+    want = 10 * np.log10((x.astype(np.float64) ** 2).sum() / (e**2).sum())
+    assert rep.error["sqnr_db"] == pytest.approx(want, rel=1e-9)
+    last = [c for c in rep.error["worst_channels"] if c["channel"] == 64]
+    col = 10 * np.log10((x[:, 64].astype(np.float64) ** 2).sum() / (e[:, 64] ** 2).sum())
+    for c in last:
+        assert c["sqnr_db"] == pytest.approx(col, rel=1e-9)
+
+
 @pytest.mark.parametrize("serial", [False, True])
 @pytest.mark.parametrize(("rows", "width", "cblock"), [(300, 128, 1), (64, 513, 3), (7, 16384, 1)])
 def test_rows_per_channel_sum_exactly_as_tiles(rows, width, cblock, serial):
@@ -114,3 +139,13 @@ def test_rows_per_channel_sum_exactly_as_tiles(rows, width, cblock, serial):
     pick(_error_sums_channel_rows)(x, q, s, z, cblock, -128, 127, direct)
     pick(_error_sums_tiles)(x, q, s, z, cblock, width, -128, 127, tiles, *(NO_GROUPS,) * 3, False)
     assert direct.tobytes() == tiles.tobytes()
+
+
+def test_error_sums_refuses_sums_that_do_not_fit_the_inner_channels():
+    from qstream.kernels.errors import N_SUMS, error_sums
+
+    x = np.ones((1, 1, 64), np.float32)
+    q = np.ones((1, 1, 64), np.int8)
+    s, z = np.ones((1, 1, 1), np.float32), np.zeros((1, 1, 1), np.float32)
+    with pytest.raises(ValueError, match="sums for 1 channels, 64 on the inner axis"):
+        error_sums(x, q, s, z, 1, 64, -128.0, 127.0, True, np.zeros((1, N_SUMS)))

@@ -368,7 +368,9 @@ def block_errors_fused(
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
     from ..kernels.errors import N_SUMS, error_sums
 
-    chan_inner = axis is not None and math.prod(x.shape[axis + 1 :]) == 1
+    # (a piece holding one channel has a per-tensor layout: its channel is the tensor's)
+    chan_inner = layout.axis is not None and axis is not None
+    chan_inner = chan_inner and math.prod(x.shape[axis + 1 :]) == 1
     c = 1 if axis is None else x.shape[axis]
     sums = np.zeros((c, N_SUMS))
     error_sums(*_error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)

@@ -178,6 +178,10 @@ def error_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, chan_inner, 
     runs of one tile, or columns): the numbers :func:`group_sums` gives, at no extra pass.
     """
     if chan_inner:
+        if out.shape[0] != x.shape[2]:  # (the kernel writes a row of ``out`` per channel)
+            raise ValueError(
+                f"error_sums: sums for {out.shape[0]} channels, {x.shape[2]} on the inner axis"
+            )
         run(_error_sums_rows, x, q, scale, zero_point, cblock, iblock, qmin, qmax, out)
         return
     g = groups if groups is not None else (NO_GROUPS,) * 3
