@@ -149,3 +149,58 @@ def test_error_sums_refuses_sums_that_do_not_fit_the_inner_channels():
     s, z = np.ones((1, 1, 1), np.float32), np.zeros((1, 1, 1), np.float32)
     with pytest.raises(ValueError, match="sums for 1 channels, 64 on the inner axis"):
         error_sums(x, q, s, z, 1, 64, -128.0, 127.0, True, np.zeros((1, N_SUMS)))
+
+
+def _stats(kind, channels, rng, signed_zero=False):
+    from dataclasses import fields
+
+    values = {}
+    for f in fields(kind):
+        if f.name == "first_nonfinite":
+            continue
+        ints = f.name in ("count", "clipped", "nan", "posinf", "neginf")
+        v = rng.integers(0, 9, channels) if ints else rng.standard_normal(channels)
+        if signed_zero and not ints:
+            v[::2] = -0.0
+        values[f.name] = v.astype(np.int64 if ints else np.float64)
+    return kind(**values)
+
+
+@pytest.mark.parametrize("kind", ["RangeStats", "ErrorStats"])
+def test_merged_stats_keep_a_whole_first_part_with_the_values_merging_gives(kind):
+    """A first part covering every channel is kept rather than merged into empties: the
+    same values, bit for bit (-0.0 sums made +0.0, as adding them to zeros does), and a
+    later part merges into a copy, leaving the kept part as it was."""
+    from dataclasses import fields
+
+    from qstream.spec import MergedStats, merge_into
+    from qstream.spec import stats as S
+
+    cls = getattr(S, kind)
+    rng = np.random.default_rng(3)
+
+    def arrays(st):
+        return {
+            f.name: getattr(st, f.name).tobytes() for f in fields(st) if f.name != "first_nonfinite"
+        }
+
+    first, second = _stats(cls, 6, rng, signed_zero=True), _stats(cls, 6, rng)
+    want = cls.empty(6)
+    merge_into(want, first)
+    merged = MergedStats(cls, 6)
+    merged.add(_stats(cls, 6, np.random.default_rng(3), signed_zero=True))
+    assert arrays(merged.total) == arrays(want)
+    kept = merged.total
+    kept_bytes = arrays(kept)
+    merge_into(want, second)
+    merged.add(second)
+    assert arrays(merged.total) == arrays(want)
+    assert arrays(kept) == kept_bytes and merged.total is not kept
+    # parts of some channels, or of another dtype, are merged as before
+    part = MergedStats(cls, 6)
+    piece = _stats(cls, 3, rng)
+    part.add(piece, 3)
+    want = cls.empty(6)
+    merge_into(want, piece, 3)
+    assert arrays(part.total) == arrays(want)
+    assert arrays(MergedStats(cls, 4).total) == arrays(cls.empty(4))

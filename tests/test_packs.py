@@ -106,7 +106,8 @@ def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
 
 
 def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_they_were():
-    from qstream.io.packs import decoded_columns, float_column
+    from qstream.io.columns import float_column
+    from qstream.io.packs import decoded_columns
 
     odd = [0.1, -0.0, 5e-324, 1e308, np.inf, -np.inf, np.nan, -1.5]
     sq = np.array([40.5, np.inf, -np.inf, np.nan])
@@ -132,6 +133,67 @@ def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_th
     assert got["error"]["worst_sqnr_db"] == [[1.0, "inf"], [2.5, 3.0], ["nan", 4.0], [5.0, 6.0]]
     assert got["error"]["worst_max_abs"][0] == [2.0, np.inf]
     assert len(got["error"]["worst_max_abs"]) == 4
+
+
+def test_figures_are_listed_as_float64_bytes_only_where_they_read_back_the_same():
+    from qstream.io.columns import float_values, listed_floats
+
+    def back(name, values):
+        stored = json.loads(json.dumps(listed_floats(name, values)))
+        return stored, (float_values(stored, name) if isinstance(stored, dict) else stored)
+
+    odd = [0.25, -0.0, 5e-324, np.inf, -np.inf, np.nan]
+    stored, got = back("mse", odd)
+    assert set(stored) == {"float64"}
+    assert np.array_equal(np.array(got), np.array(odd), equal_nan=True)
+    assert np.signbit(got[1]) and all(type(v) is float for v in got)
+    stored, got = back("sqnr_db", [41.5, "inf", "-inf", "nan"])  # (as every report has them)
+    assert set(stored) == {"float64"} and got == [41.5, "inf", "-inf", "nan"]
+    for name, values in [
+        ("sqnr_db", [41.5, np.inf]),  # (would read back as the text "inf")
+        ("clipped", [0, 3]),
+        ("mse", [0.5, 1]),
+        ("mse", [0.5, None]),
+        ("sqnr_db", [41.5, "Infinity"]),
+        ("mse", []),
+    ]:
+        stored, got = back(name, values)
+        assert stored == got == values, (name, values)
+
+
+def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_converted(tmp_path):
+    """The root's index rows, read back, are the rows the conversion returned, value for
+    value (the error figures' floats stored as bytes); an index whose batches list every
+    value in JSON, as earlier versions wrote them, reads the same."""
+    from qstream.io.columns import float_values
+    from qstream.io.rootindex import RootIndex
+
+    _experts(tmp_path / "ck.safetensors")
+    out = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    packed = [n for n, r in out["tensors"].items() if "pack" in r]
+    assert len(packed) == 24
+
+    def rows():
+        meta = json.loads((tmp_path / "p" / "zarr.json").read_text())["attributes"]
+        return RootIndex.open(tmp_path / "p", meta["qstream_checkpoint"]).rows()
+
+    def same(a, b):
+        assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+    same(rows(), out["tensors"])
+    docs = sorted((tmp_path / "p" / "_index").glob("b*/zarr.json"))
+    encoded = 0
+    for path in docs:
+        doc = json.loads(path.read_text())
+        columns = doc["attributes"].get("columns", {})
+        for k, v in columns.items():
+            if isinstance(v, dict):
+                encoded += 1
+                columns[k] = json.loads(json.dumps(float_values(v, k.removeprefix("error."))))
+        path.write_text(json.dumps(doc))
+    assert encoded >= 5  # (sqnr_db, mse, max_abs, cosine, clip_fraction of the packs)
+    same(rows(), out["tensors"])
+    assert qs.open_quantized(tmp_path / "p").tensors == out["tensors"]
 
 
 def _converted_with_pack_edited(tmp_path, edit) -> tuple[str, str]:

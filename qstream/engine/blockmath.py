@@ -369,8 +369,9 @@ def block_errors_fused(
     from ..kernels.errors import N_SUMS, error_sums
 
     # (a piece holding one channel has a per-tensor layout: its channel is the tensor's)
-    chan_inner = layout.axis is not None and axis is not None
-    chan_inner = chan_inner and math.prod(x.shape[axis + 1 :]) == 1
+    chan_inner = (
+        axis is not None and layout.axis is not None and math.prod(x.shape[axis + 1 :]) == 1
+    )
     c = 1 if axis is None else x.shape[axis]
     sums = np.zeros((c, N_SUMS))
     error_sums(*_error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)
@@ -378,11 +379,12 @@ def block_errors_fused(
 
 
 def _stats_of(sums: np.ndarray) -> ErrorStats:
-    """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]``."""
-    n, clip, nan, pinf, ninf = sums[:, [0, 6, 7, 8, 9]].astype(np.int64).T
-    return ErrorStats(
-        n, sums[:, 1], sums[:, 2], sums[:, 3], sums[:, 4], sums[:, 5], clip, nan, pinf, ninf
-    )
+    """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]`` (each figure
+    a contiguous array: the columns of ``sums`` are strided, slow to read many times)."""
+    by_figure = sums.T
+    n, clip, nan, pinf, ninf = by_figure[[0, 6, 7, 8, 9]].astype(np.int64)
+    x2, e2, xy, y2, emax = np.ascontiguousarray(by_figure[1:6])
+    return ErrorStats(n, x2, e2, xy, y2, emax, clip, nan, pinf, ninf)
 
 
 def block_worst_groups(

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..calibration.views import Histogram
 from ..errors import InvalidParameterError
-from ..spec import HISTOGRAM_METHODS, Calibration, QuantParams, RangeStats, merge_into
+from ..spec import HISTOGRAM_METHODS, Calibration, MergedStats, QuantParams, RangeStats
 from .job_params import explicit_params, offset_params
 from .passes import JobView, Progress, report_stage
 from .plan import Block, mib
@@ -31,16 +31,16 @@ def ranges(job: JobView, progress: Progress | None = None) -> RangeStats:
     """Pass 1: exact per-channel ranges, merged in block order (min/max and counts are
     exact, so the result never depends on how the work was cut)."""
     plan = job.plan
-    total = RangeStats.empty(plan.channels)
+    total = MergedStats(RangeStats, plan.channels)
     first: list[int] = []
 
     def merge(b: Block, st: RangeStats) -> None:
-        merge_into(total, st, plan.offset(b.key))
+        total.add(st, plan.offset(b.key))
         if st.first_nonfinite >= 0:
             first.append(st.first_nonfinite)
 
     job.scan(job.blocks, RangesWork(plan, job.ref), merge, progress, stage="ranges")
-    return replace(total, first_nonfinite=min(first) if first else -1)
+    return replace(total.total, first_nonfinite=min(first) if first else -1)
 
 
 def check_nonfinite(job: JobView, st: RangeStats) -> None:
@@ -70,14 +70,9 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
     from ..calibration.params import params_from_range
     from ..calibration.views import calibration_view
 
+    view = calibration_view(spec, st, lo, hi, view_hist) if job.views else None
     if spec.float_offset:
-        return Calibration(
-            spec,
-            st,
-            thresholds,
-            offset_params(lo, hi, plan, job.layout),
-            calibration_view(spec, st, lo, hi, view_hist),
-        )
+        return Calibration(spec, st, thresholds, offset_params(lo, hi, plan, job.layout), view)
     scale, zp = params_from_range(
         lo,
         hi,
@@ -90,7 +85,6 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
     params = QuantParams(
         scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None
     )
-    view = calibration_view(spec, st, lo, hi, view_hist)
     return Calibration(spec, st, thresholds, params, view)
 
 

@@ -74,6 +74,7 @@ class QuantizeJob:
         executor: Any = None,
         checkpoint: tuple[Any, ...] | None = None,
         view_histogram: bool = False,
+        views: bool = True,
         memory_share: int = 1,
         compression: str | None = compressions.AUTO,
         layout: str = "group",
@@ -83,7 +84,8 @@ class QuantizeJob:
         ``checkpoint``: ``(path, name)`` of the checkpoint tensor ``src`` is (and the
         ``CheckpointSource`` that opens it), so that workers in other processes can open the
         tensor themselves. ``view_histogram``: a per-tensor minmax calibration makes one
-        histogram pass for the views (histogram methods keep theirs anyway).
+        histogram pass for the views (histogram methods keep theirs anyway); ``views``: False
+        when nothing reads the calibration's views (a pack's job), which are then not drawn.
         ``memory_share``: this many jobs run at once within ``max_memory``; each fits its
         workers in its share, while its blocks (and so its report, bit for bit) stay those of
         ``max_memory``. ``compression``: how the output's chunks are compressed (see
@@ -102,6 +104,7 @@ class QuantizeJob:
         self.compression = compressions.canonical(compression)
         self.memory_share = max(1, int(memory_share))
         self.view_histogram = view_histogram
+        self.views = views
         self.token = uuid.uuid4().hex
         self.executor = resolve(executor)
         if checkpoint is None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.scratch import aligned_empty
-from ..spec import Calibration, ErrorStats, WorstGroups, merge_into
+from ..spec import Calibration, ErrorStats, MergedStats, WorstGroups
 from .plan import Block
 from .quantize_work import QuantizeWork
 
@@ -102,12 +102,12 @@ def quantize_in_memory(job: QuantizeJob, cal: Calibration) -> MemoryOutput:
         None if given is None else given.scale,
         None if given is None else given.zero_point,
     )
-    errors = ErrorStats.empty(plan.channels)
+    errors = MergedStats(ErrorStats, plan.channels)
     worst = [WorstGroups.empty() if job.keeps_worst_groups() else None]
 
     def merge(b: Block, result: tuple[ErrorStats, WorstGroups | None]) -> None:
         err, groups = result
-        merge_into(errors, err, plan.offset(b.key))
+        errors.add(err, plan.offset(b.key))
         if groups is not None and worst[0] is not None:
             worst[0] = worst[0].merged(groups)
 
@@ -119,4 +119,4 @@ def quantize_in_memory(job: QuantizeJob, cal: Calibration) -> MemoryOutput:
         zero_point = params.zero_point.astype(members["zero_point"]["dtype"])
     else:  # dynamic groups: what the blocks wrote
         scale, zero_point = dest.values("scale"), dest.values("zero_point")
-    return MemoryOutput(members, dest.values("data"), scale, zero_point, errors, worst[0])
+    return MemoryOutput(members, dest.values("data"), scale, zero_point, errors.total, worst[0])

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 
 from ..core.layout import normalize_axis, plan_layout
-from ..io.packs import float_column
+from ..io.columns import float_column
 from ..spec import ErrorStats, QuantSpec, RangeStats, merge_into
 from .blockmath import block_errors_fused
 
 
 def tensor_ranges(stats: RangeStats, n: int) -> dict[str, dict[str, str]]:
     """Each tensor's calibration range (its channels' finite min and max; 0 where none is
-    finite), as columns ``min`` and ``max`` (:func:`~qstream.io.packs.float_column`)."""
+    finite), as columns ``min`` and ``max`` (:func:`~qstream.io.columns.float_column`)."""
     lo = np.where(stats.count > 0, stats.min, np.inf).reshape(n, -1).min(axis=1)
     hi = np.where(stats.count > 0, stats.max, -np.inf).reshape(n, -1).max(axis=1)
     return {
@@ -34,7 +34,7 @@ WORST = 5  # channels listed per tensor (worst SQNR first)
 def brief_errors(errors: ErrorStats, n: int, worst: int = WORST) -> dict[str, Any]:
     """The error figures of ``n`` tensors from the per-channel sums ``errors`` (the tensors'
     channels one after another), as columns (one per figure, a value per tensor; floating
-    point ones as :func:`~qstream.io.packs.float_column`): the figures of
+    point ones as :func:`~qstream.io.columns.float_column`): the figures of
     :meth:`~qstream.spec.ErrorStats.summary` and, with several channels, the ``worst``
     channels by SQNR (``worst_channel``: a list per tensor; ``worst_sqnr_db`` and
     ``worst_max_abs``: their figures, the tensors' one after another); not the per-channel

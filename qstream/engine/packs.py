@@ -241,7 +241,11 @@ def convert_pack(
     x = read_stack(ts)
     stacked, job_spec = _stacked(x, spec, item.mode)
     job = QuantizeJob(
-        _Stack(stacked, item.name), job_spec, executor=InlineExecutor(), compression=compression
+        _Stack(stacked, item.name),
+        job_spec,
+        executor=InlineExecutor(),
+        compression=compression,
+        views=False,  # (a pack lists its tensors' figures, not its job's report)
     )
     try:
         job.source.pinned = stacked

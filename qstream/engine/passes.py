@@ -41,6 +41,7 @@ class JobView(Protocol):
     layout: str
     dims: list[str]  # the output's dimension names
     view_histogram: bool
+    views: bool  # False: the calibration draws no views (nothing reads them)
     passes: int
     bytes_read: int
 

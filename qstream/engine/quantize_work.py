@@ -11,7 +11,7 @@ import numpy as np
 from ..core.layout import Layout, blocked_param_shape, param_region, plan_layout
 from ..core.scratch import scratch
 from ..qtypes import QType
-from ..spec import ErrorStats, WorstGroups, merge_into
+from ..spec import ErrorStats, MergedStats, WorstGroups
 from .blockmath import (
     block_errors,
     block_errors_fused,
@@ -79,7 +79,7 @@ class QuantizeWork:
         data = self.dest.writer("data")
         stored = data.array.dtype
         q = scratch("quantized", b.shape, qt.dtype)
-        errs = ErrorStats.empty(plan.block_channels(b))
+        errs = MergedStats(ErrorStats, plan.block_channels(b))
         blocked = bool(plan.spec.block_size)
         if blocked:
             axis, bs = plan.groups()
@@ -123,7 +123,7 @@ class QuantizeWork:
                 )
             if copy_back:
                 q[rel] = qp
-            merge_into(errs, err, plan.offset(region) - plan.offset(b.key))
+            errs.add(err, plan.offset(region) - plan.offset(b.key))
             if plan.dynamic:
                 prel = relative_key(param_region(region, axis, bs), pk_block)
                 s_block[prel] = s
@@ -136,7 +136,7 @@ class QuantizeWork:
                 zp_out = self.dest.writer("zero_point")
                 zp_out[pk_block] = z_block.astype(zp_out.array.dtype)
         data[b.key] = q.view(stored) if q.dtype != stored else q  # float8: bit patterns
-        return errs, worst
+        return errs.total, worst
 
     def _pieces(self, source: Source, b: Block) -> Iterable[tuple[Key, np.ndarray]]:
         """``(region, x)`` of the block piece by piece (one stored chunk each, so each stays in

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..spec import RangeStats, merge_into
+from ..spec import MergedStats, RangeStats
 from .blockmath import block_ranges
 from .handles import SourceRef
 from .plan import Block
@@ -24,16 +24,17 @@ class RangesWork:
     def __call__(self, b: Block) -> RangeStats:
         source = self.source.open()
         plan = self.plan
-        st = RangeStats.empty(plan.block_channels(b))
+        merged = MergedStats(RangeStats, plan.block_channels(b))
         first = -1
         for region, x in read_pieces(source, b.key):
             part = block_ranges(x, plan.stat_axis)
-            merge_into(st, part, plan.offset(region) - plan.offset(b.key))
+            merged.add(part, plan.offset(region) - plan.offset(b.key))
             if part.first_nonfinite >= 0:  # as an index into the whole array
                 local = np.unravel_index(part.first_nonfinite, x.shape)
                 at = tuple(k.start + i for k, i in zip(region, local, strict=True))
                 flat = int(np.ravel_multi_index(at, plan.shape)) if at else 0
                 first = flat if first < 0 else min(first, flat)
+        st = merged.total
         return RangeStats(st.min, st.max, st.count, st.nan, st.posinf, st.neginf, first)
 
 

@@ -12,12 +12,11 @@ tensors that share their shape, dtype and quantization spec, stacked along a new
     DST/_packs/p000003/scale         parameters, shape [n, *parameter shape]
     DST/_packs/p000003/zero_point    (absent values: 0, the fill value)
 
-A column of floating-point figures is stored as ``{"float64": <base64>}``, the values'
-little-endian bytes (:func:`float_column`); JSON would spell out each value, ~0.4 us apiece,
-which was the largest share of a small pack's own time (256 tensors: 4,600 values, 2.4 ms,
-holding the interpreter's lock). :func:`decoded_columns` gives the columns as lists again,
-non-finite SQNRs as the strings every report uses. Packs of version 1 hold lists and still
-read.
+A column of floating-point figures is stored as float64 bytes
+(:func:`~qstream.io.columns.float_column`); spelled out in JSON, they were the largest share
+of a small pack's own time (256 tensors: 4,600 values, 2.4 ms, holding the interpreter's
+lock). :func:`decoded_columns` gives the columns as lists again. Packs of version 1 hold
+lists and still read.
 
 Tensor ``i`` of the pack is ``data[i]``, ``scale[i]``, ``zero_point[i]``: plain Zarr (or
 xarray) reads it with no qstream code. A pack is built in a hidden folder and renamed into
@@ -30,18 +29,14 @@ lists its tensors (their rows name the pack and the slot) once it is published.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import math
 import os
 import re
 import shutil
 from typing import Any
 
-import numpy as np
-
 from ..errors import StoreError
+from .columns import float_values
 from .localmeta import group_doc, read_local_doc, write_doc
 from .ondisk import TMP_PREFIX
 from .paths import remove_child
@@ -132,36 +127,6 @@ def ensure_folder(local: str) -> None:
         write_doc(folder, group_doc({}), new=True)
 
 
-# the columns whose non-finite values read as strings ("inf"), as in every report
-TEXT_NONFINITE = ("sqnr_db", "worst_sqnr_db")
-_FLOAT64 = "float64"
-
-
-def float_column(values: np.ndarray) -> dict[str, str]:
-    """The column ``values`` (flattened) as a pack's document stores it (module docstring)."""
-    raw = np.ascontiguousarray(values, "<f8").tobytes()
-    return {_FLOAT64: base64.b64encode(raw).decode("ascii")}
-
-
-def _floats(value: dict[str, Any], name: str) -> list[Any]:
-    """The values of a :func:`float_column` (``name``: the column's, for its non-finite
-    values and for errors)."""
-    raw = value.get(_FLOAT64)
-    if not isinstance(raw, str) or len(value) != 1:
-        raise ValueError(f"column {name!r} is neither a list nor float64 values")
-    try:
-        data = base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"column {name!r}: its float64 values are not base64") from None
-    if len(data) % 8:
-        raise ValueError(f"column {name!r}: {len(data)} bytes are not float64 values")
-    a = np.frombuffer(data, "<f8")
-    values: list[Any] = a.tolist()
-    if name in TEXT_NONFINITE and not np.isfinite(a).all():
-        values = [v if math.isfinite(v) else str(v) for v in values]
-    return values
-
-
 def decoded_columns(cols: dict[str, Any]) -> dict[str, Any]:
     """A pack's ``tensors`` columns (and their ``error`` columns) with every column a list,
     a value per tensor: float64 columns decoded, the worst channels' figures (stored flat)
@@ -171,7 +136,7 @@ def decoded_columns(cols: dict[str, Any]) -> dict[str, Any]:
         if name == "error" and isinstance(value, dict):
             out[name] = decoded_columns(value)
         elif isinstance(value, dict):
-            out[name] = _floats(value, name)
+            out[name] = float_values(value, name)
         else:
             out[name] = value
     worst = out.get("worst_channel")

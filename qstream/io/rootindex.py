@@ -7,8 +7,9 @@ grows by appending.
                              "compression", "tensors_total", "index": "_index", "complete"}
     DST/_index/              a Zarr group; each batch of finished tensors is a subgroup whose
       b000000/zarr.json      attributes hold {"rows": [row, ...]} (or the same rows as
-                             {"columns": {key: [value, ...]}}), written once, never again
-      b000001/zarr.json      (new batches are linked into place: none is ever replaced)
+                             {"columns": {key: [value, ...]}}, a column of the error
+      b000001/zarr.json      figures' floats as float64 bytes), written once, never again
+                             (new batches are linked into place: none is ever replaced)
     DST/<key>/               each tensor's own group (quantized, with its full report) or
                              array (kept)
     DST/_packs/<pack>/       or, for runs of small alike tensors, their pack (its row names
@@ -30,6 +31,7 @@ import os
 from typing import Any
 
 from ..errors import StoreError
+from .columns import float_values, listed_floats
 from .localmeta import group_doc, write_doc
 from .names import check_key
 from .paths import local_path, open_regular
@@ -229,18 +231,19 @@ def _batch(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A batch document's attributes: ``{"columns": {key: [value per row]}}`` when every row
     has the same keys (a pack's tensors: a few times smaller and faster to write than a list
     of objects), ``error`` split into ``error.<figure>`` columns when every row's has the
-    same figures; else ``{"rows": rows}``."""
+    same figures (a column of floats as float64 bytes,
+    :func:`~qstream.io.columns.listed_floats`); else ``{"rows": rows}``."""
     keys = list(rows[0])
     if len(rows) < 2 or any(list(r) != keys for r in rows):
         return {"rows": rows}
-    columns = {k: [r[k] for r in rows] for k in keys}
+    columns: dict[str, Any] = {k: [r[k] for r in rows] for k in keys}
     errors = columns.get("error")
     if errors and isinstance(errors[0], dict):
         figures = list(errors[0])
         if all(isinstance(e, dict) and list(e) == figures for e in errors):
             del columns["error"]
             for f in figures:
-                columns[f"error.{f}"] = [e[f] for e in errors]
+                columns[f"error.{f}"] = listed_floats(f, [e[f] for e in errors])
     return {"columns": columns}
 
 
@@ -248,6 +251,10 @@ def _rows(columns: object, name: str) -> list[dict[str, Any]]:
     """The rows of a batch written as :func:`_batch` columns."""
     if not isinstance(columns, dict) or not columns:
         raise ValueError(f"batch {name} has no columns")
+    columns = {
+        k: float_values(v, k.removeprefix("error.")) if isinstance(v, dict) else v
+        for k, v in columns.items()
+    }
     lists = list(columns.values())
     n = len(lists[0]) if isinstance(lists[0], list) else -1
     if not all(isinstance(v, list) and len(v) == n for v in lists):

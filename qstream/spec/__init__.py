@@ -22,7 +22,7 @@ from .quantspec import (
     QuantSpec,
 )
 from .reports import Calibration, QuantParams, QuantReport
-from .stats import ErrorStats, RangeStats, merge_into
+from .stats import ErrorStats, MergedStats, RangeStats, merge_into
 
 __all__ = [
     "HISTOGRAM_METHODS",
@@ -35,6 +35,7 @@ __all__ = [
     "Calibration",
     "ErrorStats",
     "GroupSQNR",
+    "MergedStats",
     "QuantParams",
     "QuantReport",
     "QuantSpec",

@@ -199,6 +199,65 @@ def merge_into(
             target += value
 
 
+class MergedStats:
+    """The statistics of ``channels`` channels merged from parts in order, as
+    :func:`merge_into` merges them into ``kind.empty(channels)``. A first part that covers
+    every channel (the one block of a small job, the one piece of a block) is kept as it is
+    instead: the same values (its float sums' -0.0 made +0.0, as adding it to zeros makes
+    it) without the empties and the merge; a later part merges into a copy, never into it.
+    A kept part's arrays are the caller's to give away (fresh from a kernel)."""
+
+    def __init__(self, kind: type[RangeStats] | type[ErrorStats], channels: int) -> None:
+        self.kind, self.channels = kind, channels
+        self._total: Any = None
+        self._owned = False  # the total is ours (made from empties), not a kept part
+
+    def add(self, part: RangeStats | ErrorStats, offset: int = 0) -> None:
+        """Merge ``part``, the statistics of channels ``offset ..``."""
+        if self._total is None and offset == 0 and _whole(part, self.kind, self.channels):
+            self._total = _zero_sums(part)
+            return
+        if not self._owned:
+            total = self.kind.empty(self.channels)
+            if self._total is not None:
+                merge_into(total, self._total)
+            self._total, self._owned = total, True
+        merge_into(self._total, part, offset)
+
+    @property
+    def total(self) -> Any:
+        """What was merged (empty statistics when nothing was)."""
+        if self._total is None:
+            self._total, self._owned = self.kind.empty(self.channels), True
+        return self._total
+
+
+def _whole(part: RangeStats | ErrorStats, kind: type, channels: int) -> bool:
+    """Whether ``part`` can stand for the merged statistics of ``channels`` channels: of the
+    kind, every array one entry per channel, of the type the empties have."""
+    if type(part) is not kind:
+        return False
+    ints = ErrorStats.INTS if kind is ErrorStats else ("count", "nan", "posinf", "neginf")
+    for f in fields(part):
+        v = getattr(part, f.name)
+        if not isinstance(v, np.ndarray):
+            continue
+        want = np.int64 if f.name in ints else np.float64
+        if v.dtype != want or v.shape != (channels,):
+            return False
+    return True
+
+
+def _zero_sums(part: Any) -> Any:
+    """``part`` with its summed float fields' -0.0 made +0.0, in place: what adding them to
+    zeros gives (min, max and the integer counts come out of a merge as they went in)."""
+    if isinstance(part, ErrorStats):
+        for name in ("sum_x2", "sum_e2", "sum_xy", "sum_y2"):
+            np.add(getattr(part, name), 0.0, out=getattr(part, name))
+        np.maximum(0.0, part.max_abs, out=part.max_abs)  # (as merged into zeros)
+    return part
+
+
 def error_metrics(
     n: int | np.integer[Any],
     sx2: float | np.floating[Any],
