@@ -270,6 +270,45 @@ def test_a_rerun_makes_again_a_finished_pack_whose_columns_are_damaged(tmp_path)
         assert np.array_equal(p[n].quantized(), g[n].quantized()), n
 
 
+def test_a_rerun_under_another_memory_bound_never_replaces_a_pack_listed_tensors_are_in(
+    tmp_path,
+):
+    """Packs are planned from max_memory: a re-run under another bound packs the tensors
+    still to convert otherwise, and its packs' numbers may be those of packs the first run
+    listed. Those are never replaced: every tensor then reads as in an uninterrupted run."""
+    rng = np.random.default_rng(8)
+    names = [
+        f"model.layers.{i}.mlp.experts.{e}.up_proj.weight" for i in range(4) for e in range(64)
+    ]
+    save_file(
+        {n: rng.standard_normal((16, 64)).astype(np.float32) for n in names},
+        tmp_path / "ck.safetensors",
+    )
+    root = tmp_path / "p"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", root, packs=True, max_memory=1 << 20)
+    rows = qs.open_quantized(root).tensors
+    names = list(rows)  # (in the checkpoint's order)
+    assert rows[names[-1]]["pack"] == "p000015"  # (16 tensors a pack)
+    # as a run killed after listing 12 packs leaves it
+    for b in sorted(b for b in (root / "_index").iterdir() if b.is_dir())[12:]:
+        (b / "zarr.json").unlink()
+        b.rmdir()
+    doc = json.loads((root / "zarr.json").read_text())
+    doc["attributes"]["qstream_checkpoint"]["complete"] = False
+    (root / "zarr.json").write_text(json.dumps(doc))
+    assert len(qs.open_quantized(root, allow_incomplete=True).tensors) == 192
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", root, packs=True, max_memory=4 << 20)
+    g = tmp_path / "g"
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", g, packs=True, max_memory=4 << 20)
+    p, g = qs.open_quantized(root), qs.open_quantized(g)
+    assert list(p) == list(g) == names
+    assert {p.tensors[n]["pack"] for n in names[:192]} == {f"p{i:06d}" for i in range(12)}
+    for n in names:
+        assert p[n].report == g[n].report, n
+        assert np.array_equal(p[n].quantized(), g[n].quantized()), n
+        assert np.array_equal(p[n].scale, g[n].scale), n
+
+
 def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
     from qstream.io.packs import decoded_columns
 

@@ -343,7 +343,7 @@ def quantize_rows_with_errors(
     xe, qe, se, ze, _, _, qmin, qmax = _error_inputs(xs, out, s, z, layout, qt, lo_q)
     if not np.shares_memory(qe, out):  # (sub-byte codes are widened by a copy: made too soon)
         return None
-    sums = np.zeros((c, N_SUMS))
+    sums = np.zeros((N_SUMS, c)).T  # (a channel's sums a row, each figure's contiguous)
     for c0 in range(0, c, rows):
         c1 = c if c - c0 < 2 * rows else c0 + rows  # (the last run takes the rest)
         r = slice(c0, c1)
@@ -379,11 +379,13 @@ def block_errors_fused(
 
 
 def _stats_of(sums: np.ndarray) -> ErrorStats:
-    """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]`` (each figure
-    a contiguous array: the columns of ``sums`` are strided, slow to read many times)."""
-    by_figure = sums.T
+    """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]``, each figure
+    a contiguous array (read many times after): views of ``sums`` where each of its
+    figures is contiguous already (``sums`` the transpose of ``[N_SUMS, channels]``), else
+    copies."""
+    by_figure = np.ascontiguousarray(sums.T)
     n, clip, nan, pinf, ninf = by_figure[[0, 6, 7, 8, 9]].astype(np.int64)
-    x2, e2, xy, y2, emax = np.ascontiguousarray(by_figure[1:6])
+    x2, e2, xy, y2, emax = by_figure[1:6]
     return ErrorStats(n, x2, e2, xy, y2, emax, clip, nan, pinf, ninf)
 
 

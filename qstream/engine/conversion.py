@@ -22,7 +22,7 @@ from typing import Any
 from ..io import destination, packs, qarray
 from ..io.checkpoint_dtypes import dtype_facts
 from ..io.destination import Destination
-from ..io.rootindex import RootIndex, compact
+from ..io.rootindex import ERROR_KEYS, RootIndex, compact
 from ..recipe import Recipe
 from ..spec import QuantSpec
 from . import pipeline
@@ -30,9 +30,9 @@ from .events import TensorEvent, describe_target
 from .executors import Executor
 from .job import QuantizeJob, report_stage
 from .kept import keep_tensor
-from .packs import PackItem, PackWork
+from .packs import PackItem, PackResult, PackWork
 from .small import SmallTensorWork
-from .units import Todo, UnitWork, pack_runs, unit_items, unit_kind
+from .units import Todo, UnitWork, clear_of_listed, pack_runs, unit_items, unit_kind
 
 ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
@@ -109,6 +109,7 @@ class Conversion:
         pack_of: dict[int, tuple[int, int, int]] = {}  # tensor -> (pack, first, end)
         if self.pack_work is not None:  # planned over every tensor: the same packs on a re-run
             pack_of = pack_runs(list(self.tensors.values()), specs, self.max_memory)
+            pack_of = clear_of_listed(pack_of, list(self.tensors), self.results)
         for i, (name, t) in enumerate(self.tensors.items()):
             spec = specs[i]
             keep_as = recipe.keep_dtype(name, t.shape, t.dtype) if spec is None else None
@@ -155,11 +156,7 @@ class Conversion:
             for item, result in results:
                 if isinstance(item, PackItem):
                     self._flush()  # (a pack's rows are a batch of their own)
-                    for name, r in zip(item.names, result, strict=True):
-                        ev, t, _ = rows[name]
-                        if self.on_tensor:
-                            self.on_tensor(ev)
-                        self._finished(ev, t, r, flush=False)
+                    self._pack_finished(item, result, rows)
                     self._flush()
                     continue
                 ev, t, spec = rows[item.name]
@@ -170,6 +167,33 @@ class Conversion:
                 self._finished(ev, t, result)
         finally:
             results.close()
+
+    def _pack_finished(self, item: PackItem, result: PackResult, rows: dict[str, Any]) -> None:
+        """List the tensors of a finished pack: their rows as :meth:`_finished` makes them
+        (``compact``'s keys, in its order), the figures its tensors share made once."""
+        ev0, t0, _ = rows[item.names[0]]
+        shape, dtype, before = list(t0.shape), dtype_facts(t0.dtype).name, int(t0.nbytes)
+        figures = zip(*(result.errors[k] for k in ERROR_KEYS), strict=True)
+        listed = zip(item.names, item.keys, item.positions, figures, strict=True)
+        for slot, (name, key, pos, values) in enumerate(listed):
+            if self.on_tensor:
+                self.on_tensor(rows[name][0])
+            row = {
+                "name": name,
+                "key": key,
+                "pos": pos,
+                "shape": list(shape),
+                "dtype": dtype,
+                "target": ev0.target,
+                "kept": False,
+                "bytes_before": before,
+                "bytes_after": result.bytes_after,
+                "params": result.params,
+                "error": dict(zip(ERROR_KEYS, values, strict=True)),
+                "pack": result.pack,
+                "slot": slot,
+            }
+            self._listed(rows[name][0], row, flush=False)
 
     def _flush(self) -> None:
         self.index.append(self.pending)
@@ -249,7 +273,11 @@ class Conversion:
             "target": event.target,
             "bytes_before": int(t.nbytes),
         }
-        row = compact(result)
+        self._listed(event, compact(result), flush=flush)
+
+    def _listed(self, event: TensorEvent, row: dict[str, Any], *, flush: bool) -> None:
+        """Keep the finished tensor's ``row`` for the index (``flush``: write a batch once
+        :data:`ROWS_PER_BATCH` rows wait) and the result, and say it is done."""
         self.results[event.name] = row
         self.pending.append(row)
         if flush and len(self.pending) >= ROWS_PER_BATCH:

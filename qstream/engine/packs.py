@@ -127,7 +127,7 @@ def plan_packs(
 class PackWork:
     """Converts a :class:`PackItem` into its pack below ``dst``: picklable (the checkpoint is
     opened by path, once per process), like :class:`~qstream.engine.small.SmallTensorWork`.
-    Returns the pack's tensors' results, in order."""
+    Returns the pack's :class:`PackResult`."""
 
     token: str
     checkpoint: Any
@@ -136,7 +136,7 @@ class PackWork:
     compression: str
     max_memory: int | None
 
-    def __call__(self, item: PackItem) -> list[dict[str, Any]]:
+    def __call__(self, item: PackItem) -> PackResult:
         from ..io.checkpoints import open_checkpoint
 
         ck = self.checkpoint
@@ -149,7 +149,7 @@ class PackWork:
         found = packs.read_pack_doc(path)
         if found is not None and found.get("fingerprint") == fp and found.get("complete"):
             with contextlib.suppress(ValueError, KeyError, TypeError):  # (damaged: made again)
-                return results(found)
+                return results(found, len(item.names))
         if found is not None:  # a pack of another run of this root: made again
             packs.remove_pack(path)
         return convert_pack(item, ts, spec, path, fp, self.source, self.compression)
@@ -232,9 +232,9 @@ def convert_pack(
     fp: str,
     source: str,
     compression: str,
-) -> list[dict[str, Any]]:
-    """Quantize the pack's tensors ``ts`` as one stacked job and publish the pack at ``path``;
-    the tensors' results (as the conversion lists them)."""
+) -> PackResult:
+    """Quantize the pack's tensors ``ts`` as one stacked job and publish the pack at
+    ``path``; its :class:`PackResult`."""
     from .job import QuantizeJob
 
     n, shape = len(ts), tuple(ts[0].shape)
@@ -314,28 +314,31 @@ def convert_pack(
             "zero_point": (kw["zero_point"], zero_point, None),
         },
     )
-    return results(meta)
+    return results(meta, n)
 
 
-def results(meta: dict) -> list[dict[str, Any]]:
-    """The conversion's results for the tensors of the pack ``meta`` (as it lists them)."""
+@dataclass(frozen=True)
+class PackResult:
+    """What a pack gives its conversion: its name, the stored bytes of each of its tensors,
+    whether their reports list parameters, and their error figures as columns
+    (:data:`~qstream.io.packs.ERROR_COLUMNS`, a value per tensor, in the pack's order)."""
+
+    pack: str
+    bytes_after: int
+    params: bool
+    errors: dict[str, list[Any]]
+
+
+def results(meta: dict, n: int) -> PackResult:
+    """The :class:`PackResult` of the pack ``meta`` of ``n`` tensors (ValueError, KeyError
+    or TypeError: the document is damaged)."""
     from ..qtypes import qtype
 
     nbytes = int(qarray.stored_nbytes(meta["shape"], qtype(meta["dtype"])))
     cols = packs.decoded_columns({k: meta["tensors"]["error"][k] for k in ERROR_COLUMNS})
-    errors = zip(*(cols[k] for k in ERROR_COLUMNS), strict=True)
-    return [
-        {
-            "kept": False,
-            "error": dict(zip(ERROR_COLUMNS, e, strict=True)),
-            "bytes_after": nbytes,
-            "passes": meta["passes"],
-            "params": meta["params"],
-            "pack": meta["name"],
-            "slot": i,
-        }
-        for i, e in enumerate(errors)
-    ]
+    if not all(isinstance(v, list) and len(v) == n for v in cols.values()):
+        raise ValueError(f"pack {meta['name']}: its error columns do not list {n} tensors")
+    return PackResult(meta["name"], nbytes, bool(meta["params"]), cols)
 
 
 def _param_shape(shape: tuple[int, ...], spec: QuantSpec) -> tuple[int, ...]:

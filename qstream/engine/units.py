@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..io import packs
 from ..spec import QuantSpec
 from .events import TensorEvent
 from .packs import PackItem, PackWork, pack_mode, plan_packs, source_bytes
@@ -34,6 +35,26 @@ def pack_runs(
         for i in range(a, b):
             pack_of[i] = (seq, a, b)
     return pack_of
+
+
+def clear_of_listed(
+    pack_of: dict[int, tuple[int, int, int]], names: list[str], listed: dict[str, dict]
+) -> dict[int, tuple[int, int, int]]:
+    """``pack_of`` with every pack that holds tensors still to convert renumbered past every
+    number in use when its name is one the ``listed`` tensors' rows name. A re-run plans
+    the same packs as its first run unless the memory bound changed; then a pack of the new
+    plan must not replace (under the same name) one whose tensors are listed."""
+    numbers = (packs.pack_number(r.get("pack")) for r in listed.values())
+    taken = {n for n in numbers if n is not None}
+    todo = {pack_of[i][0] for i in pack_of if names[i] not in listed}
+    clash = todo & taken
+    if not clash:
+        return pack_of
+    past = max(taken | {seq for seq, _, _ in pack_of.values()}) + 1
+    return {
+        i: ((seq + past, a, b) if seq in clash else (seq, a, b))
+        for i, (seq, a, b) in pack_of.items()
+    }
 
 
 def unit_kind(

@@ -41,19 +41,24 @@ from .localmeta import group_doc, read_local_doc, write_doc
 from .ondisk import TMP_PREFIX
 from .paths import remove_child
 from .removal import remove_array_files, remove_if_empty
+from .rootindex import ERROR_KEYS
 
 PACKS = "_packs"
 KEY = "qstream_pack"
 VERSION = 2  # 2: floating-point columns as float64 bytes (float_column)
 MEMBERS = ("data", "scale", "zero_point")
-# the error figures an index row keeps (qstream.io.rootindex), first of a pack's columns
-ERROR_COLUMNS = ("sqnr_db", "mse", "max_abs", "cosine", "clipped", "clip_fraction", "nonfinite")
+ERROR_COLUMNS = ERROR_KEYS  # the error figures an index row keeps, first of a pack's columns
 _NAME = re.compile(r"p\d{6,}")
 
 
 def pack_name(seq: int) -> str:
     """The folder name of the pack numbered ``seq`` (its place among the conversion's)."""
     return f"p{seq:06d}"
+
+
+def pack_number(name: object) -> int | None:
+    """The number of the pack ``name`` (:func:`pack_name`), or None if it names none."""
+    return int(name[1:]) if isinstance(name, str) and _NAME.fullmatch(name) else None
 
 
 def check_pack_name(name: object, root: object) -> str:
