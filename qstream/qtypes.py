@@ -138,7 +138,13 @@ def float_dtype(spec: npt.DTypeLike) -> np.dtype:
 
 def is_float_dtype(dtype: npt.DTypeLike) -> bool:
     """Whether ``dtype`` is one of the floating dtypes (float16, bfloat16, float32, float64)."""
+    if type(dtype) in _FLOAT_DTYPE_TYPES:  # (a dtype object: asked per tensor, kept quick)
+        return dtype in _FLOAT_DTYPE_SET
     return _is_dtype(dtype) and np.dtype(dtype) in FLOAT_DTYPES.values()
+
+
+_FLOAT_DTYPE_SET = frozenset(FLOAT_DTYPES.values())
+_FLOAT_DTYPE_TYPES = frozenset(type(d) for d in FLOAT_DTYPES.values())
 
 
 def _is_dtype(obj: npt.DTypeLike) -> bool:

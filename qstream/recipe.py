@@ -114,6 +114,7 @@ class Recipe:
         from .core.layout import normalize_axis
 
         used: set[int] = set()
+        fine: set[tuple[int, int]] = set()  # (id(spec), rank) of axes checked (tensors share)
         for name, t in tensors.items():
             shape = tuple(t.shape)
             index = next(
@@ -123,7 +124,7 @@ class Recipe:
             if index is not None:
                 used.add(index)
             spec = self.spec_for(name, shape, t.dtype)
-            if spec is None or spec.axis is None:
+            if spec is None or spec.axis is None or (id(spec), len(shape)) in fine:
                 continue
             try:
                 normalize_axis(spec.axis, len(shape))
@@ -137,6 +138,7 @@ class Recipe:
                     f"{where} on tensor {name} (shape {list(shape)}): {e}; give that tensor"
                     " its own rule (a spec with another axis, or keep)"
                 ) from None
+            fine.add((id(spec), len(shape)))
         like = f" (names look like {next(iter(tensors), '?')!r})"
         return [
             f"recipe rule {i + 1} ({r.pattern!r}) matches no tensor of the checkpoint{like}"

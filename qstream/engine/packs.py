@@ -103,18 +103,21 @@ def plan_packs(
     budget = block_budget(max_memory)
     out: list[tuple[int, int]] = []
     start, key, size = 0, None, 0
-    spec_keys: dict[int, tuple] = {}  # id(spec) -> (spec, its JSON): recipes share specs
+    # id(spec) -> (spec, its JSON, its pack mode by rank and emptiness): recipes share specs
+    spec_keys: dict[int, tuple[QuantSpec, str, dict]] = {}
     for i, entry in enumerate([*entries, None]):
         k, nbytes = None, 0
         if entry is not None:
             t, spec = entry
             known = spec_keys.get(id(spec))
             if known is None or known[0] is not spec:
-                known = spec_keys[id(spec)] = (spec, json.dumps(spec.to_dict(), sort_keys=True))
-            mode = pack_mode(t, spec)
-            if mode is not None and source_bytes(t) <= budget // 2:
-                k = (mode, known[1], t.dtype, tuple(t.shape))
-                nbytes = source_bytes(t)
+                spec_json = json.dumps(spec.to_dict(), sort_keys=True)
+                known = spec_keys[id(spec)] = (spec, spec_json, {})
+            shape = tuple(t.shape)
+            modes, form = known[2], (len(shape), 0 in shape)
+            mode = modes[form] if form in modes else modes.setdefault(form, pack_mode(t, spec))
+            if mode is not None and (tbytes := source_bytes(t)) <= budget // 2:
+                k, nbytes = (mode, known[1], t.dtype, shape), tbytes
         if k is None or k != key or size + nbytes > budget or i - start >= MAX_PER_PACK:
             if key is not None and i - start >= 2:
                 out.append((start, i))
