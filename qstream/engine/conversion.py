@@ -157,7 +157,6 @@ class Conversion:
                 if isinstance(item, PackItem):
                     self._flush()  # (a pack's rows are a batch of their own)
                     self._pack_finished(item, result, rows)
-                    self._flush()
                     continue
                 ev, t, spec = rows[item.name]
                 if self.on_tensor:
@@ -169,31 +168,48 @@ class Conversion:
             results.close()
 
     def _pack_finished(self, item: PackItem, result: PackResult, rows: dict[str, Any]) -> None:
-        """List the tensors of a finished pack: their rows as :meth:`_finished` makes them
-        (``compact``'s keys, in its order), the figures its tensors share made once."""
+        """List the tensors of a finished pack, as a batch of the index of its own: their
+        rows as :meth:`_finished` makes them (``compact``'s keys, in its order), the figures
+        its tensors share made once, the batch written from columns."""
         ev0, t0, _ = rows[item.names[0]]
-        shape, dtype, before = list(t0.shape), dtype_facts(t0.dtype).name, int(t0.nbytes)
-        figures = zip(*(result.errors[k] for k in ERROR_KEYS), strict=True)
-        listed = zip(item.names, item.keys, item.positions, figures, strict=True)
-        for slot, (name, key, pos, values) in enumerate(listed):
+        n = len(item.names)
+        shared: dict[str, Any] = {
+            "dtype": dtype_facts(t0.dtype).name,
+            "target": ev0.target,
+            "kept": False,
+            "bytes_before": int(t0.nbytes),
+            "bytes_after": result.bytes_after,
+            "params": result.params,
+        }
+        errors = {k: result.errors[k] for k in ERROR_KEYS}  # (n each: see packs.results)
+        columns: dict[str, list[Any]] = {
+            "name": list(item.names),
+            "key": list(item.keys),
+            "pos": list(item.positions),
+            "shape": [list(t0.shape) for _ in range(n)],
+            **{k: [v] * n for k, v in shared.items()},
+            "pack": [result.pack] * n,
+            "slot": list(range(n)),
+        }
+        figures = zip(*errors.values(), strict=True)
+        for slot, (name, values) in enumerate(zip(item.names, figures, strict=True)):
+            event = rows[name][0]
             if self.on_tensor:
-                self.on_tensor(rows[name][0])
+                self.on_tensor(event)
             row = {
                 "name": name,
-                "key": key,
-                "pos": pos,
-                "shape": list(shape),
-                "dtype": dtype,
-                "target": ev0.target,
-                "kept": False,
-                "bytes_before": before,
-                "bytes_after": result.bytes_after,
-                "params": result.params,
+                "key": item.keys[slot],
+                "pos": item.positions[slot],
+                "shape": columns["shape"][slot],
+                **shared,
                 "error": dict(zip(ERROR_KEYS, values, strict=True)),
                 "pack": result.pack,
                 "slot": slot,
             }
-            self._listed(rows[name][0], row, flush=False)
+            self.results[name] = row
+            if self.on_tensor:
+                self.on_tensor(TensorEvent(**{**event.__dict__, "result": row}))
+        self.index.append_columns(columns, errors)
 
     def _flush(self) -> None:
         self.index.append(self.pending)
@@ -259,7 +275,6 @@ class Conversion:
         result: Any,  # the tensor's result, or (``wait``) the future of it
         *,
         wait: bool = False,
-        flush: bool = True,
     ) -> None:
         if wait:
             result = result.result()
@@ -273,14 +288,10 @@ class Conversion:
             "target": event.target,
             "bytes_before": int(t.nbytes),
         }
-        self._listed(event, compact(result), flush=flush)
-
-    def _listed(self, event: TensorEvent, row: dict[str, Any], *, flush: bool) -> None:
-        """Keep the finished tensor's ``row`` for the index (``flush``: write a batch once
-        :data:`ROWS_PER_BATCH` rows wait) and the result, and say it is done."""
+        row = compact(result)
         self.results[event.name] = row
         self.pending.append(row)
-        if flush and len(self.pending) >= ROWS_PER_BATCH:
+        if len(self.pending) >= ROWS_PER_BATCH:
             self._flush()
         if self.on_tensor:
             self.on_tensor(TensorEvent(**{**event.__dict__, "result": row}))

@@ -112,12 +112,20 @@ class RootIndex:
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         """Add the compact rows of newly finished tensors, as one new batch."""
-        if not rows:
-            return
+        if rows:
+            self._append(_batch(rows))
+
+    def append_columns(self, columns: dict[str, list[Any]], errors: dict[str, list[Any]]) -> None:
+        """Add the rows of newly finished tensors given as columns, as one new batch:
+        ``columns`` a list per key (:data:`ROW_KEYS` but ``error``, in their order),
+        ``errors`` a list per error figure (what :meth:`append` of those rows writes)."""
+        self._append(_column_batch(columns, errors))
+
+    def _append(self, attrs: dict[str, Any]) -> None:
         if self._batches is None:
             self._batches = len(self._batch_names())
         try:
-            _put(self.root, self.store, f"{INDEX}/b{self._batches:06d}", _batch(rows), new=True)
+            _put(self.root, self.store, f"{INDEX}/b{self._batches:06d}", attrs, new=True)
         except OSError as e:
             raise StoreError(f"cannot write the index of {self.root}: {e}") from None
         self._batches += 1
@@ -242,9 +250,14 @@ def _batch(rows: list[dict[str, Any]]) -> dict[str, Any]:
         figures = list(errors[0])
         if all(isinstance(e, dict) and list(e) == figures for e in errors):
             del columns["error"]
-            for f in figures:
-                columns[f"error.{f}"] = listed_floats(f, [e[f] for e in errors])
+            return _column_batch(columns, {f: [e[f] for e in errors] for f in figures})
     return {"columns": columns}
+
+
+def _column_batch(columns: dict[str, list[Any]], errors: dict[str, list[Any]]) -> dict[str, Any]:
+    """The attributes of a batch of ``columns`` and the ``error`` figures' columns."""
+    figures = {f"error.{f}": listed_floats(f, values) for f, values in errors.items()}
+    return {"columns": {**columns, **figures}}
 
 
 def _rows(columns: object, name: str) -> list[dict[str, Any]]:
