@@ -75,16 +75,16 @@ def main() -> None:  # pragma: no cover - console entry point
 
 def console() -> None:  # pragma: no cover - console entry point
     """The ``qstream`` console script: :func:`main` with Python's cycle collector run rarely,
-    freed memory kept for reuse and Numba's BLAS probe skipped
+    freed memory kept for reuse and Numba's probes for BLAS and CFFI skipped
     (:func:`~qstream.cli.process.collect_rarely`,
     :func:`~qstream.cli.process.keep_freed_memory`,
-    :func:`~qstream.cli.process.skip_blas_probe`), then the process ends at once, without
+    :func:`~qstream.cli.process.skip_numba_probes`), then the process ends at once, without
     the interpreter's teardown (:func:`~qstream.cli.process.leave`)."""
-    from .process import collect_rarely, keep_freed_memory, leave, skip_blas_probe
+    from .process import collect_rarely, keep_freed_memory, leave, skip_numba_probes
 
     collect_rarely()
     keep_freed_memory()
-    skip_blas_probe()
+    skip_numba_probes()
     code: object = 0
     try:
         main()

@@ -1,7 +1,7 @@
 """The ``qstream`` process's own housekeeping: its cycle collector run rarely, its freed
-memory kept for reuse, Numba's probe for SciPy's BLAS skipped, and its end quick once a
-command is done. Only the console script (:func:`qstream.cli.main.console`) does these, for
-the process it owns.
+memory kept for reuse, Numba's probes for SciPy's BLAS and for CFFI skipped, and its end
+quick once a command is done. Only the console script (:func:`qstream.cli.main.console`)
+does these, for the process it owns.
 
 Python's cycle collector runs every 700 new container objects and, now and then, walks every
 object of the process; after Numba is loaded that is hundreds of thousands of them. A
@@ -29,10 +29,13 @@ When Numba first runs a kernel, it sets up its CPU target, and ``numba.np.arraym
 probes for BLAS (its ``np.dot`` and ``@``) by importing ``scipy.linalg.cython_blas``. Where
 SciPy is installed that imports all of ``scipy.linalg``, whose array-API layer walks every
 attribute of NumPy (importing ``numpy.f2py`` on the way): 0.1-0.15 s of a 1.8 s conversion,
-in every process. No qstream kernel uses BLAS, and qstream never imports SciPy.
-:func:`skip_blas_probe` makes that one import, from that probe, fail as if SciPy were absent:
-Numba then leaves ``np.dot`` and ``@`` unsupported in this process (as it does without SciPy),
-and ``import scipy.linalg`` still works for anyone else, later too.
+in every process. Likewise ``numba.core.typing.cffi_utils`` imports ``cffi`` and makes an
+``FFI()`` (loading ``pycparser``: 20-25 ms) so that kernels may call CFFI functions. No
+qstream kernel uses BLAS or CFFI, and qstream imports neither SciPy nor CFFI.
+:func:`skip_numba_probes` makes those imports, from those probes only, fail as if the
+packages were absent: Numba then leaves ``np.dot``, ``@`` and CFFI calls unsupported in this
+process (as it does without them), and ``import scipy.linalg`` or ``import cffi`` still works
+for anyone else, later too.
 
 After a command, the interpreter's own shutdown (freeing every module, Numba's and LLVM's
 objects) takes 0.2-0.4 s, as long as a small conversion's work. Nothing of it is needed: the
@@ -95,36 +98,46 @@ def keep_freed_memory() -> bool:
     )
 
 
-class _NoBlasProbe:
-    """An import finder that fails the import of ``scipy.linalg`` by Numba's BLAS probe
-    (``numba.np.arraymath._check_blas``), once, and is then gone; no other import is
-    touched."""
+#: the imports Numba makes only to probe for support no qstream kernel uses: the module
+#: imported -> the (module, function) of Numba that imports it ("<module>": at its top level)
+NUMBA_PROBES = {
+    "scipy.linalg": ("numba.np.arraymath", "_check_blas"),  # np.dot and @ (BLAS)
+    "cffi": ("numba.core.typing.cffi_utils", "<module>"),  # CFFI functions in kernels
+}
+
+
+class _NoNumbaProbes:
+    """An import finder that fails each import of :data:`NUMBA_PROBES` made by its probe,
+    once; it is gone once both have been; no other import is touched."""
+
+    def __init__(self) -> None:
+        self.waiting = dict(NUMBA_PROBES)
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
-        if name != "scipy.linalg":
+        prober = self.waiting.get(name)
+        if prober is None:
             return None
         frame = sys._getframe(1)
         while frame is not None:
-            code = frame.f_code
-            if (
-                code.co_name == "_check_blas"
-                and frame.f_globals.get("__name__") == "numba.np.arraymath"
-            ):
-                with contextlib.suppress(ValueError):
-                    sys.meta_path.remove(self)  # type: ignore[arg-type]
-                raise ImportError("Numba's BLAS probe is skipped in the qstream command")
+            if (frame.f_globals.get("__name__"), frame.f_code.co_name) == prober:
+                del self.waiting[name]
+                if not self.waiting:
+                    with contextlib.suppress(ValueError):
+                        sys.meta_path.remove(self)  # type: ignore[arg-type]
+                raise ImportError(f"Numba's probe for {name} is skipped in the qstream command")
             frame = frame.f_back  # type: ignore[assignment]
         return None
 
 
-def skip_blas_probe() -> bool:
-    """Have Numba's probe for BLAS find none, without importing SciPy (see the module's
-    docstring); whether the probe is still to come (False: Numba's CPU target is set up
-    already, or ``scipy.linalg`` is imported already)."""
-    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+def skip_numba_probes() -> bool:
+    """Have Numba's probes for BLAS and CFFI find none, without importing SciPy or CFFI
+    (see the module's docstring); whether the probes are still to come (False: Numba's CPU
+    target is set up already, or those packages are imported already)."""
+    probers = {module for module, _ in NUMBA_PROBES.values()}
+    if any(m in sys.modules for m in (*NUMBA_PROBES, *probers)):
         return False
-    if not any(isinstance(f, _NoBlasProbe) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoBlasProbe())  # type: ignore[arg-type]
+    if not any(isinstance(f, _NoNumbaProbes) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoNumbaProbes())  # type: ignore[arg-type]
     return True
 
 
