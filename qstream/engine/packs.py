@@ -150,7 +150,8 @@ class PackWork:
         path = packs.pack_path(self.dst, item.name)
         fp = _fingerprint(item, ts, spec, self.compression)
         found = packs.read_pack_doc(path)
-        if found is not None and found.get("fingerprint") == fp and found.get("complete"):
+        done = (fp, True, item.name)  # (this pack, finished, under its own name)
+        if found is not None and tuple(map(found.get, ("fingerprint", "complete", "name"))) == done:
             with contextlib.suppress(ValueError, KeyError, TypeError):  # (damaged: made again)
                 return results(found, len(item.names))
         if found is not None:  # a pack of another run of this root: made again
