@@ -166,7 +166,7 @@ def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_convert
     value (the error figures' floats stored as bytes); an index whose batches list every
     value in JSON, as earlier versions wrote them, reads the same."""
     from qstream.io.columns import float_values
-    from qstream.io.rootindex import RootIndex
+    from qstream.io.rootindex import ROW_KEYS, RootIndex
 
     _experts(tmp_path / "ck.safetensors")
     out = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
@@ -181,6 +181,8 @@ def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_convert
         assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
     same(rows(), out["tensors"])
+    for row in out["tensors"].values():  # (a pack's rows have the keys one by one rows have)
+        assert list(row) == [k for k in ROW_KEYS if k in row]
     docs = sorted((tmp_path / "p" / "_index").glob("b*/zarr.json"))
     encoded = 0
     for path in docs:
@@ -225,6 +227,15 @@ def test_a_damaged_float_column_is_refused_naming_the_pack(tmp_path, column, mes
 
     name, pack = _converted_with_pack_edited(tmp_path, damage)
     with pytest.raises(qs.StoreError, match=f"{pack}.*damaged or crafted.*{message}"):
+        qs.open_quantized(tmp_path / "p")[name]
+
+
+def test_a_pack_whose_worst_channels_are_not_lists_is_refused_naming_the_pack(tmp_path):
+    def damage(meta):
+        meta["tensors"]["error"]["worst_channel"][0] = 3
+
+    name, pack = _converted_with_pack_edited(tmp_path, damage)
+    with pytest.raises(qs.StoreError, match=f"{pack}.*damaged or crafted.*not a list"):
         qs.open_quantized(tmp_path / "p")[name]
 
 

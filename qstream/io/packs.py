@@ -151,6 +151,8 @@ def decoded_columns(cols: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"column {name!r} without its worst_channel column")
             flat, rows, at = out[name], [], 0
             for channels in worst:
+                if not isinstance(channels, list):
+                    raise ValueError(f"column 'worst_channel' holds {channels!r}, not a list")
                 rows.append(flat[at : at + len(channels)])
                 at += len(channels)
             if at != len(flat):
