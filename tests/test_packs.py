@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -353,6 +354,67 @@ def test_many_tensors_are_packed_by_default_and_few_are_not(tmp_path, monkeypatc
     qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "many")
     assert (tmp_path / "many" / "_packs").is_dir()
     assert qs.open_quantized(tmp_path / "many").meta["layout"] == "packed"
+
+
+def test_from_64_tensors_a_checkpoint_is_packed_by_default(tmp_path):
+    """Below the default count each tensor is a group of its own; from it, runs of alike
+    tensors are packed (a few dozen tensors already cost more as groups than as packs), and
+    read as the same values and reports as groups of their own."""
+    from safetensors.numpy import save_file
+
+    from qstream.engine import checkpoint
+
+    assert checkpoint.AUTO_PACK_TENSORS == 64
+    rng = np.random.default_rng(3)
+    for count in (63, 64):
+        x = {f"model.experts.{i:02d}.weight": rng.standard_normal((4, 8)).astype(np.float32)
+             for i in range(count)}  # fmt: skip
+        ck = tmp_path / f"{count}.safetensors"
+        save_file(x, str(ck))
+        qs.convert_checkpoint(ck, tmp_path / f"{count}")
+        assert (tmp_path / f"{count}" / "_packs").is_dir() == (count == 64), count
+        qs.convert_checkpoint(ck, tmp_path / f"{count}-groups", packs=False)
+        got = qs.open_quantized(tmp_path / f"{count}")
+        want = qs.open_quantized(tmp_path / f"{count}-groups")
+        for n in x:
+            assert np.array_equal(got[n].quantized(...), want[n].quantized(...)), n
+            assert np.array_equal(got[n].scale, want[n].scale), n
+            # (a pack lists its tensors' figures and worst channels, not the channel summary)
+            brief, full = got[n].report["error"], want[n].report["error"]
+            assert {k: full[k] for k in brief if k != "worst_channels"} == {
+                k: v for k, v in brief.items() if k != "worst_channels"
+            }, n
+            pairs = zip(brief["worst_channels"], full["worst_channels"], strict=True)
+            assert all(b == {k: f[k] for k in b} for b, f in pairs), n
+
+
+def test_a_default_rerun_keeps_the_layout_of_an_earlier_run_of_the_job(tmp_path):
+    """An output made one group per tensor (as the default made it below 512 tensors before
+    2026-11-26) is found complete, or resumed, as it is by a default re-run; not refused."""
+    rng = np.random.default_rng(4)
+    x = {f"model.experts.{i:02d}.weight": rng.standard_normal((4, 8)).astype(np.float32)
+         for i in range(80)}  # fmt: skip
+    save_file(x, str(tmp_path / "ck.safetensors"))
+    ck, root = tmp_path / "ck.safetensors", tmp_path / "out"
+    qs.convert_checkpoint(ck, root, packs=False)
+    before = {n: qs.open_quantized(root)[n].quantized(...) for n in x}
+    last = qs.open_quantized(root).key_of("model.experts.79.weight")
+    qs.convert_checkpoint(ck, root)  # found complete (the default now packs 80 tensors)
+    assert not (root / "_packs").exists()
+    doc = json.loads((root / "zarr.json").read_text())
+    doc["attributes"]["qstream_checkpoint"]["complete"] = False  # (as a killed run leaves it)
+    (root / "zarr.json").write_text(json.dumps(doc))
+    batch = sorted((root / "_index").glob("b*"))[-1]  # (its tensors: not listed, as if killed)
+    shutil.rmtree(batch)
+    shutil.rmtree(root / last)
+    qs.convert_checkpoint(ck, root)  # resumed one group per tensor
+    assert not (root / "_packs").exists()
+    after = qs.open_quantized(root)
+    assert after.meta.get("layout") != "packed"
+    for n in x:
+        assert np.array_equal(after[n].quantized(...), before[n]), n
+    with pytest.raises(qs.StoreError, match="overwrite"):  # (asked for: another job)
+        qs.convert_checkpoint(ck, root, packs=True)
 
 
 def test_a_rerun_with_packs_turned_off_is_another_job(tmp_path):

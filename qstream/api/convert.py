@@ -76,8 +76,9 @@ def convert_checkpoint(
     ``packs``: runs of small tensors alike in shape, dtype and spec (a mixture-of-experts
     layer's experts) are stored stacked, as one group each (``DST/_packs/``, see
     :mod:`qstream.io.packs`): a conversion then costs per byte, not per tensor. None (the
-    default): when the checkpoint holds at least 512 tensors and ``dst`` is a local
-    directory; ``open_quantized`` reads packed tensors as any other.
+    default): when the checkpoint holds at least 64 tensors and ``dst`` is a local
+    directory, or as an earlier run of this conversion at ``dst`` did (it is resumed or found
+    complete as it was made); ``open_quantized`` reads packed tensors as any other.
     """
     with store_errors(dst):
         return _convert_checkpoint(

@@ -76,8 +76,8 @@ def convert(
         None,
         "--packs/--no-packs",
         help="Store runs of small tensors alike in shape and spec (a layer's experts) stacked,"
-        " one group each under DST/_packs [default: when the checkpoint holds 512 tensors or"
-        " more and DST is a local directory].",
+        " one group each under DST/_packs [default: when the checkpoint holds 64 tensors or"
+        " more and DST is a local directory, or as an earlier run into DST did].",
         show_default=False,
     ),
     fmt: str = typer.Option(

@@ -104,6 +104,8 @@ def convert(
         warnings.warn(warning, QStreamWarning, stacklevel=3)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
     packed = _use_packs(packs, tensors, dst)
+    if packs is None:  # (the default) an earlier run of this job keeps the layout it has
+        packed = _earlier_layout(dst, ident, packed)
     if packed:  # (outputs without packs keep their identity)
         ident["layout"] = "packed"
     dest = Destination(
@@ -146,7 +148,7 @@ def convert(
         return _convert(conversion, action is Action.COMPLETE, recipe, t0)
 
 
-AUTO_PACK_TENSORS = 512  # checkpoints of at least this many tensors are packed by default
+AUTO_PACK_TENSORS = 64  # checkpoints of at least this many tensors are packed by default
 
 
 def _use_packs(packs: bool | None, tensors: dict[str, Any], dst: Any) -> bool:
@@ -161,6 +163,19 @@ def _use_packs(packs: bool | None, tensors: dict[str, Any], dst: Any) -> bool:
             f"packs are written to a local directory; {dst} is not one (pass packs=None)"
         )
     return local and (packs or len(tensors) >= AUTO_PACK_TENSORS)
+
+
+def _earlier_layout(dst: Any, ident: dict[str, Any], packed: bool) -> bool:
+    """Whether to write packs at ``dst`` under the default: as an earlier run of this job
+    there did (resumed or found complete as it was made, whatever the default was then; a
+    version before 2026-11-26 packed only from 512 tensors), else ``packed``."""
+    if destination.local_path(dst) is None:  # (packs are written to local directories only)
+        return packed
+    existing = destination.inspect_destination(dst)
+    if existing.kind != "checkpoint" or not existing.meta:
+        return packed
+    other = ident if packed else {**ident, "layout": "packed"}  # (the other layout's job)
+    return not packed if same_job(existing.meta, other) else packed
 
 
 TENSORS_IN_FLIGHT = 2  # local runs: one tensor's setup and last blocks overlap the next's
