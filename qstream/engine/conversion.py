@@ -143,12 +143,15 @@ class Conversion:
         (one pipeline: packs and the small tensors between them overlap); a pack's tensors
         are listed in the index as one batch once it is published."""
         items, rows = unit_items(run, self.keys, self.positions, self.keep_dtypes)
-        if self.pack_work is not None and any(isinstance(i, PackItem) for i in items):
+        packed = self.pack_work is not None and any(isinstance(i, PackItem) for i in items)
+        if packed:
             assert self.dest.local is not None  # (packs are written to a local directory)
             packs.ensure_folder(self.dest.local)
         # (a small tensor is mostly Python, which one thread runs at a time: more workers than
-        # cores only take turns)
-        workers = min(pipeline.default_workers(), os.cpu_count() or 1)
+        # cores only take turns; a pack is mostly kernels and a write, which do not hold it)
+        workers = pipeline.default_workers()
+        if not packed:
+            workers = min(workers, os.cpu_count() or 1)
         inflight = None if self.executor.distributed else workers  # (as many as run at once)
         work = UnitWork(self.small_work, self.pack_work)
         results = self.executor.map_ordered(items, work, workers=workers, inflight=inflight)
