@@ -388,15 +388,23 @@ def test_from_64_tensors_a_checkpoint_is_packed_by_default(tmp_path):
             assert all(b == {k: f[k] for k in b} for b, f in pairs), n
 
 
-def test_a_default_rerun_keeps_the_layout_of_an_earlier_run_of_the_job(tmp_path):
-    """An output made one group per tensor (as the default made it below 512 tensors before
-    2026-11-26) is found complete, or resumed, as it is by a default re-run; not refused."""
-    rng = np.random.default_rng(4)
+def _grouped_output(tmp_path: Path, seed: int) -> tuple[dict[str, np.ndarray], Path, Path]:
+    """80 small alike tensors (packed by today's default) converted one group per tensor
+    (``packs=False``, as the default made them before 2026-11-26): (tensors, checkpoint,
+    output)."""
+    rng = np.random.default_rng(seed)
     x = {f"model.experts.{i:02d}.weight": rng.standard_normal((4, 8)).astype(np.float32)
          for i in range(80)}  # fmt: skip
     save_file(x, str(tmp_path / "ck.safetensors"))
     ck, root = tmp_path / "ck.safetensors", tmp_path / "out"
     qs.convert_checkpoint(ck, root, packs=False)
+    return x, ck, root
+
+
+def test_a_default_rerun_keeps_the_layout_of_an_earlier_run_of_the_job(tmp_path):
+    """An output made one group per tensor (as the default made it below 512 tensors before
+    2026-11-26) is found complete, or resumed, as it is by a default re-run; not refused."""
+    x, ck, root = _grouped_output(tmp_path, 4)
     before = {n: qs.open_quantized(root)[n].quantized(...) for n in x}
     last = qs.open_quantized(root).key_of("model.experts.79.weight")
     qs.convert_checkpoint(ck, root)  # found complete (the default now packs 80 tensors)
@@ -415,6 +423,48 @@ def test_a_default_rerun_keeps_the_layout_of_an_earlier_run_of_the_job(tmp_path)
         assert np.array_equal(after[n].quantized(...), before[n]), n
     with pytest.raises(qs.StoreError, match="overwrite"):  # (asked for: another job)
         qs.convert_checkpoint(ck, root, packs=True)
+
+
+def test_packs_in_flight_stay_within_the_memory_bound_however_many_workers(tmp_path, monkeypatch):
+    """A machine with many cores has many default workers; the packs converted at once are
+    still as many as ``max_memory`` holds (a block budget each), not one per worker."""
+    import threading
+    import time
+
+    from qstream.engine import executors, packs, pipeline
+    from qstream.engine.plan import budget_units
+
+    _experts(tmp_path / "ck.safetensors", layers=12)
+    monkeypatch.setattr(pipeline, "default_workers", lambda: 32)
+    monkeypatch.setattr(executors, "default_workers", lambda: 32)
+    running, most, lock = [0], [0], threading.Lock()
+    convert_pack = packs.convert_pack
+
+    def counted(*args, **kwargs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            time.sleep(0.05)  # (so that the packs the workers may take overlap)
+            return convert_pack(*args, **kwargs)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(packs, "convert_pack", counted)
+    qs.convert_checkpoint(
+        tmp_path / "ck.safetensors", tmp_path / "p", packs=True, max_memory=1 << 20
+    )
+    assert len(list((tmp_path / "p" / "_packs").glob("p*"))) == 12
+    assert 2 <= most[0] <= budget_units(1 << 20) == 4
+
+
+def test_an_overwrite_takes_the_default_layout_not_the_earlier_runs(tmp_path):
+    _, ck, root = _grouped_output(tmp_path, 5)
+    assert not (root / "_packs").exists()
+    qs.convert_checkpoint(ck, root, overwrite=True)  # (made again: the default packs 80)
+    assert (root / "_packs").is_dir()
+    assert qs.open_quantized(root).meta["layout"] == "packed"
 
 
 def test_a_rerun_with_packs_turned_off_is_another_job(tmp_path):

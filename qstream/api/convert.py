@@ -78,7 +78,8 @@ def convert_checkpoint(
     :mod:`qstream.io.packs`): a conversion then costs per byte, not per tensor. None (the
     default): when the checkpoint holds at least 64 tensors and ``dst`` is a local
     directory, or as an earlier run of this conversion at ``dst`` did (it is resumed or found
-    complete as it was made); ``open_quantized`` reads packed tensors as any other.
+    complete as it was made; ``overwrite`` makes it again by the default);
+    ``open_quantized`` reads packed tensors as any other.
     """
     with store_errors(dst):
         return _convert_checkpoint(

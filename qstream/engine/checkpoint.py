@@ -104,7 +104,7 @@ def convert(
         warnings.warn(warning, QStreamWarning, stacklevel=3)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
     packed = _use_packs(packs, tensors, dst)
-    if packs is None:  # (the default) an earlier run of this job keeps the layout it has
+    if packs is None and not overwrite:  # an earlier run of this job keeps its layout
         packed = _earlier_layout(dst, ident, packed)
     if packed:  # (outputs without packs keep their identity)
         ident["layout"] = "packed"
@@ -166,9 +166,10 @@ def _use_packs(packs: bool | None, tensors: dict[str, Any], dst: Any) -> bool:
 
 
 def _earlier_layout(dst: Any, ident: dict[str, Any], packed: bool) -> bool:
-    """Whether to write packs at ``dst`` under the default: as an earlier run of this job
-    there did (resumed or found complete as it was made, whatever the default was then; a
-    version before 2026-11-26 packed only from 512 tensors), else ``packed``."""
+    """Whether to write packs at ``dst`` under the default, without ``overwrite``: as an
+    earlier run of this job there did (resumed or found complete as it was made, whatever the
+    default was then; a version before 2026-11-26 packed only from 512 tensors), else
+    ``packed``."""
     if destination.local_path(dst) is None:  # (packs are written to local directories only)
         return packed
     existing = destination.inspect_destination(dst)

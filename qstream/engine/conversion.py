@@ -31,6 +31,7 @@ from .executors import Executor
 from .job import QuantizeJob, report_stage
 from .kept import keep_tensor
 from .packs import PackItem, PackResult, PackWork
+from .plan import budget_units
 from .small import SmallTensorWork
 from .units import Todo, UnitWork, clear_of_listed, pack_runs, unit_items, unit_kind
 
@@ -147,9 +148,10 @@ class Conversion:
         if packed:
             assert self.dest.local is not None  # (packs are written to a local directory)
             packs.ensure_folder(self.dest.local)
-        # (a small tensor is mostly Python, which one thread runs at a time: more workers than
-        # cores only take turns; a pack is mostly kernels and a write, which do not hold it)
-        workers = pipeline.default_workers()
+        # (each unit is at most a block budget: as many as the memory bound holds. A small
+        # tensor is mostly Python, which one thread runs at a time: more workers than cores
+        # only take turns; a pack is mostly kernels and a write, which do not hold it)
+        workers = min(pipeline.default_workers(), budget_units(self.max_memory))
         if not packed:
             workers = min(workers, os.cpu_count() or 1)
         inflight = None if self.executor.distributed else workers  # (as many as run at once)

@@ -150,6 +150,12 @@ def memory_limit(max_memory: int | None) -> int:
     return DEFAULT_MAX_MEMORY if max_memory is None else int(max_memory)
 
 
+def budget_units(max_memory: int | None) -> int:
+    """How many units of work of at most one block budget each (a block, a pack, a small
+    tensor) fit in the memory bound at once."""
+    return max(1, memory_limit(max_memory) // (WORK_FACTOR * block_budget(max_memory)))
+
+
 def fit_workers(max_memory: int | None, blocks, itemsize: int, default: int) -> int:
     """Workers that fit in the memory bound, one block each, at most ``default`` (a source
     with huge chunks gets fewer workers)."""
