@@ -91,6 +91,26 @@ def test_packed_tensors_read_exactly_as_tensors_converted_one_by_one(tmp_path, s
     assert packed == 24  # every expert; the routers (three alone, one per layer) are groups
 
 
+def test_packs_converted_one_after_another_in_one_thread_keep_their_own_codes(
+    tmp_path, monkeypatch
+):
+    """A pack's codes are written from its worker's own buffer, not a copy: on one worker,
+    each pack is written before the next one's codes take that buffer."""
+    from qstream.engine import executors, pipeline
+
+    monkeypatch.setattr(pipeline, "default_workers", lambda: 1)
+    monkeypatch.setattr(executors, "default_workers", lambda: 1)
+    names = _experts(tmp_path / "ck.safetensors", layers=6)
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
+    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "g", packs=False)
+    assert len(list((tmp_path / "p" / "_packs").glob("p*"))) == 6
+    p, g = qs.open_quantized(tmp_path / "p"), qs.open_quantized(tmp_path / "g")
+    for n in names:
+        if "experts" in n:
+            assert "pack" in p.tensors[n]
+            assert np.array_equal(p[n].quantized(), g[n].quantized()), n
+
+
 def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
     names = _experts(tmp_path / "ck.safetensors")
     qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.scratch import aligned_empty
+from ..core.scratch import ALIGN, aligned_empty
 from ..spec import Calibration, ErrorStats, MergedStats, WorstGroups
 from .plan import Block
 from .quantize_work import QuantizeWork
@@ -35,14 +35,29 @@ class Captured:
         if self.values is None:
             whole = tuple(slice(0, n) for n in self.shape)
             if key == whole and np.shape(value) == self.shape:  # (one block: no zeros first)
-                # on a 4 KiB boundary, as the O_DIRECT write of the chunk needs (no copy there)
                 dtype = self.array.dtype
+                if _writable_as_is(value, dtype):
+                    # the worker's own buffer, kept until it is written (quantize_in_memory)
+                    self.values = value
+                    return
+                # on a 4 KiB boundary, as the O_DIRECT write of the chunk needs (no copy there)
                 raw = aligned_empty(max(1, math.prod(self.shape)) * dtype.itemsize)
                 self.values = raw.view(dtype)[: math.prod(self.shape)].reshape(self.shape)
                 self.values[...] = value
                 return
             self.values = np.zeros(self.shape, self.array.dtype)
         self.values[key] = value
+
+
+def _writable_as_is(value: Any, dtype: np.dtype) -> bool:
+    """Whether ``value`` can be written as it is: C-contiguous ``dtype`` values on an
+    ``ALIGN`` boundary, as the ``O_DIRECT`` write of a chunk needs."""
+    return (
+        isinstance(value, np.ndarray)
+        and value.dtype == dtype
+        and value.flags.c_contiguous
+        and value.ctypes.data % ALIGN == 0
+    )
 
 
 class MemoryDest:
@@ -89,7 +104,11 @@ class MemoryOutput:
 def quantize_in_memory(job: QuantizeJob, cal: Calibration) -> MemoryOutput:
     """Run the quantize pass of ``job`` (calibrated: ``cal``) on its blocks in this thread,
     into members kept in memory. Raises
-    :class:`~qstream.engine.quantize_work.NonFiniteBlock` as the pass does."""
+    :class:`~qstream.engine.quantize_work.NonFiniteBlock` as the pass does.
+
+    A job of one block hands back its codes in this thread's own buffer (no copy of a pack's
+    codes, ~3% of a conversion of 1024 tensors): ``data`` is valid until this thread runs a
+    quantize pass again, so write it first, as both callers do."""
     plan = job.plan
     members = job.member_arrays(progress_log=False)
     dest = MemoryDest(members)
