@@ -12,6 +12,9 @@ one safetensors file each. For each, in fresh processes, one run after another:
 - ``inspect`` and ``export`` of qstream's output (``qstream inspect OUT --json``, ``qstream
   export OUT X.safetensors``).
 
+- ``--extras``: each layer of the checkpoint also holds what a real model's layer holds
+  between its experts, each alone among other tensors: two norms (4096 values; qstream keeps
+  them, and so does the loop) and a router gate (64 x 4096, quantized);
 - kept tensors: ``--kept`` small 1-D float32 tensors (norms: the default recipe keeps them as
   they are) converted the same way, against a plain safetensors copy of them (``load_file``,
   ``save_file``).
@@ -23,12 +26,19 @@ metadata's bytes per tensor.
 
     python benchmarks/bench_checkpoint.py --json /tmp/checkpoint.json
     python benchmarks/bench_checkpoint.py --counts 16 1024 --size 256MiB --rounds 1
+    python benchmarks/bench_checkpoint.py --size 16GiB --rounds 1 --clean --kept
+    python benchmarks/bench_checkpoint.py --counts 1024 16384 --extras --kept
+
+At 16 GiB each count needs ~29 GiB of disk while it runs (``--clean`` removes its files
+after it), and the loop, which holds every tensor's codes until it writes them, reaches a
+peak RSS of ~22 GB.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -49,6 +59,9 @@ out = {}
 with safe_open(src, framework="np") as f:
     for name in f.keys():
         x = f.get_tensor(name)
+        if x.ndim < 2:  # (norms: kept as they are, as qstream's default recipe keeps them)
+            out[name] = x
+            continue
         amax = np.abs(x).max(axis=1, keepdims=True)
         scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)
         out[name] = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
@@ -84,26 +97,54 @@ def expert_names(count: int) -> list[str]:
     return names[:count]
 
 
-def make_checkpoint(path: str, total: int, count: int) -> None:
+def make_checkpoint(path: str, total: int, count: int, extras: bool = False) -> None:
     """``count`` float32 tensors of ``total / count`` bytes each (square-ish matrices), made
     by a child process (this one stays small: its children's peak RSS would count it)."""
     if not os.path.exists(path):
         subprocess.run(
-            [sys.executable, __file__, "--make", path, str(total), str(count)], check=True
+            [sys.executable, __file__, "--make", path, str(total), str(count), str(int(extras))],
+            check=True,
         )
 
 
-def _make(path: str, total: int, count: int) -> None:
+def _make(path: str, total: int, count: int, extras: bool = False) -> None:
+    """Write the checkpoint tensor by tensor (a 16 GiB one does not fit in memory twice, as
+    ``save_file`` of a dict of them would need): the bytes ``safetensors.numpy.save_file``
+    writes (tensors in the order of their names, the header's JSON compact and padded with
+    spaces to 8 bytes). ``extras``: each layer also has what a real model's layer has
+    between its experts: two norms (4096 float32 values, kept as they are) and a router
+    gate (64 x 4096 float32, quantized), each alone among other tensors."""
     import numpy as np
-    from safetensors.numpy import save_file
 
     per = total // count // 4
     rows = 1 << max(0, (per.bit_length() - 1) // 2)
     cols = per // rows
     rng = np.random.default_rng(0)
     base = (rng.standard_normal(rows * cols) * 0.02).astype(np.float32).reshape(rows, cols)
-    tensors = {n: base * np.float32(1 + (i % 7) / 10) for i, n in enumerate(expert_names(count))}
-    save_file(tensors, path + ".tmp")
+    factor = {n: np.float32(1 + (i % 7) / 10) for i, n in enumerate(expert_names(count))}
+    values = {n: (lambda f=f: base * f) for n, f in factor.items()}
+    if extras:
+        norm = np.linspace(0.5, 1.5, 4096, dtype=np.float32)
+        gate = (rng.standard_normal((64, 4096)) * 0.02).astype(np.float32)
+        for layer in sorted({int(n.split(".")[2]) for n in factor}):
+            at = f"model.layers.{layer}"
+            values[f"{at}.input_layernorm.weight"] = lambda: norm
+            values[f"{at}.post_attention_layernorm.weight"] = lambda: norm
+            values[f"{at}.mlp.gate.weight"] = lambda f=layer + 1: gate * np.float32(f)
+    names = sorted(values)
+    shapes = {n: values[n]().shape for n in names}
+    header, at = {}, 0
+    for n in names:
+        nbytes = math.prod(shapes[n]) * 4
+        header[n] = {"dtype": "F32", "shape": list(shapes[n]), "data_offsets": [at, at + nbytes]}
+        at += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path + ".tmp", "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for n in names:
+            f.write(values[n]().tobytes())
     os.replace(path + ".tmp", path)
 
 
@@ -134,6 +175,20 @@ def kept_rows(workdir: str, count: int, rounds: int) -> dict:
     qs_s = statistics.median(s for s, _ in q)
     copy_s = statistics.median(s for s, _ in c)
     return {"kept_tensors": count, "qstream_s": qs_s, "copy_s": copy_s, "vs_copy": qs_s / copy_s}
+
+
+def check_space(workdir: str, ck: str, total: int) -> None:
+    """Exit naming the shortfall unless ``workdir`` has room for one count: its checkpoint
+    (unless made already) and three outputs of int8 codes (qstream's, the loop's, the
+    export), each a quarter of ``total`` and a little more."""
+    need = (0 if os.path.exists(ck) else total) + 3 * (total // 4 + total // 64)
+    free = shutil.disk_usage(workdir).free
+    if free < need:
+        sys.exit(
+            f"bench_checkpoint: {workdir} has {free / 2**30:.1f} GiB free, a count of"
+            f" {total / 2**30:.1f} GiB needs {need / 2**30:.1f} GiB (--workdir elsewhere, or"
+            " --clean to remove each count's files once measured)"
+        )
 
 
 def timed(cmd: list[str]) -> tuple[float, float]:
@@ -178,7 +233,7 @@ def main() -> None:
     from _common import git_state
 
     if sys.argv[1:2] == ["--make"]:
-        _make(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        _make(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:6] == ["1"])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1GiB")
@@ -187,6 +242,16 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/qstream-bench-checkpoint")
     ap.add_argument("--kept", type=int, nargs="*", default=[2000])
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--extras",
+        action="store_true",
+        help="each layer also holds two norms and a router gate, alone among other tensors",
+    )
+    ap.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove each count's checkpoint and outputs once it is measured (large --size)",
+    )
     args = ap.parse_args()
     total = parse_bytes(args.size)
     os.makedirs(args.workdir, exist_ok=True)
@@ -199,8 +264,10 @@ def main() -> None:
     shutil.rmtree(os.path.join(args.workdir, "warm.zarr"), ignore_errors=True)
     timed(qstream("convert", warm, os.path.join(args.workdir, "warm.zarr"), "--quiet"))
     for count in args.counts:
-        ck = os.path.join(args.workdir, f"ck-{args.size}-{count}.safetensors")
-        make_checkpoint(ck, total, count)
+        tail = "-extras" if args.extras else ""
+        ck = os.path.join(args.workdir, f"ck-{args.size}-{count}{tail}.safetensors")
+        check_space(args.workdir, ck, total)
+        make_checkpoint(ck, total, count, args.extras)
         out = os.path.join(args.workdir, f"out-{count}.zarr")
         exp_dir = os.path.join(args.workdir, f"exp-{count}")  # a model folder (config.json)
         exp = os.path.join(exp_dir, "model.safetensors")
@@ -230,9 +297,12 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-        for f in (ck + ".unused", peer_out):
+        for f in (ck, peer_out) if args.clean else (peer_out,):
             if os.path.exists(f):
                 os.unlink(f)
+        if args.clean:
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(exp_dir, ignore_errors=True)
     base = rows[0]
     for r in rows:
         r["vs_first_count"] = r["qstream_s"] / base["qstream_s"]

@@ -17,11 +17,13 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 from zarr.codecs import ZstdCodec
 from zarr.storage import MemoryStore
 
-from qstream.io.arraydoc import plain_array
+from qstream.io.arraydoc import auto_chunks, plain_array
 from qstream.io.localmeta import encode_doc
 
 DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
@@ -76,6 +78,19 @@ def test_anything_else_is_left_to_zarr(kw):
     assert plain_array(kw) is None
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    shape=st.lists(
+        st.one_of(st.integers(0, 70_000), st.sampled_from([1 << 20, 3 << 19, 10**7])),
+        max_size=4,
+    ),
+    dtype=st.sampled_from(["int8", "float16", "float32", "float64", "complex128"]),
+)
+def test_the_chunks_zarr_picks_when_given_none_are_auto_chunks(shape, dtype):
+    made = zarr.create_array(MemoryStore(), shape=tuple(shape), dtype=dtype)
+    assert auto_chunks(tuple(shape), np.dtype(dtype).itemsize) == made.chunks
+
+
 def test_a_conversion_of_small_tensors_runs_without_zarr_and_writes_the_same_files(tmp_path):
     rng = np.random.default_rng(0)
     tensors = {
@@ -84,6 +99,9 @@ def test_a_conversion_of_small_tensors_runs_without_zarr_and_writes_the_same_fil
     tensors.update(
         {f"model.layers.{i}.proj.weight": rng.standard_normal((48, 16)) for i in range(3)}
     )
+    # kept as they are (1-D): one chunk each, and one of several chunks
+    tensors.update({f"model.layers.{i}.norm.weight": rng.standard_normal(64) for i in range(3)})
+    tensors["model.embed_scale"] = rng.standard_normal(300_000)
     save_file(
         {k: v.astype(np.float32) for k, v in tensors.items()}, str(tmp_path / "m.safetensors")
     )
@@ -127,6 +145,9 @@ def test_a_conversion_of_small_tensors_runs_without_zarr_and_writes_the_same_fil
         str(tmp_path / "free-auto-False" / "model.layers.0.proj.weight" / "data")
     )
     assert small.shape == (48, 16) and small.compressors
+    kept = zarr.open_array(str(tmp_path / "free-auto-True" / "model.embed_scale"))
+    assert kept.chunks == auto_chunks(kept.shape, 4) != kept.shape
+    np.testing.assert_array_equal(kept[...], tensors["model.embed_scale"].astype(np.float32))
 
 
 def _tree(root: Path) -> dict[str, object]:

@@ -45,6 +45,20 @@ def _experts(path: Path, dtype=np.float32, layers: int = 3, experts: int = 8) ->
     return list(tensors)
 
 
+def _four_to_a_pack(path: Path, count: int) -> list[str]:
+    """``count`` experts of 16 KiB: four to a pack under ``max_memory=1 << 20`` (64 KiB
+    blocks)."""
+    rng = np.random.default_rng(0)
+    tensors = {
+        f"model.layers.{i // 8}.mlp.experts.{i % 8}.up_proj.weight": rng.standard_normal(
+            (64, 64)
+        ).astype(np.float32)
+        for i in range(count)
+    }
+    save_file(tensors, str(path))
+    return list(tensors)
+
+
 SPECS = [
     {"dtype": "int8", "axis": 0},
     {"dtype": "int8", "axis": None},
@@ -88,7 +102,7 @@ def test_packed_tensors_read_exactly_as_tensors_converted_one_by_one(tmp_path, s
         assert {k: v for k, v in rp.items() if k not in ("error", "pack", "slot", "passes")} == {
             k: v for k, v in rg.items() if k not in ("error", "passes")
         }
-    assert packed == 24  # every expert; the routers (three alone, one per layer) are groups
+    assert packed == 27  # every expert, and the routers (one a layer, gathered into a pack)
 
 
 def test_packs_converted_one_after_another_in_one_thread_keep_their_own_codes(
@@ -100,15 +114,15 @@ def test_packs_converted_one_after_another_in_one_thread_keep_their_own_codes(
 
     monkeypatch.setattr(pipeline, "default_workers", lambda: 1)
     monkeypatch.setattr(executors, "default_workers", lambda: 1)
-    names = _experts(tmp_path / "ck.safetensors", layers=6)
-    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
-    qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "g", packs=False)
+    names = _four_to_a_pack(tmp_path / "ck.safetensors", 24)
+    ck, bound = tmp_path / "ck.safetensors", 1 << 20
+    qs.convert_checkpoint(ck, tmp_path / "p", packs=True, max_memory=bound)
+    qs.convert_checkpoint(ck, tmp_path / "g", packs=False, max_memory=bound)
     assert len(list((tmp_path / "p" / "_packs").glob("p*"))) == 6
     p, g = qs.open_quantized(tmp_path / "p"), qs.open_quantized(tmp_path / "g")
     for n in names:
-        if "experts" in n:
-            assert "pack" in p.tensors[n]
-            assert np.array_equal(p[n].quantized(), g[n].quantized()), n
+        assert "pack" in p.tensors[n]
+        assert np.array_equal(p[n].quantized(), g[n].quantized()), n
 
 
 def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
@@ -192,7 +206,7 @@ def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_convert
     _experts(tmp_path / "ck.safetensors")
     out = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
     packed = [n for n, r in out["tensors"].items() if "pack" in r]
-    assert len(packed) == 24
+    assert len(packed) == 27
 
     def rows():
         meta = json.loads((tmp_path / "p" / "zarr.json").read_text())["attributes"]
@@ -364,6 +378,19 @@ def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
         assert np.array_equal(after[n][...].view(np.uint32), values[n].view(np.uint32))
 
 
+def test_runs_are_packed_as_they_lie_and_alike_tensors_left_alone_are_gathered():
+    from qstream.engine.packs import plan_packs
+
+    class T:
+        def __init__(self, shape):
+            self.shape, self.dtype = shape, np.dtype(np.float32)
+
+    spec = QuantSpec(dtype="int8", axis=0)
+    e, g = (T((16, 24)), spec), (T((8, 24)), spec)
+    entries = [e, e, e, g, None, e, e, e, g, None, e, g, (T((8, 24)), QuantSpec(dtype="int4"))]
+    assert plan_packs(entries, None) == [[0, 1, 2], [3, 8, 11], [5, 6, 7]]
+
+
 def test_many_tensors_are_packed_by_default_and_few_are_not(tmp_path, monkeypatch):
     from qstream.engine import checkpoint
 
@@ -454,7 +481,7 @@ def test_packs_in_flight_stay_within_the_memory_bound_however_many_workers(tmp_p
     from qstream.engine import executors, packs, pipeline
     from qstream.engine.plan import budget_units
 
-    _experts(tmp_path / "ck.safetensors", layers=12)
+    _four_to_a_pack(tmp_path / "ck.safetensors", 48)
     monkeypatch.setattr(pipeline, "default_workers", lambda: 32)
     monkeypatch.setattr(executors, "default_workers", lambda: 32)
     running, most, lock = [0], [0], threading.Lock()

@@ -247,6 +247,22 @@ def test_a_link_inside_an_output_is_never_followed_out(sandbox):
     assert snapshot(sandbox / "victim") == before, r.output
 
 
+def test_a_child_path_is_refused_exactly_when_it_resolves_outside_its_root(sandbox):
+    from qstream.io.paths import child
+
+    root = sandbox / "root"
+    (root / "b").mkdir(parents=True)
+    (root / "inside").symlink_to(root / "b")
+    (root / "out").symlink_to(sandbox / "victim")
+    (root / "self").symlink_to(root)
+    (root / "dangling").symlink_to(sandbox / "nowhere")
+    for key in ("new", "b", "inside", "b/c"):
+        assert child(str(root), key) == os.path.join(root, *key.split("/"))
+    for key in ("out", "self", "dangling", "", ".", "..", "b/../..", "out/x"):
+        with pytest.raises(StoreError, match="leads outside it"):
+            child(str(root), key)
+
+
 # ---------------------------------------------------------------- destinations
 
 

@@ -33,7 +33,15 @@ from .kept import keep_tensor
 from .packs import PackItem, PackResult, PackWork
 from .plan import budget_units
 from .small import SmallTensorWork
-from .units import Todo, UnitWork, clear_of_listed, pack_runs, unit_items, unit_kind
+from .units import (
+    Todo,
+    UnitWork,
+    clear_of_listed,
+    gathered,
+    pack_runs,
+    unit_items,
+    unit_kind,
+)
 
 ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
@@ -107,7 +115,7 @@ class Conversion:
         todo: list[Todo] = []
         n = len(self.tensors)
         specs = [recipe.spec_for(name, t.shape, t.dtype) for name, t in self.tensors.items()]
-        pack_of: dict[int, tuple[int, int, int]] = {}  # tensor -> (pack, first, end)
+        pack_of: dict[int, int] = {}  # tensor -> its pack's number
         if self.pack_work is not None:  # planned over every tensor: the same packs on a re-run
             pack_of = pack_runs(list(self.tensors.values()), specs, self.max_memory)
             pack_of = clear_of_listed(pack_of, list(self.tensors), self.results)
@@ -129,7 +137,7 @@ class Conversion:
             small = self.small_work is not None
             todo.append((event, t, spec, unit_kind(i, t, spec, pack_of, small, self.max_memory)))
         try:
-            runs = itertools.groupby(todo, key=lambda item: item[3][0] == "job")
+            runs = itertools.groupby(gathered(todo), key=lambda item: item[3][0] == "job")
             for job, run in runs:
                 (self._jobs if job else self._units)(list(run))
         except BaseException:  # a failure or Ctrl-C: what finished is listed, then re-raised

@@ -13,6 +13,7 @@ from ..core.layout import dimension_names
 from ..errors import StoreError
 from ..io import compression as compressions
 from ..io import destination, publish
+from ..io.arraydoc import auto_chunks
 from ..io.checkpoints import read_rows
 from ..io.ondisk import FLAT_KEYS
 from .plan import check_fits
@@ -57,6 +58,9 @@ def keep_tensor(
     remove_own(path, storage_options)  # what a killed run left of this tensor
     kw = {
         "shape": t.shape,
+        # (the chunks zarr picks when given none, as earlier versions let it: made without
+        # zarr-python, which a conversion then need not import, ~0.2 s)
+        "chunks": auto_chunks(tuple(t.shape), stored.itemsize),
         "dtype": stored,
         "compressors": compressions.compressors(compression),
         "dimension_names": dimension_names(len(t.shape)),

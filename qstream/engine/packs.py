@@ -1,10 +1,12 @@
-"""Runs of small, alike tensors converted as one unit of work into one pack.
+"""Small, alike tensors converted as one unit of work into one pack.
 
 A checkpoint of many tensors pays per tensor what a job costs beyond its bytes: a job's
-set-up, a report built channel by channel, a group of arrays written file by file. Here a
-run of consecutive tensors with the same shape, dtype and spec (the experts of a layer) is
-read into one stacked array and quantized by *one* :class:`~qstream.engine.job.QuantizeJob`
-whose spec makes each tensor's parameters exactly its own:
+set-up, a report built channel by channel, a group of arrays written file by file. Here
+tensors with the same shape, dtype and spec (a run of them: the experts of a layer; or, left
+alone between others, gathered: a model's router gates, one a layer; see
+:func:`plan_packs`) are read into one stacked array and quantized by *one*
+:class:`~qstream.engine.job.QuantizeJob` whose spec makes each tensor's parameters exactly
+its own:
 
 - ``rows``: per channel on axis 0 (the default recipe): the tensors stacked along axis 0 are
   one array whose channels are theirs;
@@ -96,17 +98,53 @@ class PackItem:
 
 def plan_packs(
     entries: Sequence[tuple[Any, QuantSpec] | None], max_memory: int | None
-) -> list[tuple[int, int]]:
-    """The packs of ``entries`` (``(t, spec)`` of consecutive tensors, None where a tensor is
-    not packable): ``(first, end)`` index ranges of runs of at least two alike tensors, each
-    within one block budget of source values and :data:`MAX_PER_PACK` tensors."""
+) -> list[list[int]]:
+    """The packs of ``entries`` (``(t, spec)`` of the checkpoint's tensors in order, None
+    where a tensor is not packable): the indices of each pack's tensors, packs in the order
+    of their first tensor; each within one block budget of source values and
+    :data:`MAX_PER_PACK` tensors, and of at least two alike tensors (same pack mode, spec,
+    dtype and shape).
+
+    Runs of consecutive alike tensors (the experts of a layer) are packed as they lie, read
+    in place from the file. The alike tensors left alone between them (a model's router
+    gates, one a layer) are then gathered in checkpoint order into packs of their own."""
     budget = block_budget(max_memory)
-    out: list[tuple[int, int]] = []
-    start, key, size = 0, None, 0
+    keys = _pack_keys(entries, budget)
+    out: list[list[int]] = []
+    alone: list[int] = []
+    start, size = 0, 0
+    for i, k in enumerate([*keys, None]):
+        nbytes = 0 if k is None else k[-1]
+        if k is None or k != keys[start] or size + nbytes > budget or i - start >= MAX_PER_PACK:
+            if i - start >= 2 and keys[start] is not None:
+                out.append(list(range(start, i)))
+            elif i - start == 1 and keys[start] is not None:
+                alone.append(start)
+            start, size = i, 0
+        size += nbytes
+    gathering: dict[tuple, tuple[list[int], int]] = {}  # key -> (its tensors, their bytes)
+    for i in alone:
+        k = keys[i]
+        assert k is not None  # (alone: packable)
+        members, size = gathering.get(k, ([], 0))
+        if members and (size + k[-1] > budget or len(members) >= MAX_PER_PACK):
+            out.append(members)
+            members, size = [], 0
+        members.append(i)
+        gathering[k] = (members, size + k[-1])
+    out.extend(members for members, _ in gathering.values())
+    return sorted((m for m in out if len(m) >= 2), key=lambda m: m[0])
+
+
+def _pack_keys(entries: Sequence[tuple[Any, QuantSpec] | None], budget: int) -> list[tuple | None]:
+    """Each tensor's pack key (alike tensors share it; its last item: the tensor's source
+    bytes), or None where the tensor is not packed (no pack mode, or more than half a block
+    ``budget``)."""
+    keys: list[tuple | None] = []
     # id(spec) -> (spec, its JSON, its pack mode by rank and emptiness): recipes share specs
     spec_keys: dict[int, tuple[QuantSpec, str, dict]] = {}
-    for i, entry in enumerate([*entries, None]):
-        k, nbytes = None, 0
+    for entry in entries:
+        k = None
         if entry is not None:
             t, spec = entry
             known = spec_keys.get(id(spec))
@@ -116,14 +154,10 @@ def plan_packs(
             shape = tuple(t.shape)
             modes, form = known[2], (len(shape), 0 in shape)
             mode = modes[form] if form in modes else modes.setdefault(form, pack_mode(t, spec))
-            if mode is not None and (tbytes := source_bytes(t)) <= budget // 2:
-                k, nbytes = (mode, known[1], t.dtype, shape), tbytes
-        if k is None or k != key or size + nbytes > budget or i - start >= MAX_PER_PACK:
-            if key is not None and i - start >= 2:
-                out.append((start, i))
-            start, key, size = i, k, 0
-        size += nbytes
-    return out
+            if mode is not None and (nbytes := source_bytes(t)) <= budget // 2:
+                k = (mode, known[1], t.dtype, shape, nbytes)
+        keys.append(k)
+    return keys
 
 
 @dataclass(frozen=True, eq=False)

@@ -2,7 +2,8 @@
 (a unit of work each) and which as jobs of their own, and the items the executor is handed.
 
 Packs are planned over every tensor of the checkpoint (finished ones too), so that a re-run
-makes the same packs; a run of consecutive units goes to the executor as one pipeline
+makes the same packs; a pack's tensors are converted together where its first one is
+(:func:`gathered`), and a run of consecutive units goes to the executor as one pipeline
 (:class:`UnitWork` converts a pack or a small tensor).
 """
 
@@ -27,48 +28,57 @@ Todo = tuple[TensorEvent, Any, QuantSpec | None, Kind]
 
 def pack_runs(
     tensors: Sequence[Any], specs: Sequence[QuantSpec | None], max_memory: int | None
-) -> dict[int, tuple[int, int, int]]:
-    """The pack of every packed tensor: its index -> ``(pack, first, end)``."""
+) -> dict[int, int]:
+    """The pack of every packed tensor: its index -> its pack's number."""
     entries = [None if spec is None else (t, spec) for t, spec in zip(tensors, specs, strict=True)]
-    pack_of: dict[int, tuple[int, int, int]] = {}
-    for seq, (a, b) in enumerate(plan_packs(entries, max_memory)):
-        for i in range(a, b):
-            pack_of[i] = (seq, a, b)
-    return pack_of
+    return {i: seq for seq, members in enumerate(plan_packs(entries, max_memory)) for i in members}
 
 
 def clear_of_listed(
-    pack_of: dict[int, tuple[int, int, int]], names: list[str], listed: dict[str, dict]
-) -> dict[int, tuple[int, int, int]]:
+    pack_of: dict[int, int], names: list[str], listed: dict[str, dict]
+) -> dict[int, int]:
     """``pack_of`` with every pack that holds tensors still to convert renumbered past every
     number in use when its name is one the ``listed`` tensors' rows name. A re-run plans
     the same packs as its first run unless the memory bound changed; then a pack of the new
     plan must not replace (under the same name) one whose tensors are listed."""
     numbers = (packs.pack_number(r.get("pack")) for r in listed.values())
     taken = {n for n in numbers if n is not None}
-    todo = {pack_of[i][0] for i in pack_of if names[i] not in listed}
+    todo = {pack_of[i] for i in pack_of if names[i] not in listed}
     clash = todo & taken
     if not clash:
         return pack_of
-    past = max(taken | {seq for seq, _, _ in pack_of.values()}) + 1
-    return {
-        i: ((seq + past, a, b) if seq in clash else (seq, a, b))
-        for i, (seq, a, b) in pack_of.items()
-    }
+    past = max(taken | set(pack_of.values())) + 1
+    return {i: (seq + past if seq in clash else seq) for i, seq in pack_of.items()}
+
+
+def gathered(todo: list[Todo]) -> list[Todo]:
+    """``todo`` with each pack's tensors moved together to the place of its first one (a
+    pack's tensors need not lie side by side in the checkpoint), the rest in order."""
+    members: dict[Kind, list[Todo]] = {}
+    for item in todo:
+        if item[3][0] == "pack":
+            members.setdefault(item[3], []).append(item)
+    out: list[Todo] = []
+    for item in todo:
+        if item[3][0] != "pack":
+            out.append(item)
+        elif item[3] in members:
+            out.extend(members.pop(item[3]))
+    return out
 
 
 def unit_kind(
     i: int,
     t: Any,
     spec: QuantSpec | None,
-    pack_of: dict[int, tuple[int, int, int]],
+    pack_of: dict[int, int],
     small: bool,
     max_memory: int | None,
 ) -> Kind:
     """How the ``i``-th tensor ``t`` is converted (``small``: whether small tensors are
     units of work of their own in this conversion)."""
     if i in pack_of:
-        return ("pack", pack_of[i][0])
+        return ("pack", pack_of[i])
     if small and (spec is None or is_small(t, spec, max_memory)):
         return ("small",)
     return ("job",)

@@ -12,6 +12,7 @@ None, and zarr makes the document as before.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,31 @@ def plain_array(kw: dict[str, Any]) -> tuple[bytes, ChunkFiles] | None:
         encode_key=ChunkKey(separator),
     )
     return json.dumps(doc, indent=2).encode(), files
+
+
+def auto_chunks(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The chunks ``zarr.create_array`` picks for ``shape`` when given none (and no shards),
+    made without zarr-python: starting from the whole array (each axis at least 1), the axes
+    are halved in turn (rounded up) until a chunk is below a target size or within half of
+    it, and below 64 MiB. The target grows with the array: 256 KiB x 2^log10(its MiB), kept
+    within 128 KiB-64 MiB. Kept tensors are written with these chunks, as zarr chose them."""
+    if not itemsize:
+        return tuple(int(n) for n in shape)
+    low, high, step = 128 << 10, 64 << 20, 256 << 10
+    chunks = [max(int(n), 1) for n in shape]
+    # (in floats, as zarr computes it: the same target to the last bit)
+    target = step * 2.0 ** math.log10(float(math.prod(chunks)) * itemsize / (1 << 20))
+    target = min(max(target, low), high)
+    i = 0
+    while True:
+        nbytes = float(math.prod(chunks)) * itemsize
+        if (nbytes < target or abs(nbytes - target) / target < 0.5) and nbytes < high:
+            break
+        if math.prod(chunks) == 1:
+            break
+        chunks[i % len(chunks)] = -(-chunks[i % len(chunks)] // 2)
+        i += 1
+    return tuple(chunks)
 
 
 def _separator(encoding: object) -> str | None:

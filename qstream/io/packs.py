@@ -2,8 +2,10 @@
 
 A mixture-of-experts checkpoint holds tens of thousands of tensors of the same shape. Stored
 one group per tensor, each costs a folder, three arrays and their documents: the file
-system's round trips, not the bytes, set the time. A *pack* holds a run of consecutive
-tensors that share their shape, dtype and quantization spec, stacked along a new first axis::
+system's round trips, not the bytes, set the time. A *pack* holds tensors that share their
+shape, dtype and quantization spec (a run of consecutive ones, or ones left alone between
+others and gathered, see :func:`~qstream.engine.packs.plan_packs`), stacked along a new
+first axis::
 
     DST/_packs/p000003/zarr.json     attrs["qstream_pack"]: the pack's identity, spec and
                                      a column per figure, a value per tensor (name, key,
