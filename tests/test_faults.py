@@ -365,9 +365,11 @@ def _many_tensors(path: Path) -> list[str]:
 
 
 def _converted(root: Path, names) -> dict:
-    """Every tensor's stored arrays and report, and the root's listed rows."""
+    """Every tensor's stored arrays and report, the root's listed rows and its metadata."""
     opened = qs.open_quantized(root)
     out = {"rows": json.dumps(opened.tensors, sort_keys=True)}
+    root_doc = json.loads((root / "zarr.json").read_text())  # (the root's own metadata)
+    out["root"] = json.dumps(root_doc["attributes"]["qstream_checkpoint"], sort_keys=True)
     for n in names:
         g = zarr.open(str(root / opened.key_of(n)), mode="r")
         if isinstance(g, zarr.Array):

@@ -657,6 +657,11 @@ def _tree(root: Path, *, packs_only: bool = False) -> dict[str, bytes]:
     return out
 
 
+def _root_meta(root: Path) -> dict:
+    """The root's own metadata (its document carries nothing that names the run)."""
+    return json.loads((root / "zarr.json").read_text())["attributes"]["qstream_checkpoint"]
+
+
 CHILD = KILL_HOOK + textwrap.dedent(
     """
     import json, sys
@@ -702,6 +707,7 @@ def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_
         again = _child(src, d)
         assert again.returncode == 0, (n, again.stderr[-2000:])
         assert _tree(d, packs_only=True) == want, n
+        assert _root_meta(d) == _root_meta(tmp_path / "ref"), n
         assert json.loads(again.stdout.splitlines()[0]) == json.loads(lines[0]), n
         assert not [p for p in d.rglob("*") if p.name.startswith(".qstream-tmp-")], n
 

@@ -329,13 +329,17 @@ class Destination:
         """What is there now, and what this job does with it (read-only; a destination this
         job may not write is refused here)."""
         existing = inspect_destination(self.target, self.storage_options)
+        judged = existing
         if self.same_job is not None and existing.kind == self.what:
+            # (decided as if it carried this job's fingerprint when it is this job; the
+            # metadata handed on stays as found: a resumed root is rewritten from it)
             meta = existing.meta or {}  # (always a dict: the kind comes from it)
             same = self.same_job(meta)
-            meta = {**meta, "fingerprint": self.fingerprint if same else None}
-            existing = replace(existing, meta=meta)
+            judged = replace(
+                existing, meta={**meta, "fingerprint": self.fingerprint if same else None}
+            )
         action = decide(
-            existing, self.fingerprint, overwrite=overwrite, what=self.what, dst=self.target
+            judged, self.fingerprint, overwrite=overwrite, what=self.what, dst=self.target
         )
         if action is Action.REPLACE and self.local is None:
             Lease.refuse_if_held(existing, self.target)
