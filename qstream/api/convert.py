@@ -73,8 +73,9 @@ def convert_checkpoint(
     asymmetric 4-bit as Q4_1, bit for bit as gguf-py quantizes; ``format`` may name one GGUF
     type for all of them.
 
-    ``packs``: runs of small tensors alike in shape, dtype and spec (a mixture-of-experts
-    layer's experts) are stored stacked, as one group each (``DST/_packs/``, see
+    ``packs``: small tensors alike in shape, dtype and spec (runs of them: a
+    mixture-of-experts layer's experts; and alike ones alone between others, gathered: a
+    router gate a layer) are stored stacked, a group a pack (``DST/_packs/``, see
     :mod:`qstream.io.packs`): a conversion then costs per byte, not per tensor. None (the
     default): when the checkpoint holds at least 64 tensors and ``dst`` is a local
     directory, or as an earlier run of this conversion at ``dst`` did (it is resumed or found
