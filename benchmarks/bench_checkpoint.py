@@ -121,22 +121,22 @@ def _make(path: str, total: int, count: int, extras: bool = False) -> None:
     cols = per // rows
     rng = np.random.default_rng(0)
     base = (rng.standard_normal(rows * cols) * 0.02).astype(np.float32).reshape(rows, cols)
-    factor = {n: np.float32(1 + (i % 7) / 10) for i, n in enumerate(expert_names(count))}
-    values = {n: (lambda f=f: base * f) for n, f in factor.items()}
+    # each tensor: a template times a factor (made when it is written)
+    made = {n: (base, np.float32(1 + (i % 7) / 10)) for i, n in enumerate(expert_names(count))}
     if extras:
         norm = np.linspace(0.5, 1.5, 4096, dtype=np.float32)
         gate = (rng.standard_normal((64, 4096)) * 0.02).astype(np.float32)
-        for layer in sorted({int(n.split(".")[2]) for n in factor}):
+        for layer in sorted({int(n.split(".")[2]) for n in made}):
             at = f"model.layers.{layer}"
-            values[f"{at}.input_layernorm.weight"] = lambda: norm
-            values[f"{at}.post_attention_layernorm.weight"] = lambda: norm
-            values[f"{at}.mlp.gate.weight"] = lambda f=layer + 1: gate * np.float32(f)
-    names = sorted(values)
-    shapes = {n: values[n]().shape for n in names}
+            made[f"{at}.input_layernorm.weight"] = (norm, np.float32(1))
+            made[f"{at}.post_attention_layernorm.weight"] = (norm, np.float32(1))
+            made[f"{at}.mlp.gate.weight"] = (gate, np.float32(layer + 1))
+    names = sorted(made)
     header, at = {}, 0
     for n in names:
-        nbytes = math.prod(shapes[n]) * 4
-        header[n] = {"dtype": "F32", "shape": list(shapes[n]), "data_offsets": [at, at + nbytes]}
+        shape = made[n][0].shape
+        nbytes = math.prod(shape) * 4
+        header[n] = {"dtype": "F32", "shape": list(shape), "data_offsets": [at, at + nbytes]}
         at += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
@@ -144,7 +144,8 @@ def _make(path: str, total: int, count: int, extras: bool = False) -> None:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for n in names:
-            f.write(values[n]().tobytes())
+            template, factor = made[n]
+            f.write((template * factor).tobytes())
     os.replace(path + ".tmp", path)
 
 
