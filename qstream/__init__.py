@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .engine.executors import LocalExecutor as LocalExecutor
     from .engine.warmup import warm_common as warm_common
     from .engine.warmup import warm_up as warm_up
+    from .errors import DestinationBusyError as DestinationBusyError
     from .errors import InvalidDTypeError as InvalidDTypeError
     from .errors import InvalidParameterError as InvalidParameterError
     from .errors import NonFiniteInputError as NonFiniteInputError
@@ -85,6 +86,7 @@ _EXPORTS = {
     "QStreamError": "qstream.errors",
     "QStreamWarning": "qstream.errors",
     "InvalidParameterError": "qstream.errors",
+    "DestinationBusyError": "qstream.errors",
     "InvalidDTypeError": "qstream.errors",
     "NonFiniteInputError": "qstream.errors",
     "StoreError": "qstream.errors",

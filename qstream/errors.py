@@ -23,6 +23,12 @@ class StoreError(QStreamError, OSError):
     """A store is missing, corrupt, incomplete, or cannot be written."""
 
 
+class DestinationBusyError(StoreError):
+    """The destination is held by another qstream process (its lock, or a recent lease): a
+    temporary condition, not a fault; the same call succeeds once that process ends (the
+    command line exits with 75, ``EX_TEMPFAIL``)."""
+
+
 class QStreamWarning(UserWarning):
     """Something worth knowing that does not stop the work (a recipe rule that matched no
     tensor); the command line prints it as one ``warning:`` line."""

@@ -1,8 +1,10 @@
 """How the command line fails: one line on stderr, an exit code, and the flags a user types
 instead of the library's argument names.
 
-Exit codes: 0 success, 1 failure (bad data, missing/corrupt store, I/O), 2 bad usage (unknown
-option or value, missing argument, bad axis, bad scale...), 130 interrupted (Ctrl-C), 143
+Exit codes: 0 success (or already complete), 1 failure (bad data, missing/corrupt store, I/O),
+2 bad usage or refused input (unknown option or value, missing argument, bad axis, bad scale, a
+plan refused before any work...), 75 another qstream process holds DST (temporary: run again
+later), 130 interrupted (Ctrl-C), 143
 terminated (SIGTERM: a scheduler's timeout, ``kill``), 141 a closed pipe (``| head``: quiet).
 ``--debug`` (anywhere on the line) shows the traceback instead.
 """
@@ -31,6 +33,8 @@ else:
     ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 state = {"debug": False}
+
+BUSY = 75  # EX_TEMPFAIL: another qstream process holds DST; the same command succeeds later
 
 
 class Terminated(KeyboardInterrupt):
@@ -138,6 +142,8 @@ def library_errors() -> Iterator[None]:
             traceback.print_exc()
         if isinstance(e, (qs.InvalidParameterError, qs.InvalidDTypeError)):
             fail(str(e), 2)
+        if isinstance(e, qs.DestinationBusyError):
+            fail(str(e), BUSY)
         if isinstance(e, qs.QStreamError):
             fail(str(e), 1)
         if isinstance(e, OSError):

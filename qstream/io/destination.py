@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import DestinationBusyError, StoreError
 from .cleanup import clean_partials, remove_output
 from .existing import Existing, inspect_destination
 from .locations import inside, location
@@ -157,7 +157,7 @@ def locked(dst: object) -> Iterator[None]:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise StoreError(
+                raise DestinationBusyError(
                     f"{dst} is being written by another qstream process; wait for it to finish,"
                     " then run again (the job resumes or reports it complete)"
                 ) from None
@@ -283,7 +283,7 @@ class Lease:
             return
         idle = time.time() - active
         if idle < LEASE:
-            raise StoreError(
+            raise DestinationBusyError(
                 f"{dst} is being written by another job (active {max(0.0, idle):.0f} s ago);"
                 f" wait for it to finish, or if it died, run again after {LEASE - idle:.0f} s"
             )
