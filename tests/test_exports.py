@@ -479,3 +479,99 @@ def test_a_re_export_in_another_form_leaves_no_stale_file_and_a_changed_source_i
         qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "m.gguf")
     with pytest.raises(qs.StoreError, match="does not exist"):
         qs.export_safetensors(tmp_path / "q.zarr", tmp_path / "nowhere" / "e.safetensors")
+
+
+# --- the model config: only from what the user named ---------------------------------------
+
+SECRET = "registry-token-9f3a1c"
+
+
+def _crafted_source(tmp_path):
+    """A converted checkpoint whose root names, as its source, a folder holding a secret
+    config.json (as ``~/.docker/config.json`` does)."""
+    save_file(
+        {"a.weight": np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)},
+        str(tmp_path / "m.safetensors"),
+    )
+    q = tmp_path / "q.zarr"
+    recipe = {"defaults": {"dtype": "int8", "axis": 0, "scale_dtype": "float16"}}  # (GGUF too)
+    qs.convert_checkpoint(tmp_path / "m.safetensors", q, qs.Recipe.from_dict(recipe))
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    secret = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 4,
+              "auths": {"registry.example": {"auth": SECRET}}}  # fmt: skip
+    (victim / "config.json").write_text(json.dumps(secret))
+    (victim / "model.safetensors").write_bytes(b"")
+    return q, victim
+
+
+@pytest.mark.parametrize("recorded", ["folder", "file"])
+def test_an_export_never_reads_a_config_where_the_outputs_metadata_says_its_source_was(
+    tmp_path, recorded
+):
+    q, victim = _crafted_source(tmp_path)
+    doc = json.loads((q / "zarr.json").read_text())
+    where = victim if recorded == "folder" else victim / "model.safetensors"
+    doc["attributes"]["qstream_checkpoint"]["source"] = str(where)
+    (q / "zarr.json").write_text(json.dumps(doc))
+    (tmp_path / "api").mkdir()
+    result = qs.export_safetensors(q, tmp_path / "api" / "model.safetensors")
+    (tmp_path / "cli").mkdir()
+    r = CliRunner().invoke(app, ["export", str(q), str(tmp_path / "cli" / "model.safetensors")])
+    assert r.exit_code == 0, r.output
+    assert "quantization_config only" in r.output and "--config" in r.output
+    for folder in ("api", "cli"):
+        text = (tmp_path / folder / "config.json").read_text()
+        assert SECRET not in text and "auths" not in text and "model_type" not in text
+        assert json.loads(text)["quantization_config"]["config_groups"]
+    assert result["config"] == str(tmp_path / "api" / "config.json")
+    # nor a GGUF (its config: --config, or the one kept inside SRC)
+    qs.export_gguf(q, tmp_path / "m.gguf")
+    assert SECRET.encode() not in (tmp_path / "m.gguf").read_bytes()
+    # the recorded source is shown as provenance
+    shown = CliRunner().invoke(app, ["inspect", str(q)])
+    assert shown.exit_code == 0 and f"from {where}" in shown.output, shown.output
+    # what the user names is used: --config, or a config.json kept inside the output itself
+    (tmp_path / "cfg.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    again = ["export", str(q), str(tmp_path / "cli" / "model.safetensors")]
+    r = CliRunner().invoke(app, [*again, "--config", str(tmp_path / "cfg.json"), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    merged = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert merged["hidden_size"] == 64 and merged["quantization_config"]
+    (q / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 32}))
+    (tmp_path / "own").mkdir()
+    qs.export_safetensors(q, tmp_path / "own" / "model.safetensors")
+    assert json.loads((tmp_path / "own" / "config.json").read_text())["hidden_size"] == 32
+
+
+def test_a_config_json_link_inside_an_output_is_refused_not_followed(tmp_path):
+    q, victim = _crafted_source(tmp_path)
+    (q / "config.json").symlink_to(victim / "config.json")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(qs.StoreError, match="is a link"):
+        qs.export_safetensors(q, tmp_path / "out" / "model.safetensors")
+    assert os.listdir(tmp_path / "out") == []
+    # with the user's own config named, the link is not needed (and still not read)
+    (tmp_path / "cfg.json").write_text(json.dumps({"model_type": "llama"}))
+    qs.export_safetensors(q, tmp_path / "out" / "model.safetensors", config=tmp_path / "cfg.json")
+    assert SECRET not in (tmp_path / "out" / "config.json").read_text()
+
+
+def test_the_source_config_helper_finds_the_config_of_the_checkpoint_the_user_named(tmp_path):
+    from qstream.io.export import source_config
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"")
+    want = str(tmp_path / "model" / "config.json")
+    assert source_config(tmp_path / "model") == want
+    assert source_config(tmp_path / "model" / "model.safetensors") == want
+    assert source_config(tmp_path / "none") is None
+    assert source_config("s3://bucket/model") is None
+
+
+def test_an_export_of_something_not_a_qstream_output_is_refused_by_name(tmp_path):
+    q, _ = _crafted_source(tmp_path)
+    qs.export_safetensors(q, tmp_path / "e.safetensors", format="qstream")
+    with pytest.raises(qs.InvalidParameterError, match="not a qstream output"):
+        qs.export_safetensors(tmp_path / "e.safetensors", tmp_path / "f.safetensors")

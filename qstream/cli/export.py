@@ -62,8 +62,9 @@ def export(
         None,
         "--config",
         metavar="CONFIG",
-        help="The model's config.json to merge the quantization_config into (default: the"
-        " one beside the converted checkpoint's source).",
+        help="The model's config.json to merge the quantization_config into (default: one"
+        " kept inside SRC, or beside a float checkpoint file for .gguf; never one where SRC's"
+        " metadata says its source was).",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files."),
     as_json: bool = JSON,
@@ -102,9 +103,9 @@ def export(
             )
             if result.get("config") and not has_model_type(result["config"]):
                 typer.echo(
-                    f"note: {result['config']} holds the quantization_config only (no model"
-                    " config.json was found): merge your model's config into it, or pass"
-                    " --config"
+                    f"note: {result['config']} holds the quantization_config only ({src}"
+                    " keeps no model config.json): pass --config MODEL/config.json (the"
+                    " converted model's) to merge it, or merge it in yourself"
                 )
 
 

@@ -127,8 +127,12 @@ def checkpoint_table(store: str, tensors: int, summary: dict[str, Any]) -> None:
                 sq,
             ]
         )
+    source = summary.get("checkpoint")  # provenance, as recorded: shown, never opened
+    if source is not None:  # (as written by whoever wrote the output: no control characters)
+        source = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
     table(
-        f"{store}: {tensors} tensors, complete: {summary['complete']}",
+        f"{store}: {tensors} tensors{f' from {source}' if source else ''},"
+        f" complete: {summary['complete']}",
         ["tensor", "shape", "dtype", "stored as", "bytes", "SQNR dB"],
         rows,
     )

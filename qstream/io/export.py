@@ -4,7 +4,8 @@ Two layouts (``format``):
 
 - ``compressed-tensors`` (the default): what transformers (through ``compressed-tensors``) and
   vLLM load, with a ``config.json`` beside the files that carries the ``quantization_config``
-  they need (merged into the source checkpoint's own ``config.json`` when there is one); see
+  they need (merged into the model's ``config.json``: ``config``, or the one kept inside the
+  output; never one found where an output's metadata says its source was); see
   :mod:`qstream.io.compressed_tensors`. A tensor that layout cannot express is refused,
   naming it, before anything is written: an export never loads silently wrong.
 - ``qstream``: every quantized type qstream has, read by qstream (and by hand): a quantized
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from typing import Any
 
@@ -86,10 +88,13 @@ def export_safetensors(
     loader it targets.
 
     ``config`` (compressed-tensors only): the model's ``config.json`` (a path or a dict) into
-    which the ``quantization_config`` is merged; None: the one beside the converted
-    checkpoint's source, if there is one. The result is written as ``config.json`` beside
-    ``out`` (a ``config.json`` qstream did not write is never replaced); without a source
-    config it holds the ``quantization_config`` alone, to merge into the model's.
+    which the ``quantization_config`` is merged; None: the ``config.json`` inside ``src``
+    itself, if it keeps one (see :func:`own_config`). The source an output's metadata
+    records is never opened: it is provenance, and may name any folder. A conversion passes
+    its checkpoint's config (:func:`source_config`). The result is written as
+    ``config.json`` beside ``out`` (a ``config.json`` qstream did not write is never
+    replaced); without a model config it holds the ``quantization_config`` alone, to merge
+    into the model's (``qstream export`` says so and names ``--config``).
 
     Existing files are refused unless ``overwrite``, except shards of an interrupted export
     (they carry qstream's metadata and no index was written); ``replace_own`` also replaces a
@@ -116,6 +121,11 @@ def export_safetensors(
             return {"files": done, "already_complete": True, "format": format,
                     "loader": LOADERS[format], "tensors": [], "bytes": 0}  # fmt: skip
     opened = open_quantized(src, storage_options=storage_options)
+    if not isinstance(opened, QuantizedArray | QuantizedCheckpoint):
+        raise InvalidParameterError(
+            f"{src} is not a qstream output (a converted checkpoint or a quantized group);"
+            " an export is made from one (convert a checkpoint first)"
+        )
     folder = os.path.dirname(out) or "."
     if not os.path.isdir(folder):  # (after the source: its faults are named first)
         raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
@@ -164,7 +174,7 @@ def export_safetensors(
     config_path = os.path.join(os.path.dirname(out), CONFIG)
     model_config: dict[str, Any] | None = None
     if format == "compressed-tensors":
-        model_config = _model_config(config, opened)
+        model_config = _model_config(config, src)
         model_config["quantization_config"] = ct.quantization_config(layouts, kept)
     write_config = model_config is not None and not _same_config(config_path, model_config)
     targets = files + ([config_path] if write_config else [])
@@ -230,11 +240,18 @@ def _export_job(
         stamp = os.stat(os.path.join(os.fspath(src), "zarr.json")).st_mtime_ns
     except (OSError, TypeError):
         stamp = None
-    conf: dict[str, Any] | str | None
-    if config is None or isinstance(config, dict):
+    conf: dict[str, Any] | str | list[Any] | None
+    if isinstance(config, dict):
         conf = config
-    else:
+    elif config is not None:
         conf = os.path.abspath(os.fspath(config))
+    else:  # the config kept inside the output, if any: a changed one is another export
+        try:
+            kept = own_config(src)
+            st = os.stat(kept) if kept is not None else None
+        except (OSError, StoreError):
+            st = None
+        conf = None if st is None else ["own", st.st_size, st.st_mtime_ns]
     ident = {"export": where, "stamp": stamp, "format": format, "name": name, "dtype": dtype}
     ident["max_shard_size"] = int(shard)
     return json.dumps({**ident, "config": conf}, sort_keys=True, default=str)
@@ -253,15 +270,16 @@ def _same_config(path: str, doc: dict[str, Any]) -> bool:
 
 
 def _model_config(
-    config: str | os.PathLike[str] | dict[str, Any] | None, opened: object
+    config: str | os.PathLike[str] | dict[str, Any] | None, src: str | os.PathLike[str]
 ) -> dict[str, Any]:
     """The model configuration the quantization config is merged into: ``config`` (a dict or
-    the path of a JSON file), or the ``config.json`` beside the converted checkpoint's local
-    source, or an empty one."""
+    the path of a JSON file), or the ``config.json`` kept inside the output ``src`` (see
+    :func:`own_config`), or an empty one. Never one found where the output's metadata says
+    its source was: that string is provenance, not a path to open."""
     if isinstance(config, dict):
         copy: dict[str, Any] = json.loads(json.dumps(config))  # a copy; JSON only
         return copy
-    path = os.fspath(config) if config is not None else _source_config(opened)
+    path = os.fspath(config) if config is not None else own_config(src)
     if path is None:
         return {}
     doc = read_json(path)
@@ -278,16 +296,45 @@ def _model_config(
     return doc
 
 
-def _source_config(opened: object) -> str | None:
-    """``config.json`` beside (or in) a converted checkpoint's local source, if there is one."""
-    if not isinstance(opened, QuantizedCheckpoint):
+def source_config(src: str | os.PathLike[str] | None) -> str | None:
+    """The model's ``config.json`` that belongs to the checkpoint ``src`` the user named for
+    a conversion (a local folder: the one inside it; a file or an index: the one beside it,
+    as a Hugging Face model keeps it), or None. Pass it as ``config=`` to
+    :func:`export_safetensors`; an export never looks for one where an output's metadata
+    says its source was (that path is provenance, shown by ``inspect``, never opened)."""
+    if src is None or not isinstance(src, str | os.PathLike):
         return None
-    source = opened.meta.get("source")
-    if not isinstance(source, str) or "://" in source:
+    path = os.fspath(src)
+    if "://" in path and not path.startswith("file://"):
         return None
-    folder = source if os.path.isdir(source) else os.path.dirname(source)
-    path = os.path.join(folder, CONFIG)
-    return path if os.path.isfile(path) else None
+    path = os.path.expanduser(path.removeprefix("file://"))
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    found = os.path.join(folder, CONFIG)
+    return found if kind_of(found) == "file" else None
+
+
+def own_config(src: str | os.PathLike[str]) -> str | None:
+    """The ``config.json`` inside the local output ``src`` itself (a copy of its model's
+    config kept with it), or None: a regular file, never a link (an output qstream writes
+    holds none; one that does is refused rather than read wherever it points)."""
+    if not isinstance(src, str | os.PathLike):
+        return None
+    path = os.fspath(src)
+    if "://" in path and not path.startswith("file://"):
+        return None
+    path = os.path.join(os.path.expanduser(path.removeprefix("file://")), CONFIG)
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise StoreError(f"cannot read {path}: {e.strerror or e}") from None
+    if stat.S_ISLNK(mode):
+        raise StoreError(
+            f"{path} is a link; the config.json kept in a qstream output never is, and qstream"
+            " does not read where it points: pass --config (config=) with the model's own"
+        )
+    return path if stat.S_ISREG(mode) else None
 
 
 def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
