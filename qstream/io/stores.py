@@ -72,9 +72,10 @@ def open_store(path: Any, *, mode: str, storage_options: dict[str, Any] | None) 
             raise StoreError(f"no in-memory store named {p!r}")
         return MEMORY_STORES.setdefault(name, zarr.storage.MemoryStore())
     if "://" in p and not p.startswith("file://"):
+        options = fsspec_options(p, storage_options)  # (its refusals are its own)
         try:
             store = zarr.storage.FsspecStore.from_url(
-                p, storage_options=fsspec_options(p, storage_options), read_only=mode == "r"
+                p, storage_options=options, read_only=mode == "r"
             )
         except Exception as e:  # an unknown protocol, a missing fsspec backend, bad options
             raise StoreError(f"cannot open {p}: {one_line(e)}") from None
@@ -174,8 +175,11 @@ def open_source(
         raise
     except FileNotFoundError:
         raise StoreError(f"{src} {_what_is(src)}") from None
-    except Exception as e:  # corrupt metadata, unreadable zip, ...
-        raise StoreError(f"cannot open {src} as Zarr: {type(e).__name__}: {e}") from None
+    except Exception as e:  # the store failing (its own cause), corrupt metadata, ...
+        err = store_failure(e, src)
+        if err is not None:
+            raise err from None
+        raise StoreError(f"cannot open {display(src)} as Zarr: {type(e).__name__}: {e}") from None
     if not isinstance(node, zarr.Array):
         raise StoreError(f"{src} {_what_is(src)}")
     where = location(src) or str(src)
@@ -278,4 +282,7 @@ def open_group(
     except PermissionError as e:
         raise StoreError(f"cannot write {dst}: {e}") from None
     except Exception as e:
+        err = store_failure(e, dst)
+        if err is not None:
+            raise err from None
         raise StoreError(f"cannot open {dst} as a Zarr group: {type(e).__name__}: {e}") from None

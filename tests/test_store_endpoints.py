@@ -1,0 +1,170 @@
+"""Object stores configured by the environment alone, from the command line: the standard
+``AWS_*`` variables (endpoint, keys, region, ``AWS_ALLOW_HTTP``) reach an ``http://`` endpoint
+(the moto server on loopback) through both ``--store fsspec`` and ``--store obstore``; a store
+failure names its own cause, not a timeout it is not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qstream as qs
+
+from .test_fp8_checkpoints import write_safetensors
+from .test_s3 import BUCKET, _put_source, _read, _s3, backend, endpoint  # noqa: F401 (fixtures)
+from .test_url_checkpoints import _same_conversion
+
+pytest.importorskip("s3fs")
+
+CLI_TIMEOUT = 300  # seconds a qstream subprocess may take before the test fails
+
+
+def _environment(url: str, **extra: str) -> dict[str, str]:
+    """The process environment with the moto server's configuration in the standard
+    variables only (any AWS_* of the caller's own removed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.pop("QSTREAM_STORE_TIMEOUT", None)
+    env.update(
+        AWS_ENDPOINT_URL=url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    )
+    env.update(extra)
+    return env
+
+
+def _qstream(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from qstream.cli.main import console; console()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CLI_TIMEOUT,
+    )
+
+
+# Each store is run with each way of allowing http: AWS_ALLOW_HTTP=true, or nothing but the
+# endpoint's http:// scheme; the region in AWS_REGION (obstore's name, passed on to botocore)
+# or AWS_DEFAULT_REGION.
+VARIANTS = {
+    "allow-http": {"AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1"},
+    "http-scheme": {"AWS_DEFAULT_REGION": "us-east-1"},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_cli_quantizes_and_converts_s3_urls_configured_by_the_environment(
+    endpoint,  # noqa: F811
+    backend,  # noqa: F811
+    variant,
+    tmp_path,
+):
+    env = _environment(endpoint, **VARIANTS[variant])
+    key = f"env-{backend}-{variant}"
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((64, 96)) * 0.05).astype(np.float32)
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (16, 48))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    r = _qstream(env, "quantize", src, q, "--axis", "0", "--store", backend, "-q")
+    assert r.returncode == 0, r.stderr
+    clean = qs.quantize_store(x, f"memory://env-{key}", qs.QuantSpec(axis=0), overwrite=True)
+    np.testing.assert_array_equal(
+        _read(endpoint, f"{key}/q.zarr/data"),
+        qs.open_quantized(f"memory://env-{key}").quantized(...),
+    )
+    assert clean.error["sqnr_db"] > 20
+    # an s3:// safetensors checkpoint, converted into S3 (its bytes as from the local file)
+    tensors = {
+        "layer.weight": (rng.standard_normal((128, 64)) * 0.02).astype(np.float32),
+        "layer.norm": rng.standard_normal(64).astype(np.float32),
+    }
+    write_safetensors(tmp_path / "m.safetensors", tensors)
+    _s3(endpoint).put_object(
+        Bucket=BUCKET, Key=f"{key}/m.safetensors", Body=(tmp_path / "m.safetensors").read_bytes()
+    )
+    local = tmp_path / "local"
+    qs.convert_checkpoint(tmp_path / "m.safetensors", local, qs.Recipe.from_dict({}))
+    dst = f"s3://{BUCKET}/{key}/m-int8.zarr"
+    r = _qstream(env, "convert", f"s3://{BUCKET}/{key}/m.safetensors", dst, "--store", backend)
+    assert r.returncode == 0, r.stderr
+    fs_opts = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    _same_conversion(local, dst, list(tensors), fs_opts)
+    # and a re-run finds it complete, still by the environment alone
+    r = _qstream(env, "convert", f"s3://{BUCKET}/{key}/m.safetensors", dst, "--store", backend)
+    assert r.returncode == 0, r.stderr
+
+
+def test_cli_refuses_plain_http_that_aws_allow_http_forbids_naming_why(
+    endpoint,  # noqa: F811
+    backend,  # noqa: F811
+):
+    env = _environment(endpoint, AWS_ALLOW_HTTP="false", AWS_REGION="us-east-1")
+    src = _put_source(endpoint, f"forbid-{backend}/src.zarr", np.ones((8, 8), np.float32), (8, 8))
+    r = _qstream(env, "quantize", src, f"s3://{BUCKET}/forbid-{backend}/q.zarr", "--store", backend)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert src in lines[0] and "AWS_ALLOW_HTTP=false" in lines[0] and endpoint in lines[0]
+    assert "timeout" not in lines[0].lower()
+
+
+def test_an_invalid_aws_allow_http_is_a_usage_error(endpoint, backend, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "maybe")
+    with pytest.raises(qs.InvalidParameterError, match="AWS_ALLOW_HTTP must be true or false"):
+        qs.quantize_store(
+            np.ones((8, 8), np.float32),
+            f"s3://{BUCKET}/invalid-{backend}/q.zarr",
+            storage_options={"endpoint_url": endpoint} if backend == "fsspec" else {},
+            store=backend,
+        )
+
+
+def test_obstore_builder_error_is_named_with_its_cause_not_as_a_timeout(endpoint):  # noqa: F811
+    """obstore's own client, told not to allow http, against the http endpoint: qstream's
+    message is the library's cause (the builder error, its BadScheme and what allows http),
+    not "no answer within its timeout"."""
+    obstore = pytest.importorskip("obstore")
+    from obstore.store import S3Store
+
+    from qstream.io.backends import store_failure
+
+    store = S3Store(
+        BUCKET,
+        endpoint=endpoint,
+        region="us-east-1",
+        access_key_id="testing",
+        secret_access_key="testing",
+        client_options={"allow_http": False},
+    )
+    with pytest.raises(Exception) as e:
+        obstore.get(store, "nothing/zarr.json")
+    err = store_failure(e.value, f"s3://{BUCKET}/nothing")
+    assert err is not None
+    message = str(err)
+    assert "\n" not in message and message.startswith(f"s3://{BUCKET}/nothing: ")
+    assert "builder error" in message and "BadScheme" in message and "allow_http" in message
+    assert "timeout" not in message.lower()
+    # through qstream, an explicit allow_http=False is refused before any request, by name
+    with pytest.raises(qs.StoreError, match=r"plain http, which allow_http=False forbids"):
+        qs.quantize_store(
+            np.ones((8, 8), np.float32),
+            f"s3://{BUCKET}/builder/q.zarr",
+            storage_options={
+                "endpoint": endpoint,
+                "access_key_id": "testing",
+                "secret_access_key": "testing",
+                "region": "us-east-1",
+                "client_options": {"allow_http": False},
+            },
+            store="obstore",
+        )
