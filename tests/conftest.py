@@ -51,3 +51,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(part in item.nodeid for part in MOVED_TO_SLOW):
             item.add_marker(pytest.mark.slow)
+
+
+import pytest  # noqa: E402
+
+from . import worker_imports  # noqa: E402
+
+worker_imports.install()
+
+
+@pytest.fixture(autouse=True)
+def no_import_in_worker_threads():
+    """No module is first loaded by a qstream worker thread during a test (issue 44: two
+    threads importing at once can deadlock on Python's module locks)."""
+    worker_imports.taken()
+    yield
+    got = worker_imports.taken()
+    assert not got, f"modules first imported by qstream worker threads: {got}"

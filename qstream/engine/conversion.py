@@ -20,7 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..io import destination, packs, qarray
+from ..io.arraydoc import is_plain_dtype
 from ..io.checkpoint_dtypes import dtype_facts
+from ..io.compression import NONE as NO_COMPRESSION
 from ..io.destination import Destination
 from ..io.rootindex import ERROR_KEYS, RootIndex, compact
 from ..recipe import Recipe
@@ -42,6 +44,7 @@ from .units import (
     unit_items,
     unit_kind,
 )
+from .worker_imports import ready_for_workers
 
 ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
@@ -136,6 +139,7 @@ class Conversion:
                 continue
             small = self.small_work is not None
             todo.append((event, t, spec, unit_kind(i, t, spec, pack_of, small, self.max_memory)))
+        ready_for_workers(zarr=self._needs_zarr(todo), zstd=self.compression != NO_COMPRESSION)
         try:
             runs = itertools.groupby(gathered(todo), key=lambda item: item[3][0] == "job")
             for job, run in runs:
@@ -146,6 +150,23 @@ class Conversion:
                 self.index.append(self.pending)
             raise
         self.index.append(self.pending)
+
+    def _needs_zarr(self, todo: list[Todo]) -> bool:
+        """Whether block work may reach zarr-python: sub-byte codes (qstream's data types),
+        a kept tensor of a dtype qstream writes without it only when plain, an output that
+        is not a local folder."""
+        if destination.local_path(self.dest.target) is None:
+            return True
+        for event, t, spec, _ in todo:
+            if spec is not None:
+                if spec.qtype.bits < 8:
+                    return True
+                continue
+            kept = self.keep_dtypes.get(event.name)
+            stored = getattr(t, "source_dtype", t.dtype)
+            if not all(is_plain_dtype(d) for d in (kept or t.dtype, stored)):
+                return True
+        return False
 
     def _units(self, run: list[Todo]) -> None:
         """A run of small tensors and packs, a unit of work each on the executor's workers

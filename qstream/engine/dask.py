@@ -78,7 +78,11 @@ class QstreamWorkerPlugin(distributed.WorkerPlugin):
     warm = "qstream.engine.warmup:warm_kernels"
 
     def setup(self, worker: distributed.Worker) -> None:
-        """Compile the kernels in the worker's process."""
+        """Compile the kernels in the worker's process, and import what its task threads
+        may (:mod:`qstream.engine.worker_imports`)."""
+        from .worker_imports import ready_for_workers
+
+        ready_for_workers(zarr=True, zstd=True)
         module, _, function = self.warm.partition(":")
         getattr(importlib.import_module(module), function)()
 

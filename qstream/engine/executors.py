@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..errors import InvalidParameterError
 from .handles import forget
+from .worker_imports import ready_for_workers
 
 
 class Item(Protocol):
@@ -138,6 +139,7 @@ class LocalExecutor:
             yield self
             return
         n = workers or default_workers()
+        ready_for_workers()
         pool = ThreadPoolExecutor(
             max_workers=n,
             thread_name_prefix="qstream-worker",
@@ -187,6 +189,7 @@ class LocalExecutor:
         threads = kernel_threads()
         workers = max(1, min(workers, len(blocks)))
         inflight = max(workers, inflight or 2 * workers)
+        ready_for_workers()
         with ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="qstream-worker",

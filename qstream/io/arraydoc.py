@@ -48,6 +48,15 @@ class ChunkKey:
         return self.separator.join(map(str, ("c", *coords)))
 
 
+def is_plain_dtype(dtype: Any) -> bool:
+    """Whether arrays of ``dtype`` are written without zarr-python (see :func:`plain_array`)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return False
+    return dt in _PLAIN and dt.byteorder != ">"
+
+
 def plain_array(kw: dict[str, Any]) -> tuple[bytes, ChunkFiles] | None:
     """``(zarr.json bytes, chunk files with no root yet)`` of the array ``zarr.create_array
     (**kw)`` makes, when ``kw`` describes a plain array (see the module docstring); else
