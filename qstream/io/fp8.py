@@ -264,6 +264,14 @@ class Float8Tensor(Shaped):
         if self.scale is None:
             out[...] = w  # exact
             return
+        # IEEE float32 products, as the reference computes them: beyond float32's range they are
+        # inf, and inf * 0 (float8_e5m2's inf, a zero scale) NaN, without a RuntimeWarning
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._scale_into(w, box, out)
+
+    def _scale_into(self, w: np.ndarray, box: tuple[slice, ...], out: np.ndarray) -> None:
+        """``out`` = float32(``w``) * its block scales (``self.scale`` is not None)."""
+        assert self.scale is not None
         if not self.shape:
             out[...] = w
             out *= np.asarray(self.scale[...], _F32).reshape(())

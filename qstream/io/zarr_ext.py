@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, NoReturn, Self, TypeGu
 
 import ml_dtypes
 import numpy as np
+import zarr.dtype
+import zarr.errors
 from zarr.abc.codec import ArrayBytesCodec
-from zarr.core.dtype.common import DataTypeValidationError, DTypeJSON, HasItemSize
+from zarr.core.dtype.common import DTypeJSON, HasItemSize
 from zarr.core.dtype.npy.float import BaseFloat
 from zarr.core.dtype.wrapper import ZDType
 
@@ -36,6 +38,13 @@ if TYPE_CHECKING:
 
 from .packing import packed_nbytes
 
+# zarr 3.2 moved it to zarr.errors, and its old homes warn (ZarrDeprecationWarning) when it is
+# taken from them: this module is loaded at every zarr open where qstream is installed (its entry
+# points), so it is taken from the new home where there is one, and never from an old one that
+# warns
+DataTypeValidationError: type[ValueError] = (
+    vars(zarr.errors).get("DataTypeValidationError") or vars(zarr.dtype)["DataTypeValidationError"]
+)
 PADDING = ("none", "first_byte", "last_byte")
 _BF16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
 
