@@ -232,7 +232,11 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
             {"defaults": {"dtype": "int4", "axis": 1, "block_size": 32, "method": "dynamic"}},
             {"Q4_0"},
         ),
-        ({"defaults": {"dtype": "uint4", "axis": 1, "symmetric": False}}, {"Q4_1"}),
+        (
+            {"defaults": {"dtype": "uint4", "axis": 1, "block_size": 32, "method": "dynamic",
+                          "symmetric": False}},
+            {"Q4_1"},
+        ),
     ],
 )  # fmt: skip
 def test_gguf_export_equals_gguf_py_quantize_then_dequantize_bit_for_bit(

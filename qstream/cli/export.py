@@ -75,9 +75,7 @@ def export(
     or qstream's own layout (N, N_scale, N_zero_point)."""
     with library_errors():
         if out.endswith(".gguf"):
-            result = qs.export_gguf(
-                src, out, type=gguf_type or "Q8_0", config=config, overwrite=overwrite
-            )
+            result = qs.export_gguf(src, out, type=gguf_type, config=config, overwrite=overwrite)
             if as_json:
                 emit_json(result)
             elif not quiet:
@@ -110,7 +108,37 @@ def export(
 
 
 def gguf_summary(src: str, result: dict[str, Any]) -> str:
-    """One line on a written GGUF file: its tensor types, size and architecture."""
+    """A written GGUF file: its quantized tensors, worst SQNR first (printed as a table, as
+    for other outputs: each tensor's GGUF values against its source values), then one line
+    (returned) on its tensor types, size and architecture."""
+    from .output import fmt_db, table
+
+    if result.get("already_complete"):
+        return f"{result['file']}: already complete (same job); nothing to do"
+    errors = result.get("error") or {}
+    plan = {r["name"]: r for r in result.get("plan") or []}
+
+    def worst_first(name: str) -> float:
+        v = errors[name].get("sqnr_db")
+        return float(v) if v is not None else float("inf")
+
+    if errors:
+        table(
+            "quantized tensors, worst SQNR first",
+            ["tensor", "shape", "type", "SQNR dB", "max err"],
+            [
+                [
+                    name,
+                    str(plan.get(name, {}).get("shape", "")),
+                    str(result["tensors"].get(name, "")),
+                    fmt_db(errors[name].get("sqnr_db")),
+                    "-"
+                    if errors[name].get("max_abs") is None
+                    else f"{errors[name]['max_abs']:.3g}",
+                ]
+                for name in sorted(errors, key=worst_first)
+            ],
+        )
     kinds: dict[str, int] = {}
     for t in result["tensors"].values():
         kinds[t] = kinds.get(t, 0) + 1

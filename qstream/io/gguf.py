@@ -4,9 +4,12 @@ tensors (F32, F16, BF16), with bounded memory.
 Two sources:
 
 - a float checkpoint (anything :func:`qstream.convert_checkpoint` reads): each tensor the
-  recipe quantizes is quantized to ``type`` by :mod:`qstream.compat.gguf`, bit for bit as
+  recipe quantizes is quantized to its GGUF type (the type its spec stands for exactly, or
+  the explicit ``type``; a spec no GGUF type holds is refused: GGUF never changes a spec
+  silently, see :mod:`qstream.io.gguf_plan`) by :mod:`qstream.compat.gguf`, bit for bit as
   gguf-py's ``quants.quantize`` does; kept tensors (rank < 2, ``keep`` rules, a last axis
-  that is not a multiple of 32) are written in their own float type (float64 as F32);
+  that is not a multiple of 32) are written in their own float type (float64 as F32) or a
+  keep rule's ``dtype``;
 - a qstream output: codes and scales that a GGUF block type holds exactly are copied
   (symmetric int8 -> Q8_0, symmetric int4 -> Q4_0, groups along the last axis of a multiple of
   32 or per channel on axis 0, float16-exact scales: ``scale_dtype="float16"``); anything
@@ -30,41 +33,16 @@ from ..compat import gguf as q
 from ..errors import InvalidParameterError, QStreamWarning, StoreError
 from ..recipe import Recipe
 from ..spec import QuantSpec
-from .checkpoints import open_checkpoint
 from .export_files import SLAB
-from .export_meta import read_json
-from .fp8 import pair_scales
 from .gguf_file import ALIGN, MARK, STR, U32, GGUFTensor, Value, identity, write_gguf
-from .gguf_llama import llama as llama_of
-from .gguf_tensors import float_tensor, plain_type, quantized_tensor
+from .gguf_plan import GGUFPlan, is_output, plan_gguf, spec_type
+from .gguf_tensors import ErrorSums, float_tensor, quantized_tensor
 from .paths import kind_of
-from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
 #: llama.cpp's ``LlamaFileType`` of a file mostly of each type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
+_ERROR_KEYS = ("sqnr_db", "mse", "cosine", "count", "max_abs")  # a tensor's in the report
 _SOURCE_SUFFIXES = (".safetensors", ".json", ".npz", ".npy", ".pt", ".pth", ".bin")
-
-
-def _read_config(
-    config: str | os.PathLike[str] | dict[str, Any] | None,
-) -> dict[str, Any] | None:
-    """The model configuration ``config`` (a dict, or the path of its JSON file)."""
-    if config is None or isinstance(config, dict):
-        return config
-    doc = read_json(os.fspath(config))
-    if doc is None:
-        raise InvalidParameterError(f"{config}: not a readable JSON object (a model config.json)")
-    return doc
-
-
-def _source_config(src: str | os.PathLike[str]) -> str | None:
-    """``config.json`` beside (or in) the local source ``src``, if there is one."""
-    path = os.fspath(src)
-    if "://" in path:
-        return None
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(folder, "config.json")
-    return config if os.path.isfile(config) else None
 
 
 def _source_version(src: str | os.PathLike[str]) -> list[list[str | int]]:
@@ -73,7 +51,7 @@ def _source_version(src: str | os.PathLike[str]) -> list[list[str | int]]:
     path = os.fspath(src)
     if "://" in path:
         return []
-    if _is_output(path):
+    if is_output(path):
         path = os.path.join(path, "zarr.json")
     folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
     names = (
@@ -91,15 +69,6 @@ def _source_version(src: str | os.PathLike[str]) -> list[list[str | int]]:
     return out
 
 
-def _is_output(src: str | os.PathLike[str]) -> bool:
-    """Whether ``src`` is a qstream output (a converted checkpoint or one quantized group)."""
-    path = os.path.join(os.fspath(src), "zarr.json")
-    if not os.path.isfile(path):
-        return False
-    attrs = (read_json(path) or {}).get("attributes") or {}
-    return "qstream_checkpoint" in attrs or "qstream" in attrs
-
-
 def export_gguf(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -111,17 +80,41 @@ def export_gguf(
     max_memory: int | None = None,
 ) -> dict[str, Any]:
     """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
-    the module docstring. ``recipe``: which tensors of a float checkpoint are quantized,
-    and to what block type (:func:`block_type`: int8 -> Q8_0, symmetric int4 -> Q4_0,
-    asymmetric 4-bit -> Q4_1; the values follow GGUF's own rules, not the spec's method);
-    ``type`` (Q8_0, Q4_0, Q4_1, F16, BF16, F32) overrides it for every tensor it quantizes.
-    ``config``: the model's config.json (path or dict); None: the one beside ``src``.
-    Returns the file, the tensors and their types, and the bytes written."""
-    gtype = None if type is None else str(type).upper()
-    if gtype is not None and gtype not in q.TYPE_ID:
-        raise InvalidParameterError(
-            f"unknown GGUF type {type!r}; expected one of: {', '.join(q.TYPES)}"
-        )
+    the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
+    is read: what GGUF cannot write as asked is refused (:class:`InvalidParameterError`).
+
+    ``recipe``: which tensors of a float checkpoint are quantized, and to what block type: a
+    spec a GGUF type holds (int8 symmetric -> Q8_0, int4 symmetric -> Q4_0, 4-bit asymmetric
+    -> Q4_1, in blocks of 32 along the last axis, each block's own range; the default spec:
+    Q8_0); any other spec is refused, naming the tensor, the nearest type and ``type``.
+    ``type`` (Q8_0, Q4_0, Q4_1, F16, BF16, F32) alone picks the type of every tensor the
+    recipe quantizes, with its own rule. ``config``: the model's config.json (path or dict);
+    None: the one beside ``src``; its fields are checked before any work.
+
+    Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type),
+    ``bytes`` (the file's size), ``architecture``, ``plan`` (a row per tensor:
+    :meth:`GGUFPlan.rows`) and ``error`` (source name -> ``sqnr_db``, ``mse``, ``cosine``,
+    ``count``, ``max_abs``: each quantized tensor's GGUF values against its source values,
+    summed as it is written; a qstream output's copied tensors: the error its conversion
+    recorded)."""
+    out = os.fspath(out)
+    if not out.endswith(".gguf"):
+        raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
+    plan = plan_gguf(src, recipe, type, config)
+    for warning in plan.warnings:
+        warnings.warn(warning, QStreamWarning, stacklevel=2)
+    return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
+
+
+def write_plan(
+    plan: GGUFPlan,
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    max_memory: int | None = None,
+) -> dict[str, Any]:
+    """Write the GGUF file ``out`` as ``plan`` (:func:`plan_gguf`) says; the report of
+    :func:`export_gguf`."""
     out = os.fspath(out)
     if not out.endswith(".gguf"):
         raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
@@ -129,10 +122,8 @@ def export_gguf(
         raise StoreError(
             f"cannot export to {out}: the folder {os.path.dirname(out)} does not exist"
         )
-    cfg = _read_config(config if config is not None else _source_config(src))
-    if not isinstance(recipe, Recipe):
-        recipe = Recipe.load(recipe) if recipe else Recipe()
-    ident = {"source": str(src), "type": gtype, "recipe": recipe.to_dict(), "config": cfg}
+    src, cfg = plan.source, plan.config
+    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg}
     job = json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
     kind = kind_of(out)
     if kind is not None:
@@ -143,83 +134,67 @@ def export_gguf(
                 " not write (even with overwrite=True): remove it yourself or export elsewhere"
             )
         if found == job and not overwrite:  # the same export, finished: nothing to do
-            return {"file": out, "already_complete": True, "tensors": {}, "bytes": 0}
+            return {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
+                    "plan": plan.rows(), "error": {}}  # fmt: skip
         if not overwrite:
             raise StoreError(
                 f"{out} holds another export (other source, recipe or type); pass"
                 " overwrite=True to replace it"
             )
-    llama = llama_of(cfg)
     budget = max(1 << 20, min(SLAB, (max_memory or SLAB) // 8))
     tensors: list[GGUFTensor] = []
     types: dict[str, str] = {}
-    if _is_output(src):
-        opened = open_quantized(src)
-        items: list[tuple[str, Any]] = (
-            [(n, opened[n]) for n in opened]
-            if isinstance(opened, QuantizedCheckpoint)
-            else [("weight", opened)]
-        )
-        for hf, a in items:
-            name = llama.name(hf) if llama else hf
-            heads = llama.heads_of(hf) if llama else None
-            if isinstance(a, QuantizedArray):
-                t = quantized_tensor(name, hf, a, heads)
-            else:
-                t = float_tensor(name, a, plain_type(a, hf), heads, budget)
-            tensors.append(t)
-            types[hf] = t.type
-    else:
-        paired = pair_scales(open_checkpoint(src), recipe.scales)
-        for warning in recipe.check(paired):
-            warnings.warn(warning, QStreamWarning, stacklevel=3)
-        for hf, v in paired.items():
-            name = llama.name(hf) if llama else hf
-            heads = llama.heads_of(hf) if llama else None
-            spec = recipe.spec_for(hf, v.shape, v.dtype)
-            kind_ = None if spec is None else (gtype or block_type(hf, spec))
-            if kind_ in q.TYPE_SIZE and v.shape[-1] % q.BLOCK:
-                kind_ = None  # whole blocks only, as llama.cpp's converter keeps such tensors
-            tensors.append(float_tensor(name, v, kind_ or plain_type(v, hf), heads, budget))
-            types[hf] = tensors[-1].type
-    names = [g.name for g in tensors]
-    if len(set(names)) != len(names):
-        raise InvalidParameterError("two tensors map to one GGUF name")
+    sums: dict[str, ErrorSums] = {}
+    errors: dict[str, dict[str, Any]] = {}
+    for t in plan.tensors:
+        v = plan.opened[t.name]
+        if t.copied:
+            tensors.append(quantized_tensor(t.gguf_name, t.name, v, t.heads))
+            recorded = (getattr(v, "report", None) or {}).get("error")
+            if isinstance(recorded, dict):  # (its values are the conversion's, exactly)
+                errors[t.name] = {k: recorded.get(k) for k in _ERROR_KEYS}
+        else:
+            if not t.kept:
+                sums[t.name] = ErrorSums()
+            g = float_tensor(t.gguf_name, v, t.type, t.heads, budget, sums.get(t.name))
+            tensors.append(g)
+        types[t.name] = t.type
     kv: dict[str, Value] = {
         MARK: (STR, job),
-        "general.architecture": (
-            STR,
-            "llama" if llama else str((cfg or {}).get("model_type", "qstream")),
-        ),
-        "general.name": (STR, os.path.basename(out)[: -len(".gguf")]),
+        "general.architecture": (STR, plan.architecture),
+        "general.name": (STR, _text(os.path.basename(out)[: -len(".gguf")])),
         "general.file_type": (U32, FILE_TYPE.get(_mostly(types), 0)),
         "general.quantization_version": (U32, 2),
         "general.alignment": (U32, ALIGN),
     }
-    if llama:
-        kv.update(llama.keys())
+    if plan.llama:
+        kv.update(plan.llama.keys())
     write_gguf(out, kv, tensors)
+    for name, s in sums.items():
+        errors[name] = s.summary()
     return {
         "file": out,
         "already_complete": False,
         "tensors": types,
         "bytes": os.path.getsize(out),
-        "architecture": kv["general.architecture"][1],
+        "architecture": plan.architecture,
+        "plan": plan.rows(),
+        "error": errors,
     }
 
 
 def block_type(name: str, spec: QuantSpec) -> str:
-    """The GGUF block type a recipe's spec stands for: 8-bit integer types -> Q8_0,
-    symmetric int4 -> Q4_0, asymmetric int4/uint4 -> Q4_1."""
-    qt = spec.qtype
-    if qt.name in ("int8", "uint8"):
-        return "Q8_0"
-    if qt.name in ("int4", "uint4"):
-        return "Q4_0" if spec.symmetric else "Q4_1"
-    raise InvalidParameterError(
-        f"{name}: no GGUF block type for {qt.name} (int8/uint8 -> Q8_0, symmetric int4 ->"
-        " Q4_0, asymmetric 4-bit -> Q4_1); change the recipe or pass type="
-    )
+    """The GGUF block type that holds ``spec`` (see :func:`qstream.io.gguf_plan.spec_type`,
+    which also checks the spec's blocks against a tensor's ``shape``)."""
+    try:
+        return spec_type(spec, (0, q.BLOCK))
+    except InvalidParameterError as e:
+        raise InvalidParameterError(f"{name}: {e}") from None
+
+
+def _text(s: str) -> str:
+    """``s`` as UTF-8 can hold it (a file name's undecodable bytes replaced)."""
+    return s.encode("utf-8", "replace").decode("utf-8")
 
 
 def _mostly(types: dict[str, str]) -> str:

@@ -21,12 +21,55 @@ from .qarray import QuantizedArray
 _PLAIN = {"float32": "F32", "float64": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
+class ErrorSums:
+    """The error of a tensor's GGUF values against its source values, summed as the slabs
+    are written (float64; per row, then rows added in file order: the same sums whatever
+    the slab size)."""
+
+    ROWS = 1 << 16  # values a step of the sums takes at most (its float64 temporaries)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sums = np.zeros(4)  # x^2, (x - y)^2, x * y, y^2
+        self.max_abs = 0.0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis)."""
+        cols = x.shape[-1] if x.ndim else 1
+        x, y = x.reshape(-1, cols), y.reshape(-1, cols)
+        step = max(1, self.ROWS // max(1, cols))
+        for r in range(0, x.shape[0], step):
+            a = x[r : r + step].astype(np.float64)
+            b = y[r : r + step].astype(np.float64)
+            e = a - b
+            rows = np.stack(
+                [(a * a).sum(axis=1), (e * e).sum(axis=1), (a * b).sum(axis=1), (b * b).sum(axis=1)]
+            )  # [4, rows]
+            self.sums = np.cumsum(np.concatenate([self.sums[:, None], rows], axis=1), axis=1)[:, -1]
+            if e.size:
+                self.max_abs = max(self.max_abs, float(np.abs(e).max()))
+            self.count += a.size
+
+    def summary(self) -> dict[str, Any]:
+        """SQNR (dB), MSE, cosine similarity, count and the largest absolute error."""
+        from ..spec.stats import error_metrics
+
+        out = error_metrics(self.count, *(float(v) for v in self.sums))
+        out["max_abs"] = self.max_abs
+        return out
+
+
 def float_tensor(
-    name: str, t: TensorLike, gtype: str, heads: int | None, max_rows_bytes: int
+    name: str,
+    t: TensorLike,
+    gtype: str,
+    heads: int | None,
+    max_rows_bytes: int,
+    errors: ErrorSums | None = None,
 ) -> GGUFTensor:
     """A tensor quantized (or converted) from float values read in row slabs (the leading
     axes flattened into rows; a permuted q/k weight one head at a time, the permutation
-    staying within a head)."""
+    staying within a head). ``errors``: summed from each slab's values as written."""
     shape = tuple(t.shape)
     cols = shape[-1] if shape else 1
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
@@ -51,23 +94,27 @@ def float_tensor(
         return x.reshape(r1 - r0, cols)
 
     def read(r0: int, r1: int) -> np.ndarray:
-        x = values(r0, r1)
+        x = source = values(r0, r1)
         if gtype in q.TYPE_SIZE:
             x = np.asarray(x, np.float32)
             if not np.isfinite(x).all():
                 raise NonFiniteInputError(
                     f"{name}: holds NaN or infinite values, which GGUF blocks cannot hold"
                 )
-        return np.ascontiguousarray(q.quantize(x, gtype)).view(np.uint8)
+        raw = np.ascontiguousarray(q.quantize(x, gtype))
+        if errors is not None:
+            errors.add(np.asarray(source), q.dequantize(raw, gtype))
+        return raw.view(np.uint8)
 
     if len(shape) > 1:
         return GGUFTensor(name, shape, gtype, rows, read, step)
     return GGUFTensor(name, shape, gtype, 1, read, 1)
 
 
-def quantized_tensor(name: str, hf: str, arr: QuantizedArray, heads: int | None) -> GGUFTensor:
-    """A qstream output's quantized tensor ``hf`` copied into GGUF blocks as ``name``, if
-    they hold it exactly."""
+def copy_type(hf: str, arr: QuantizedArray) -> str:
+    """The GGUF block type that holds the codes and scales of the qstream output's tensor
+    ``hf`` exactly (Q8_0, Q4_0), else :class:`InvalidParameterError` saying why (its
+    parameters are read, not its codes)."""
 
     def refuse(why: str) -> InvalidParameterError:
         return InvalidParameterError(
@@ -96,6 +143,14 @@ def quantized_tensor(name: str, hf: str, arr: QuantizedArray, heads: int | None)
     scale = np.asarray(arr.scale, np.float32)
     if not np.array_equal(scale.astype(np.float16).astype(np.float32), scale):
         raise refuse("float32 scales that float16 does not hold")
+    return kind
+
+
+def quantized_tensor(name: str, hf: str, arr: QuantizedArray, heads: int | None) -> GGUFTensor:
+    """A qstream output's quantized tensor ``hf`` copied into GGUF blocks as ``name``, if
+    they hold it exactly (:func:`copy_type`)."""
+    kind = copy_type(hf, arr)
+    spec = arr.spec
     out, cols = arr.shape
     per_block = spec.block_size // q.BLOCK if spec.block_size else 0
     order = row_order(out, heads) if heads else None
