@@ -230,3 +230,128 @@ def test_a_qstream_outputs_codes_are_copied_and_another_type_is_refused(model, t
     assert "worst SQNR first" in r.output
     r = cli("export", tmp_path / "q.zarr", tmp_path / "r.gguf")
     assert r.exit_code == 0 and "already complete" in r.output, r.output
+
+
+# --- part 2: crafted model configs and names are refused by the plan ------------------------
+
+
+def _without(key):
+    return {k: v for k, v in CONFIG.items() if k != key}
+
+
+CRAFTED = {
+    "missing num_attention_heads": (_without("num_attention_heads"), "num_attention_heads"),
+    "missing hidden_size": (_without("hidden_size"), "hidden_size"),
+    "missing vocab_size": (_without("vocab_size"), "vocab_size"),
+    "zero heads": ({**CONFIG, "num_attention_heads": 0}, "num_attention_heads"),
+    "negative heads": ({**CONFIG, "num_attention_heads": -4}, "num_attention_heads"),
+    "huge heads": ({**CONFIG, "num_attention_heads": 10**30}, "num_attention_heads"),
+    "string heads": ({**CONFIG, "num_attention_heads": "4"}, "num_attention_heads"),
+    "float heads": ({**CONFIG, "num_attention_heads": 4.5}, "num_attention_heads"),
+    "bool heads": ({**CONFIG, "num_attention_heads": True}, "num_attention_heads"),
+    "list heads": ({**CONFIG, "num_attention_heads": [4]}, "num_attention_heads"),
+    "heads not splitting q rows": ({**CONFIG, "num_attention_heads": 3,
+                                    "num_key_value_heads": 1}, "num_attention_heads"),
+    "zero kv heads": ({**CONFIG, "num_key_value_heads": 0}, "num_key_value_heads"),
+    "kv heads not a divisor": ({**CONFIG, "num_key_value_heads": 3}, "num_key_value_heads"),
+    "kv heads above heads": ({**CONFIG, "num_key_value_heads": 8}, "num_key_value_heads"),
+    "zero layers": ({**CONFIG, "num_hidden_layers": 0}, "num_hidden_layers"),
+    "huge vocab": ({**CONFIG, "vocab_size": 2**40}, "vocab_size"),
+    "negative intermediate": ({**CONFIG, "intermediate_size": -1}, "intermediate_size"),
+    "dict context": ({**CONFIG, "max_position_embeddings": {"a": 1}}, "max_position_embeddings"),
+    "zero head_dim": ({**CONFIG, "head_dim": 0}, "head_dim"),
+    "hidden below heads": ({**CONFIG, "hidden_size": 2}, "hidden_size"),
+    "zero rope": ({**CONFIG, "rope_theta": 0}, "rope_theta"),
+    "string rope": ({**CONFIG, "rope_theta": "1e4"}, "rope_theta"),
+    "huge rope": ({**CONFIG, "rope_theta": 1e300}, "rope_theta"),
+    "rope parameters list": ({**_without("rope_theta"), "rope_parameters": []}, "rope_parameters"),
+    "negative eps": ({**CONFIG, "rms_norm_eps": -1e-6}, "rms_norm_eps"),
+    "model_type number": ({**CONFIG, "model_type": 5}, "model_type"),
+    "model_type surrogate": ({"model_type": "\ud800"}, "model_type"),
+    "model_type NUL": ({"model_type": "qwen\x00"}, "model_type"),
+    "model_type huge": ({"model_type": "x" * 10_000}, "model_type"),
+}  # fmt: skip
+RAW = {
+    "JSON array": ("[1, 2]", "a JSON array, not an object"),
+    "JSON string": ('"llama"', "a JSON string, not an object"),
+    "JSON null": ("null", "a JSON null, not an object"),
+    "invalid JSON": ('{"model_type": ', "not valid JSON"),
+    "empty file": ("", "not valid JSON"),
+    "not UTF-8": (b"\xff\xfe\xfa", "not valid JSON"),
+    "nested deeply": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    "NaN eps": ('{"model_type": "llama", "num_attention_heads": 4, "hidden_size": 64,'
+                ' "num_hidden_layers": 1, "intermediate_size": 128, "vocab_size": 96,'
+                ' "rms_norm_eps": NaN}', "rms_norm_eps"),
+}  # fmt: skip
+
+
+def crafted_text(case: str) -> bytes:
+    if case in RAW:
+        raw = RAW[case][0]
+        return raw if isinstance(raw, bytes) else raw.encode()
+    return json.dumps(CRAFTED[case][0]).encode("utf-8", "surrogatepass")
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+@pytest.mark.parametrize("case", [*CRAFTED, *RAW])
+def test_a_crafted_config_is_refused_naming_field_and_file_and_nothing_is_written(
+    model, tmp_path, command, case
+):
+    crafted = tmp_path / "crafted.json"
+    crafted.write_bytes(crafted_text(case))
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli(command, model / "model.safetensors", out / "x.gguf", "--config", crafted)
+    assert r.exit_code == 2, r.output
+    assert "internal error" not in r.output
+    named = CRAFTED[case][1] if case in CRAFTED else RAW[case][1]
+    assert named in r.output
+    if "heads not splitting" in case:  # (the tensor it fails on is named instead of the file)
+        assert "q_proj.weight" in r.output
+    else:
+        assert "crafted.json" in r.output
+    assert written(out) == []
+
+
+def test_a_crafted_config_beside_the_checkpoint_is_refused_too(model, tmp_path):
+    (model / "config.json").write_text(json.dumps({**CONFIG, "num_attention_heads": 0}))
+    for command in ("convert", "export"):
+        r = cli(command, model / "model.safetensors", tmp_path / "x.gguf")
+        assert r.exit_code == 2 and "internal error" not in r.output, r.output
+        assert "config.json: num_attention_heads must be an integer" in r.output
+    with pytest.raises(qs.InvalidParameterError, match="config: num_attention_heads"):
+        plan_gguf(model / "model.safetensors", config={**CONFIG, "num_attention_heads": -1})
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def crafted_checkpoint(path, names) -> None:
+    """A safetensors file written by hand, its names as given (no library writes these)."""
+    import struct
+
+    header, off = {}, 0
+    for n in names:
+        header[n] = {"dtype": "F32", "shape": [4, 64], "data_offsets": [off, off + 1024]}
+        off += 1024
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(off))
+
+
+@pytest.mark.parametrize("with_config", [False, True])
+@pytest.mark.parametrize("bad", ["x\x00y", "up\ud800.weight", "a\x1fb"])
+def test_tensor_names_with_nul_control_characters_or_surrogates_are_refused(
+    tmp_path, bad, with_config
+):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    crafted_checkpoint(folder / "model.safetensors", [bad, "model.norm.weight"])
+    if with_config:
+        (folder / "config.json").write_text(json.dumps(CONFIG))
+    out = tmp_path / "out"
+    out.mkdir()
+    for command in ("convert", "export"):
+        r = cli(command, folder / "model.safetensors", out / "x.gguf")
+        assert r.exit_code == 2, r.output
+        assert "internal error" not in r.output
+        assert "tensor name" in r.output and "which a GGUF file cannot hold" in r.output
+        assert written(out) == []

@@ -102,10 +102,15 @@ def row_order(rows: int, heads: int) -> np.ndarray:
 
 def llama(config: dict[str, Any] | None) -> Llama | None:
     """The Llama naming of a model ``config`` of type llama or mistral, else None."""
-    if not config:
-        return None
-    kind = str(config.get("model_type", "")).lower()
-    return Llama(config) if kind in ("llama", "mistral") else None
+    return Llama(config) if config and is_llama(config) else None
+
+
+def is_llama(config: dict[str, Any] | None) -> bool:
+    """Whether ``config`` is a Llama-style model's (``model_type`` llama or mistral)."""
+    return bool(config) and str((config or {}).get("model_type", "")).lower() in (
+        "llama",
+        "mistral",
+    )
 
 
 # --- the model's config.json, checked before any work -----------------------------------
@@ -169,7 +174,7 @@ def check_config(cfg: Any, where: str = "config") -> None:
             raise bad("model_type", f"a non-empty string of at most {MAX_TEXT} characters", kind)
         if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):
             raise bad("model_type", "text without control characters or lone surrogates", kind)
-    if llama(cfg) is None:
+    if not is_llama(cfg):
         return
 
     def integer(key: str, required: bool = True, hi: int = _U32) -> int | None:

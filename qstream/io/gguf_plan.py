@@ -459,7 +459,7 @@ def _check_name(name: Any) -> None:
     if bad is not None:
         what = "a lone surrogate" if unicodedata.category(bad) == "Cs" else "a control character"
         raise InvalidParameterError(
-            f"tensor name {name.encode('utf-8', 'backslashreplace').decode()!r} holds {what}"
+            f"tensor name {name!r} holds {what}"
             f" (U+{ord(bad):04X}), which a GGUF file cannot hold; no checkpoint writer makes"
             " such names: the checkpoint is damaged or crafted"
         )
