@@ -30,6 +30,12 @@ records the layout (``qstream_format``) and each quantized tensor's type, axis a
 ``stem-0000K-of-0000N.safetensors`` with a ``stem.safetensors.index.json`` (``weight_map``),
 as Hugging Face sharded checkpoints are. Memory stays bounded: tensors are read and written in
 slabs of ~16 MiB.
+
+An export locks the folder it writes (``.qstream-lock``, as a conversion locks its
+destination; :func:`~qstream.io.export_targets.export_lock`): a second export into it while
+one runs is refused with :class:`~qstream.errors.DestinationBusyError` (the CLI's exit 75).
+The finished marker it replaces (the index, or the only file) is removed before anything else,
+so that wherever an export stops, no index names shards that are not there.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from .export_entries import (
 )
 from .export_files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
 from .export_meta import CONFIG, export_metadata, read_json
-from .export_targets import check_targets, finished_export, other_forms
+from .export_targets import check_targets, export_lock, finished_export, other_forms
 from .export_targets import shard_pattern as shard_pattern
 from .gguf_file import describe
 from .locations import location
@@ -176,15 +182,19 @@ def export_safetensors(
     if format == "compressed-tensors":
         model_config = _model_config(config, src)
         model_config["quantization_config"] = ct.quantization_config(layouts, kept)
-    write_config = model_config is not None and not _same_config(config_path, model_config)
-    targets = files + ([config_path] if write_config else [])
-    targets += [index] if len(shards) > 1 else []
-    check_targets(targets, overwrite or replace_own)
-    stale = other_forms(out, index, targets, overwrite or replace_own)
-    for f in targets:
-        remove_stale_partials(f)
-    for f in stale:  # an earlier export's other form (one file vs shards): never left beside
-        os.unlink(f)
+    replace = overwrite or replace_own
+
+    def plan() -> tuple[bool, list[str], list[str]]:
+        """Whether config.json is written, the files written, and an earlier export's other
+        form to remove; refused here, before the lock and again under it."""
+        write = model_config is not None and not _same_config(config_path, model_config)
+        written = files + ([config_path] if write else [])
+        written += [index] if len(shards) > 1 else []
+        check_targets(written, replace, marker=last or index)
+        return write, written, other_forms(out, index, written, replace)
+
+    last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
+    plan()  # refusals before anything is written (the lock file included)
     meta = {
         "format": "pt",
         "qstream": json.dumps(described, sort_keys=True),
@@ -192,28 +202,38 @@ def export_safetensors(
     }
     if job is not None:
         meta["qstream_job"] = job
-    last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
-    for path, shard in zip(files, shards, strict=True):
-        if path != last:
-            write_safetensors(path, shard, meta)
-    if write_config and model_config is not None:
-        model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
-        write_json(config_path, model_config)
-    if last is not None:
-        write_safetensors(last, shards[0], meta)
-    else:
-        weight_map = {
-            e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
-        }
-        total = sum(e.nbytes for e in found)
-        index_meta: dict[str, Any] = {
-            "total_size": total,
-            "qstream": "export",
-            "qstream_format": format,
-        }
-        if job is not None:
-            index_meta["qstream_job"] = job
-        write_json(index, {"metadata": index_meta, "weight_map": weight_map})
+    with export_lock(out):  # one export at a time into a folder (see export_lock)
+        write_config, targets, stale = plan()  # (another export may have written meanwhile)
+        for f in targets:
+            remove_stale_partials(f)
+        # the finished marker this export replaces goes first, then the earlier export's other
+        # form (its index before its shards): wherever it stops, the folder holds no index or
+        # file that stands for files that are not there, or not its own
+        marker = last or index
+        if kind_of(marker) == "file":  # (ours: check_targets refused anything else)
+            os.unlink(marker)
+        for f in stale:  # an earlier export's other form (one file vs shards): never left
+            os.unlink(f)
+        for path, shard in zip(files, shards, strict=True):
+            if path != last:
+                write_safetensors(path, shard, meta)
+        if write_config and model_config is not None:
+            model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
+            write_json(config_path, model_config)
+        if last is not None:
+            write_safetensors(last, shards[0], meta)
+        else:
+            weight_map = {
+                e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
+            }
+            index_meta: dict[str, Any] = {
+                "total_size": sum(e.nbytes for e in found),
+                "qstream": "export",
+                "qstream_format": format,
+            }
+            if job is not None:
+                index_meta["qstream_job"] = job
+            write_json(index, {"metadata": index_meta, "weight_map": weight_map})
     return {
         "already_complete": False,
         "files": targets,

@@ -8,12 +8,40 @@ vs shards) is removed, never left beside the new one for a loader to read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 
-from ..errors import StoreError
+from ..errors import DestinationBusyError, StoreError
+from .destination import locked
 from .export_meta import CONFIG, export_metadata, qstream_meta, read_json
 from .paths import kind_of
+
+
+@contextlib.contextmanager
+def export_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the lock of the folder the export ``out`` is written into (``.qstream-lock`` in
+    it, as a conversion locks its destination: :func:`~qstream.io.destination.locked`) while
+    the body writes. The folder is what exports share: a single-file and a sharded export of
+    one ``out`` write ``out``, ``stem-0000K-of-0000N.safetensors`` and
+    ``stem.safetensors.index.json`` and remove each other's form, and compressed-tensors
+    exports share its ``config.json``; so one export at a time writes into a folder. A second
+    one is refused with :class:`~qstream.errors.DestinationBusyError` naming ``out``; the
+    thread holding the lock takes it again at once."""
+    out = os.fspath(out)
+    folder = os.path.dirname(out) or "."
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(locked(folder))
+    except DestinationBusyError:
+        raise DestinationBusyError(
+            f"{out} is being written by another qstream process (an export into {folder}: one"
+            " at a time writes a folder, whose config.json, index and shards exports share);"
+            " wait for it to finish, then run again"
+        ) from None
+    with stack:
+        yield
 
 
 def shard_pattern(out: str) -> re.Pattern[str]:
@@ -51,9 +79,11 @@ def finished_export(out: str | os.PathLike[str], job: str) -> list[str] | None:
     return [out, config] if found.get("qstream_format") == "compressed-tensors" else [out]
 
 
-def check_targets(targets: list[str], replace: bool) -> None:
+def check_targets(targets: list[str], replace: bool, marker: str | None = None) -> None:
     """Refuse an export over files qstream did not write (whatever ``overwrite`` says) and,
-    unless ``replace``, over a finished export (its last file, the marker, exists)."""
+    unless ``replace``, over a finished export (its ``marker``, the last file it writes: the
+    index or the only file; by default the last of ``targets``, exists)."""
+    marker = targets[-1] if marker is None else marker
     for f in targets:
         kind = kind_of(f)
         if kind is None:
@@ -66,7 +96,7 @@ def check_targets(targets: list[str], replace: bool) -> None:
             )
         # the last file written (the index, or the only file) marks a finished export; shards
         # of an interrupted one (ours: they carry qstream's metadata) are written again
-        if not (replace or f != targets[-1]):
+        if not (replace or f != marker):
             raise StoreError(f"{f} exists; pass overwrite=True to replace it")
 
 
