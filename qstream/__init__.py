@@ -15,10 +15,12 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.arrays import dequantize as dequantize
     from .api.arrays import quantize as quantize
     from .api.arrays import quantize_dynamic as quantize_dynamic
+    from .api.convert import ConversionPlan as ConversionPlan
     from .api.convert import TensorEvent as TensorEvent
     from .api.convert import convert_checkpoint as convert_checkpoint
     from .api.convert import open_checkpoint as open_checkpoint
     from .api.convert import plan_conversion as plan_conversion
+    from .api.convert import plan_convert as plan_convert
     from .api.stores import calibrate as calibrate
     from .api.stores import dequantize_store as dequantize_store
     from .api.stores import quantize_store as quantize_store
@@ -75,6 +77,8 @@ _EXPORTS = {
     "convert_checkpoint": "qstream.api.convert",
     "open_checkpoint": "qstream.api.convert",
     "plan_conversion": "qstream.api.convert",
+    "plan_convert": "qstream.api.convert",
+    "ConversionPlan": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.recipe",
     "QuantSpec": "qstream.spec",

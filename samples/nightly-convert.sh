@@ -4,8 +4,9 @@
 # after an interruption (Ctrl-C, SIGTERM, a timeout, a kill) resumes where it stopped.
 #   usage: samples/nightly-convert.sh CHECKPOINT OUT_DIR [RECIPE]
 #   QSTREAM_TIMEOUT=2h  stop the conversion after that long (GNU timeout syntax), resumable
-# Exit codes: 0 converted or already complete, 1 conversion failed, 2 bad usage,
-#   124 timed out, 130 interrupted, 143 terminated (SIGTERM).
+# Exit codes: 0 converted or already complete, 1 conversion failed, 2 bad usage or a refused
+#   plan (nothing done), 75 another qstream process is writing OUT_DIR (temporary: retry
+#   later), 124 timed out, 130 interrupted, 143 terminated (SIGTERM).
 set -uo pipefail
 usage="usage: $(basename "$0") CHECKPOINT OUT_DIR [RECIPE]"
 if [ $# -lt 2 ] || [ $# -gt 3 ]; then
@@ -22,7 +23,7 @@ if ! command -v qstream >/dev/null 2>&1; then
 fi
 if [[ "$ckpt" != *://* ]] && [ ! -e "$ckpt" ]; then  # (s3://... is read by qstream itself)
   log "checkpoint not found: $ckpt"
-  exit 1
+  exit 2
 fi
 
 # The report goes to a temporary file first: a failed or no-op run keeps the last real report.
@@ -58,7 +59,8 @@ case $status in
        mv -f "$tmp" "$report"
        log "converted $ckpt -> $out; report in $report"
      fi ;;
-  2) log "bad usage or parameters (exit 2); see the message above" ;;
+  2) log "bad usage, or a plan qstream refused before any work (exit 2); see the message above" ;;
+  75) log "$out is being written by another qstream process (exit 75); nothing done: retry later" ;;
   124) log "timed out after $QSTREAM_TIMEOUT (exit 124); re-run to resume" ;;
   130|137|143) log "conversion interrupted (exit $status); re-run to resume" ;;
   *) if [ -d "$out" ]; then

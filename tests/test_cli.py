@@ -463,7 +463,7 @@ def test_nightly_script_keeps_the_last_good_report_and_says_when_to_resume(tmp_p
     r = _nightly(tmp_path, ckpt, out, tmp_path / "missing.toml")  # a failing run
     assert r.returncode == 2 and report.read_bytes() == good
     r = _nightly(tmp_path, tmp_path / "nothing.safetensors", out)
-    assert r.returncode == 1 and "checkpoint not found" in r.stderr
+    assert r.returncode == 2 and "checkpoint not found" in r.stderr
     assert "resume" not in r.stderr and report.read_bytes() == good
     r = _nightly(tmp_path, ckpt, out, path="/usr/bin:/bin")
     assert r.returncode == 1 and "not on PATH" in r.stderr and "resume" not in r.stderr
@@ -546,3 +546,38 @@ def test_rerun_of_a_finished_safetensors_conversion_says_already_complete(tmp_pa
     assert r.exit_code == 1
     assert r.stderr.strip() == f"error: {out} exists; pass --overwrite to replace it"
     assert out.read_bytes() == before
+
+
+def test_a_destination_held_by_another_process_exits_75_and_the_nightly_script_says_retry(
+    tmp_path,
+):
+    """Another qstream process holding DST is not a failure (exit 75, EX_TEMPFAIL): nothing
+    is done, and a scheduler retries. The holder is a real second process holding DST's
+    lock."""
+    ckpt = ROOT / "samples" / "tiny-transformer.safetensors"
+    out = tmp_path / "out.zarr"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\nfrom qstream.io.destination import locked\n"
+         f"with locked({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        r = subprocess.run(
+            [sys.executable, "-m", "qstream.cli.main", "convert", str(ckpt), str(out), "-q"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert r.returncode == 75, r.stderr
+        assert "being written by another qstream process" in r.stderr
+        assert sorted(p.name for p in out.iterdir()) == before  # nothing done
+        if shutil.which("qstream") is not None:
+            r = _nightly(tmp_path, ckpt, out)
+            assert r.returncode == 75, r.stderr
+            assert "another qstream process" in r.stderr and "retry later" in r.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    r = runner.invoke(app, ["convert", str(ckpt), str(out), "-q"])  # then it runs
+    assert r.exit_code == 0, r.output

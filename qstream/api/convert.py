@@ -6,16 +6,22 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..engine.checkpoint import TensorEvent, convert
-from ..errors import InvalidParameterError
-from ..io import compression as compressions
 from ..io.stores import store_errors
 from ..recipe import Recipe
+from .convert_plan import ConversionPlan, export_job, make_parents, plan_convert, tensor_rows
 
 if TYPE_CHECKING:
     from ..io.checkpoint_tensor import TensorLike
     from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
 
-__all__ = ["TensorEvent", "convert_checkpoint", "open_checkpoint", "plan_conversion"]
+__all__ = [
+    "ConversionPlan",
+    "TensorEvent",
+    "convert_checkpoint",
+    "open_checkpoint",
+    "plan_conversion",
+    "plan_convert",
+]
 
 
 def convert_checkpoint(
@@ -35,8 +41,13 @@ def convert_checkpoint(
     storage_options: StorageOptions | None = None,
     store: str | None = None,
     packs: bool | None = None,
+    plan: ConversionPlan | None = None,
 ) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
+
+    Everything the conversion can refuse is decided first, before a tensor byte is read or
+    anything written, by :func:`qstream.plan_convert` with the same arguments (``plan``: one
+    it made already for them); missing parent folders of ``dst`` are made.
 
     ``checkpoint`` may be an object-store URL (``s3://bucket/model/``: a safetensors file, a
     folder or a ``*.safetensors.index.json``): tensors are read by byte ranges through
@@ -83,7 +94,24 @@ def convert_checkpoint(
     ``open_quantized`` reads packed tensors as any other.
     """
     with store_errors(dst):
-        return _convert_checkpoint(
+        if plan is None:
+            plan = plan_convert(
+                checkpoint,
+                dst,
+                recipe,
+                overwrite=overwrite,
+                executor=executor,
+                compression=compression,
+                format=format,
+                config=config,
+                storage_options=storage_options,
+                store=store,
+                packs=packs,
+            )
+        if not isinstance(recipe, Recipe):
+            recipe = Recipe.load(recipe) if recipe is not None else Recipe()
+        return _run(
+            plan,
             checkpoint,
             dst,
             recipe,
@@ -93,187 +121,103 @@ def convert_checkpoint(
             progress=progress,
             executor=executor,
             max_shard_size=max_shard_size,
-            compression=compression,
             format=format,
-            config=config,
             **({"storage_options": storage_options} if storage_options else {}),
             **({"store": store} if store else {}),
             **({"packs": packs} if packs is not None else {}),
         )
 
 
-def _convert_checkpoint(
+def _run(
+    plan: ConversionPlan,
     checkpoint: PathLike,
     dst: PathLike,
-    recipe: Recipe | PathLike | None,
+    recipe: Recipe,
     *,
     overwrite: bool,
     max_shard_size: int,
-    compression: str | None,
     format: str,
-    config: PathLike | dict[str, Any] | None,
     **kw: Any,
 ) -> dict[str, Any]:
-    from ..io.suffixes import check_destination_suffix
+    """Carry out ``plan``."""
+    make_parents(plan)
+    if plan.kind == "gguf":
+        from ..io.gguf import write_plan
 
-    check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
-    compression = compressions.canonical(compression)
-    if recipe is not None and not isinstance(recipe, Recipe):
-        recipe = Recipe.load(recipe)
-    if str(dst).endswith(".gguf"):
-        from ..io.gguf import export_gguf
-
-        return export_gguf(
-            checkpoint,
-            dst,
-            recipe=recipe,
-            config=config,
-            overwrite=overwrite,
-            type=None if format == "compressed-tensors" else format,
-            max_memory=kw.get("max_memory"),
-        )
-    if str(dst).endswith(".safetensors"):
-        if compression not in (compressions.AUTO, compressions.NONE):
-            raise InvalidParameterError(
-                f"compression {compression!r} does not apply to a .safetensors destination"
-                " (safetensors files are never compressed): leave it 'auto', or convert into a"
-                " directory"
-            )
-        return _to_safetensors(
-            checkpoint,
-            dst,
-            recipe,
-            overwrite=overwrite,
-            export={"max_shard_size": max_shard_size, "format": format, "config": config},
-            **kw,
-        )
+        return write_plan(plan.gguf, dst, overwrite=overwrite, max_memory=kw.get("max_memory"))
+    if plan.kind == "safetensors":
+        export = {"max_shard_size": max_shard_size, "format": format, "config": plan.config}
+        return _to_safetensors(plan, checkpoint, os.fspath(dst), recipe, overwrite, export, kw)
     return convert(
-        checkpoint, dst, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
+        checkpoint,
+        dst,
+        recipe,
+        overwrite=overwrite,
+        compression=plan.prepared.compression,
+        prepared=plan.prepared,
+        **kw,
     )
 
 
 def _to_safetensors(
+    plan: ConversionPlan,
     checkpoint: PathLike,
-    dst: PathLike,
-    recipe: Recipe | None,
-    *,
+    dst: str,
+    recipe: Recipe,
     overwrite: bool,
     export: dict[str, Any],
-    **kw: Any,
+    kw: dict[str, Any],
 ) -> dict[str, Any]:
     import contextlib
-    import json
-    import os
 
-    from ..errors import StoreError
-    from ..io.checkpoints import open_checkpoint, source_locations
-    from ..io.destination import check_separate, inspect_destination, locked
-    from ..io.export import shard_pattern
-    from ..io.stores import location
+    from ..io.destination import locked
 
-    dst = os.fspath(dst)
-    source = location(checkpoint) or str(checkpoint)
-    recipe = recipe or Recipe()
-    ident = {"source": source, "recipe": recipe.to_dict(), "format": export["format"]}
-    job = json.dumps(ident, sort_keys=True)
-    index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = f"{dst}.qstream-work"
-    # nothing this run writes may be (or hold) a file the checkpoint is read from
-    opts = {k: kw[k] for k in ("storage_options", "store") if kw.get(k)}
-    tensors = open_checkpoint(checkpoint, **opts)
-    _check_layout(tensors, recipe, export["format"], dst)
-    sources = source_locations(checkpoint, tensors)
-    for target in (dst, index, work):
-        check_separate(sources, target)
-    shards = shard_pattern(dst)
-    for src in sources:
-        if os.path.dirname(src) == os.path.dirname(location(dst) or dst) and shards.fullmatch(
-            os.path.basename(src)
-        ):
-            raise StoreError(
-                f"the destination {dst} would be written in shards named like the checkpoint's"
-                f" file {src}; write the output somewhere else"
-            )
-    if inspect_destination(work).kind not in ("absent", "empty", "checkpoint"):
-        raise StoreError(
-            f"{work}, where this conversion keeps its working group, holds something else;"
-            " qstream will not write there: move it away"
-        )
+    if plan.action == "complete":  # a finished run of this conversion: nothing to do
+        from ..io.export import finished_export
+
+        return {
+            "checkpoint": str(checkpoint),
+            "destination": dst,
+            "files": finished_export(dst, export_job(checkpoint, recipe, export["format"])),
+            "tensors": {},
+            "already_complete": True,
+            "seconds": 0.0,
+        }
     # the working group is locked from the conversion to the end of the export, so that a
     # second run of it waits for this one instead of exporting what this one removes
     try:
         with locked(work):
-            return _export_locked(checkpoint, dst, recipe, job, work, index, overwrite, export, kw)
+            return _export_locked(plan, checkpoint, dst, recipe, work, overwrite, export, kw)
     finally:
         with contextlib.suppress(OSError):
             os.rmdir(work)  # (only if nothing is left in it)
 
 
-def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
-    """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
-    express (see :mod:`qstream.io.compressed_tensors`; FP8 block scales are consumed by
-    their weights, as the conversion pairs them), and a ``config.json`` beside ``dst`` that
-    qstream did not write."""
-    from ..io import compressed_tensors, export
-    from ..io.fp8 import pair_scales
-
-    if format not in export.FORMATS:
-        raise InvalidParameterError(
-            f"unknown export format {format!r}; expected one of: {', '.join(export.FORMATS)}"
-        )
-    if format != "compressed-tensors":
-        recipe.check(pair_scales(tensors, recipe.scales))
-        return
-    export.check_targets([os.path.join(os.path.dirname(dst), export.CONFIG)], replace=True)
-    paired = pair_scales(tensors, recipe.scales)
-    recipe.check(paired)  # (its warnings: the conversion gives them)
-    for name, t in paired.items():
-        spec = recipe.spec_for(name, t.shape, t.dtype)
-        if spec is not None:
-            compressed_tensors.layout(name, t.shape, spec)
-
-
 def _export_locked(
+    plan: ConversionPlan,
     checkpoint: PathLike,
     dst: str,
     recipe: Recipe,
-    job: str,
     work: str,
-    index: str,
     overwrite: bool,
     export: dict[str, Any],
     kw: dict[str, Any],
 ) -> dict[str, Any]:
-    import os
-
-    from ..errors import StoreError
     from ..io.destination import inspect_destination, remove_output
-    from ..io.export import export_safetensors, finished_export
+    from ..io.export import export_safetensors
 
-    # the working group of an interrupted run (its identity is checked by ``convert``): this
-    # run resumes it and may replace the export files that run wrote
-    work_root = inspect_destination(work)
-    resuming = work_root.kind == "checkpoint"
-    done_files = None if overwrite or resuming else finished_export(dst, job)
-    if done_files is not None:  # a finished run of this conversion: nothing to do
-        return {
-            "checkpoint": str(checkpoint),
-            "destination": dst,
-            "files": done_files,
-            "tensors": {},
-            "already_complete": True,
-            "seconds": 0.0,
-        }
-    for done in (dst, index):  # a finished export
-        if os.path.exists(done) and not (overwrite or resuming):
-            raise StoreError(f"{done} exists; pass overwrite=True to replace it")
-    # the working group is read once and removed: raw chunks are written and read fastest
-    # (one an earlier version began compressed is resumed as it was begun)
-    compression = compressions.NONE
-    if resuming and not overwrite:
-        compression = (work_root.meta or {}).get("compression", compressions.AUTO)
+    job = export_job(checkpoint, recipe, export["format"])
+    resuming = plan.action == "resume"
+    prepared = plan.prepared
     result = convert(
-        checkpoint, work, recipe or Recipe(), overwrite=overwrite, compression=compression, **kw
+        checkpoint,
+        work,
+        recipe,
+        overwrite=overwrite,
+        compression=prepared.compression,
+        prepared=prepared,
+        **kw,
     )
     exported = export_safetensors(
         work, dst, **export, overwrite=overwrite, replace_own=resuming, job=job
@@ -303,12 +247,8 @@ def plan_conversion(
     each tensor its name, shape, stored dtype, target (the spec, or ``keep``) and bytes
     before and after (codes and parameters). The recipe is checked as the conversion checks
     it (an axis a tensor lacks is an error; rules that match nothing are warned about)."""
-    import math
     import warnings
 
-    import numpy as np
-
-    from ..engine.checkpoint import describe_target
     from ..errors import QStreamWarning
     from ..io.checkpoints import open_checkpoint
     from ..io.fp8 import pair_scales
@@ -321,40 +261,7 @@ def plan_conversion(
     tensors = pair_scales(tensors, recipe.scales)
     for warning in recipe.check(tensors):
         warnings.warn(warning, QStreamWarning, stacklevel=2)
-    rows = []
-    for name, t in tensors.items():
-        shape = tuple(int(d) for d in t.shape)
-        n = math.prod(shape)
-        stored = np.dtype(getattr(t, "source_dtype", t.dtype))
-        spec = recipe.spec_for(name, shape, t.dtype)
-        if spec is None:
-            keep = recipe.keep_dtype(name, shape, t.dtype)
-            after = n * (np.dtype(keep).itemsize if keep else np.dtype(t.dtype).itemsize)
-            target = f"keep/{keep}" if keep else "keep"
-        else:
-            qt = spec.qtype
-            params = 1
-            if spec.axis is not None:
-                axis = spec.axis % len(shape)
-                params = (
-                    shape[axis]
-                    if not spec.block_size
-                    else n // shape[axis] * math.ceil(shape[axis] / spec.block_size)
-                )
-            per_param = (2 if spec.half_scales else 4) + (0 if spec.symmetric else qt.bits / 8)
-            after = int(math.ceil(n * qt.bits / 8) + params * per_param)
-            target = describe_target(spec)
-        rows.append(
-            {
-                "name": name,
-                "shape": list(shape),
-                "dtype": stored.name,
-                "target": target,
-                "bytes_before": int(n * stored.itemsize),
-                "bytes_after": int(after),
-            }
-        )
-    return rows
+    return tensor_rows(tensors, recipe)
 
 
 def open_checkpoint(

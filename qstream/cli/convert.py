@@ -34,7 +34,7 @@ from .scheduler import open_executor
     qstream convert model.safetensors model-int8.zarr --recipe samples/recipe-int8.toml
     qstream convert model.safetensors model-int8.safetensors --max-shard-size 2GB
     qstream convert shards/model.safetensors.index.json out.zarr --json
-    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude 'lm_head*'
+    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude 'model.embed_tokens*'
     qstream convert model/ model.gguf --dtype int4 --block-size 32 --dry-run
     """
 )
@@ -151,8 +151,22 @@ def convert(
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
         rec = recipe_of(recipe, flags, include, exclude)
+        extra: dict[str, Any] = {}  # what only some destinations or flags pass on
+        if dst.endswith(".safetensors"):
+            extra.update(format=fmt, config=config)
+        if dst.endswith(".gguf"):
+            extra.update(format=gguf_type or "compressed-tensors", config=config)
+        if store != "fsspec":
+            extra["store"] = store
+        if packs is not None:
+            extra["packs"] = packs
+    with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
+        plan = qs.plan_convert(
+            checkpoint, dst, rec, overwrite=overwrite, compression=compression, **extra
+        )
+    with library_errors():
         if dry_run:
-            print_plan(qs.plan_conversion(checkpoint, rec), as_json)
+            print_plan(plan, as_json)
             return
         show = not (quiet or as_json)
         qs.warm_up(rec.specs(), background=True)  # first run: see quantize
@@ -169,15 +183,6 @@ def convert(
                 f" -> {fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        extra: dict[str, Any] = {}  # what only some destinations or flags pass on
-        if dst.endswith(".safetensors"):
-            extra.update(format=fmt, config=config)
-        if dst.endswith(".gguf"):
-            extra.update(format=gguf_type, config=config)
-        if store != "fsspec":
-            extra["store"] = store
-        if packs is not None:
-            extra["packs"] = packs
         with open_executor(scheduler) as ex, progress("convert", not show):
             report = qs.convert_checkpoint(
                 checkpoint,
@@ -189,6 +194,7 @@ def convert(
                 executor=ex,
                 max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
                 compression=compression,
+                plan=plan,
                 **extra,
             )
         if done_already(dst, report, as_json, quiet):
@@ -227,21 +233,29 @@ def recipe_of(
     return qs.Recipe.from_dict(d)
 
 
-def print_plan(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """``--dry-run``: which tensor gets what, and the sizes."""
+def print_plan(plan: qs.ConversionPlan, as_json: bool) -> None:
+    """``--dry-run``: what the run would do with DST, which tensor gets what (GGUF: its type
+    and rule), and the sizes."""
     if as_json:
-        emit_json({"plan": rows})
+        emit_json(plan.to_dict())
         return
+    rows = plan.tensors
+    rules = any("rule" in r for r in rows)
     table(
         "conversion plan (nothing written)",
-        ["tensor", "shape", "dtype", "target", "before", "after"],
+        ["tensor", "shape", "dtype", "target", *(["rule"] if rules else []), "before", "after"],
         [
-            [r["name"], str(r["shape"]), r["dtype"], r["target"], fmt_bytes(r["bytes_before"]),
+            [r["name"], str(r["shape"]), r["dtype"], r["target"],
+             *([r.get("rule", "")] if rules else []), fmt_bytes(r["bytes_before"]),
              fmt_bytes(r["bytes_after"])]
             for r in rows
         ],
     )  # fmt: skip
-    quantized = sum(1 for r in rows if not r["target"].startswith("keep"))
+    made = f"; creates {', '.join(plan.creates)}" if plan.creates else ""
+    typer.echo(f"{plan.destination} ({plan.kind}): {plan.action}{made}")
+    for note in plan.notes:
+        typer.echo(f"note: {note}")
+    quantized = sum(1 for r in rows if not r.get("kept", r["target"].startswith("keep")))
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
     typer.echo(

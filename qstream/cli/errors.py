@@ -102,14 +102,51 @@ def show_warnings() -> None:
     warnings.showwarning = show
 
 
-def cli_terms(message: str) -> str:
-    """``message`` with library argument names replaced by the flags that set them (not in
-    a recipe's messages: those name the recipe's own keys)."""
+# export arguments no recipe has: mapped in every message
+_EXPORT_FLAGS = (
+    (re.compile(r"\s*\(type='[\w.]+'\)"), "", "--gguf-type"),  # (beside the flag it names)
+    (re.compile(r"\btype='([\w.]+)'"), r"--gguf-type \1", "--gguf-type"),
+    (re.compile(r"\bformat='([\w-]+)'"), r"--format \1", "--format"),
+    (re.compile(r"\bconfig="), "--config", "--config"),
+)
+
+
+def command_flags() -> set[str] | None:
+    """The options of the command being run (None outside one)."""
+    import importlib
+
+    for module in ("typer._click.globals", "click"):  # (Typer's own copy of Click, or Click)
+        try:
+            current = importlib.import_module(module).get_current_context
+        except (ImportError, AttributeError):
+            continue
+        ctx = current(silent=True)
+        if ctx is not None:
+            return {o for p in ctx.command.params for o in [*p.opts, *p.secondary_opts]}
+    return None
+
+
+def cli_terms(message: str, flags: set[str] | None = None) -> str:
+    """``message`` with library argument names replaced by the flags that set them, where
+    the command has that flag (``flags``: its options; None: every flag); a recipe's
+    messages keep their names (a recipe's own keys)."""
+
+    def has(flag: str) -> bool:
+        return flags is None or flag in flags
+
+    for pattern, sub, needs in _EXPORT_FLAGS:
+        if has(needs):
+            message = pattern.sub(sub, message)
     if "recipe" in message:
         return message
     for pattern, repl in _FLAGS:
         if repl is None:
-            message = pattern.sub(lambda m: "--" + m.group(1).replace("_", "-"), message)
+
+            def flagged(m: re.Match[str]) -> str:
+                flag = "--" + m.group(1).replace("_", "-")
+                return flag if has(flag) else m.group(0)
+
+            message = pattern.sub(flagged, message)
         else:
             message = pattern.sub(repl, message)
     return message
@@ -117,13 +154,14 @@ def cli_terms(message: str) -> str:
 
 def fail(message: str, code: int) -> NoReturn:
     """Print ``error: message`` (one line, in command-line terms) and exit with ``code``."""
-    typer.echo(f"error: {cli_terms(message)}", err=True)
+    typer.echo(f"error: {cli_terms(message, command_flags())}", err=True)
     raise typer.Exit(code)
 
 
 @contextmanager
-def library_errors() -> Iterator[None]:
-    """Map library errors to one line and an exit code."""
+def library_errors(refusals: bool = False) -> Iterator[None]:
+    """Map library errors to one line and an exit code; ``refusals``: around a plan, whose
+    every error (but :class:`~qstream.DestinationBusyError`) is a refused input (exit 2)."""
     try:
         yield
     except typer.Exit:
@@ -144,6 +182,8 @@ def library_errors() -> Iterator[None]:
             fail(str(e), 2)
         if isinstance(e, qs.DestinationBusyError):
             fail(str(e), BUSY)
+        if refusals and isinstance(e, qs.QStreamError):
+            fail(str(e), 2)
         if isinstance(e, qs.QStreamError):
             fail(str(e), 1)
         if isinstance(e, OSError):

@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidParameterError, QStreamWarning
@@ -45,38 +46,54 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTO_PACK_TENSORS",
     "TENSORS_IN_FLIGHT",
+    "Prepared",
     "TensorEvent",
     "convert",
     "describe_target",
+    "prepare",
     "restore",
 ]
 
 
-def convert(
+@dataclass
+class Prepared:
+    """A conversion decided, nothing written: what :func:`prepare` found and checked."""
+
+    opener: CheckpointSource
+    tensors: dict[str, Any]  # FP8 weights paired with their block scales
+    source: str
+    sources: list[str]  # every location the checkpoint is read from
+    keys: dict[str, str]
+    ident: dict[str, Any]
+    packed: bool
+    dest: Destination
+    action: Action  # what the destination's claim will do, as it looks now
+    compression: str
+    runner: Any
+    warnings: list[str]
+
+
+def prepare(
     checkpoint: str | os.PathLike[str],
     dst: str | os.PathLike[str],
     recipe: Recipe,
     *,
-    max_memory: int | None = None,
     overwrite: bool = False,
-    on_tensor: Callable[[TensorEvent], None] | None = None,
-    progress: Callable[[int, int], None] | None = None,
     executor: str | Executor | None = None,
     compression: str | None = compressions.AUTO,
     storage_options: dict | None = None,
     store: str | None = None,
     packs: bool | None = None,
-) -> dict[str, Any]:
-    """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
-    (see :func:`qstream.convert_checkpoint`). ``packs``: store runs of small, alike tensors
-    as packs (:mod:`qstream.io.packs`); None: when the checkpoint holds at least
-    :data:`AUTO_PACK_TENSORS` tensors and ``dst`` is a local directory."""
+) -> Prepared:
+    """Everything a conversion into the group ``dst`` can refuse, decided before a tensor
+    byte is read or anything written: the checkpoint's headers, the recipe against its
+    tensors, the tensors' names, the destination (writable, apart from the source, and what
+    its claim will do with what is there: a foreign node is refused here)."""
     from ..io.checkpoints import source_locations
     from ..io.remote import is_url
 
     compression = compressions.canonical(compression)
-
-    if str(dst).lower().endswith(".zip"):  # checked before anything is read or written
+    if str(dst).lower().endswith(".zip"):
         raise InvalidParameterError(
             f"cannot convert into {dst}: a converted checkpoint is a directory (a Zarr group)"
             " or a .safetensors file, not a .zip; convert into a directory, then zip it"
@@ -94,14 +111,14 @@ def convert(
     raw = opener.open_raw()
     tensors = opener.pair(raw)  # FP8 weights with their block scales, as float32
     source = location(checkpoint) or str(checkpoint)
-    destination.check_separate(source_locations(checkpoint, raw), dst)
+    sources = source_locations(checkpoint, raw)
+    destination.check_separate(sources, dst)
     # a URL destination is written through fsspec: with store="obstore", storage_options are
     # obstore's and the destination takes fsspec's own configuration (the environment)
     dst_options = storage_options if store in (None, "fsspec") else None
     destination.check_writable(dst)
     keys = tensor_keys(tensors)  # (refuses names no tensor may have before anything is written)
-    for warning in recipe.check(tensors):  # (an axis a tensor lacks: refused here, too)
-        warnings.warn(warning, QStreamWarning, stacklevel=3)
+    found = recipe.check(tensors)  # (an axis a tensor lacks: refused here, too)
     ident = {"source": source, "recipe": recipe.to_dict(), "compression": compression}
     packed = _use_packs(packs, tensors, dst)
     if packs is None and not overwrite:  # an earlier run of this job keeps its layout
@@ -115,35 +132,88 @@ def convert(
         storage_options=dst_options,
         same_job=lambda meta: same_job(meta, ident),
     )
+    action, _ = dest.look(overwrite=overwrite)  # (a foreign node: refused here)
+    return Prepared(
+        opener,
+        tensors,
+        source,
+        sources,
+        keys,
+        ident,
+        packed,
+        dest,
+        action,
+        compression,
+        runner,
+        found,
+    )
+
+
+def convert(
+    checkpoint: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    recipe: Recipe,
+    *,
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    on_tensor: Callable[[TensorEvent], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    executor: str | Executor | None = None,
+    compression: str | None = compressions.AUTO,
+    storage_options: dict | None = None,
+    store: str | None = None,
+    packs: bool | None = None,
+    prepared: Prepared | None = None,
+) -> dict[str, Any]:
+    """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``
+    (see :func:`qstream.convert_checkpoint`). ``packs``: store runs of small, alike tensors
+    as packs (:mod:`qstream.io.packs`); None: when the checkpoint holds at least
+    :data:`AUTO_PACK_TENSORS` tensors and ``dst`` is a local directory. ``prepared``: what
+    :func:`prepare` gave for these arguments (else it is called here)."""
+    if prepared is None:
+        prepared = prepare(
+            checkpoint,
+            dst,
+            recipe,
+            overwrite=overwrite,
+            executor=executor,
+            compression=compression,
+            storage_options=storage_options,
+            store=store,
+            packs=packs,
+        )
+    p = prepared
+    for warning in p.warnings:
+        warnings.warn(warning, QStreamWarning, stacklevel=3)
     root_store = (
         None
         if destination.local_path(dst)
-        else open_store(dst, mode="w", storage_options=dst_options)
+        else open_store(dst, mode="w", storage_options=p.dest.storage_options)
     )
-    with dest.claim(overwrite=overwrite) as (action, existing):
+    with p.dest.claim(overwrite=overwrite) as (action, existing):
         if action in (Action.RESUME, Action.COMPLETE):
             assert existing.meta is not None  # (a root qstream wrote has its metadata)
             index = RootIndex.open(dst, existing.meta, root_store)
             if action is Action.RESUME:
                 index.upgrade()
         else:
-            index = RootIndex.create(dst, {**ident, "tensors_total": len(tensors)}, root_store)
+            index = RootIndex.create(dst, {**p.ident, "tensors_total": len(p.tensors)}, root_store)
         t0 = time.perf_counter()
         conversion = Conversion(
-            tensors,
-            keys,
+            p.tensors,
+            p.keys,
             index,
-            dest,
-            source,
+            p.dest,
+            p.source,
             on_tensor,
             progress,
-            runner,
+            p.runner,
             max_memory=max_memory,
             overwrite=overwrite,
-            compression=compression,
-            checkpoint=opener,
-            in_flight=1 if runner.distributed else TENSORS_IN_FLIGHT,
-            packed=packed,
+            compression=p.compression,
+            checkpoint=p.opener,
+            in_flight=1 if p.runner.distributed else TENSORS_IN_FLIGHT,
+            packed=p.packed,
         )
         return _convert(conversion, action is Action.COMPLETE, recipe, t0)
 

@@ -106,6 +106,42 @@ def export_gguf(
     return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
 
 
+def _job(plan: GGUFPlan) -> str:
+    """The identity a GGUF file of ``plan`` records (a re-run finds it finished)."""
+    src, cfg = plan.source, plan.config
+    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg}
+    return json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
+
+
+def destination_action(
+    plan: GGUFPlan, out: str | os.PathLike[str], *, overwrite: bool = False
+) -> str:
+    """What writing ``plan`` to ``out`` does with what is there (read-only): ``create``,
+    ``complete`` (this export, finished: nothing to do) or ``replace`` (``overwrite`` of a
+    qstream export); a file qstream did not write, or another export without ``overwrite``,
+    is refused (:class:`StoreError`)."""
+    out = os.fspath(out)
+    if not out.endswith(".gguf"):
+        raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
+    kind = kind_of(out)
+    if kind is None:
+        return "create"
+    found = identity(out) if kind == "file" else None
+    if found is None:
+        raise StoreError(
+            f"{out} exists and is not a qstream export; qstream never replaces what it did"
+            " not write (even with overwrite=True): remove it yourself or export elsewhere"
+        )
+    if found == _job(plan) and not overwrite:
+        return "complete"
+    if not overwrite:
+        raise StoreError(
+            f"{out} holds another export (other source, recipe or type); pass overwrite=True"
+            " to replace it"
+        )
+    return "replace"
+
+
 def write_plan(
     plan: GGUFPlan,
     out: str | os.PathLike[str],
@@ -116,31 +152,11 @@ def write_plan(
     """Write the GGUF file ``out`` as ``plan`` (:func:`plan_gguf`) says; the report of
     :func:`export_gguf`."""
     out = os.fspath(out)
-    if not out.endswith(".gguf"):
-        raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
-    if not os.path.isdir(os.path.dirname(out) or "."):
-        raise StoreError(
-            f"cannot export to {out}: the folder {os.path.dirname(out)} does not exist"
-        )
-    src, cfg = plan.source, plan.config
-    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg}
-    job = json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
-    kind = kind_of(out)
-    if kind is not None:
-        found = identity(out) if kind == "file" else None
-        if found is None:
-            raise StoreError(
-                f"{out} exists and is not a qstream export; qstream never replaces what it did"
-                " not write (even with overwrite=True): remove it yourself or export elsewhere"
-            )
-        if found == job and not overwrite:  # the same export, finished: nothing to do
-            return {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
-                    "plan": plan.rows(), "error": {}}  # fmt: skip
-        if not overwrite:
-            raise StoreError(
-                f"{out} holds another export (other source, recipe or type); pass"
-                " overwrite=True to replace it"
-            )
+    if destination_action(plan, out, overwrite=overwrite) == "complete":
+        return {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
+                "plan": plan.rows(), "error": {}}  # fmt: skip
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # (the rule of every command)
+    job = _job(plan)
     budget = max(1 << 20, min(SLAB, (max_memory or SLAB) // 8))
     tensors: list[GGUFTensor] = []
     types: dict[str, str] = {}

@@ -119,9 +119,9 @@ def copy_type(hf: str, arr: QuantizedArray) -> str:
     def refuse(why: str) -> InvalidParameterError:
         return InvalidParameterError(
             f"{hf}: {why}; GGUF holds symmetric int8 (Q8_0) or int4 (Q4_0) codes with float16"
-            " scales per 32 values along the last axis (scale_dtype='float16', groups of a"
-            " multiple of 32 along the last axis, or per channel on axis 0); or convert the"
-            " float checkpoint to .gguf directly"
+            " scales per 32 values along the last axis: convert with a recipe whose spec has"
+            ' scale_dtype = "float16" and groups of a multiple of 32 along the last axis (or'
+            " per channel on axis 0), or convert the float checkpoint to .gguf directly"
         )
 
     qt = arr.qtype

@@ -1,0 +1,437 @@
+"""A conversion decided before its first tensor byte: :func:`plan_convert` (issue 44).
+
+Everything ``convert_checkpoint`` can refuse is decided here, from the checkpoint's headers,
+its ``config.json``, the recipe and what is at the destination: destination rules (files
+qstream did not write, ``overwrite``, object stores), the source's ``quantization_config``,
+the export layout's limits (groups that do not divide, 4-bit embeddings, GGUF block types) and
+the parent folders to create. ``convert_checkpoint`` runs the plan it makes (or is handed);
+``qstream convert --dry-run`` prints it and exits as the run would.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InvalidParameterError, StoreError
+from ..io import compression as compressions
+from ..recipe import Recipe
+
+if TYPE_CHECKING:
+    from .types import ExecutorLike, PathLike, StorageOptions
+
+__all__ = ["ConversionPlan", "plan_convert", "tensor_rows"]
+
+# a source's quantization_config qstream decodes as it reads the checkpoint (DeepSeek's FP8
+# block scales, paired by the recipe's [scales]): replaced in an export's config
+DECODED_METHODS = ("fp8",)
+
+
+@dataclass
+class ConversionPlan:
+    """What a conversion will do, decided before any tensor is read.
+
+    ``kind``: ``zarr`` (a Zarr group), ``safetensors`` or ``gguf``; ``action``: ``create``
+    (a new output), ``resume`` (an interrupted run of this job), ``complete`` (finished
+    already: nothing to do) or ``replace`` (``overwrite``); ``tensors``: a row per tensor
+    (name, shape, dtype, target, bytes before and after; GGUF: its type and rule);
+    ``creates``: the missing parent folders the run makes; ``config``: the model config an
+    export carries (a path, a dict with the source's decoded quantization_config removed, or
+    None); ``notes``: what the plan decided that a user should know."""
+
+    checkpoint: str
+    destination: str
+    kind: str
+    action: str
+    tensors: list[dict[str, Any]]
+    creates: list[str] = field(default_factory=list)
+    config: str | dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    # what the run takes from the plan (not part of its JSON)
+    prepared: Any = field(default=None, repr=False, compare=False)
+    gguf: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-able data (``--dry-run --json``)."""
+        config = self.config if not isinstance(self.config, dict) else "(source's, adjusted)"
+        return {
+            "checkpoint": self.checkpoint,
+            "destination": self.destination,
+            "kind": self.kind,
+            "action": self.action,
+            "creates": list(self.creates),
+            "config": config,
+            "notes": list(self.notes),
+            "plan": [dict(r) for r in self.tensors],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ConversionPlan:
+        """The plan of :meth:`to_dict` (without what only the run holds)."""
+        return cls(
+            checkpoint=d["checkpoint"],
+            destination=d["destination"],
+            kind=d["kind"],
+            action=d["action"],
+            tensors=[dict(r) for r in d["plan"]],
+            creates=list(d.get("creates", [])),
+            config=d.get("config"),
+            notes=list(d.get("notes", [])),
+        )
+
+
+def kind_of_destination(dst: PathLike) -> str:
+    """``gguf``, ``safetensors`` or ``zarr``: what a conversion into ``dst`` writes."""
+    name = str(dst).lower()
+    if name.endswith(".gguf"):
+        return "gguf"
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    return "zarr"
+
+
+def missing_parents(dst: PathLike) -> list[str]:
+    """The folders above the local ``dst`` that do not exist yet, outermost first (every
+    command that writes a destination makes them: the README's rule)."""
+    from ..io.paths import local_path
+
+    local = local_path(dst)
+    if local is None:
+        return []
+    out: list[str] = []
+    parent = os.path.dirname(os.path.abspath(local))
+    while not os.path.lexists(parent):
+        out.append(parent)
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    return out[::-1]
+
+
+def make_parents(plan: ConversionPlan) -> None:
+    """Make the folders the plan creates (a run's first write)."""
+    for folder in plan.creates:
+        os.makedirs(folder, exist_ok=True)
+
+
+def plan_convert(
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe | PathLike | None = None,
+    *,
+    overwrite: bool = False,
+    executor: ExecutorLike = None,
+    compression: str | None = "auto",
+    format: str = "compressed-tensors",
+    config: PathLike | dict[str, Any] | None = None,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
+    packs: bool | None = None,
+) -> ConversionPlan:
+    """What :func:`qstream.convert_checkpoint` with these arguments would do, decided as it
+    decides it and refusing what it refuses (the same exceptions, the same messages), before
+    any tensor byte is read; nothing is written. ``format`` names the GGUF type for a
+    ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion."""
+    from ..io.destination import check_writable
+    from ..io.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
+    compression = compressions.canonical(compression)
+    if recipe is not None and not isinstance(recipe, Recipe):
+        recipe = Recipe.load(recipe)
+    recipe = recipe or Recipe()
+    kind = kind_of_destination(dst)
+    check_writable(dst)
+    if kind == "gguf":
+        return _plan_gguf(checkpoint, dst, recipe, format, config, overwrite)
+    opts: dict[str, Any] = {"storage_options": storage_options or None, "store": store or None}
+    if kind == "safetensors":
+        return _plan_safetensors(
+            checkpoint, dst, recipe, overwrite, executor, compression, format, config, packs, opts
+        )
+    from ..engine.checkpoint import prepare
+
+    quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
+    prepared = prepare(
+        checkpoint,
+        dst,
+        recipe,
+        overwrite=overwrite,
+        executor=executor,
+        compression=compression,
+        packs=packs,
+        **opts,
+    )
+    return ConversionPlan(
+        checkpoint=str(checkpoint),
+        destination=os.fspath(dst),
+        kind=kind,
+        action=prepared.action.value,
+        tensors=tensor_rows(prepared.tensors, recipe),
+        creates=missing_parents(dst),
+        prepared=prepared,
+    )
+
+
+def _plan_gguf(
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe,
+    format: str,
+    config: PathLike | dict[str, Any] | None,
+    overwrite: bool,
+) -> ConversionPlan:
+    from ..io.gguf import destination_action
+    from ..io.gguf_plan import plan_gguf
+
+    if "://" in os.fspath(dst):
+        raise InvalidParameterError(
+            f"cannot write {os.fspath(dst)}: a GGUF file is written to a local path"
+        )
+    plan = plan_gguf(checkpoint, recipe, None if format == "compressed-tensors" else format, config)
+    return ConversionPlan(
+        checkpoint=str(checkpoint),
+        destination=os.fspath(dst),
+        kind="gguf",
+        action=destination_action(plan, dst, overwrite=overwrite),
+        tensors=plan.rows(),
+        creates=missing_parents(dst),
+        config=plan.config if not isinstance(plan.config, dict) else None,
+        notes=list(plan.warnings),
+        gguf=plan,
+    )
+
+
+def _plan_safetensors(
+    checkpoint: PathLike,
+    dst: PathLike,
+    recipe: Recipe,
+    overwrite: bool,
+    executor: ExecutorLike,
+    compression: str,
+    format: str,
+    config: PathLike | dict[str, Any] | None,
+    packs: bool | None,
+    opts: dict[str, Any],
+) -> ConversionPlan:
+    from ..engine.checkpoint import prepare
+    from ..io.destination import check_separate, inspect_destination
+    from ..io.export import FORMATS, check_targets, finished_export, shard_pattern
+    from ..io.paths import local_path
+    from ..io.stores import location
+
+    dst = os.fspath(dst)
+    if local_path(dst) is None:
+        raise InvalidParameterError(
+            f"cannot write {dst}: a .safetensors file is written to a local path; convert"
+            " into a local .safetensors, or into a directory on the store (a Zarr group)"
+        )
+    if compression not in (compressions.AUTO, compressions.NONE):
+        raise InvalidParameterError(
+            f"compression {compression!r} does not apply to a .safetensors destination"
+            " (safetensors files are never compressed): leave it 'auto', or convert into a"
+            " directory"
+        )
+    if format not in FORMATS:
+        raise InvalidParameterError(
+            f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)}"
+        )
+    index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
+    work = f"{dst}.qstream-work"
+    work_root = inspect_destination(work)
+    if work_root.kind not in ("absent", "empty", "checkpoint"):
+        raise StoreError(
+            f"{work}, where this conversion keeps its working group, holds something else;"
+            " qstream will not write there: move it away"
+        )
+    resuming = work_root.kind == "checkpoint"
+    # the working group is read once and removed: raw chunks are written and read fastest
+    # (one an earlier version began compressed is resumed as it was begun)
+    work_compression = compressions.NONE
+    if resuming and not overwrite:
+        work_compression = (work_root.meta or {}).get("compression", compressions.AUTO)
+    model_config: str | dict[str, Any] | None
+    if isinstance(config, dict) or config is None:
+        model_config = config if config is not None else quantized_source_config(checkpoint, format)
+    else:
+        model_config = _plain_config(os.fspath(config))
+    prepared = prepare(
+        checkpoint,
+        work,
+        recipe,
+        overwrite=overwrite,
+        executor=executor,
+        compression=work_compression,
+        packs=packs,
+        **opts,
+    )
+    _check_layout(prepared.tensors, recipe, format, dst)
+    sources = prepared.sources
+    for target in (dst, index, work):
+        check_separate(sources, target)
+    shards = shard_pattern(dst)
+    for src in sources:
+        if os.path.dirname(src) == os.path.dirname(location(dst) or dst) and shards.fullmatch(
+            os.path.basename(src)
+        ):
+            raise StoreError(
+                f"the destination {dst} would be written in shards named like the checkpoint's"
+                f" file {src}; write the output somewhere else"
+            )
+    # files qstream did not write are never replaced: refused here, not after the work
+    check_targets([dst, index], replace=True)
+    job = export_job(checkpoint, recipe, format)
+    action = "resume" if resuming else "create"
+    if not overwrite and not resuming:
+        if finished_export(dst, job) is not None:
+            action = "complete"
+        else:
+            for done in (dst, index):
+                if os.path.lexists(done):
+                    raise StoreError(
+                        f"{done} holds another export (other source, recipe or format);"
+                        " pass overwrite=True to replace it"
+                    )
+    elif overwrite and any(os.path.lexists(f) for f in (dst, index)):
+        action = "replace"
+    notes = []
+    if isinstance(model_config, dict):
+        notes.append("the source's quantization_config is replaced by the export's")
+    return ConversionPlan(
+        checkpoint=str(checkpoint),
+        destination=dst,
+        kind="safetensors",
+        action=action,
+        tensors=tensor_rows(prepared.tensors, recipe),
+        creates=missing_parents(dst),
+        config=model_config,
+        notes=notes,
+        prepared=prepared,
+    )
+
+
+def export_job(checkpoint: PathLike, recipe: Recipe, format: str) -> str:
+    """The identity a conversion's export records (a re-run finds its finished files)."""
+    from ..io.stores import location
+
+    source = location(checkpoint) or str(checkpoint)
+    return json.dumps(
+        {"source": source, "recipe": recipe.to_dict(), "format": format}, sort_keys=True
+    )
+
+
+def quantized_source_config(
+    checkpoint: PathLike, format: str | None
+) -> str | dict[str, Any] | None:
+    """The checkpoint's own ``config.json`` for an export to carry: its path; a copy without
+    the ``quantization_config`` of a checkpoint quantized in a way qstream decodes as it
+    reads (:data:`DECODED_METHODS`), which the export's replaces; None without one (or
+    without ``format``). A quantization qstream does not decode is refused, naming it: its
+    tensors would be read as something they are not."""
+    from ..io.export import source_config
+    from ..io.export_meta import read_json
+
+    path = source_config(os.fspath(checkpoint))
+    if path is None:
+        return None
+    doc = read_json(path)
+    if doc is None:
+        if format is None:
+            return None  # (not needed without an export)
+        raise InvalidParameterError(
+            f"{path}: not a readable JSON object (a model config.json); pass config= a plain"
+            " model config"
+        )
+    qc = doc.get("quantization_config")
+    if qc is None or "qstream_export" in doc:
+        return path if format is not None else None
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method not in DECODED_METHODS:
+        raise InvalidParameterError(
+            f"{path}: the checkpoint is quantized already (quantization_config with quant_method"
+            f" {method!r}), a layout qstream does not decode; its tensors would be read as"
+            " something they are not. Convert the model's float checkpoint instead"
+        )
+    if format is None:
+        return None
+    doc.pop("quantization_config")
+    return doc
+
+
+def _plain_config(path: str) -> str:
+    """The model config the user named, checked as the export will read it: a JSON object
+    without a quantization_config of its own (one qstream exported is replaced)."""
+    from ..io.export_meta import read_json
+
+    doc = read_json(path)
+    if doc is None:
+        raise InvalidParameterError(f"{path}: not a readable JSON object (a model config.json)")
+    if "quantization_config" in doc and "qstream_export" not in doc:
+        raise InvalidParameterError(
+            f"{path} already has a quantization_config: its checkpoint is quantized already;"
+            " pass config= a plain model config"
+        )
+    return path
+
+
+def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
+    """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
+    express (see :mod:`qstream.io.compressed_tensors`), and a ``config.json`` beside ``dst``
+    that qstream did not write."""
+    from ..io import compressed_tensors, export
+
+    recipe.check(tensors)
+    if format != "compressed-tensors":
+        return
+    export.check_targets([os.path.join(os.path.dirname(dst), export.CONFIG)], replace=True)
+    for name, t in tensors.items():
+        spec = recipe.spec_for(name, t.shape, t.dtype)
+        if spec is not None:
+            compressed_tensors.layout(name, t.shape, spec)
+
+
+def tensor_rows(tensors: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]:
+    """A row per tensor: its name, shape, stored dtype, target (the spec, or ``keep``) and
+    bytes before and after (codes and parameters)."""
+    from ..engine.checkpoint import describe_target
+
+    rows = []
+    for name, t in tensors.items():
+        shape = tuple(int(d) for d in t.shape)
+        n = math.prod(shape)
+        stored = np.dtype(getattr(t, "source_dtype", t.dtype))
+        spec = recipe.spec_for(name, shape, t.dtype)
+        if spec is None:
+            keep = recipe.keep_dtype(name, shape, t.dtype)
+            after = n * (np.dtype(keep).itemsize if keep else np.dtype(t.dtype).itemsize)
+            target = f"keep/{keep}" if keep else "keep"
+        else:
+            qt = spec.qtype
+            params = 1
+            if spec.axis is not None:
+                axis = spec.axis % len(shape)
+                params = (
+                    shape[axis]
+                    if not spec.block_size
+                    else n // shape[axis] * math.ceil(shape[axis] / spec.block_size)
+                )
+            per_param = (2 if spec.half_scales else 4) + (0 if spec.symmetric else qt.bits / 8)
+            after = int(math.ceil(n * qt.bits / 8) + params * per_param)
+            target = describe_target(spec)
+        rows.append(
+            {
+                "name": name,
+                "shape": list(shape),
+                "dtype": stored.name,
+                "target": target,
+                "bytes_before": int(n * stored.itemsize),
+                "bytes_after": int(after),
+            }
+        )
+    return rows
