@@ -126,7 +126,7 @@ def test_dequantize_of_a_checkpoint_names_each_tensor(tmp_path):
 
 def test_bad_input_gives_one_line_and_exit_code(src, tmp_path):
     cases = [
-        (["quantize", tmp_path / "missing.zarr", tmp_path / "o.zarr"], 1, "no such Zarr store"),
+        (["quantize", tmp_path / "missing.zarr", tmp_path / "o.zarr"], 2, "does not exist"),
         (["quantize", src, tmp_path / "o.zarr", "--dtype", "int9"], 2, "unknown --dtype 'int9'"),
         (["quantize", src, tmp_path / "o.zarr", "--axis", "7"], 2, "--axis 7 is out of range"),
         (["quantize", src, tmp_path / "o.zarr", "--method", "kl"], 2, "unknown --method 'kl'"),
@@ -134,8 +134,11 @@ def test_bad_input_gives_one_line_and_exit_code(src, tmp_path):
         (["quantize", src, tmp_path / "o.zarr", "--max-memory", "lots"], 2, "not a size"),
         (["dequantize", src, tmp_path / "o2.zarr"], 1, "not a qstream quantized array"),
         (["inspect", src], 1, "not a qstream quantized array"),
-        (["inspect", tmp_path / "nothing.zarr"], 1, "no such Zarr store"),
-        (["convert", tmp_path / "none.safetensors", tmp_path / "c.zarr"], 1, "none.safetensors"),
+        (["inspect", tmp_path / "nothing.zarr"], 2, "does not exist"),
+        (["convert", tmp_path / "none.safetensors", tmp_path / "c.zarr"], 2, "none.safetensors"),
+        (["dequantize", tmp_path / "none.zarr", tmp_path / "d.zarr"], 2, "does not exist"),
+        (["export", tmp_path / "none.zarr", tmp_path / "e.safetensors"], 2, "does not exist"),
+        (["calibrate", tmp_path / "none.zarr"], 2, "does not exist"),
     ]
     for args, code, text in cases:
         r = run(*args)
@@ -185,7 +188,7 @@ def test_convert_sample_with_recipe_resume_and_corrupt_header(tmp_path):
     raw = ckpt.read_bytes()
     bad.write_bytes(raw[:8] + b"{garbage" + raw[16:4096])
     r = run("convert", bad, tmp_path / "bad.zarr")
-    assert r.exit_code == 1 and "bad.safetensors" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "bad.safetensors" in r.output and "Traceback" not in r.output
     bad_recipe = tmp_path / "r.toml"
     bad_recipe.write_text("[defaults]\ndtype = 'int9'\n")
     r = run("convert", ckpt, tmp_path / "x.zarr", "--recipe", bad_recipe)
@@ -543,8 +546,11 @@ def test_rerun_of_a_finished_safetensors_conversion_says_already_complete(tmp_pa
     r = run("convert", ckpt, out, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["already_complete"] is True
     r = run("convert", ckpt, out, "--recipe", SAMPLES / "recipe-int8.toml")  # another job
-    assert r.exit_code == 1
-    assert r.stderr.strip() == f"error: {out} exists; pass --overwrite to replace it"
+    assert r.exit_code == 2  # (refused by the plan, before any work)
+    assert r.stderr.strip() == (
+        f"error: {out} holds another export (of another source, spec or format);"
+        " pass --overwrite to replace it"
+    )
     assert out.read_bytes() == before
 
 

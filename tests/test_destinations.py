@@ -151,7 +151,7 @@ def test_convert_refuses_a_foreign_directory(tmp_path):
     notes.mkdir()
     (notes / "keep.txt").write_text("x")
     r = cli("convert", ckpt, notes, "--overwrite")
-    assert r.exit_code == 1 and "will not delete it" in r.output
+    assert r.exit_code == 2 and "will not delete it" in r.output
     assert (notes / "keep.txt").read_text() == "x"
 
 

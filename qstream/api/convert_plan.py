@@ -295,7 +295,7 @@ def _plan_safetensors(
             for done in (dst, index):
                 if os.path.lexists(done):
                     raise StoreError(
-                        f"{done} holds another export (other source, recipe or format);"
+                        f"{done} holds another export (of another source, spec or format);"
                         " pass overwrite=True to replace it"
                     )
     elif overwrite and any(os.path.lexists(f) for f in (dst, index)):

@@ -26,6 +26,7 @@ from .options import (
     SYMMETRIC,
     check_percentile,
     parse_size,
+    require_input,
 )
 from .output import emit_json, table
 from .progress import progress
@@ -78,6 +79,7 @@ def calibrate(
 ) -> None:
     """Print the scale and zero point a spec gives, and the data's range (writes nothing)."""
     with library_errors():
+        require_input(src, "SRC")
         source: Any = src if tensor is None else checkpoint_tensor(src, tensor)
         check_percentile(method, percentile)
         spec = qs.QuantSpec(

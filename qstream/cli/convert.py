@@ -22,6 +22,7 @@ from .options import (
     STORE,
     compression_option,
     parse_size,
+    require_input,
 )
 from .output import done_already, emit_json, fmt_bytes, fmt_db, table
 from .progress import progress
@@ -34,7 +35,7 @@ from .scheduler import open_executor
     qstream convert model.safetensors model-int8.zarr --recipe samples/recipe-int8.toml
     qstream convert model.safetensors model-int8.safetensors --max-shard-size 2GB
     qstream convert shards/model.safetensors.index.json out.zarr --json
-    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude 'model.embed_tokens*'
+    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude '*embed*'
     qstream convert model/ model.gguf --dtype int4 --block-size 32 --dry-run
     """
 )
@@ -142,6 +143,7 @@ def convert(
 ) -> None:
     """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says."""
     with library_errors():
+        require_input(checkpoint, "CHECKPOINT")
         if gguf_type is not None and not dst.endswith(".gguf"):
             raise typer.BadParameter("--gguf-type applies to a .gguf DST only")
         if (fmt != "compressed-tensors" or config) and not dst.endswith((".safetensors", ".gguf")):

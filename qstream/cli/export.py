@@ -12,7 +12,7 @@ import qstream as qs
 
 from .errors import library_errors
 from .helptext import examples
-from .options import JSON, QUIET, parse_size
+from .options import JSON, QUIET, parse_size, require_input
 from .output import done_already, emit_json, fmt_bytes
 
 
@@ -74,6 +74,7 @@ def export(
     safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
     or qstream's own layout (N, N_scale, N_zero_point)."""
     with library_errors():
+        require_input(src, "SRC")
         if out.endswith(".gguf"):
             result = qs.export_gguf(src, out, type=gguf_type, config=config, overwrite=overwrite)
             if as_json:

@@ -12,7 +12,7 @@ import qstream as qs
 
 from .errors import library_errors
 from .helptext import examples
-from .options import JSON
+from .options import JSON, require_input
 from .output import emit_json, error_table, fmt_bytes, fmt_db, table
 from .show import show_checkpoint, show_report
 
@@ -67,6 +67,7 @@ def inspect(
 ) -> None:
     """Show a quantized array's spec, parameters, calibration and error report."""
     with library_errors():
+        require_input(store, "STORE")
         if store.endswith(EXPORTS):
             print_export(store, as_json)
             return

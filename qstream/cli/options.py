@@ -148,3 +148,15 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def require_input(path: str, what: str) -> None:
+    """Refuse (exit 2, as every input refused before any work) a local ``path`` that does
+    not exist; a URL is the library's to open."""
+    import os
+
+    if "://" in path and not path.startswith("file://"):
+        return
+    local = path.removeprefix("file://")
+    if not os.path.lexists(local):
+        raise typer.BadParameter(f"{what} {path} does not exist")

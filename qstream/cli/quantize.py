@@ -27,6 +27,7 @@ from .options import (
     parse_chunks,
     parse_offset,
     parse_size,
+    require_input,
 )
 from .output import done_already, emit_json, error_table, fmt_bytes
 from .progress import progress
@@ -118,6 +119,7 @@ def quantize(
 ) -> None:
     """Quantize a Zarr array into a quantized group (data, scale, zero point)."""
     with library_errors():
+        require_input(src, "SRC")
         check_percentile(method, percentile)
         spec = qs.QuantSpec(
             dtype=dtype,
@@ -195,6 +197,7 @@ def dequantize(
 ) -> None:
     """Dequantize a quantized group into a plain Zarr array."""
     with library_errors():
+        require_input(src, "SRC")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
         show = not (quiet or as_json)

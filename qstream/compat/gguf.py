@@ -77,7 +77,11 @@ def quantize(x: npt.ArrayLike, qtype: str) -> np.ndarray:
     if qtype == "BF16":
         return _bf16(x).reshape(out_shape)
     blocks = x.reshape(-1, BLOCK)
-    return {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}[qtype](blocks).reshape(out_shape)
+    # (a block of subnormals has a scale whose inverse overflows, and its codes are the
+    # casts of inf and NaN gguf-py makes too: the same bytes, without numpy's warnings)
+    with np.errstate(over="ignore", invalid="ignore"):
+        quantized = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_1": _q4_1}[qtype](blocks)
+    return quantized.reshape(out_shape)
 
 
 def dequantize(raw: npt.ArrayLike, qtype: str) -> np.ndarray:

@@ -29,6 +29,7 @@ BASE = (
     "qstream.kernels.bits",
     "qstream.kernels.blocked",
     "qstream.kernels.errors",
+    "qstream.kernels.offset",
     "qstream.kernels.packing",
     "qstream.kernels.rounding",
     "qstream.kernels.search",

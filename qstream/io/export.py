@@ -48,6 +48,7 @@ from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
 from . import compressed_tensors as ct
+from .destination import check_writable
 from .export_entries import (
     FLOAT_TYPES,
     Tensors,
@@ -133,8 +134,7 @@ def export_safetensors(
             " an export is made from one (convert a checkpoint first)"
         )
     folder = os.path.dirname(out) or "."
-    if not os.path.isdir(folder):  # (after the source: its faults are named first)
-        raise StoreError(f"cannot export to {out}: the folder {folder} does not exist")
+    check_writable(out)  # (missing folders are made once the export is decided)
     tensors = Tensors(opened, name)
     found: list[Entry] = []
     described: dict[str, dict[str, Any]] = {}
@@ -195,6 +195,7 @@ def export_safetensors(
 
     last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
     plan()  # refusals before anything is written (the lock file included)
+    os.makedirs(folder, exist_ok=True)  # (every command makes DST's missing folders)
     meta = {
         "format": "pt",
         "qstream": json.dumps(described, sort_keys=True),

@@ -34,6 +34,7 @@ from ..errors import InvalidParameterError, QStreamWarning, StoreError
 from ..recipe import Recipe
 from ..spec import QuantSpec
 from .export_files import SLAB
+from .export_targets import export_lock
 from .gguf_file import ALIGN, MARK, STR, U32, GGUFTensor, Value, identity, write_gguf
 from .gguf_plan import GGUFPlan, is_output, plan_gguf, spec_type
 from .gguf_tensors import ErrorSums, float_tensor, quantized_tensor
@@ -136,7 +137,7 @@ def destination_action(
         return "complete"
     if not overwrite:
         raise StoreError(
-            f"{out} holds another export (other source, recipe or type); pass overwrite=True"
+            f"{out} holds another export (of another source, spec or type); pass overwrite=True"
             " to replace it"
         )
     return "replace"
@@ -152,10 +153,18 @@ def write_plan(
     """Write the GGUF file ``out`` as ``plan`` (:func:`plan_gguf`) says; the report of
     :func:`export_gguf`."""
     out = os.fspath(out)
+    done = {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
+            "plan": plan.rows(), "error": {}}  # fmt: skip
     if destination_action(plan, out, overwrite=overwrite) == "complete":
-        return {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
-                "plan": plan.rows(), "error": {}}  # fmt: skip
+        return done
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # (the rule of every command)
+    with export_lock(out):  # (one export at a time writes a folder, as safetensors exports)
+        if destination_action(plan, out, overwrite=overwrite) == "complete":
+            return done  # (another process finished it meanwhile)
+        return _write_locked(plan, out, max_memory)
+
+
+def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str, Any]:
     job = _job(plan)
     budget = max(1 << 20, min(SLAB, (max_memory or SLAB) // 8))
     tensors: list[GGUFTensor] = []
