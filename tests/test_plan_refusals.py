@@ -161,7 +161,11 @@ CATALOGUE = {
         ["{w}/out/model.safetensors", "--config", "{m}/config.json"],
         "already has a quantization_config",
     ),
-    "missing-recipe": (None, ["{w}/out.zarr", "--recipe", "{w}/nope.toml"], "recipe file not found"),
+    "missing-recipe": (
+        None,
+        ["{w}/out.zarr", "--recipe", "{w}/nope.toml"],
+        "recipe file not found",
+    ),
     "axis-a-tensor-lacks": (None, ["{w}/out.zarr", "--axis", "3"], "axis"),
 }
 
@@ -267,7 +271,9 @@ def test_a_decoded_source_quantization_is_replaced_in_the_export_config(tmp_path
     model.mkdir()
     w = (rng.standard_normal((256, 256)) * 0.1).astype(ml_dtypes.float8_e4m3fn)
     s = rng.uniform(0.5, 2, (2, 2)).astype(np.float32)
-    save_file({"model.w.weight": w, "model.w.weight_scale_inv": s}, str(model / "model.safetensors"))
+    save_file(
+        {"model.w.weight": w, "model.w.weight_scale_inv": s}, str(model / "model.safetensors")
+    )
     cfg = {
         "model_type": "llama",
         "hidden_size": 256,
@@ -289,3 +295,42 @@ def test_a_decoded_source_quantization_is_replaced_in_the_export_config(tmp_path
     assert written["quantization_config"]["quant_method"] == "compressed-tensors"
     assert written["hidden_size"] == 256
     assert not (tmp_path / "out" / "model.safetensors.qstream-work").exists()
+
+
+def test_every_command_that_writes_a_destination_makes_its_missing_folders(tmp_path):
+    """One rule (the README's): missing parent folders of DST are made, by every command."""
+    samples = os.path.join(os.path.dirname(os.path.dirname(__file__)), "samples")
+    model = write_llama(str(tmp_path / "m"))
+    acts = os.path.join(samples, "activations.zarr")
+    n = iter(range(100))
+
+    def new() -> str:
+        return str(tmp_path / f"p{next(n)}" / "deeper")
+
+    commands = [
+        ["quantize", acts, new() + "/q.zarr"],
+        ["quantize", acts, new() + "/q.zip"],
+        ["convert", model, new() + "/c.zarr"],
+        ["convert", model, new() + "/model.safetensors"],
+        ["convert", model, new() + "/model.gguf"],
+    ]
+    done = [runner.invoke(app, [*args, "-q"]) for args in commands]
+    assert [r.exit_code for r in done] == [0] * len(commands), [r.output for r in done]
+    q, c = commands[0][2], commands[2][2]
+    recipe = tmp_path / "gguf.toml"  # (codes GGUF holds as they are: Q8_0)
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\naxis = -1\nblock_size = 32\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    g = new() + "/g.zarr"
+    r = runner.invoke(app, ["convert", model, g, "--recipe", str(recipe), "-q"])
+    assert r.exit_code == 0, r.output
+    later = [
+        ["dequantize", q, new() + "/d.zarr"],
+        ["export", c, new() + "/e/model.safetensors"],
+        ["export", g, new() + "/g.gguf"],
+    ]
+    done = [runner.invoke(app, [*args, "-q"]) for args in later]
+    assert [r.exit_code for r in done] == [0] * len(later), [r.output for r in done]
+    for args in commands + later:
+        assert os.path.exists(args[2]), args

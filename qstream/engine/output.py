@@ -157,6 +157,7 @@ def pack_zip(directory: str, target: str) -> None:
 
     tmp = f"{target}.{os.getpid()}.partial"
     try:
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)  # (every command makes them)
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
             for root, _, files in os.walk(directory):
                 for f in sorted(files):
