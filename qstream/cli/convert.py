@@ -100,9 +100,10 @@ def convert(
         None,
         "--gguf-type",
         metavar="TYPE",
-        help="With a .gguf DST: one block type (Q8_0, Q4_0, Q4_1) for every tensor the"
-        " recipe quantizes [default: from the recipe: int8 -> Q8_0, int4 -> Q4_0, asymmetric"
-        " 4-bit -> Q4_1].",
+        help="With a .gguf DST: one type (Q8_0, Q4_0, Q4_1, F16, BF16, F32) for every tensor"
+        " the recipe quantizes, with gguf-py's own rounding rule [default: the spec's, in"
+        " blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric 4-bit ->"
+        " Q4_1; another spec is refused].",
     ),
     dtype: str | None = typer.Option(
         None, "--dtype", metavar="TYPE", help="Without --recipe: the quantized type [int8]."
