@@ -168,3 +168,129 @@ def test_obstore_builder_error_is_named_with_its_cause_not_as_a_timeout(endpoint
             },
             store="obstore",
         )
+
+
+# ------------------------------------------------ a deadline per request (issue 51 item 3)
+
+DEADLINE = 2  # QSTREAM_STORE_TIMEOUT of these runs, seconds
+BOUND = 10 * DEADLINE + 15  # generous: a run ends; a drip that extended requests takes > 50 s
+
+
+@pytest.fixture(scope="module")
+def proxy(endpoint):  # noqa: F811
+    from .s3proxy import FaultProxy
+
+    px = FaultProxy(endpoint)
+    yield px
+    px.close()
+
+
+@pytest.fixture
+def px(proxy):
+    proxy.reset()
+    proxy.drip_bytes, proxy.drip_every = 4, 0.5  # ~8 B/s: a 400-byte answer takes 50 s
+    yield proxy
+    proxy.reset()
+
+
+def _chunk_of(method: str, part: str, fault: str):
+    """A policy: ``fault`` for the requests ``method`` to paths holding ``part``."""
+    return lambda r: fault if r["method"] == method and part in r["path"] else None
+
+
+FAULTS = {  # (what the proxy does, to which requests of the run)
+    "drip-reads": ("GET", "/src.zarr/c/", "drip"),
+    "stalled-reads": ("GET", "/src.zarr/c/", "stall"),
+    "stalled-writes": ("PUT", "/q.zarr/data/c", "stall"),
+    "dripped-write-answers": ("PUT", "/q.zarr/data/c", "drip-headers"),
+}
+
+
+def _timed(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    import time
+
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-c", "from qstream.cli.main import console; console()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # (the bound of the test itself: a hang fails it here)
+    )
+    return r, time.monotonic() - t0
+
+
+def _object(url: str, key: str) -> bytes | None:
+    try:
+        return _s3(url).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    except Exception:  # (no such key)
+        return None
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_dripping_or_silent_endpoint_ends_the_run_within_its_deadline(
+    endpoint,  # noqa: F811
+    px,
+    backend,  # noqa: F811
+    fault,
+):
+    import json
+
+    method, part, what = FAULTS[fault]
+    key = f"deadline-{fault}-{backend}"
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((256, 64)).astype(np.float32)  # 8 chunks of 8 KiB
+    src = _put_source(endpoint, f"{key}/src.zarr", x, (32, 64))
+    q = f"s3://{BUCKET}/{key}/q.zarr"
+    px.policy = _chunk_of(method, f"/{key}{part}", what)
+    env = _environment(px.url, AWS_REGION="us-east-1", QSTREAM_STORE_TIMEOUT=str(DEADLINE))
+    r, took = _timed(env, "quantize", src, q, "--axis", "0", "--store", backend, "-q")
+    print(f"{backend} {fault}: ended in {took:.1f} s: {r.stderr.strip()}")
+    assert any(e.get("fault") == what for e in px.log)  # the fault was met
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert (src if method == "GET" else q) in lines[0]
+    assert "timeout" in lines[0].lower()
+    assert took < BOUND, took
+    root = _object(endpoint, f"{key}/q.zarr/zarr.json")
+    if root is not None:  # nothing complete-marked
+        assert json.loads(root)["attributes"]["qstream"]["complete"] is False
+
+
+def test_a_checkpoint_whose_reads_drip_ends_within_its_deadline(
+    endpoint,  # noqa: F811
+    px,
+    backend,  # noqa: F811
+    tmp_path,
+):
+    import json
+
+    key = f"deadline-ck-{backend}"
+    rng = np.random.default_rng(6)
+    tensors = {f"l{i}.weight": rng.standard_normal((128, 64)).astype(np.float32) for i in range(3)}
+    write_safetensors(tmp_path / "m.safetensors", tensors)
+    _s3(endpoint).put_object(
+        Bucket=BUCKET, Key=f"{key}/m.safetensors", Body=(tmp_path / "m.safetensors").read_bytes()
+    )
+    reads = {"n": 0}
+
+    def policy(r):  # the header and the first tensor come; then every ranged read drips
+        if r["method"] == "GET" and r["path"].endswith(f"/{key}/m.safetensors"):
+            reads["n"] += 1
+            return "drip" if reads["n"] > 2 else None
+        return None
+
+    px.policy = policy
+    url, dst = f"s3://{BUCKET}/{key}/m.safetensors", f"s3://{BUCKET}/{key}/ck.zarr"
+    env = _environment(px.url, AWS_REGION="us-east-1", QSTREAM_STORE_TIMEOUT=str(DEADLINE))
+    r, took = _timed(env, "convert", url, dst, "--store", backend, "-q")
+    print(f"{backend} checkpoint drip: ended in {took:.1f} s: {r.stderr.strip()}")
+    assert any(e.get("fault") == "drip" for e in px.log)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0], r.stderr
+    assert took < BOUND, took
+    root = _object(endpoint, f"{key}/ck.zarr/zarr.json")
+    assert root is not None
+    assert json.loads(root)["attributes"]["qstream_checkpoint"]["complete"] is False

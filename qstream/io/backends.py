@@ -40,18 +40,23 @@ def _root_cause(text: str) -> str | None:
     return bare[-1] if bare else None
 
 
-def store_failure(e: BaseException, where: object) -> StoreError | None:
-    """A one-line :class:`StoreError` naming ``where`` (a URL) and the cause, for a failure
-    raised by a store library (obstore, fsspec, s3fs, botocore, aiohttp) or the network;
-    None for anything else. The cause is the library's own message (its first line, with the
-    innermost cause of obstore's dump, e.g. ``builder error (BadScheme)``); a timeout is
-    called one only when the failure is one."""
+def _is_store_failure(e: BaseException) -> bool:
+    """Whether ``e`` was raised by a store library or the network (not qstream's own)."""
     import asyncio
 
     top = type(e).__module__.split(".")[0]
     network = isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError))
-    if (top not in _STORE_LIBRARIES and not network) or isinstance(e, StoreError):
-        return None
+    return (top in _STORE_LIBRARIES or network) and not isinstance(e, StoreError)
+
+
+def store_cause(e: BaseException) -> str:
+    """``"ErrorType: cause"`` on one line for a failure of a store library: its own message
+    (the first line, with the innermost cause of obstore's dump, e.g. ``builder error
+    (BadScheme)``), called a timeout only when it is one; other errors as they are."""
+    import asyncio
+
+    if not _is_store_failure(e):
+        return f"{type(e).__name__}: {e}"
     full = str(e)
     text = one_line(e)
     root = _root_cause(full)
@@ -72,12 +77,31 @@ def store_failure(e: BaseException, where: object) -> StoreError | None:
             " client_options={'allow_http': True} allows it)"
         )
     elif timed_out:
-        cause = f"no answer from the store within its timeout ({text})"
+        cause = (
+            "no complete answer from the store within its deadline"
+            f" (QSTREAM_STORE_TIMEOUT={_timeout_text()}; {text})"
+        )
     elif "connect" in said and ("refused" in said or "error" in said):
         cause = f"cannot connect ({text})"
     else:
         cause = text
-    return StoreError(f"{display(where)}: {type(e).__name__}: {cause}")
+    return f"{type(e).__name__}: {cause}"
+
+
+def _timeout_text() -> str:
+    try:
+        return f"{store_timeout():g} s"
+    except InvalidParameterError:
+        return repr(os.environ.get("QSTREAM_STORE_TIMEOUT"))
+
+
+def store_failure(e: BaseException, where: object) -> StoreError | None:
+    """A one-line :class:`StoreError` naming ``where`` (a URL) and the cause
+    (:func:`store_cause`), for a failure raised by a store library (obstore, fsspec, s3fs,
+    botocore, aiohttp) or the network; None for anything else."""
+    if not _is_store_failure(e):
+        return None
+    return StoreError(f"{display(where)}: {store_cause(e)}")
 
 
 @contextlib.contextmanager
@@ -94,9 +118,13 @@ def store_errors(where: object) -> Iterator[None]:
 
 
 def store_timeout() -> float:
-    """Seconds after which a request to an object store that makes no progress fails, its
-    retries included (``QSTREAM_STORE_TIMEOUT``, default 60): a dead endpoint ends a job
-    with an error, not a hang."""
+    """The deadline of one request to an object store, in seconds (``QSTREAM_STORE_TIMEOUT``,
+    default 60): each attempt ends within it, whole (connection, upload, answer and body: an
+    endpoint that drips a few bytes at a time cannot extend it), a stalled one sooner (no
+    byte for a third of it), and retries start only within its first half, so a request ends
+    within 1.5 deadlines whatever the endpoint does (obstore: its client options; fsspec's
+    S3: :class:`~qstream.io.s3_deadline.DeadlineSession`). A dead or dripping endpoint ends a
+    job with an error naming the URL, not a hang."""
     raw = os.environ.get("QSTREAM_STORE_TIMEOUT", "60")
     try:
         value = float(raw)
@@ -217,10 +245,10 @@ def _refuse_plain_http(url: str, endpoint: str | None, allowed: bool | None, why
 def _obstore_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     """obstore's options for ``url``: the caller's, then the environment's client options
     (obstore ignores them once client options are passed: ``AWS_ALLOW_HTTP``, ``AWS_TIMEOUT``,
-    ``AWS_PROXY_URL``, ...), then qstream's timeouts and retries where neither set one (a
-    stalled connection fails after a third of :func:`store_timeout`, retries stop once it has
-    passed). Plain http is allowed when ``AWS_ALLOW_HTTP`` says so, or, when nothing says,
-    for an ``http://`` endpoint (MinIO, moto, an on-prem store)."""
+    ``AWS_PROXY_URL``, ...), then qstream's deadline and retries where neither set one
+    (:func:`store_timeout`: each attempt whole within it, a stall within a third of it,
+    retries within its first half). Plain http is allowed when ``AWS_ALLOW_HTTP`` says so,
+    or, when nothing says, for an ``http://`` endpoint (MinIO, moto, an on-prem store)."""
     import datetime
 
     t = store_timeout()
@@ -239,7 +267,7 @@ def _obstore_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]
     client = {
         "connect_timeout": datetime.timedelta(seconds=min(10.0, t / 4)),
         "read_timeout": datetime.timedelta(seconds=t / 3),
-        "timeout": datetime.timedelta(seconds=max(300.0, 5 * t)),  # big chunks on slow links
+        "timeout": datetime.timedelta(seconds=t),  # each attempt, whole: a drip ends too
         **env,
         **given,
     }
@@ -247,25 +275,29 @@ def _obstore_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]
         client["allow_http"] = allowed
     retry = {
         "max_retries": 2,
-        "retry_timeout": datetime.timedelta(seconds=t),
+        "retry_timeout": datetime.timedelta(seconds=t / 2),  # no attempt starts later
         **dict(out.get("retry_config") or {}),
     }
     return {**out, "client_options": client, "retry_config": retry}
 
 
 def fsspec_options(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """fsspec's options with qstream's timeouts and retries (S3: botocore's connect/read
-    timeouts and attempts) where the caller set none. S3 takes the environment as obstore
-    does: botocore reads ``AWS_ENDPOINT_URL(_S3)``, the keys and ``AWS_DEFAULT_REGION``;
-    ``AWS_ENDPOINT`` and ``AWS_REGION`` are passed on here, and an ``http://`` endpoint that
-    ``AWS_ALLOW_HTTP=false`` forbids is refused."""
+    """fsspec's options with qstream's deadline and retries where the caller set none (S3:
+    botocore's connect/read timeouts and attempts, and
+    :class:`~qstream.io.s3_deadline.DeadlineSession` for :func:`store_timeout` per request).
+    S3 takes the environment as obstore does: botocore reads ``AWS_ENDPOINT_URL(_S3)``, the
+    keys and ``AWS_DEFAULT_REGION``; ``AWS_ENDPOINT`` and ``AWS_REGION`` are passed on here,
+    and an ``http://`` endpoint that ``AWS_ALLOW_HTTP=false`` forbids is refused."""
     out = dict(options or {})
     if url.split("://", 1)[0] in ("s3", "s3a"):
         t = store_timeout()
+        from .s3_deadline import DeadlineSession
+
         config = {
             "connect_timeout": min(10.0, t / 4),
             "read_timeout": t / 3,
             "retries": {"total_max_attempts": 2, "mode": "standard"},
+            "http_session_cls": DeadlineSession,  # each request whole within t, retries too
             **dict(out.get("config_kwargs") or {}),
         }
         out["config_kwargs"] = config

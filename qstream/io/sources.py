@@ -142,9 +142,11 @@ class Source:
         except Exception as e:  # zarr raises on chunks that decode to the wrong size, ...
             if isinstance(e, StoreError):
                 raise
+            from .backends import store_cause  # (a store's failure: one line, its cause)
+
             raise StoreError(
                 f"{self.description.get('path')}: cannot read region"
-                f" {_region_text(key)}{self._chunk_text(key)}: {type(e).__name__}: {e}"
+                f" {_region_text(key)}{self._chunk_text(key)}: {store_cause(e)}"
             ) from None
 
     def missing_chunks(self) -> int:
