@@ -59,6 +59,7 @@ from .export_entries import (
 )
 from .export_files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
 from .export_meta import CONFIG, export_metadata, read_json
+from .export_meta import source_config as source_config
 from .export_targets import check_targets, export_lock, finished_export, other_forms
 from .export_targets import shard_pattern as shard_pattern
 from .gguf_file import describe
@@ -315,23 +316,6 @@ def _model_config(
             " pass config= a plain model config"
         )
     return doc
-
-
-def source_config(src: str | os.PathLike[str] | None) -> str | None:
-    """The model's ``config.json`` that belongs to the checkpoint ``src`` the user named for
-    a conversion (a local folder: the one inside it; a file or an index: the one beside it,
-    as a Hugging Face model keeps it), or None. Pass it as ``config=`` to
-    :func:`export_safetensors`; an export never looks for one where an output's metadata
-    says its source was (that path is provenance, shown by ``inspect``, never opened)."""
-    if src is None or not isinstance(src, str | os.PathLike):
-        return None
-    path = os.fspath(src)
-    if "://" in path and not path.startswith("file://"):
-        return None
-    path = os.path.expanduser(path.removeprefix("file://"))
-    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-    found = os.path.join(folder, CONFIG)
-    return found if kind_of(found) == "file" else None
 
 
 def own_config(src: str | os.PathLike[str]) -> str | None:

@@ -12,7 +12,7 @@ import os
 import struct
 from typing import Any
 
-from .paths import open_regular
+from .paths import kind_of, open_regular
 
 CONFIG = "config.json"
 
@@ -52,3 +52,20 @@ def qstream_meta(meta: Any) -> dict[str, Any] | None:
     if isinstance(meta, dict) and "qstream_export" in meta:  # a config.json qstream wrote
         return {"qstream": "config", **meta["qstream_export"]}
     return meta if isinstance(meta, dict) and "qstream" in meta else None
+
+
+def source_config(src: str | os.PathLike[str] | None) -> str | None:
+    """The model's ``config.json`` that belongs to the checkpoint ``src`` the user named for
+    a conversion (a local folder: the one inside it; a file or an index: the one beside it,
+    as a Hugging Face model keeps it), or None. Pass it as ``config=`` to
+    :func:`export_safetensors`; an export never looks for one where an output's metadata
+    says its source was (that path is provenance, shown by ``inspect``, never opened)."""
+    if src is None or not isinstance(src, str | os.PathLike):
+        return None
+    path = os.fspath(src)
+    if "://" in path and not path.startswith("file://"):
+        return None
+    path = os.path.expanduser(path.removeprefix("file://"))
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    found = os.path.join(folder, CONFIG)
+    return found if kind_of(found) == "file" else None

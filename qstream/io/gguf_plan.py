@@ -40,6 +40,7 @@ from ..compat import gguf as q
 from ..errors import InvalidParameterError
 from ..recipe import DEFAULT_SPEC, Recipe
 from ..spec import QuantSpec
+from .export_meta import source_config
 from .gguf_llama import Llama, check_config, read_config
 from .gguf_llama import llama as llama_of
 from .gguf_tensors import copy_type, plain_type
@@ -477,13 +478,3 @@ def is_output(src: str | os.PathLike[str]) -> bool:
         return False
     attrs = (read_json(path) or {}).get("attributes") or {}
     return isinstance(attrs, dict) and ("qstream_checkpoint" in attrs or "qstream" in attrs)
-
-
-def source_config(src: str | os.PathLike[str]) -> str | None:
-    """``config.json`` beside (or in) the local source ``src``, if there is one."""
-    path = os.fspath(src)
-    if "://" in path:
-        return None
-    folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = os.path.join(folder, "config.json")
-    return config if os.path.isfile(config) else None
