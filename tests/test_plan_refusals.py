@@ -60,6 +60,14 @@ def _quantized_config(folder, method):
         json.dump(cfg, f)
 
 
+def _edit_config(folder, **fields):
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(fields)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+
+
 def _setup_foreign_file(work, name):
     os.makedirs(os.path.dirname(os.path.join(work, name)) or work, exist_ok=True)
     with open(os.path.join(work, name), "w") as f:
@@ -160,6 +168,11 @@ CATALOGUE = {
         lambda w, m: _quantized_config(m, "gptq"),
         ["{w}/out/model.safetensors", "--config", "{m}/config.json"],
         "already has a quantization_config",
+    ),
+    "tied-embedding-quantized": (
+        lambda w, m: _edit_config(m, tie_word_embeddings=True),
+        ["{w}/out/model.safetensors"],
+        "ties its output layer",
     ),
     "missing-recipe": (
         None,

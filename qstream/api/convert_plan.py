@@ -272,6 +272,8 @@ def _plan_safetensors(
         **opts,
     )
     _check_layout(prepared.tensors, recipe, format, dst)
+    if format == "compressed-tensors":
+        _check_tied(prepared.tensors, recipe, model_config)
     sources = prepared.sources
     for target in (dst, index, work):
         check_separate(sources, target)
@@ -378,6 +380,27 @@ def _plain_config(path: str) -> str:
             " pass config= a plain model config"
         )
     return path
+
+
+def _check_tied(
+    tensors: dict[str, Any], recipe: Recipe, config: str | dict[str, Any] | None
+) -> None:
+    """Refuse a quantized embedding the model ties its output layer to: transformers loads
+    the folder, then its first forward fails (lm_head's float input meets int8 codes)."""
+    from ..io.export_meta import read_json
+
+    doc = read_json(config) if isinstance(config, str) else config
+    if not doc or doc.get("tie_word_embeddings") is not True:
+        return
+    for name, t in tensors.items():
+        if name.endswith("embed_tokens.weight") and recipe.spec_for(name, t.shape, t.dtype):
+            where = config if isinstance(config, str) else "the model config"
+            raise InvalidParameterError(
+                f"{name}: the model ties its output layer to this embedding"
+                f" (tie_word_embeddings in {where}), and transformers fails at the first"
+                " forward on a tied embedding in compressed-tensors; keep it (a keep rule:"
+                " --exclude '*embed_tokens*') or export with format='qstream'"
+            )
 
 
 def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
