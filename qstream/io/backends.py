@@ -44,9 +44,9 @@ def _is_store_failure(e: BaseException) -> bool:
     """Whether ``e`` was raised by a store library or the network (not qstream's own)."""
     import asyncio
 
-    top = type(e).__module__.split(".")[0]
+    tops = {c.__module__.split(".")[0] for c in type(e).__mro__}  # (a library's own, too)
     network = isinstance(e, (TimeoutError, asyncio.TimeoutError, ConnectionError))
-    return (top in _STORE_LIBRARIES or network) and not isinstance(e, StoreError)
+    return (bool(tops & set(_STORE_LIBRARIES)) or network) and not isinstance(e, StoreError)
 
 
 def store_cause(e: BaseException) -> str:

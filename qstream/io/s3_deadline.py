@@ -16,11 +16,18 @@ from typing import Any
 
 import aiohttp
 from aiobotocore.httpsession import AIOHTTPSession
-from botocore.exceptions import ReadTimeoutError
+from botocore.exceptions import BotoCoreError
 
 from .backends import store_timeout
 
 _STARTED = "qstream_started"  # the request's first attempt (botocore's context, per request)
+
+
+class DeadlinePassed(BotoCoreError):  # type: ignore[misc]
+    """A retry refused: the request's deadline is half spent (botocore retries none of this
+    class: its retryable errors are its ConnectionError and HTTPClientError)."""
+
+    fmt = "Read timeout on endpoint URL: {endpoint_url}: {error}"
 
 
 class DeadlineSession(AIOHTTPSession):  # type: ignore[misc]
@@ -43,9 +50,8 @@ class DeadlineSession(AIOHTTPSession):  # type: ignore[misc]
         now = time.monotonic()
         started = context.setdefault(_STARTED, now) if isinstance(context, dict) else now
         if now - started > self.deadline / 2:  # a retry after half of the deadline: none
-            raise ReadTimeoutError(
+            raise DeadlinePassed(
                 endpoint_url=request.url,
-                error=f"no retry after {now - started:.1f} s (QSTREAM_STORE_TIMEOUT"
-                f"={self.deadline:g} s)",
+                error=f"no retry after {now - started:.1f} s, half the request's deadline",
             )
         return await super().send(request)
