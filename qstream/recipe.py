@@ -256,7 +256,11 @@ MAX_RECIPE = 1 << 20  # bytes of a recipe file
 
 def _spec(where: str, fields: dict[str, Any]) -> QuantSpec:
     """``QuantSpec.from_dict(fields)``, its errors naming the recipe's table ``where``."""
+    from .engine.plan import check_block_size
+
     try:
-        return QuantSpec.from_dict(fields)
+        spec = QuantSpec.from_dict(fields)
+        check_block_size(spec.block_size)
+        return spec
     except InvalidParameterError as e:
         raise InvalidParameterError(f"{where}: {e}") from None

@@ -15,7 +15,7 @@ from ..errors import InvalidParameterError
 from ..io.sources import Source
 from ..spec import QuantSpec
 from .chunking import check_chunks
-from .plan import block_budget, default_chunks
+from .plan import block_budget, check_block_size, default_chunks, memory_limit
 from .regions import JobPlan
 
 
@@ -27,6 +27,7 @@ def plan_job(spec: QuantSpec, source: Source, chunks: Any, max_memory: int | Non
     shape = source.shape
     axis = None if spec.axis is None else normalize_axis(spec.axis, len(shape))
     bs = spec.block_size
+    check_block_size(bs)
     if axis is None:
         param_shape: tuple[int, ...] = ()
     elif not bs:
@@ -55,18 +56,21 @@ def plan_job(spec: QuantSpec, source: Source, chunks: Any, max_memory: int | Non
     stat_axis = None if bs else axis
     if chunks is not None:
         chunks = check_chunks(chunks, shape, bs, axis, source.dtype, max_memory)
-    return JobPlan(
-        spec=spec,
-        shape=shape,
-        chunks=chunks
-        or default_chunks(
+    else:
+        itemsize = max(4, source.dtype.itemsize)
+        chunks = default_chunks(
             shape,
-            max(4, source.dtype.itemsize),
+            itemsize,
             source.chunks,
             axis=axis,
             block_size=bs,
             budget=block_budget(max_memory),
-        ),
+            limit=memory_limit(max_memory),
+        )
+    return JobPlan(
+        spec=spec,
+        shape=shape,
+        chunks=chunks,
         axis=axis,
         stat_axis=stat_axis,
         channels=1 if stat_axis is None else shape[stat_axis],

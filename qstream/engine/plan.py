@@ -22,11 +22,24 @@ class Block:
 
 
 def default_chunks(
-    shape, itemsize: int, source_chunks=None, *, axis=None, block_size=None, budget: int
+    shape,
+    itemsize: int,
+    source_chunks=None,
+    *,
+    axis=None,
+    block_size=None,
+    budget: int,
+    limit: int | None = None,
 ) -> tuple[int, ...]:
     """Destination chunks: whole multiples of the source's chunks (or of one row), grown along
     the outer axes first to about ``budget`` bytes of ``itemsize`` elements; along a blocked
-    axis a multiple of ``block_size``.
+    axis a multiple of ``block_size``, or the whole axis where that multiple, past the axis,
+    makes a chunk larger than the memory bound ``limit``: a chunk is stored (and written)
+    whole, padded, so a block size of 50M on an axis of 512 had declared (and allocated)
+    chunks of 50M. Both cover the axis in one block: the same blocks, values and report;
+    only the padding goes (chunks within the bound stay as they were). A block that growing
+    along the blocked axis makes larger than half of ``limit`` (what it holds, not its
+    padding) is refused, as a source's chunk is (:func:`check_fits`).
 
     Every chunk is one block of the job, so few large chunks mean few files to create (on some
     file systems creating a file costs as much as writing a MiB into it).
@@ -50,8 +63,42 @@ def default_chunks(
         chunks[d] = max(1, shape[d])
     if block_size and axis is not None:
         c = chunks[axis]
-        chunks[axis] = max(block_size, -(-c // block_size) * block_size)
+        grown = max(block_size, -(-c // block_size) * block_size)
+        others = math.prod(chunks) // c
+        if limit is not None and grown > c:
+            if grown > shape[axis] and others * grown * itemsize > limit:
+                grown = max(1, shape[axis])
+            held = [min(g, max(1, n)) for g, n in zip(chunks, shape, strict=True)]
+            held[axis] = min(grown, max(1, shape[axis]))
+            block = math.prod(held) * itemsize
+            if 2 * block > limit:
+                from ..errors import InvalidParameterError
+
+                raise InvalidParameterError(
+                    f"block_size {block_size} along axis {axis} of an array of shape"
+                    f" {list(shape)} makes blocks of {held} ({mib(block)} of values): the"
+                    f" memory bound max_memory ({mib(limit)}) must be at least twice that"
+                    f" ({mib(2 * block)}); raise it or choose a smaller block_size"
+                )
+        chunks[axis] = grown
     return tuple(chunks)
+
+
+# a parameter group's elements (a block_size past an axis is one group along it, whatever
+# it is; the kernels take sizes as int64)
+MAX_BLOCK_SIZE = 1 << 40
+
+
+def check_block_size(block_size: int | None) -> None:
+    """Refuse a ``block_size`` above :data:`MAX_BLOCK_SIZE` (no axis is that long)."""
+    if block_size is not None and int(block_size) > MAX_BLOCK_SIZE:
+        from ..errors import InvalidParameterError
+
+        raise InvalidParameterError(
+            f"block_size must be at most {MAX_BLOCK_SIZE:,} (2^40), got {block_size}; a block"
+            " as long as its axis or longer is one group along that axis: give the axis's"
+            " length"
+        )
 
 
 MAX_BLOCKS = 1 << 31  # blocks of one job (a larger plan comes from a declared shape, not data)

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..core.layout import dimension_names
 from ..io import compression as compressions
 from ..io import destination, packs, qarray
@@ -26,6 +28,7 @@ from ..io.stores import location, open_group
 from . import kept
 from .events import TensorEvent
 from .kept import remove_own
+from .plan import check_fits
 from .rootjob import same_job
 
 if TYPE_CHECKING:
@@ -56,6 +59,7 @@ def restore(
     result's ``tensors`` (``kept``, ``bytes_written``)."""
     ck = qarray.open_quantized(src)
     assert isinstance(ck, qarray.QuantizedCheckpoint)  # (the API restores checkpoints here)
+    ck.max_memory = max_memory  # (its packs are held to the bound)
     src_loc = location(src) or str(src)
     destination.check_separate(src_loc, dst)
     destination.check_writable(dst)
@@ -133,6 +137,8 @@ def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **jo
         where = f"{src_loc}/{packs.PACKS}/{os.path.basename(pack['path'])}[{pack['slot']}]"
     else:
         where = location(destination.tensor_path(src, ck.key_of(name)))
+    # a chunk is dequantized whole (here, or by the job): its declared size against the bound
+    check_fits(job["max_memory"], t.data.chunks, np.dtype(np.float32), 1, tuple(t.shape))
     if local and one_chunk(t):
         kw = {"dtype": dtype, "compression": compression, "fresh": fresh}
         results[name] = dequantize_small(t, where, path, **kw)

@@ -91,6 +91,11 @@ class ChunkFiles:
             if full and dest.flags.c_contiguous:
                 self._read_chunk(coords, dest)
                 continue
+            if not os.path.lexists(self.path(coords)):
+                # never written: the fill value, without the declared chunk's buffer (memory
+                # as the region, whatever chunk a crafted document declares)
+                dest[...] = self.fill_value
+                continue
             chunk = scratch("chunk-read", self.chunks, self.dtype)
             self._read_chunk(coords, chunk)
             dest[...] = chunk[inner]

@@ -9,6 +9,7 @@ slot's rows of the pack's arrays.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from types import SimpleNamespace
 from typing import Any
@@ -58,10 +59,14 @@ class _SlotGroup:
 
 
 class PackReader:
-    """One published pack, opened from its document; its arrays are read whole, once."""
+    """One published pack, opened from its document; its arrays are read whole, once.
+    ``max_memory``: the memory bound of whoever reads it (None: the default bound); a member
+    array larger than half of it is refused when it is opened (:meth:`array`), before a
+    byte of it is read."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, max_memory: int | None = None) -> None:
         self.path = path
+        self.max_memory = max_memory
         meta = read_pack_doc(path)
         if meta is None:
             raise StoreError(f"{path}: the pack is missing or damaged; re-run the conversion")
@@ -101,8 +106,30 @@ class PackReader:
                     f"{self.path}: its {member} array ({list(a.shape)}) does not hold the"
                     f" pack's {n} tensors; the output is damaged or crafted"
                 )
+            self._check_size(member, a)
             self._arrays[member] = a
         return self._arrays[member]
+
+    def _check_size(self, member: str, a: Any) -> None:
+        """Refuse the member array ``a`` when reading it whole (:meth:`values`: a pack is one
+        chunk), or one tensor of it dequantized whole as float32, needs more than half the
+        memory bound: its shape is declared by a document, which a crafted or damaged output
+        can make any size (a conversion writes packs of at most one block budget,
+        :func:`~qstream.engine.plan.block_budget`, a 32nd of the bound's)."""
+        from ..engine.plan import memory_limit, mib
+
+        shape = tuple(int(d) for d in a.shape)
+        whole = math.prod(shape) * np.dtype(a.dtype).itemsize
+        one = math.prod(shape[1:]) * 4 if member == "data" else 0
+        limit = memory_limit(self.max_memory)
+        need = 2 * max(whole, one)
+        if need > limit:
+            raise StoreError(
+                f"{self.path}: its {member} array ({list(shape)} {a.dtype}, {mib(whole)}) is"
+                f" read whole, and one tensor of it dequantized as float32 takes {mib(one)}:"
+                f" the memory bound max_memory ({mib(limit)}) must be at least {mib(need)};"
+                " the output is damaged or crafted, or raise max_memory"
+            )
 
     def slot_form(self, member: str) -> tuple[tuple[int, ...], Any, Any, SimpleNamespace]:
         """``(shape, dtype, compressors, metadata)`` of one tensor's slot of ``member``: the

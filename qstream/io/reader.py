@@ -82,6 +82,8 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         self._keys = {n: t.get("key", n) for n, t in self.tensors.items()}
         self._storage_options = storage_options
         self._packs: dict[str, PackReader] = {}
+        #: the memory bound of whoever reads it (None: the default), which packs are held to
+        self.max_memory: int | None = None
 
     def key_of(self, name: str) -> str:
         """The key (path component below the root) the tensor ``name`` is stored under."""
@@ -115,7 +117,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
                 raise StoreError(f"{self.path}: packed tensors are read from a local directory")
             folder = child(child(local, PACKS, self.path), name, self.path)
             check_tree(folder, "the pack")
-            reader = PackReader(folder)
+            reader = PackReader(folder, self.max_memory)
         self._packs[name] = reader
         while len(self._packs) > 2:
             self._packs.pop(next(iter(self._packs)))

@@ -7,6 +7,7 @@ to ``qstream.dequantize`` for every granularity and type. Needs ``xarray`` and `
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -24,13 +25,21 @@ Chunks = int | str | tuple[int, ...] | tuple[tuple[int, ...], ...] | dict[int, i
 
 
 def open_xarray(
-    path: Any, *, storage_options: dict[str, Any] | None = None, chunks: Chunks = None
+    path: Any,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    chunks: Chunks = None,
+    max_memory: int | None = None,
 ) -> xr.DataArray | xr.Dataset:
     """Open a quantized output as a lazy, dequantized float32 ``xarray.DataArray`` (dims as
     stored, e.g. ``dim_0, dim_1``; Dask chunks = the stored chunks unless ``chunks``), or a
     converted checkpoint's root as an ``xarray.Dataset`` with one such variable per tensor
     (kept tensors as stored; each tensor's dims prefixed with its name, since tensors of one
-    checkpoint have unrelated shapes)."""
+    checkpoint have unrelated shapes).
+
+    ``max_memory`` (bytes, default 1 GiB) bounds what one Dask task holds: a stored chunk
+    (read whole) and a Dask chunk as float32 of more than half of it are refused here, as is
+    a checkpoint's pack (read whole) of more than half of it, before anything is read."""
     try:
         import dask.array  # noqa: F401
         import xarray  # noqa: F401
@@ -45,11 +54,33 @@ def open_xarray(
     if isinstance(opened, QuantizedCheckpoint):
         import xarray as xr
 
+        opened.max_memory = max_memory  # (its packs are held to the bound when opened)
         return xr.Dataset(
-            {name: _tensor(opened[name], name, chunks) for name in opened},
+            {name: _tensor(opened[name], name, chunks, max_memory) for name in opened},
             attrs={"qstream_checkpoint": str(opened.meta.get("source"))},
         )
-    return _quantized(opened, "data", None, chunks)
+    return _quantized(opened, "data", None, chunks, max_memory)
+
+
+def _check_chunks(lazy: Any, stored: Any, itemsize: int, name: str, max_memory: int | None) -> None:
+    """Refuse a variable whose stored chunks (``stored``: read whole, of ``itemsize`` bytes a
+    value) or Dask chunks (of float32, or as kept) need more than half the memory bound in
+    one task: the sizes come from documents, which a crafted output can make any size."""
+    from ..engine.plan import memory_limit, mib
+
+    limit = memory_limit(max_memory)
+    task = math.prod(max(c, default=0) for c in lazy.chunks) * lazy.dtype.itemsize
+    chunk = math.prod(int(c) for c in stored) * itemsize
+    need = 2 * max(task, chunk)
+    if need > limit:
+        from ..errors import StoreError
+
+        raise StoreError(
+            f"{name}: a Dask task reads a stored chunk of {list(stored)} ({mib(chunk)}) whole"
+            f" and makes {mib(task)} of values: the memory bound max_memory ({mib(limit)}) must"
+            f" be at least {mib(need)}; pass smaller chunks= or a larger max_memory (a"
+            " stored chunk this large comes from a damaged or crafted output)"
+        )
 
 
 def _dims(array: Any, prefix: str | None) -> list[str]:
@@ -59,7 +90,9 @@ def _dims(array: Any, prefix: str | None) -> list[str]:
     return [f"{prefix}/{n}" if prefix else str(n) for n in names]
 
 
-def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks: Chunks) -> xr.DataArray:
+def _quantized(
+    arr: QuantizedArray, name: str, prefix: str | None, chunks: Chunks, max_memory: int | None
+) -> xr.DataArray:
     import dask.array as da
     import xarray as xr
 
@@ -72,6 +105,7 @@ def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks: Chunk
         meta=np.empty((0,) * arr.ndim, np.float32),
         name=f"qstream-dequantize-{uuid.uuid4().hex}",
     )
+    _check_chunks(lazy, arr.data.chunks, np.dtype(arr.data.dtype).itemsize, name, max_memory)
     spec = arr.spec
     attrs = {
         "quantized_dtype": spec.dtype,
@@ -84,12 +118,13 @@ def _quantized(arr: QuantizedArray, name: str, prefix: str | None, chunks: Chunk
     return xr.DataArray(lazy, dims=_dims(arr.data, prefix), name=name, attrs=attrs)
 
 
-def _tensor(t: Any, name: str, chunks: Chunks) -> xr.DataArray:
+def _tensor(t: Any, name: str, chunks: Chunks, max_memory: int | None) -> xr.DataArray:
     if isinstance(t, QuantizedArray):
-        return _quantized(t, name, name, chunks)
+        return _quantized(t, name, name, chunks, max_memory)
     import dask.array as da
     import xarray as xr
 
     lazy = da.from_array(t, chunks=chunks or t.chunks, lock=False)
+    _check_chunks(lazy, t.chunks, np.dtype(t.dtype).itemsize, name, max_memory)
     attrs = {"kept": True, "dtype": dict(t.attrs.get("qstream", {})).get("dtype", str(t.dtype))}
     return xr.DataArray(lazy, dims=_dims(t, name), name=name, attrs=attrs)
