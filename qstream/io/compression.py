@@ -77,14 +77,17 @@ def compressors(compression: str, inherited: Any = AUTO) -> Any:
         return inherited
     if compression == NONE:
         return None
-    from zarr.codecs import BloscCname, BloscCodec, GzipCodec, ZstdCodec
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     name, *args = compression.split(":")
     if name == "zstd":
         return [ZstdCodec(level=int(args[0]))]
     if name == "gzip":
         return [GzipCodec(level=int(args[0]))]
-    return [BloscCodec(cname=BloscCname(args[0]), clevel=int(args[1]))]
+    # the name as given (validated above): zarr 3.1 parses it into its BloscCname enum; zarr 3.4's
+    # BloscCname is a deprecated name that cannot be called (TypeError), its cname a literal
+    cname: Any = args[0]
+    return [BloscCodec(cname=cname, clevel=int(args[1]))]
 
 
 def codec_config(codec: Any) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get: Tensors) -> 
             Entry(f"{m}weight_shape", "I64", (2,), 8, logical_shape),
         ]
     pshape: tuple[int, ...] = {"tensor": (1,), "channel": (out, 1)}.get(
-        lay.strategy, arr.scale.shape
+        lay.strategy, tuple(arr.scale.shape)
     )
     half = arr.scale_dtype == np.float16
     sdtype = np.dtype(np.float16 if half else np.float32)

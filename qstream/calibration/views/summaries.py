@@ -97,7 +97,7 @@ def channel_sqnr(sum_x2: npt.ArrayLike, sum_e2: npt.ArrayLike) -> np.ndarray:
 
 def total_sqnr(sum_x2: npt.ArrayLike, sum_e2: npt.ArrayLike) -> float:
     """The SQNR in dB of all the channels together, from their error sums."""
-    sx2, se2 = float(np.sum(sum_x2)), float(np.sum(sum_e2))
+    sx2, se2 = float(np.sum(np.asarray(sum_x2))), float(np.sum(np.asarray(sum_e2)))
     if se2 == 0:
         return math.inf
     return -math.inf if sx2 == 0 else 10.0 * math.log10(sx2 / se2)
