@@ -45,7 +45,7 @@ def test_a_failing_command_keeps_its_exit_code_and_message(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert r.returncode == 1
+    assert r.returncode == 2  # (a missing input: refused before any work)
     assert "absent.zarr" in r.stderr
 
 

@@ -401,4 +401,4 @@ def test_convert_to_safetensors_in_one_call_matches_convert_then_export(tmp_path
     assert again.exit_code == 0 and "already complete" in again.output  # same job: no-op
     qs.export_safetensors(tmp_path / "z", tmp_path / "f.safetensors")  # not a conversion's
     again = CliRunner().invoke(app, ["convert", str(ck), str(tmp_path / "f.safetensors")])
-    assert again.exit_code == 1 and "exists" in again.output
+    assert again.exit_code == 2 and "holds another export" in again.output  # (in the plan)

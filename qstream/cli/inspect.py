@@ -67,12 +67,12 @@ def inspect(
 ) -> None:
     """Show a quantized array's spec, parameters, calibration and error report."""
     with library_errors():
+        if plot is not None:
+            check_plot(plot)  # (usage first)
         require_input(store, "STORE")
         if store.endswith(EXPORTS):
             print_export(store, as_json)
             return
-        if plot is not None:
-            check_plot(plot)
         arr = qs.open_quantized(store, allow_incomplete=True)
         assert not isinstance(arr, dict)  # (an export opens as a dict: described above)
         whole = isinstance(arr, qs.QuantizedCheckpoint)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
 from .locations import display
+from .timeouts import store_timeout as store_timeout
 
 BACKENDS = ("fsspec", "obstore")  # how URLs (s3://, gs://, ...) are opened
 
@@ -115,24 +116,6 @@ def store_errors(where: object) -> Iterator[None]:
         if err is None:
             raise
         raise err from None
-
-
-def store_timeout() -> float:
-    """The deadline of one request to an object store, in seconds (``QSTREAM_STORE_TIMEOUT``,
-    default 60): each attempt ends within it, whole (connection, upload, answer and body: an
-    endpoint that drips a few bytes at a time cannot extend it), a stalled one sooner (no
-    byte for a third of it), and retries start only within its first half, so a request ends
-    within 1.5 deadlines whatever the endpoint does (obstore: its client options; fsspec's
-    S3: :class:`~qstream.io.s3_deadline.DeadlineSession`). A dead or dripping endpoint ends a
-    job with an error naming the URL, not a hang."""
-    raw = os.environ.get("QSTREAM_STORE_TIMEOUT", "60")
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise InvalidParameterError(f"QSTREAM_STORE_TIMEOUT must be seconds > 0, got {raw!r}")
-    return value
 
 
 # Environment variables of the object stores (obstore reads ``{PREFIX}*``, fsspec's backends

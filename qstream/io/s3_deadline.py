@@ -6,7 +6,7 @@ gives every attempt aiohttp's ``total`` timeout, which covers the whole exchange
 upload, headers and the body read after botocore returns the response, and lets botocore retry
 only within the first half of the deadline: a request ends within 1.5 deadlines, whatever the
 endpoint does. obstore's requests are bounded alike by its client options
-(:func:`qstream.io.backends.store_timeout`). Imported only when s3fs opens an ``s3://`` URL.
+(:func:`qstream.io.timeouts.store_timeout`). Imported only when s3fs opens an ``s3://`` URL.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import aiohttp
 from aiobotocore.httpsession import AIOHTTPSession
 from botocore.exceptions import BotoCoreError
 
-from .backends import store_timeout
+from .timeouts import store_timeout
 
 _STARTED = "qstream_started"  # the request's first attempt (botocore's context, per request)
 
