@@ -23,9 +23,11 @@ from .timeouts import store_timeout
 _STARTED = "qstream_started"  # the request's first attempt (botocore's context, per request)
 
 
-class DeadlinePassed(BotoCoreError):  # type: ignore[misc]
+class DeadlinePassed(BotoCoreError, TimeoutError):  # type: ignore[misc]
     """A retry refused: the request's deadline is half spent (botocore retries none of this
-    class: its retryable errors are its ConnectionError and HTTPClientError)."""
+    class: its retryable errors are its ConnectionError and HTTPClientError). A
+    ``TimeoutError`` too, so that every layer that names an ``OSError`` as a store failure
+    names this one (a destination's first look had let it through as itself)."""
 
     fmt = "Read timeout on endpoint URL: {endpoint_url}: {error}"
 
@@ -50,7 +52,7 @@ class DeadlineSession(AIOHTTPSession):  # type: ignore[misc]
         now = time.monotonic()
         started = context.setdefault(_STARTED, now) if isinstance(context, dict) else now
         if now - started > self.deadline / 2:  # a retry after half of the deadline: none
-            raise DeadlinePassed(
+            raise DeadlinePassed(  # type: ignore[call-arg]  # (botocore's keyword form)
                 endpoint_url=request.url,
                 error=f"no retry after {now - started:.1f} s, half the request's deadline",
             )
