@@ -202,7 +202,7 @@ def _plan_gguf(
         action=destination_action(plan, dst, overwrite=overwrite),
         tensors=plan.rows(),
         creates=missing_parents(dst),
-        config=plan.config if not isinstance(plan.config, dict) else None,
+        config=plan.config_path,
         notes=list(plan.warnings),
         gguf=plan,
     )
