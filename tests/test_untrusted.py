@@ -241,13 +241,18 @@ def test_a_link_inside_an_output_is_never_followed_out(sandbox):
     w.rmdir()
     w.symlink_to(sandbox / "victim")
     before = snapshot(sandbox / "victim")
-    with pytest.raises(StoreError, match="leads outside it"):
+    with pytest.raises(StoreError, match="w is a link inside the output"):
         qs.open_quantized(out)["w"]
     r = cli("convert", sandbox / "ck.safetensors", out, "--overwrite")
     assert snapshot(sandbox / "victim") == before, r.output
+    # the tensor's own place: the link itself is removed, never what it points to
+    assert r.exit_code == 0 and not w.is_symlink(), r.output
+    assert qs.open_quantized(out)["w"].shape == (4, 8)
 
 
-def test_a_child_path_is_refused_exactly_when_it_resolves_outside_its_root(sandbox):
+def test_a_child_path_is_refused_when_it_meets_a_link_or_leaves_its_root(sandbox):
+    """Any link below the root is refused, wherever it leads (qstream never writes one into
+    an output), naming it; so are components that leave the root, and FIFOs."""
     from qstream.io.paths import child
 
     root = sandbox / "root"
@@ -256,11 +261,24 @@ def test_a_child_path_is_refused_exactly_when_it_resolves_outside_its_root(sandb
     (root / "out").symlink_to(sandbox / "victim")
     (root / "self").symlink_to(root)
     (root / "dangling").symlink_to(sandbox / "nowhere")
-    for key in ("new", "b", "inside", "b/c"):
+    (root / "b" / "deep").symlink_to(sandbox / "victim")
+    (root / "f").write_text("x")
+    os.mkfifo(root / "b" / "fifo")
+    for key in ("new", "b", "b/c", "f", "new/x/y"):
         assert child(str(root), key) == os.path.join(root, *key.split("/"))
-    for key in ("out", "self", "dangling", "", ".", "..", "b/../..", "out/x"):
+    links = {"inside": "inside", "out": "out", "self": "self", "dangling": "dangling"}
+    links.update({"out/x": "out", "b/deep": "b/deep", "b/deep/x": "b/deep"})
+    for key, link in links.items():
+        with pytest.raises(StoreError, match="is a link inside the output") as e:
+            child(str(root), key)
+        assert str(e.value).startswith(f"{os.path.join(root, link)} is a link"), e.value
+    for key in ("", ".", "..", "b/../..", "b//c"):
         with pytest.raises(StoreError, match="leads outside it"):
             child(str(root), key)
+    with pytest.raises(StoreError, match="not a regular file or folder"):
+        child(str(root), "b/fifo")
+    with pytest.raises(StoreError, match="a file where qstream keeps a folder"):
+        child(str(root), "f/x")
 
 
 # ---------------------------------------------------------------- destinations

@@ -6,6 +6,11 @@ metadata says qstream wrote it; anything else stays. :func:`clean_partials` remo
 temporary files and unpublished folders of killed writers, which are never part of a finished
 output. Whether a destination may be replaced at all is decided before
 (:mod:`qstream.io.destination`).
+
+Nothing is followed through a link (whoever made it): a link found where one of qstream's
+own members lies (a tensor's group, ``_packs``, ``_index``, a pack, a batch, a member array)
+is removed itself, never what it points to; a link anywhere else on the way is refused
+(:func:`qstream.io.paths.walk_below`).
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from .paths import child, local_path, remove_child
 from .removal import (
     ARRAY_KEY,
     delete_keys,
+    entry_kind,
     is_array_doc,
     is_array_doc_at,
+    is_plain_dir,
     remove_array_files,
     remove_if_empty,
     remove_partials,
@@ -109,13 +116,17 @@ def _remove_local(local: str, existing: Existing, dst: object) -> None:
     if existing.kind in ("checkpoint", "restored"):
         keys = _tensor_keys(existing, dst)
         for key in keys:
-            path = child(local, key, dst)
-            if os.path.isdir(path) and not os.path.islink(path):
+            parent, _, name = key.rpartition("/")
+            folder = child(local, parent, dst) if parent else local
+            path = os.path.join(folder, name)
+            if is_plain_dir(folder, name):
                 node = node_at(path)
                 if node.kind in ("quantized", "dequantized", "kept"):
                     _remove_local(path, node, path)
                     remove_child(path, LOCK)  # (no job runs on it: the root is locked)
                     remove_if_empty(path)
+                    if os.path.lexists(path):  # (what qstream did not write stays)
+                        refuse_links(path, local)
         for key in keys:  # the folders of an earlier version's nested names, if left empty
             parts = key.split("/")
             for i in range(len(parts) - 1, 0, -1):
@@ -128,9 +139,7 @@ def _remove_local(local: str, existing: Existing, dst: object) -> None:
     if existing.kind == "quantized":
         for m in (*MEMBERS, *OPTIONAL_MEMBERS):
             path = os.path.join(local, m)
-            if os.path.islink(path):  # never qstream's: the link goes, not what it points to
-                remove_child(local, m)
-            elif os.path.isdir(path) and is_array_doc_at(path):  # its own metadata says so
+            if is_plain_dir(local, m) and is_array_doc_at(path):  # its own metadata says so
                 remove_array_files(path)
                 remove_if_empty(path)
         remove_child(local, "zarr.json")
@@ -141,10 +150,10 @@ def _remove_local(local: str, existing: Existing, dst: object) -> None:
 def _remove_index(local: str) -> None:
     """Remove a converted checkpoint's index (its batch documents and its own)."""
     index = os.path.join(local, INDEX)
-    if not os.path.isdir(index) or os.path.islink(index):
+    if not is_plain_dir(local, INDEX):
         return
     for entry in os.scandir(index):
-        if entry.is_dir(follow_symlinks=False) and entry.name.startswith("b"):
+        if entry.name.startswith("b") and is_plain_dir(index, entry.name):
             remove_partials(entry.path, recurse=False)
             remove_child(entry.path, "zarr.json")
             remove_if_empty(entry.path)
@@ -161,9 +170,23 @@ def clean_partials(dst: object) -> None:
         return
     remove_partials(local, recurse=False)
     for name in (*MEMBERS, *OPTIONAL_MEMBERS, INDEX):
-        if os.path.isdir(os.path.join(local, name)):
+        if entry_kind(os.path.join(local, name)) == "dir":  # (a link: never followed)
             remove_partials(os.path.join(local, name), recurse=True)
     for entry in os.scandir(local):  # groups a killed writer was building (never published)
         if entry.name.startswith(TMP_PREFIX) and entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
     clean_partial_packs(local)
+
+
+def refuse_links(folder: str, root: str) -> None:
+    """Refuse, naming it, a link left in ``folder`` (a tensor's place in the output ``root``,
+    emptied of what qstream wrote there: the tensor is written there next, never through it).
+    Walked without following links."""
+    for here, dirs, files in os.walk(folder):
+        for name in sorted(dirs + files):
+            entry = os.path.join(here, name)
+            if os.path.islink(entry):
+                raise StoreError(
+                    f"{entry} is a link inside the output {root}, where qstream writes a tensor;"
+                    " qstream never writes through a link in an output: remove it"
+                )

@@ -29,11 +29,12 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import DestinationBusyError, StoreError
+from . import paths
 from .cleanup import clean_partials, remove_output
 from .existing import Existing, inspect_destination
 from .locations import inside, location
 from .ondisk import LOCK, check_writer, set_meta
-from .paths import child, local_path
+from .paths import check_tree, child, local_path
 
 # with the names callers take from here: LOCK (io.ondisk), Existing and inspect_destination
 # (io.existing), clean_partials and remove_output (io.cleanup), local_path (io.paths)
@@ -84,6 +85,8 @@ def decide(
             "zarr": "a Zarr array or group that qstream did not write",
             "kept": "a tensor inside a converted checkpoint",
         }[kind]
+        if kind == "foreign":
+            thing += _first_entry(dst)
         raise StoreError(
             f"{dst} is {thing}; qstream writes only to a new or empty location or over its own"
             " outputs, and will not delete it (even with overwrite=True): remove it yourself"
@@ -111,6 +114,23 @@ def decide(
     raise StoreError(f"{dst} exists and is {label}; pass overwrite=True to replace it")
 
 
+def _first_entry(dst: object) -> str:
+    """`` (it holds X)``: what a local folder that is not qstream's holds, a link first (a
+    link qstream's removal left in a member's place), else its first entry; "" elsewhere."""
+    local = local_path(dst)
+    if local is None or not os.path.isdir(local):
+        return ""
+    first = None
+    for here, dirs, files in os.walk(local):  # (links are listed, never followed)
+        for name in sorted(dirs + files):
+            entry = os.path.join(here, name)
+            if os.path.islink(entry):
+                return f" (it holds {os.path.relpath(entry, local)}, a link)"
+            if first is None and name != LOCK:
+                first = os.path.relpath(entry, local)
+    return f" (it holds {first})" if first else ""
+
+
 @contextlib.contextmanager
 def locked(dst: object) -> Iterator[None]:
     """Hold the write lock of a local destination (made if absent) while the body runs; a
@@ -121,7 +141,8 @@ def locked(dst: object) -> Iterator[None]:
     and again once they hold it. A thread that holds the lock already takes it again at once
     (a conversion into a ``.safetensors`` file holds its working group's lock while the
     conversion inside it claims the group). The lock file itself is never followed if it is a
-    link."""
+    link; while the lock is held, no path below ``dst`` that qstream writes, reads or removes
+    is followed through a link (:func:`qstream.io.paths.held`)."""
     local = local_path(dst)
     if local is None or os.name != "posix":
         yield
@@ -177,7 +198,8 @@ def locked(dst: object) -> Iterator[None]:
     with _HELD_LOCK:
         _HELD[held] = 1
     try:
-        yield
+        with paths.held(local):  # (no link inside it is followed while the lock is held)
+            yield
     finally:
         with _HELD_LOCK:
             del _HELD[held]
@@ -224,6 +246,7 @@ def check_separate(
 
 
 LEASE = float(os.environ.get("QSTREAM_LEASE", "30"))  # seconds (object stores)
+_NODES = ("quantized", "dequantized", "kept")  # outputs of one array (a checkpoint's tensors)
 
 
 def is_local_node(node: Any) -> bool:
@@ -343,6 +366,11 @@ class Destination:
         )
         if action is Action.REPLACE and self.local is None:
             Lease.refuse_if_held(existing, self.target)
+        if action is Action.COMPLETE and self.local is not None and existing.kind in _NODES:
+            # a finished array or tensor holding a link (made by someone else) is refused,
+            # naming it, not reported finished (a checkpoint's root is not walked whole: its
+            # tensors and packs are, as a run looks at each)
+            check_tree(self.local, "the finished output")
         return action, existing
 
     @contextlib.contextmanager

@@ -2,7 +2,8 @@
 
 A conversion's outputs hold thousands of small groups: opening each through zarr costs an
 event-loop hop per document. :class:`LocalGroup` opens a local group from its documents
-(members made from their own documents, whose parsed form is shared by identical documents),
+(members made from their own documents, whose parsed form is shared by identical documents,
+each walked from the group without following a link: :func:`qstream.io.paths.walk_below`),
 and :func:`read_all` reads a whole array straight from its chunk files where it can.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from .chunks import chunk_files
 from .localmeta import read_local_doc
-from .paths import local_path
+from .paths import local_path, open_regular, walk_below
 from .stores import open_store
 
 _PARSED: dict[bytes, Any] = {}  # array documents -> their parsed metadata
@@ -50,11 +51,12 @@ class LocalGroup:
         from zarr.core.array import AsyncArray
         from zarr.core.metadata.v3 import ArrayV3Metadata
 
-        where = os.path.join(self.path, *name.split("/"))
+        # (no link on the way from the group, nor at the document, is followed)
+        doc_path = walk_below(self.path, [*name.split("/"), "zarr.json"], "the output")
         try:
-            with open(os.path.join(where, "zarr.json"), "rb") as f:
+            with open_regular(doc_path, "Zarr metadata", follow=False) as f:
                 raw = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise KeyError(name) from None
         meta = _PARSED.get(raw)
         if meta is None:

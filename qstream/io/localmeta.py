@@ -10,7 +10,10 @@ calling thread: a group's by :func:`group_doc`, a plain array's by
 document; :func:`qstream.io.cleanup.clean_partials` removes a killed writer's leftovers).
 New nodes are linked into place, so a node that exists is never replaced. Elsewhere (object
 stores, memory) zarr writes them as usual. :func:`read_local_doc` reads one back, refusing
-anything that is not a regular file holding a JSON object.
+anything that is not a regular file holding a JSON object. No link inside an output is
+followed: the folders of a document are walked from the root this process holds
+(:func:`qstream.io.paths.confined`), a document that is a link is refused, and the temporary
+file is opened without following one.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import os
 import threading
 from typing import Any
 
+from ..errors import StoreError
 from .chunks import PARTIAL
-from .paths import open_regular
+from .paths import confined, open_regular
 
 DOC = "zarr.json"
 MAX_DOC = 256 << 20  # bytes of a metadata document qstream reads (a root of 100k tensors)
@@ -41,13 +45,17 @@ def _move_new(src: str, dst: str) -> None:
 
 def read_local_doc(path: str) -> dict[str, Any] | None:
     """The JSON object in the local file ``path`` (a ``zarr.json``), or None: absent,
-    unreadable, not JSON, not an object, or nested too deeply to be a Zarr document."""
+    unreadable, not JSON, not an object, or nested too deeply to be a Zarr document. A link
+    (at ``path``, or on its way from a held root) is refused, not followed."""
+    confined(path)
     try:
-        with open_regular(path, "Zarr metadata") as f:
+        with open_regular(path, "Zarr metadata", follow=False) as f:
             raw = f.read(MAX_DOC + 1)
         if len(raw) > MAX_DOC:
             return None
         doc = json.loads(raw)
+    except StoreError:
+        raise  # (a link, a FIFO, device or socket: refused, naming it)
     except (OSError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -84,12 +92,14 @@ def encode_doc(metadata: Any) -> bytes:
 def write_doc(directory: str, metadata: Any, *, new: bool) -> None:
     """Write ``metadata``'s ``zarr.json`` (or the document's ``bytes``) into ``directory``
     (made if absent); ``new``: fail with :class:`FileExistsError` if the node already has
-    one, else replace it."""
-    os.makedirs(directory, exist_ok=True)
+    one, else replace it. No link on the way is followed (:func:`~qstream.io.paths.confined`;
+    a link at the document's own place is replaced, never written through)."""
+    os.makedirs(confined(directory), exist_ok=True)
     path = os.path.join(directory, DOC)
     tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o666), "wb") as f:
             f.write(metadata if isinstance(metadata, bytes) else encode_doc(metadata))
         if new:
             _move_new(tmp, path)

@@ -41,8 +41,8 @@ from ..errors import StoreError
 from .columns import float_values
 from .localmeta import group_doc, read_local_doc, write_doc
 from .ondisk import TMP_PREFIX
-from .paths import remove_child
-from .removal import remove_array_files, remove_if_empty
+from .paths import check_tree, confined, remove_child, walk_below
+from .removal import is_plain_dir, remove_array_files, remove_if_empty
 from .rootindex import ERROR_KEYS
 
 PACKS = "_packs"
@@ -71,13 +71,24 @@ def check_pack_name(name: object, root: object) -> str:
 
 
 def pack_path(root: str, name: str) -> str:
-    """The local path of the pack ``name`` in the converted checkpoint at ``root``."""
-    return os.path.join(root, PACKS, name)
+    """The local path of the pack ``name`` in the converted checkpoint at ``root``, walked
+    from ``root`` (:func:`~qstream.io.paths.walk_below`): a link at ``_packs`` or at the
+    pack's place, or anything else on the way that is not a folder, is refused, naming it."""
+    return walk_below(root, [PACKS, name], "the converted checkpoint")
 
 
 def read_pack_doc(path: str) -> dict[str, Any] | None:
     """The ``qstream_pack`` attributes of the pack at ``path``, or None (absent, or not a
-    pack qstream wrote)."""
+    pack qstream wrote). A pack found holding a link, a FIFO, device or socket is refused,
+    naming it: a resumed run that keeps the pack would finish an output holding it."""
+    meta = _pack_doc(path)
+    if meta is not None:
+        check_tree(path, "the pack")
+    return meta
+
+
+def _pack_doc(path: str) -> dict[str, Any] | None:
+    """:func:`read_pack_doc` without looking below the pack's document."""
     doc = read_local_doc(os.path.join(path, "zarr.json"))
     if doc is None or doc.get("node_type") != "group":
         return None
@@ -90,11 +101,11 @@ def remove_packs(local: str) -> None:
     """Remove every pack qstream wrote below the converted checkpoint ``local`` (a pack's own
     document says so), the partial packs of killed writers, and ``_packs`` if left empty."""
     folder = os.path.join(local, PACKS)
-    if not os.path.isdir(folder) or os.path.islink(folder):
+    if not is_plain_dir(local, PACKS):  # (a link there: removed itself, never followed)
         return
     clean_partial_packs(local)
     for entry in os.scandir(folder):
-        if _NAME.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+        if _NAME.fullmatch(entry.name) and is_plain_dir(folder, entry.name):
             remove_pack(entry.path)
     with contextlib.suppress(FileNotFoundError):
         remove_child(folder, "zarr.json")
@@ -104,11 +115,11 @@ def remove_packs(local: str) -> None:
 def remove_pack(path: str) -> None:
     """Remove the pack at the local ``path`` if qstream wrote it (its own document says so):
     its member arrays' files, its document, its folder if left empty; else nothing."""
-    if os.path.islink(path) or read_pack_doc(path) is None:
+    if os.path.islink(path) or _pack_doc(path) is None:
         return  # not qstream's
     for m in MEMBERS:
         member = os.path.join(path, m)
-        if os.path.isdir(member) and not os.path.islink(member):
+        if is_plain_dir(path, m):  # (a link there: removed itself, never followed)
             remove_array_files(member)
             remove_if_empty(member)
     remove_child(path, "zarr.json")
@@ -117,7 +128,7 @@ def remove_pack(path: str) -> None:
 
 def clean_partial_packs(local: str) -> None:
     """Remove the packs killed writers were building (never published)."""
-    folder = os.path.join(local, PACKS)
+    folder = os.path.join(confined(local), PACKS)
     if not os.path.isdir(folder) or os.path.islink(folder):
         return
     for entry in os.scandir(folder):
@@ -126,9 +137,11 @@ def clean_partial_packs(local: str) -> None:
 
 
 def ensure_folder(local: str) -> None:
-    """Create ``DST/_packs`` (a plain Zarr group) if it is not there."""
-    folder = os.path.join(local, PACKS)
-    if os.path.exists(os.path.join(folder, "zarr.json")):
+    """Create ``DST/_packs`` (a plain Zarr group) if it is not there (a link there, or at
+    its document, is refused: see :func:`pack_path`)."""
+    folder = walk_below(local, [PACKS, "zarr.json"], "the converted checkpoint")
+    folder = os.path.dirname(folder)
+    if os.path.lexists(os.path.join(folder, "zarr.json")):
         return
     with contextlib.suppress(FileExistsError):
         write_doc(folder, group_doc({}), new=True)

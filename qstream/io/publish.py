@@ -4,12 +4,15 @@ A small tensor's quantized group (or a pack of them, :mod:`qstream.io.packs`) is
 once, with its values, instead of member by member: the node is made in a folder named
 ``.qstream-tmp-*`` (:data:`~qstream.io.ondisk.TMP_PREFIX`) next to where it goes and renamed
 into place, so it is whole or absent. A killed writer's folder is never published; it is
-removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only.
+removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only. The
+node's place is walked from the root this process holds first
+(:func:`~qstream.io.paths.confined`): a link on the way, or at the place itself, is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -24,7 +27,7 @@ from .arraydoc import plain_array
 from .chunks import chunk_files
 from .localmeta import encode_doc, group_doc
 from .ondisk import TMP_PREFIX, array_metadata
-from .paths import local_path
+from .paths import confined, local_path
 
 # create_array keywords -> (metadata, document, chunk files)
 _PREPARED: dict[str, tuple[Any, bytes, Any]] = {}
@@ -100,15 +103,40 @@ def _publish(path: str, build: Callable[[str], None]) -> None:
     local = local_path(path)
     if local is None:
         raise StoreError(f"cannot write {path}: nodes are written whole in a local directory")
+    confined(local)  # (no link where it goes, nor on the way there)
     tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
     try:
         build(tmp)
         os.replace(tmp, local)  # published whole
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in _OCCUPIED and os.path.lexists(local):
+            raise _occupied(local) from None
         if isinstance(e, OSError) and not isinstance(e, StoreError):
             raise StoreError(f"cannot write {path}: {e}") from None
         raise
+
+
+_OCCUPIED = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR)
+
+
+def _occupied(local: str) -> StoreError:
+    """The error for a node's place that still holds what qstream did not write (left by
+    the removal of what qstream wrote there), naming it: a link first, else a file."""
+    if os.path.islink(local):
+        return StoreError(f"{local} is a link; qstream never writes through a link in an output")
+    left = []
+    for here, dirs, files in os.walk(local):  # (links are listed, never followed)
+        for name in sorted(dirs + files):
+            entry = os.path.join(here, name)
+            if os.path.islink(entry):
+                return StoreError(
+                    f"{entry} is a link inside the output, where qstream writes {local}; qstream"
+                    " never writes through a link in an output: remove it"
+                )
+            left.append(os.path.relpath(entry, local))
+    what = f"{left[0]}, which qstream did not write" if left else "something qstream did not write"
+    return StoreError(f"{local} holds {what}; remove it, or choose another destination")
 
 
 def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) -> None:

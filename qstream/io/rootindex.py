@@ -19,7 +19,9 @@ A row is one tensor's compact entry (:data:`ROW_KEYS`, a few hundred bytes): its
 position in the checkpoint, shape, dtype, target, byte counts and the scalar figures of its
 error report. The root's document is written when the conversion begins and when it ends,
 never per tensor; ``inspect`` and :class:`~qstream.io.reader.QuantizedCheckpoint` read the
-index's batches, not the tensors. Outputs of version 1 (every tensor's whole report in
+index's batches, not the tensors. Every document of a local root is walked from the root
+(:func:`~qstream.io.paths.walk_below`): a link in ``_index``, or at it, is refused, naming it,
+never followed. Outputs of version 1 (every tensor's whole report in
 ``attrs["qstream_checkpoint"]["tensors"]``, rewritten as tensors finished) still read.
 """
 
@@ -34,9 +36,10 @@ from ..errors import StoreError
 from .columns import float_values, listed_floats
 from .localmeta import group_doc, write_doc
 from .names import check_key
-from .paths import local_path, open_regular
+from .paths import local_path, open_regular, walk_below
 
 INDEX = "_index"
+WHAT = "the converted checkpoint"  # (as errors name a local root)
 KEY = "qstream_checkpoint"
 VERSION = 2
 # what a row keeps of a tensor's result (the error report's scalar figures only)
@@ -70,7 +73,8 @@ def _put(root: object, store: Any, rel: str, attrs: dict[str, Any], *, new: bool
     """Write the group document ``rel/zarr.json`` (``rel`` "" for the root) with ``attrs``."""
     local = local_path(root)
     if local is not None:
-        write_doc(os.path.join(local, rel), group_doc(attrs), new=new)
+        parts = [*rel.split("/"), "zarr.json"] if rel else ["zarr.json"]
+        write_doc(os.path.dirname(walk_below(local, parts, WHAT)), group_doc(attrs), new=new)
         return
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
@@ -161,14 +165,20 @@ class RootIndex:
     def _batch_names(self) -> list[str]:
         local = local_path(self.root)
         if local is not None:
-            folder = os.path.join(local, INDEX)
+            folder = walk_below(local, [INDEX], WHAT)  # (a link there: refused)
             try:
-                names = os.listdir(folder)
-            except FileNotFoundError:
+                entries = list(os.scandir(folder))
+            except (FileNotFoundError, NotADirectoryError):
                 return []
+            for e in entries:
+                if e.name.startswith("b") and e.is_symlink():
+                    raise StoreError(
+                        f"{e.path} is a link inside {WHAT} {local}; qstream never reads,"
+                        " writes or deletes through a link in its outputs: remove the link"
+                    )
             # (a folder without its document is a batch a killed run did not finish: its
             # number is the next batch's)
-            names = [n for n in names if os.path.exists(os.path.join(folder, n, "zarr.json"))]
+            names = [e.name for e in entries if os.path.lexists(os.path.join(e.path, "zarr.json"))]
         else:
             from zarr.core.sync import sync
 
@@ -182,8 +192,8 @@ class RootIndex:
         local = local_path(self.root)
         try:
             if local is not None:
-                path = os.path.join(local, INDEX, name, "zarr.json")
-                with open_regular(path, "index document") as f:
+                path = walk_below(local, [INDEX, name, "zarr.json"], WHAT)
+                with open_regular(path, "index document", follow=False) as f:
                     doc = json.loads(f.read(64 << 20))
             else:
                 from zarr.core.buffer import default_buffer_prototype
