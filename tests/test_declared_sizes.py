@@ -296,3 +296,100 @@ def test_a_block_the_bound_cannot_hold_is_refused_naming_it(tmp_path):
     assert not out.exists()
     code, err, _ = _run(["quantize", src, out, *args, "--max-memory", "16MiB"])
     assert code == 0, err
+
+
+# ---------------------------------------------------------------- item 6: plans stay lazy
+
+LAZY = """
+import sys, tracemalloc
+from qstream.engine import pipeline
+from qstream.engine.plan import plan_blocks
+
+grid = plan_blocks((4096, 4096), (1, 1))  # 16.7M blocks
+assert len(grid) == 4096 * 4096
+
+
+class Stop(Exception):
+    pass
+
+
+def run(n):
+    seen = [0]
+
+    def merge(b, r):
+        assert r == seen[0]  # (in block order)
+        seen[0] += 1
+        if seen[0] == n:
+            raise Stop
+
+    try:
+        pipeline.run(grid, lambda b: b.index, merge, workers=2)
+    except Stop:
+        pass
+
+
+run(100)  # (imports, the pool's first start)
+for n in (10_000, 100_000):
+    tracemalloc.start()
+    run(n)
+    print(n, tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+"""
+
+
+def test_a_pass_over_millions_of_blocks_holds_none_of_them(tmp_path):
+    """A pass over a plan of 16.7M one-element blocks makes each block as it starts: its
+    memory does not grow with the blocks run (listing them first had taken > 3 GB)."""
+    r = subprocess.run(
+        [sys.executable, "-c", LAZY],
+        capture_output=True,
+        text=True,
+        preexec_fn=_capped,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    peaks = dict(map(int, line.split()) for line in r.stdout.split("\n") if line.strip())
+    print("traced peak bytes by blocks run:", peaks)
+    assert max(peaks.values()) < 1 << 20
+
+
+@pytest.fixture(scope="module")
+def square(tmp_path_factory) -> Path:
+    """4096 x 4096 float32 (64 MiB) in chunks of 1024 x 1024."""
+    path = tmp_path_factory.mktemp("sq") / "a.zarr"
+    x = np.random.default_rng(3).standard_normal((4096, 4096)).astype(np.float32)
+    zarr.create_array(str(path), shape=x.shape, dtype="f4", chunks=(1024, 1024))[...] = x
+    return path
+
+
+def test_chunks_too_many_for_the_bound_are_refused_before_any_work(square, tmp_path):
+    """``--chunks 1,1`` on 64 MiB: 16.7M chunks, each a file listed when a run resumes;
+    refused naming the bound (and, under any bound, above 4M chunks)."""
+    out = tmp_path / "q.zarr"
+    args = ["quantize", square, out, "--chunks", "1,1", "--quiet"]
+    code, err, peak = _run([*args, "--max-memory", BOUND])
+    assert code == 2, err
+    line = _one_line_error(err)
+    assert "16,777,216 chunks" in line and "--max-memory (64.0 MiB)" in line, line
+    assert peak < PEAK and not out.exists()
+    code, err, _ = _run([*args, "--max-memory", "8GiB"])
+    assert code == 2, err
+    assert "more than qstream writes one by one (4,194,304)" in _one_line_error(err)
+    assert not out.exists()
+
+
+def test_one_element_chunks_within_the_bound_give_the_same_values(tmp_path):
+    """4096 one-element blocks: the codes and parameters of the default chunks."""
+    src = tmp_path / "a.zarr"
+    x = np.random.default_rng(4).standard_normal((64, 64)).astype(np.float32)
+    zarr.create_array(str(src), shape=x.shape, dtype="f4", chunks=(16, 64))[...] = x
+    args = ["--axis", "0", "--max-memory", BOUND, "--quiet"]
+    code, err, peak = _run(["quantize", src, tmp_path / "q.zarr", "--chunks", "1,1", *args])
+    assert code == 0, err
+    assert peak < PEAK
+    assert _run(["quantize", src, tmp_path / "ref.zarr", *args])[0] == 0
+    got, want = _codes(tmp_path / "q.zarr"), _codes(tmp_path / "ref.zarr")
+    for m in want:
+        assert np.array_equal(got[m], want[m]), m
+    assert zarr.open_array(str(tmp_path / "q.zarr" / "data"), mode="r").chunks == (1, 1)
