@@ -150,6 +150,43 @@ class Recipe:
             if not any(fnmatch.fnmatchcase(n, p) for n in tensors)
         ]
 
+    def check_blocks(self, tensors: Mapping[str, Shaped], max_memory: int | None) -> None:
+        """Refuse, before anything is written, a tensor whose blocked spec makes blocks the
+        memory bound ``max_memory`` cannot hold (the check its job makes when it is planned,
+        :func:`~qstream.engine.plan.default_chunks`, made for every tensor at once), naming
+        the rule, the tensor and the bound. A block size past a tensor's axis is one group
+        along it: blocks of the whole axis, held to the bound as any other."""
+        from .core.layout import normalize_axis
+        from .engine.plan import block_budget, default_chunks, memory_limit
+
+        for name, t in tensors.items():
+            shape = tuple(int(d) for d in t.shape)
+            spec = self.spec_for(name, shape, t.dtype)
+            if spec is None or not spec.block_size or spec.axis is None or not shape:
+                continue
+            stored = getattr(t, "shards", None) or getattr(t, "chunks", None)
+            try:
+                default_chunks(
+                    shape,
+                    max(4, np.dtype(t.dtype).itemsize),
+                    stored,
+                    axis=normalize_axis(spec.axis, len(shape)),
+                    block_size=spec.block_size,
+                    budget=block_budget(max_memory),
+                    limit=memory_limit(max_memory),
+                )
+            except InvalidParameterError as e:
+                index = next(
+                    (i for i, r in enumerate(self.rules) if fnmatch.fnmatchcase(name, r.pattern)),
+                    None,
+                )
+                where = (
+                    "recipe [defaults]"
+                    if index is None
+                    else f"recipe rule {index + 1} ({self.rules[index].pattern!r})"
+                )
+                raise InvalidParameterError(f"{where} on tensor {name}: {e}") from None
+
     def specs(self) -> list[QuantSpec]:
         """Every spec the recipe can give (the defaults first), without repeats."""
         out = [self.defaults]

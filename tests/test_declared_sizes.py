@@ -393,3 +393,35 @@ def test_one_element_chunks_within_the_bound_give_the_same_values(tmp_path):
     for m in want:
         assert np.array_equal(got[m], want[m]), m
     assert zarr.open_array(str(tmp_path / "q.zarr" / "data"), mode="r").chunks == (1, 1)
+
+
+def test_a_recipe_block_the_bound_cannot_hold_is_named_with_its_rule_and_tensor(tmp_path):
+    """Blocks of 2000 rows of 512 (3.9 MiB) under a 4 MiB bound: ``Recipe.check_blocks``
+    refuses them for every tensor at once, naming the rule and the tensor (a conversion's
+    plan can call it before anything is written); the conversion itself names the tensor."""
+    from qstream.io.checkpoints import open_checkpoint
+    from qstream.recipe import Recipe
+
+    rng = np.random.default_rng(5)
+    tensors = {
+        "a.weight": rng.standard_normal((64, 64)).astype(np.float32),
+        "b.weight": rng.standard_normal((2048, 512)).astype(np.float32),
+    }
+    save_file(tensors, str(tmp_path / "ck.safetensors"))
+    text = '[defaults]\ndtype = "int8"\naxis = 0\nmethod = "dynamic"\nblock_size = {}\n'
+    (tmp_path / "r.toml").write_text(text.format(2000))
+    recipe = Recipe.load(tmp_path / "r.toml")
+    opened = open_checkpoint(str(tmp_path / "ck.safetensors"))
+    with pytest.raises(InvalidParameterError) as e:
+        recipe.check_blocks(opened, 4 << 20)
+    assert str(e.value).startswith("recipe [defaults] on tensor b.weight: block_size 2000")
+    assert "max_memory (4.0 MiB)" in str(e.value)
+    recipe.check_blocks(opened, 16 << 20)
+    (tmp_path / "past.toml").write_text(text.format(50_000_000))
+    Recipe.load(tmp_path / "past.toml").check_blocks(opened, 16 << 20)  # whole-axis blocks
+    src, out = tmp_path / "ck.safetensors", tmp_path / "q.zarr"
+    args = ["--recipe", tmp_path / "r.toml", "--max-memory", "4MiB", "--quiet"]
+    code, err, _ = _run(["convert", src, out, *args])
+    assert code == 2, err
+    line = _one_line_error(err)
+    assert line.startswith("error: b.weight: ") and "--max-memory (4.0 MiB)" in line, line

@@ -57,16 +57,20 @@ def plan_job(spec: QuantSpec, source: Source, chunks: Any, max_memory: int | Non
     if chunks is not None:
         chunks = check_chunks(chunks, shape, bs, axis, source.dtype, max_memory)
     else:
-        itemsize = max(4, source.dtype.itemsize)
-        chunks = default_chunks(
-            shape,
-            itemsize,
-            source.chunks,
-            axis=axis,
-            block_size=bs,
-            budget=block_budget(max_memory),
-            limit=memory_limit(max_memory),
-        )
+        try:
+            chunks = default_chunks(
+                shape,
+                max(4, source.dtype.itemsize),
+                source.chunks,
+                axis=axis,
+                block_size=bs,
+                budget=block_budget(max_memory),
+                limit=memory_limit(max_memory),
+            )
+        except InvalidParameterError as e:  # (a block the bound cannot hold: which array)
+            raise InvalidParameterError(
+                f"{source.description.get('path', 'the array')}: {e}"
+            ) from None
     return JobPlan(
         spec=spec,
         shape=shape,
