@@ -36,6 +36,7 @@ from .test_untrusted import snapshot
 runner = CliRunner()
 
 EXPERTS = 66  # a run of alike tensors: a pack (>= 64)
+MM = ("--max-memory", "1MiB")
 
 
 def cli(*args: object):
@@ -50,7 +51,9 @@ def _tensors() -> dict[str, np.ndarray]:
         )
         for i in range(EXPERTS)
     }
-    out["model.layers.0.self_attn.o_proj.weight"] = rng.standard_normal((24, 32)).astype(np.float32)
+    # several chunks (with MM): a quantize job of its own, resumed block by block
+    big = rng.standard_normal((512, 256)).astype(np.float32)
+    out["model.layers.0.self_attn.o_proj.weight"] = big
     out["model.norm.weight"] = np.linspace(0.5, 1.5, 16, dtype=np.float32)
     return out
 
@@ -89,7 +92,7 @@ def templates(tmp_path_factory):
     out["quantized"] = home / "quantized.zarr"
     out["restored"] = home / "restored.zarr"
     for args in (
-        ("convert", ck, out["checkpoint"]),
+        ("convert", ck, out["checkpoint"], *MM),
         ("quantize", src, out["quantized"], "--axis", "0"),
         ("dequantize", out["checkpoint"], out["restored"]),
     ):  # (as the commands below make them: the same jobs)
@@ -108,9 +111,9 @@ def templates(tmp_path_factory):
 
 # (kind of output, command); DST is the planted output, SRC its source, OUT a new place
 COMMANDS = [
-    ("checkpoint", ("convert", "CK", "DST")),  # finished: nothing to do
-    ("checkpoint", ("convert", "CK", "DST", "--overwrite")),
-    ("checkpoint-resume", ("convert", "CK", "DST")),  # unfinished, its index emptied
+    ("checkpoint", ("convert", "CK", "DST", *MM)),  # finished: nothing to do
+    ("checkpoint", ("convert", "CK", "DST", *MM, "--overwrite")),
+    ("checkpoint-resume", ("convert", "CK", "DST", *MM)),  # unfinished, its index emptied
     ("checkpoint", ("dequantize", "DST", "OUT")),
     ("checkpoint", ("export", "DST", "OUT.safetensors", "--format", "qstream")),
     ("checkpoint", ("inspect", "DST")),
@@ -210,6 +213,7 @@ def test_a_link_planted_anywhere_in_an_output_is_never_followed(templates, tmp_p
     shutil.copytree(templates[base], dst, symlinks=True)
     if kind == "checkpoint-resume":
         _incomplete(dst, "qstream_checkpoint")
+        _incomplete(dst / "model.layers.0.self_attn.o_proj.weight", "qstream")  # (its job too)
         for batch in (dst / "_index").glob("b*"):
             shutil.rmtree(batch)
     elif kind == "quantized-resume":
@@ -265,7 +269,7 @@ def test_a_members_link_in_a_converted_checkpoint_is_removed_by_overwrite_never_
     shutil.rmtree(dst / member)
     (dst / member).symlink_to("../userdir")
     before = snapshot(user)
-    r = cli("convert", templates["ck"], dst, "--overwrite")
+    r = cli("convert", templates["ck"], dst, *MM, "--overwrite")
     assert snapshot(user) == before
     if member == "_index":
         assert r.exit_code == 1, r.output
@@ -292,7 +296,7 @@ def test_a_resumed_conversion_refuses_a_link_where_it_writes_naming_it(templates
     if (dst / member).exists():
         shutil.rmtree(dst / member)
     (dst / member).symlink_to(os.path.relpath(user, (dst / member).parent))
-    r = cli("convert", templates["ck"], dst)
+    r = cli("convert", templates["ck"], dst, *MM)
     assert r.exit_code == 1, r.output
     assert f"{dst / member} is a link inside the converted checkpoint" in r.output, r.output
     assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]

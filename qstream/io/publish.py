@@ -5,8 +5,9 @@ once, with its values, instead of member by member: the node is made in a folder
 ``.qstream-tmp-*`` (:data:`~qstream.io.ondisk.TMP_PREFIX`) next to where it goes and renamed
 into place, so it is whole or absent. A killed writer's folder is never published; it is
 removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only. The
-node's place is walked from the root this process holds first
-(:func:`~qstream.io.paths.confined`): a link on the way, or at the place itself, is refused.
+node's folder is walked from the root this process holds first
+(:func:`~qstream.io.paths.confined`): a link on the way is refused, and one at the place itself
+(which the rename never follows) is named when the rename fails.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _publish(path: str, build: Callable[[str], None]) -> None:
     local = local_path(path)
     if local is None:
         raise StoreError(f"cannot write {path}: nodes are written whole in a local directory")
-    confined(local)  # (no link where it goes, nor on the way there)
+    # no link on the way (the place itself: a rename never follows a link there, and fails)
+    confined(os.path.dirname(local))
     tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
     try:
         build(tmp)
