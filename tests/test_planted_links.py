@@ -337,3 +337,29 @@ def test_held_roots_are_walked_below_and_released(tmp_path):
         assert paths.confined(str(tmp_path / "elsewhere" / "x"))  # (not below: not looked at)
     assert paths.confined(str(root / "l" / "x"))  # released
     assert not paths._HELD and not paths._ROOTS
+
+
+def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path):
+    """The lowest layer of a block's write: a chunk folder that is a link (nested keys,
+    ``c/0``) below a held root is refused, naming it, before anything is written."""
+    from qstream.io import paths
+    from qstream.io.arraydoc import ChunkKey
+    from qstream.io.chunks import ChunkFiles
+
+    root = tmp_path / "dst"
+    (root / "data").mkdir(parents=True)
+    user = tmp_path / "user"
+    user.mkdir()
+    (root / "data" / "c").symlink_to("../../user")
+    files = ChunkFiles(
+        root=str(root / "data"),
+        shape=(4, 4),
+        chunks=(2, 4),
+        dtype=np.dtype("int8"),
+        fill_value=0,
+        codec=None,
+        encode_key=ChunkKey("/"),
+    )
+    with paths.held(str(root)), pytest.raises(StoreError, match=r"data/c is a link inside"):
+        files.write((slice(0, 4), slice(0, 4)), np.ones((4, 4), np.int8))
+    assert list(user.iterdir()) == []

@@ -41,7 +41,7 @@ from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
 from .inplace import map_bytes
 from .packing import packed_nbytes
-from .paths import open_regular
+from .paths import confined, open_regular
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
@@ -213,7 +213,7 @@ class ChunkFiles:
     def _put(self, path: str, payload: Any, made: set[str]) -> None:
         parent = os.path.dirname(path)
         if parent not in made:
-            os.makedirs(parent, exist_ok=True)
+            os.makedirs(confined(parent), exist_ok=True)  # (no link on the way)
             made.add(parent)
         # a whole new file under a temporary name, then renamed: readers never see a torn chunk
         tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}" if self.atomic else path
