@@ -174,6 +174,11 @@ CATALOGUE = {
         ["{w}/out/model.safetensors"],
         "ties its output layer",
     ),
+    "blocks-the-bound-cannot-hold": (
+        None,
+        ["{w}/out.zarr", "--block-size", "100000", "--axis", "0", "--max-memory", "1MiB"],
+        "must be at least twice that",
+    ),
     "missing-recipe": (
         None,
         ["{w}/out.zarr", "--recipe", "{w}/nope.toml"],

@@ -100,6 +100,7 @@ def convert_checkpoint(
                 dst,
                 recipe,
                 overwrite=overwrite,
+                max_memory=max_memory,
                 executor=executor,
                 compression=compression,
                 format=format,

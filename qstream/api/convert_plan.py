@@ -126,6 +126,7 @@ def plan_convert(
     recipe: Recipe | PathLike | None = None,
     *,
     overwrite: bool = False,
+    max_memory: int | None = None,
     executor: ExecutorLike = None,
     compression: str | None = "auto",
     format: str = "compressed-tensors",
@@ -152,9 +153,11 @@ def plan_convert(
         return _plan_gguf(checkpoint, dst, recipe, format, config, overwrite)
     opts: dict[str, Any] = {"storage_options": storage_options or None, "store": store or None}
     if kind == "safetensors":
-        return _plan_safetensors(
+        plan = _plan_safetensors(
             checkpoint, dst, recipe, overwrite, executor, compression, format, config, packs, opts
         )
+        recipe.check_blocks(plan.prepared.tensors, max_memory)
+        return plan
     from ..engine.checkpoint import prepare
 
     quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
@@ -168,6 +171,7 @@ def plan_convert(
         packs=packs,
         **opts,
     )
+    recipe.check_blocks(prepared.tensors, max_memory)  # (blocks the bound cannot hold)
     return ConversionPlan(
         checkpoint=str(checkpoint),
         destination=os.fspath(dst),

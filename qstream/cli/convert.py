@@ -164,8 +164,15 @@ def convert(
         if packs is not None:
             extra["packs"] = packs
     with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
+        limit = parse_size(max_memory, "--max-memory")
         plan = qs.plan_convert(
-            checkpoint, dst, rec, overwrite=overwrite, compression=compression, **extra
+            checkpoint,
+            dst,
+            rec,
+            overwrite=overwrite,
+            max_memory=limit,
+            compression=compression,
+            **extra,
         )
     with library_errors():
         if dry_run:
@@ -191,7 +198,7 @@ def convert(
                 checkpoint,
                 dst,
                 rec,
-                max_memory=parse_size(max_memory, "--max-memory"),
+                max_memory=limit,
                 overwrite=overwrite,
                 on_tensor=on_tensor if show else None,  # (quiet: no event per tensor)
                 executor=ex,

@@ -102,12 +102,14 @@ def show_warnings() -> None:
     warnings.showwarning = show
 
 
-# export arguments no recipe has: mapped in every message
-_EXPORT_FLAGS = (
+# arguments no recipe has: mapped in every message (a recipe's keep their names)
+_ARGUMENT_FLAGS = (
     (re.compile(r"\s*\(type='[\w.]+'\)"), "", "--gguf-type"),  # (beside the flag it names)
     (re.compile(r"\btype='([\w.]+)'"), r"--gguf-type \1", "--gguf-type"),
     (re.compile(r"\bformat='([\w-]+)'"), r"--format \1", "--format"),
     (re.compile(r"\bconfig="), "--config", "--config"),
+    (re.compile(r"\bmax_memory\b"), "--max-memory", "--max-memory"),
+    (re.compile(r"\bmax_shard_size\b"), "--max-shard-size", "--max-shard-size"),
 )
 
 
@@ -134,7 +136,7 @@ def cli_terms(message: str, flags: set[str] | None = None) -> str:
     def has(flag: str) -> bool:
         return flags is None or flag in flags
 
-    for pattern, sub, needs in _EXPORT_FLAGS:
+    for pattern, sub, needs in _ARGUMENT_FLAGS:
         if has(needs):
             message = pattern.sub(sub, message)
     if "recipe" in message:
