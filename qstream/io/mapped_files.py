@@ -15,7 +15,6 @@ from numpy.typing import DTypeLike
 
 from .checkpoint_dtypes import BF16, dtype_facts, native
 from .checkpoint_tensor import CheckpointTensor
-from .paths import open_regular
 
 
 class FileMap:
@@ -33,10 +32,7 @@ class FileMap:
         if nbytes == 0:
             return np.empty(shape, dtype)
         if self._map is None:
-            # (opened as a regular file, without blocking: a file swapped for a FIFO since
-            # its header was read is refused, not waited on; the map outlives the descriptor)
-            with open_regular(self.path, "checkpoint file") as f:
-                self._map = np.memmap(f, dtype=np.uint8, mode="r")
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         raw = self._map[offset : offset + nbytes]
         # bf16: the raw uint16 words reinterpreted
         a = raw.view(np.uint16).view(BF16) if dtype == BF16 else raw.view(dtype)
