@@ -183,6 +183,13 @@ def convert(
             packs=packs,
         )
     p = prepared
+    runner = p.runner
+    if executor is not None and p.runner is not executor:
+        # a plan made before the executor was opened (the CLI's --scheduler): it runs
+        # where it is told, once the executor can reach what it needs
+        runner = resolve(executor)
+        executors.check_shared("checkpoint", checkpoint, executor=runner)
+        executors.check_shared("destination", dst, executor=runner)
     for warning in p.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=3)
     root_store = (
@@ -207,12 +214,12 @@ def convert(
             p.source,
             on_tensor,
             progress,
-            p.runner,
+            runner,
             max_memory=max_memory,
             overwrite=overwrite,
             compression=p.compression,
             checkpoint=p.opener,
-            in_flight=1 if p.runner.distributed else TENSORS_IN_FLIGHT,
+            in_flight=1 if runner.distributed else TENSORS_IN_FLIGHT,
             packed=p.packed,
         )
         return _convert(conversion, action is Action.COMPLETE, recipe, t0)
