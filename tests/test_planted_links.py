@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
@@ -95,10 +95,13 @@ def templates(tmp_path_factory):
         ("convert", ck, out["checkpoint"], *MM),
         ("quantize", src, out["quantized"], "--axis", "0"),
         ("dequantize", out["checkpoint"], out["restored"]),
+        ("dequantize", out["quantized"], home / "dequantized.zarr"),
     ):  # (as the commands below make them: the same jobs)
         r = cli(*args)
         assert r.exit_code == 0, r.output
     assert (out["checkpoint"] / "_packs").is_dir()
+    out["dequantized"] = home / "dequantized.zarr"
+    out["restored_array"] = zarr.open_array(str(out["dequantized"]), mode="r")[...]
     # what reading them gives, without any link
     ckpt = qs.open_quantized(out["checkpoint"])
     out["values"] = {n: ckpt[n][...] for n in ckpt}
@@ -125,6 +128,9 @@ COMMANDS = [
     ("quantized", ("inspect", "DST")),
     ("restored", ("dequantize", "CKDST", "DST", "--overwrite")),
     ("restored-resume", ("dequantize", "CKDST", "DST")),
+    ("dequantized", ("dequantize", "QDST", "DST", "--overwrite")),
+    ("dequantized", ("dequantize", "QDST", "DST")),  # finished: nothing to do
+    ("dequantized-resume", ("dequantize", "QDST", "DST")),
 ]
 # names of qstream's own entries a link may be planted under, beside what is there
 NEW_NAMES = ["c.0.1", "zarr.json", "b000000", "b000007", "p000001", "data", "0", "c"]
@@ -177,13 +183,16 @@ def _check_result(kind: str, cmd: tuple, templates: Templates, dst: Path, out: P
             assert q.spec.dtype == ("int4" if "int4" in cmd else "int8")
             if "int4" not in cmd:
                 np.testing.assert_array_equal(q[...], templates["array"])
+        elif verb == "dequantize" and kind.startswith("dequantized"):
+            got = zarr.open_array(str(dst), mode="r")[...]
+            np.testing.assert_array_equal(got, templates["restored_array"])
         elif verb == "dequantize" and kind.startswith("restored"):
             for name, x in templates["values"].items():
                 got = zarr.open_array(str(dst / name), mode="r")[...]
                 np.testing.assert_array_equal(got, x)
     except StoreError as e:
         assert "link" in str(e), e
-    if verb == "dequantize" and not kind.startswith("restored") and out.exists():
+    if verb == "dequantize" and kind in ("checkpoint", "quantized") and out.exists():
         if kind == "checkpoint":
             for name, x in templates["values"].items():
                 got = zarr.open_array(str(out / name), mode="r")[...]
@@ -220,6 +229,8 @@ def test_a_link_planted_anywhere_in_an_output_is_never_followed(templates, tmp_p
         _incomplete(dst, "qstream")
     elif kind == "restored-resume":
         _incomplete(dst, "qstream_restored")
+    elif kind == "dequantized-resume":
+        _incomplete(dst, "qstream")
     entries = _entries(dst)
     folders = [e for e in entries if (dst / e).is_dir()]
     new = [f"{d}/{n}" for d in folders for n in NEW_NAMES if f"{d}/{n}" not in entries]
@@ -231,6 +242,7 @@ def test_a_link_planted_anywhere_in_an_output_is_never_followed(templates, tmp_p
         "SRC": templates["src"],
         "DST": dst,
         "CKDST": templates["checkpoint"],  # (read only)
+        "QDST": templates["quantized"],
         "OUT": out,
         "OUT.safetensors": f"{out}.safetensors",
     }
@@ -238,6 +250,7 @@ def test_a_link_planted_anywhere_in_an_output_is_never_followed(templates, tmp_p
     before = snapshot(box, skip=dst)
     before_user = snapshot(box / "user")
     r = cli(*args)
+    event(f"{kind} {cmd[0]}{' --overwrite' if '--overwrite' in cmd else ''}: exit {r.exit_code}")
     assert "internal error" not in r.output and "Traceback" not in r.output, r.output
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise r.exception
