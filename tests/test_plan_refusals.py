@@ -132,6 +132,11 @@ CATALOGUE = {
         ["{w}/out.zarr"],
         "quantized already",
     ),
+    "quantized-source-gguf": (
+        lambda w, m: _quantized_config(m, "gptq"),
+        ["{w}/x.gguf"],
+        "quantized already",
+    ),
     "quantized-source-safetensors": (
         lambda w, m: _quantized_config(m, "awq"),
         ["{w}/out/model.safetensors"],

@@ -198,6 +198,7 @@ def _plan_gguf(
         raise InvalidParameterError(
             f"cannot write {os.fspath(dst)}: a GGUF file is written to a local path"
         )
+    quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
     plan = plan_gguf(checkpoint, recipe, None if format == "compressed-tensors" else format, config)
     return ConversionPlan(
         checkpoint=str(checkpoint),
