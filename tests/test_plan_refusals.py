@@ -357,3 +357,46 @@ def test_every_command_that_writes_a_destination_makes_its_missing_folders(tmp_p
     assert [r.exit_code for r in done] == [0] * len(later), [r.output for r in done]
     for args in commands + later:
         assert os.path.exists(args[2]), args
+
+
+CRAFTED_CONFIGS = {
+    "not-json": b"{not json",
+    "a-list": b"[1, 2, 3]",
+    "a-string": b'"llama"',
+    "nested-deep": b"[" * 100000 + b"]" * 100000,
+    "not-utf8": b'{"model_type": "\xff\xfe"}',
+    "quantized-already": json.dumps({"quantization_config": {"quant_method": "awq"}}).encode(),
+    "surrogate-key": b'{"model_type": "llama", "\\ud800": 1}',
+    "nul-value": b'{"model_type": "lla\\u0000ma"}',
+    "huge-number": b'{"model_type": "llama", "hidden_size": 1e999}',
+    "empty": b"",
+}
+
+
+@pytest.mark.parametrize("case", sorted(CRAFTED_CONFIGS))
+def test_crafted_configs_of_a_compressed_tensors_export_get_a_message_never_an_internal_error(
+    case, tmp_path
+):
+    """A crafted --config for the compressed-tensors layout (``convert`` to .safetensors, and
+    ``export``): refused with one line naming the file (exit 2), or carried as the JSON it is;
+    never an internal error, and a refused convert writes nothing."""
+    model = write_llama(str(tmp_path / "m"))
+    config = tmp_path / "crafted.json"
+    config.write_bytes(CRAFTED_CONFIGS[case])
+    work = tmp_path / "w"
+    work.mkdir()
+    conv = runner.invoke(app, ["convert", model, str(work / "model.safetensors"),
+                               "--config", str(config), "-q"])  # fmt: skip
+    assert "internal error" not in conv.output and "Traceback" not in conv.output, conv.output
+    if conv.exit_code != 0:
+        assert conv.exit_code == 2 and "crafted.json" in conv.output, conv.output
+        assert os.listdir(work) == []
+    runner.invoke(app, ["convert", model, str(tmp_path / "q.zarr"), "-q"])
+    out = str(tmp_path / "e" / "m.safetensors")
+    exp = runner.invoke(
+        app, ["export", str(tmp_path / "q.zarr"), out, "--config", str(config), "-q"]
+    )
+    assert "internal error" not in exp.output and "Traceback" not in exp.output, exp.output
+    assert exp.exit_code in (0, 2), exp.output
+    if exp.exit_code == 0:
+        json.loads((tmp_path / "e" / "config.json").read_text())  # (valid JSON written)
