@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,13 +49,24 @@ class ConversionPlan:
     destination: str
     kind: str
     action: str
-    tensors: list[dict[str, Any]]
     creates: list[str] = field(default_factory=list)
     config: str | dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     # what the run takes from the plan (not part of its JSON)
     prepared: Any = field(default=None, repr=False, compare=False)
     gguf: Any = field(default=None, repr=False, compare=False)
+    # the rows, or what makes them when first asked (a run that only carries the plan out
+    # does not spend ~10 us a tensor on rows it never shows)
+    rows: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]] = field(
+        default_factory=list, repr=False, compare=False
+    )
+
+    @property
+    def tensors(self) -> list[dict[str, Any]]:
+        """A row per tensor (see the class docstring)."""
+        if callable(self.rows):
+            self.rows = self.rows()
+        return self.rows
 
     def to_dict(self) -> dict[str, Any]:
         """The plan as JSON-able data (``--dry-run --json``)."""
@@ -78,7 +90,7 @@ class ConversionPlan:
             destination=d["destination"],
             kind=d["kind"],
             action=d["action"],
-            tensors=[dict(r) for r in d["plan"]],
+            rows=[dict(r) for r in d["plan"]],
             creates=list(d.get("creates", [])),
             config=d.get("config"),
             notes=list(d.get("notes", [])),
@@ -177,7 +189,7 @@ def plan_convert(
         destination=os.fspath(dst),
         kind=kind,
         action=prepared.action.value,
-        tensors=tensor_rows(prepared.tensors, recipe),
+        rows=lambda: tensor_rows(prepared.tensors, recipe),
         creates=missing_parents(dst),
         prepared=prepared,
     )
@@ -205,7 +217,7 @@ def _plan_gguf(
         destination=os.fspath(dst),
         kind="gguf",
         action=destination_action(plan, dst, overwrite=overwrite),
-        tensors=plan.rows(),
+        rows=plan.rows,
         creates=missing_parents(dst),
         config=plan.config_path,
         notes=list(plan.warnings),
@@ -315,7 +327,7 @@ def _plan_safetensors(
         destination=dst,
         kind="safetensors",
         action=action,
-        tensors=tensor_rows(prepared.tensors, recipe),
+        rows=lambda: tensor_rows(prepared.tensors, recipe),
         creates=missing_parents(dst),
         config=model_config,
         notes=notes,
