@@ -94,6 +94,8 @@ def convert_checkpoint(
     ``open_quantized`` reads packed tensors as any other.
     """
     with store_errors(dst):
+        if not isinstance(recipe, Recipe):  # (read once: the plan and the run share it)
+            recipe = Recipe.load(recipe) if recipe is not None else Recipe()
         if plan is None:
             plan = plan_convert(
                 checkpoint,
@@ -109,8 +111,6 @@ def convert_checkpoint(
                 store=store,
                 packs=packs,
             )
-        if not isinstance(recipe, Recipe):
-            recipe = Recipe.load(recipe) if recipe is not None else Recipe()
         return _run(
             plan,
             checkpoint,

@@ -423,10 +423,9 @@ def _check_tied(
 def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
     """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
     express (see :mod:`qstream.io.compressed_tensors`), and a ``config.json`` beside ``dst``
-    that qstream did not write."""
+    that qstream did not write (the recipe was checked against the tensors by ``prepare``)."""
     from ..io import compressed_tensors, export
 
-    recipe.check(tensors)
     if format != "compressed-tensors":
         return
     export.check_targets([os.path.join(os.path.dirname(dst), export.CONFIG)], replace=True)

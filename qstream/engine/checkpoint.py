@@ -71,6 +71,7 @@ class Prepared:
     compression: str
     runner: Any
     warnings: list[str]
+    executor: Any = None  # the executor argument ``runner`` was resolved from
 
 
 def prepare(
@@ -146,6 +147,7 @@ def prepare(
         compression,
         runner,
         found,
+        executor,
     )
 
 
@@ -184,7 +186,7 @@ def convert(
         )
     p = prepared
     runner = p.runner
-    if executor is not None and p.runner is not executor:
+    if executor is not None and executor is not p.executor:
         # a plan made before the executor was opened (the CLI's --scheduler): it runs
         # where it is told, once the executor can reach what it needs
         runner = resolve(executor)
