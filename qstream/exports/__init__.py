@@ -1,0 +1,1 @@
+"""Exports to formats other tools load (GGUF for llama.cpp)."""

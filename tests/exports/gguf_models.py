@@ -1,0 +1,286 @@
+"""Tiny random-weight models (hidden 64, 2 layers) with real tokenizers, saved as Hugging Face
+folders, for comparing qstream's GGUF metadata with llama.cpp's own converter.
+
+Tokenizers are built locally, never downloaded: a SentencePiece BPE model trained here
+(Llama-2 style, ``tokenizer.model`` beside a ``tokenizer.json``), and byte-level BPE
+tokenizers rebuilt with ``tokenizers`` from the vocabularies llama.cpp vendors for its own
+tokenizer tests (``models/ggml-vocab-{gpt-2,llama-bpe,qwen2}.gguf``: tokens and merges),
+so that their pre-tokenizer is one the converter recognises by its hash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CONVERTER = "convert_hf_to_gguf.py"
+DEFAULT_SRC = "/tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Hello world, this is a tiny tokenizer for tests 12345 and 678.",
+    "Ünïcödé text, with punctuation! And numbers 3.14; quotes 'like' \"this\".",
+] * 40
+#: the pre-tokenizer regular expressions of the byte-level BPE tokenizers rebuilt here
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+    r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def llama_cpp_root() -> Path | None:
+    """The llama.cpp source tree holding the converter: under the installed ``llama_cpp``
+    package's ``vendor`` folder, else ``$QSTREAM_LLAMA_CPP_SRC``, else :data:`DEFAULT_SRC`."""
+    candidates: list[str] = []
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is not None and spec.origin:
+            pkg = os.path.dirname(spec.origin)
+            candidates += [os.path.join(pkg, "vendor", "llama.cpp"), os.path.join(pkg, "vendor")]
+    except (ImportError, ValueError):
+        pass
+    if os.environ.get("QSTREAM_LLAMA_CPP_SRC"):
+        candidates.append(os.environ["QSTREAM_LLAMA_CPP_SRC"])
+    candidates.append(DEFAULT_SRC)
+    for c in candidates:
+        if os.path.isfile(os.path.join(c, CONVERTER)):
+            return Path(c)
+    return None
+
+
+def llama_cpp_converter() -> Path:
+    """The path of llama.cpp's ``convert_hf_to_gguf.py`` (see :func:`llama_cpp_root`); when
+    absent, the calling test fails under ``CI=true`` and is skipped otherwise."""
+    root = llama_cpp_root()
+    if root is None:
+        why = (
+            f"llama.cpp's {CONVERTER} not found (installed llama_cpp vendor dir,"
+            f" $QSTREAM_LLAMA_CPP_SRC, {DEFAULT_SRC})"
+        )
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    return root / CONVERTER
+
+
+# --- a minimal GGUF key reader (the vocabularies; gguf-py's reader takes seconds) ---------
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
+            11: "<q", 12: "<d"}  # fmt: skip
+
+
+def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The key-value pairs of the GGUF file ``path`` (strings decoded, arrays as lists)."""
+    data = Path(path).read_bytes()
+    pos = 24
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+
+    def string() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", data, pos)
+        s = data[pos + 8 : pos + 8 + n].decode("utf-8", "surrogateescape")
+        pos += 8 + n
+        return s
+
+    def value(kind: int) -> Any:
+        nonlocal pos
+        if kind == 8:
+            return string()
+        if kind == 9:
+            inner, count = struct.unpack_from("<IQ", data, pos)
+            pos += 12
+            if inner in _SCALARS:
+                fmt = _SCALARS[inner]
+                out = list(struct.unpack_from(f"<{count}{fmt[1]}", data, pos))
+                pos += struct.calcsize(fmt) * count
+                return out
+            return [value(inner) for _ in range(count)]
+        fmt = _SCALARS[kind]
+        (v,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
+    out: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = string()
+        (kind,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        out[key] = value(kind)
+    return out
+
+
+# --- tokenizers ---------------------------------------------------------------------------
+
+
+def sentencepiece_tokenizer(folder: Path, vocab_size: int = 400) -> None:
+    """Train a Llama-2 style SentencePiece BPE (byte fallback; <unk>, <s>, </s>) into
+    ``folder``: ``tokenizer.model``, and transformers' ``tokenizer.json`` and config."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "_sp"
+    tmp.mkdir(exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_CORPUS), model_prefix=str(tmp / "sp"), vocab_size=vocab_size,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1,
+        eos_id=2, pad_id=-1, minloglevel=2,
+    )  # fmt: skip
+    shutil.copy(tmp / "sp.model", folder / "tokenizer.model")
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(folder))
+    shutil.rmtree(tmp)
+
+
+def _vocab_file(name: str) -> Path:
+    root = llama_cpp_root()
+    if root is None:
+        llama_cpp_converter()  # (fails or skips, naming what is missing)
+    assert root is not None
+    return root / "models" / f"ggml-vocab-{name}.gguf"
+
+
+def bpe_tokenizer(folder: Path, kind: str) -> int:
+    """Write the byte-level BPE tokenizer ``kind`` (``gpt2``, ``llama3``, ``qwen2``), rebuilt
+    from llama.cpp's vocabulary file, into ``folder``; return its vocabulary size."""
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    name = {"gpt2": "gpt-2", "llama3": "llama-bpe", "qwen2": "qwen2"}[kind]
+    keys = read_gguf_keys(_vocab_file(name))
+    tokens, types = keys["tokenizer.ggml.tokens"], keys["tokenizer.ggml.token_type"]
+    merges = [tuple(m.split(" ", 1)) for m in keys["tokenizer.ggml.merges"]]
+    normal = {t: i for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty == 1}
+    special = [(i, t) for i, (t, ty) in enumerate(zip(tokens, types, strict=True)) if ty == 3]
+    bpe = models.BPE(vocab=normal, merges=merges, ignore_merges=kind == "llama3")
+    tok = Tokenizer(bpe)
+    if kind == "gpt2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    else:
+        split = _LLAMA3_SPLIT if kind == "llama3" else _QWEN2_SPLIT
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])  # fmt: skip
+    if kind == "qwen2":
+        tok.normalizer = normalizers.NFC()
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for _, t in special])
+    bos = eos = tokens[special[0][0]]
+    if kind == "llama3":
+        bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1",
+                special_tokens=[(bos, tokens.index(bos))],
+            ),
+        ])  # fmt: skip
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos)
+    fast.chat_template = CHAT_TEMPLATE
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(folder))
+    return len(tokens)
+
+
+# --- models -------------------------------------------------------------------------------
+
+#: architecture -> (transformers config class, its model class, extra config fields)
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 32}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 32}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"original_max_position_embeddings": 128}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
+                                                         "num_experts_per_tok": 2}),
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**_MOE,
+                                                           "shared_expert_intermediate_size": 48}),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_MOE, "head_dim": 16}),
+}  # fmt: skip
+
+
+def build_model(
+    folder: Path, arch: str, tokenizer: str, *, dtype: str = "float32", seed: int = 0
+) -> Path:
+    """Save a tiny random ``arch`` model (hidden 64, 2 layers, 4 heads, 2 kv heads) with the
+    ``tokenizer`` (``sentencepiece``, ``gpt2``, ``llama3``, ``qwen2``) into ``folder``."""
+    import torch
+    import transformers
+
+    if tokenizer == "sentencepiece":
+        sentencepiece_tokenizer(folder)
+        vocab = 400
+    else:
+        vocab = bpe_tokenizer(folder, tokenizer)
+    conf_name, model_name, extra = ARCHS[arch]
+    fields: dict[str, Any] = {
+        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": vocab,
+        "max_position_embeddings": 256, "tie_word_embeddings": vocab > 1000,
+        **extra,
+    }  # fmt: skip
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    ids = {"bos_token_id": 1, "eos_token_id": 2} if tokenizer == "sentencepiece" else {}
+    if not ids:
+        spec = json.loads((folder / "tokenizer.json").read_text())
+        by_text = {t["content"]: t["id"] for t in spec["added_tokens"]}
+        ids = {"bos_token_id": by_text[tok_cfg["bos_token"]],
+               "eos_token_id": by_text[tok_cfg["eos_token"]]}  # fmt: skip
+    config = getattr(transformers, conf_name)(**fields, **ids)
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    with torch.no_grad():
+        for p in model.parameters():  # (norms too: a norm offset must show in the file)
+            p.normal_(0.0, 0.05)
+    model = model.to(getattr(torch, dtype))
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def run_converter(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """Run llama.cpp's converter (its own gguf-py) on ``folder``, writing ``out``."""
+    import subprocess
+    import sys
+
+    converter = llama_cpp_converter()
+    env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
+    cmd = [sys.executable, str(converter), str(folder), "--outfile", str(out),
+           "--outtype", outtype]  # fmt: skip
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"converter failed on {folder}:\n{done.stderr[-3000:]}")
+    return out
