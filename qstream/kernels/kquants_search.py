@@ -1,0 +1,389 @@
+"""The scale searches behind llama.cpp's K-quants, in ggml's float32 operation order.
+
+Every function here follows the C reference (``ggml-quants.c``) operation for operation:
+float32 throughout (Python literals and integers are converted to ``np.float32`` before they
+meet a float, so nothing is promoted to float64), sums accumulated in the C loop order, no
+fast-math (so LLVM neither reassociates sums nor fuses multiply-adds, just as ggml-base is
+built without FMA contraction), and integers narrowed to 8 bits the way C's conversions wrap.
+The results are therefore the same bits as ``ggml_quantize_chunk``'s.
+
+- :func:`nearest_int`: ggml's rounding by the 1.5 * 2**23 magic number (ties to even for
+  ``|v| < 2**22``, and its exact bit-pattern result beyond that and for inf/NaN).
+- :func:`fp16_bits` / :func:`fp16_value`: float32 <-> IEEE half, rounding to nearest even
+  (``GGML_FP32_TO_FP16``; overflow to inf, NaN to 0x7E00).
+- :func:`qx_scale`: ``make_qx_quants`` with ``rmse_type`` 1 (symmetric, 19 trial scales).
+- :func:`q3_scale`: ``make_q3_quants`` with ``do_rmse`` (symmetric, coordinate descent).
+- :func:`qkx_scale_min`: ``make_qkx2_quants`` / ``make_qkx3_quants`` (asymmetric scale and
+  min by weighted least squares over trial scales).
+- :func:`qp_scale`: ``make_qp_quants`` (non-negative values, e.g. the sub-block scales).
+- :func:`pack_k4` / :func:`scale_min_k4`, :func:`pack_k3` / :func:`scale_k3`, :func:`pack_2bit`:
+  the packed scale and code layouts of the blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .bits import bits32, from_bits32
+
+#: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it is all zero
+QK_K = 256  # values per super-block
+GROUP_MAX_EPS = np.float32(1e-15)
+_MAGIC = np.float32(12582912.0)  # 1.5 * 2**23
+_F0 = np.float32(0.0)
+_F1 = np.float32(1.0)
+_TENTH = np.float32(0.1)
+
+_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@njit(inline="always", **_OPTS)
+def nearest_int(v):
+    """ggml's ``nearest_int``: the low 23 bits of ``v + 1.5 * 2**23``, less 2**22."""
+    b = bits32(np.float32(v + _MAGIC))
+    return np.int32((b & np.int32(0x007FFFFF)) - np.int32(0x00400000))
+
+
+@njit(inline="always", **_OPTS)
+def fp16_bits(v):
+    """The float16 bit pattern (uint16 as int32) nearest the float32 ``v``, ties to even."""
+    b = np.int64(bits32(v)) & np.int64(0xFFFFFFFF)
+    sign = np.int32((b >> 16) & 0x8000)
+    e = np.int32((b >> 23) & 0xFF)
+    m = np.int32(b & 0x7FFFFF)
+    if e == 255:  # inf, NaN
+        return sign | (np.int32(0x7E00) if m else np.int32(0x7C00))
+    if e >= 113:  # a normal half (or overflow): keep 10 of 23 mantissa bits
+        h = ((e - np.int32(112)) << 10) | (m >> 13)
+        rest = m & np.int32(0x1FFF)
+        if rest > 0x1000 or (rest == 0x1000 and (h & 1)):
+            h += 1  # a carry into the exponent is right, up to inf
+        if h >= 0x7C00:
+            h = np.int32(0x7C00)
+        return sign | h
+    s = np.int32(126) - e  # a subnormal half: units of 2**-24
+    if s > 24 or e == 0:
+        return sign
+    full = m | np.int32(0x800000)
+    h = full >> s
+    rest = full & ((np.int32(1) << s) - 1)
+    half = np.int32(1) << (s - 1)
+    if rest > half or (rest == half and (h & 1)):
+        h += 1
+    return sign | h
+
+
+@njit(inline="always", **_OPTS)
+def fp16_value(h):
+    """The float32 value of the float16 bit pattern ``h`` (exact)."""
+    h = np.int32(h) & np.int32(0xFFFF)
+    sign = (h & np.int32(0x8000)) << 16
+    e = (h >> 10) & np.int32(0x1F)
+    m = h & np.int32(0x3FF)
+    if e == 0:
+        v = np.float32(m) * np.float32(2.0**-24)
+        return -v if sign else v
+    if e == 31:
+        return from_bits32(sign | np.int32(0x7F800000) | (m << 13))
+    return from_bits32(sign | ((e + np.int32(112)) << 23) | (m << 13))
+
+
+@njit(**_OPTS)
+def qx_scale(n, nmax, x, L, w, has_w):
+    """``make_qx_quants(n, nmax, x, L, 1, qw)``: codes ``L`` (0..2*nmax-1, int8) and the scale;
+    weights ``w`` when ``has_w``, else ``x * x``."""
+    mx = _F0
+    amax = _F0
+    for i in range(n):
+        ax = np.abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return _F0
+    fmax = np.float32(nmax)
+    iscale = np.float32(-nmax) / mx
+    sumlx = _F0
+    suml2 = _F0
+    for i in range(n):
+        lv = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
+        L[i] = lv + nmax
+        wi = w[i] if has_w else x[i] * x[i]
+        fl = np.float32(lv)
+        sumlx += wi * x[i] * fl
+        suml2 += wi * fl * fl
+    scale = sumlx / suml2 if suml2 != _F0 else _F0
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        iscale = -(fmax + _TENTH * np.float32(step)) / mx
+        sumlx = _F0
+        suml2 = _F0
+        for i in range(n):
+            fl = np.float32(min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1))
+            wi = w[i] if has_w else x[i] * x[i]
+            sumlx += wi * x[i] * fl
+            suml2 += wi * fl * fl
+        if suml2 > _F0 and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                L[i] = nmax + min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@njit(**_OPTS)
+def q3_scale(n, nmax, x, L):
+    """``make_q3_quants(n, nmax, x, L, true)``: codes ``L`` (0..2*nmax-1, int8) and the scale,
+    weighted by ``x * x``, refined by up to 5 rounds of one-code-at-a-time changes."""
+    mx = _F0
+    amax = _F0
+    for i in range(n):
+        ax = np.abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return _F0
+    iscale = np.float32(-nmax) / mx
+    sumlx = _F0
+    suml2 = _F0
+    for i in range(n):
+        lv = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
+        L[i] = lv
+        wi = x[i] * x[i]
+        fl = np.float32(lv)
+        sumlx += wi * x[i] * fl
+        suml2 += wi * fl * fl
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            wi = x[i] * x[i]
+            fo = np.float32(L[i])
+            slx = sumlx - wi * x[i] * fo
+            if slx > _F0:
+                sl2 = suml2 - wi * fo * fo
+                new = min(max(nearest_int(x[i] * sl2 / slx), -nmax), nmax - 1)
+                if new != L[i]:
+                    fn = np.float32(new)
+                    slx += wi * x[i] * fn
+                    sl2 += wi * fn * fn
+                    if sl2 > _F0 and slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if not changed:
+            break
+    for i in range(n):
+        L[i] += nmax
+    return sumlx / suml2 if suml2 > _F0 else _F0
+
+
+@njit(**_OPTS)
+def qkx_scale_min(n, nmax, x, w, L, Laux, rmin, rdelta, nstep, use_mad, empty_le):
+    """``make_qkx2_quants`` (``empty_le`` False) / ``make_qkx3_quants`` with weights (True):
+    codes ``L`` (0..nmax, uint8), and ``(scale, the_min)`` where values are ``scale * L -
+    the_min``. Trial inverse scales ``(rmin + rdelta * is + nmax) / (max - min)``, is = 0..nstep,
+    each fitted by weighted least squares; the lowest weighted error (absolute when
+    ``use_mad``, else squared) wins."""
+    mn = x[0]
+    mx = x[0]
+    sum_w = w[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < mn:
+            mn = x[i]
+        if x[i] > mx:
+            mx = x[i]
+        sum_w += w[i]
+        sum_x += w[i] * x[i]
+    if mn > _F0:
+        mn = _F0
+    if (mx <= mn) if empty_le else (mx == mn):
+        for i in range(n):
+            L[i] = 0
+        return _F0, -mn
+    fmax = np.float32(nmax)
+    iscale = fmax / (mx - mn)
+    scale = _F1 / iscale
+    best = _F0
+    for i in range(n):
+        lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
+        L[i] = lv
+        diff = scale * np.float32(lv) + mn - x[i]
+        diff = np.abs(diff) if use_mad else diff * diff
+        best += w[i] * diff
+    if nstep < 1:
+        return scale, -mn
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * np.float32(step) + fmax) / (mx - mn)
+        sum_l = _F0
+        sum_l2 = _F0
+        sum_xl = _F0
+        for i in range(n):
+            lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
+            Laux[i] = lv
+            fl = np.float32(lv)
+            sum_l += w[i] * fl
+            sum_l2 += w[i] * fl * fl
+            sum_xl += w[i] * fl * x[i]
+        det = sum_w * sum_l2 - sum_l * sum_l
+        if det > _F0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            if this_min > _F0:
+                this_min = _F0
+                this_scale = sum_xl / sum_l2
+            err = _F0
+            for i in range(n):
+                diff = this_scale * np.float32(Laux[i]) + this_min - x[i]
+                diff = np.abs(diff) if use_mad else diff * diff
+                err += w[i] * diff
+            if err < best:
+                for i in range(n):
+                    L[i] = Laux[i]
+                best = err
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@njit(**_OPTS)
+def qp_scale(n, nmax, x, L, w):
+    """``make_qp_quants``: codes ``L`` (uint8, at most nmax) and the scale of the non-negative
+    values ``x`` weighted by ``w``: the best of 9 trial scales by weighted squared error, then
+    up to 5 rounds of one-code-at-a-time changes."""
+    mx = _F0
+    for i in range(n):
+        mx = mx if mx > x[i] else x[i]
+    if mx < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return _F0
+    fmax = np.float32(nmax)
+    iscale = fmax / mx
+    for i in range(n):
+        L[i] = nearest_int(iscale * x[i]) & 0xFF
+    scale = _F1 / iscale
+    best = _F0
+    for i in range(n):
+        diff = x[i] - scale * np.float32(L[i])
+        best += w[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_is = (_TENTH * np.float32(step) + fmax) / mx
+        scale_is = _F1 / iscale_is
+        mse = _F0
+        for i in range(n):
+            lv = min(nmax, nearest_int(iscale_is * x[i]))
+            diff = x[i] - scale_is * np.float32(lv)
+            mse += w[i] * diff * diff
+        if mse < best:
+            best = mse
+            iscale = iscale_is
+    sumlx = _F0
+    suml2 = _F0
+    for i in range(n):
+        lv = min(nmax, nearest_int(iscale * x[i]))
+        L[i] = lv & 0xFF
+        fl = np.float32(lv)
+        sumlx += w[i] * x[i] * fl
+        suml2 += w[i] * fl * fl
+    for _ in range(5):
+        changed = 0
+        for i in range(n):
+            fo = np.float32(L[i])
+            slx = sumlx - w[i] * x[i] * fo
+            sl2 = suml2 - w[i] * fo * fo
+            if slx > _F0 and sl2 > _F0:
+                new = min(nmax, nearest_int(x[i] * sl2 / slx))
+                if new != L[i]:
+                    fn = np.float32(new)
+                    slx += w[i] * x[i] * fn
+                    sl2 += w[i] * fn * fn
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        changed += 1
+        if not changed:
+            break
+    return sumlx / suml2 if suml2 > _F0 else _F0
+
+
+# Block layout helpers shared by the quantize and dequantize kernels.
+
+
+@njit(**_OPTS)
+def put_half(out, at, h):
+    """Store the float16 bits ``h`` at ``out[at:at + 2]``, little-endian."""
+    out[at] = h & 0xFF
+    out[at + 1] = (h >> 8) & 0xFF
+
+
+@njit(**_OPTS)
+def half_at(raw, at):
+    """The float32 value of the little-endian float16 at ``raw[at:at + 2]``."""
+    return fp16_value(np.int32(raw[at]) | (np.int32(raw[at + 1]) << 8))
+
+
+@njit(**_OPTS)
+def pack_k4(s, j, ls, lm):
+    """Q4_K/Q5_K: 6-bit scale ``ls`` and min ``lm`` of sub-block ``j`` into the 12 bytes."""
+    if j < 4:
+        s[j] = ls & 0xFF
+        s[j + 4] = lm & 0xFF
+    else:
+        s[j + 4] = ((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF
+        s[j - 4] = (np.int32(s[j - 4]) | ((ls >> 4) << 6)) & 0xFF
+        s[j] = (np.int32(s[j]) | ((lm >> 4) << 6)) & 0xFF
+
+
+@njit(**_OPTS)
+def scale_min_k4(s, j):
+    """ggml's ``get_scale_min_k4``: the 6-bit scale and min of sub-block ``j``."""
+    if j < 4:
+        return np.int32(s[j]) & 63, np.int32(s[j + 4]) & 63
+    b = np.int32(s[j + 4])
+    sc = (b & 0xF) | ((np.int32(s[j - 4]) >> 6) << 4)
+    m = (b >> 4) | ((np.int32(s[j]) >> 6) << 4)
+    return sc, m
+
+
+@njit(**_OPTS)
+def pack_k3(s, j, lv):
+    """Q3_K: the 6-bit scale ``lv`` (0..63) of sub-block ``j`` into the 12 bytes."""
+    if j < 8:
+        s[j] = lv & 0xF
+    else:
+        s[j - 8] = (np.int32(s[j - 8]) | ((lv & 0xF) << 4)) & 0xFF
+    s[j % 4 + 8] = (np.int32(s[j % 4 + 8]) | ((lv >> 4) << (2 * (j // 4)))) & 0xFF
+
+
+@njit(**_OPTS)
+def scale_k3(s, j):
+    """Q3_K: the signed scale (-32..31) of sub-block ``j``."""
+    lo = (np.int32(s[j]) & 0xF) if j < 8 else (np.int32(s[j - 8]) >> 4)
+    return (lo | (((np.int32(s[8 + j % 4]) >> (2 * (j // 4))) & 3) << 4)) - 32
+
+
+@njit(**_OPTS)
+def pack_2bit(L, qs):
+    """Q2_K/Q3_K: 2-bit codes, byte ``32 * h + i`` holding values ``128 * h + i + 32 * k``
+    in bits ``2k``."""
+    for j in range(0, QK_K, 128):
+        for lane in range(32):
+            i = j + lane
+            a = np.int32(L[i])
+            b = np.int32(L[i + 32])
+            c = np.int32(L[i + 64])
+            e = np.int32(L[i + 96])
+            qs[j // 4 + lane] = (a | (b << 2) | (c << 4) | (e << 6)) & 0xFF
