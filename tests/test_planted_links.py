@@ -315,6 +315,51 @@ def test_a_resumed_conversion_refuses_a_link_where_it_writes_naming_it(templates
     assert sorted(p.name for p in user.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.parametrize(
+    "member",
+    [
+        "_packs/p000000/data/c.0.0.0",
+        "_packs/p000000/scale",
+        "model.layers.0.self_attn.o_proj.weight/data/c.3.0",
+        "model.norm.weight/c.0",
+        "_index/b000000/zarr.json",
+    ],
+)
+def test_a_finished_conversion_run_again_refuses_a_link_anywhere_in_it_naming_it(
+    templates, tmp_path, member
+):
+    """A re-run of a finished conversion walks the whole finished tree (not only the root):
+    a link planted deep inside it (a pack's chunk file, a member folder) is refused, naming
+    it, instead of the output being reported complete."""
+    dst = tmp_path / "DST"
+    shutil.copytree(templates["checkpoint"], dst, symlinks=True)
+    link = _plant(tmp_path, dst, member)
+    before = snapshot(tmp_path / "user")
+    r = cli("convert", templates["ck"], dst, *MM)
+    assert r.exit_code in (1, 2), r.output  # (refused as the plan is made, or once locked)
+    assert "already complete" not in r.output
+    assert f"holds a link ({member})" in " ".join(r.output.split()), r.output
+    assert snapshot(tmp_path / "user") == before
+    assert link.is_symlink()  # (not removed: qstream did not write it)
+    link.unlink()  # (without it, the same output is finished again)
+    if (templates["checkpoint"] / member).is_dir():
+        shutil.copytree(templates["checkpoint"] / member, dst / member)
+    else:
+        shutil.copy(templates["checkpoint"] / member, dst / member)
+    r = cli("convert", templates["ck"], dst, *MM)
+    assert r.exit_code == 0 and "already complete" in r.output, r.output
+
+
+def test_a_finished_restored_checkpoint_run_again_refuses_a_link_inside_it(templates, tmp_path):
+    dst = tmp_path / "DST"
+    shutil.copytree(templates["restored"], dst, symlinks=True)
+    member = "model.norm.weight/c.0"
+    _plant(tmp_path, dst, member)
+    r = cli("dequantize", templates["checkpoint"], dst)
+    assert r.exit_code in (1, 2), r.output
+    assert f"holds a link ({member})" in " ".join(r.output.split()), r.output
+
+
 def test_the_clean_partials_of_a_root_never_follow_its_index_out(templates, tmp_path):
     """A killed writer's temporary files are removed from the index folder, never from the
     folder a link there points to."""

@@ -246,7 +246,6 @@ def check_separate(
 
 
 LEASE = float(os.environ.get("QSTREAM_LEASE", "30"))  # seconds (object stores)
-_NODES = ("quantized", "dequantized", "kept")  # outputs of one array (a checkpoint's tensors)
 
 
 def is_local_node(node: Any) -> bool:
@@ -366,10 +365,10 @@ class Destination:
         )
         if action is Action.REPLACE and self.local is None:
             Lease.refuse_if_held(existing, self.target)
-        if action is Action.COMPLETE and self.local is not None and existing.kind in _NODES:
-            # a finished array or tensor holding a link (made by someone else) is refused,
-            # naming it, not reported finished (a checkpoint's root is not walked whole: its
-            # tensors and packs are, as a run looks at each)
+        if action is Action.COMPLETE and self.local is not None:
+            # a finished output holding a link (made by someone else) anywhere is refused,
+            # naming it, not reported finished: its whole tree, listed without following
+            # links (the cost: see paths.check_tree)
             check_tree(self.local, "the finished output")
         return action, existing
 

@@ -217,7 +217,10 @@ def check_tree(root: str, what: str, *, links: str = "refuse") -> None:
     """Refuse a local tree that holds a FIFO, device or socket (reading one could block
     forever), or a link: any link (``links="refuse"``: qstream never writes one into an
     output), or one that resolves outside ``root`` (``"inside"``: a source's own links stay
-    in it). Walked without following links, the entries' kinds from the listing."""
+    in it). Walked without following links, the entries' kinds from the listing (no
+    ``lstat``): a finished checkpoint of 16,384 tensors in packs (102 entries) 0.3 ms, the
+    same without packs (164,100 entries in 65,666 folders) ~0.85 s, nearly all of it the
+    kernel listing the folders (``find`` takes as long)."""
     stack = [root]
     while stack:
         try:
