@@ -84,8 +84,12 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
             11: "<q", 12: "<d"}  # fmt: skip
 
 
+TENSORS = "<tensors>"  # the entry of read_gguf_keys' answer holding the tensors
+
+
 def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The key-value pairs of the GGUF file ``path`` (strings decoded, arrays as lists)."""
+    """The key-value pairs of the GGUF file ``path`` (strings decoded, arrays as lists) and,
+    under :data:`TENSORS`, each tensor's (shape in numpy order, GGML type id)."""
     data = Path(path).read_bytes()
     pos = 24
     (n_kv,) = struct.unpack_from("<Q", data, 16)
@@ -121,6 +125,15 @@ def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
         (kind,) = struct.unpack_from("<I", data, pos)
         pos += 4
         out[key] = value(kind)
+    tensors: dict[str, tuple[tuple[int, ...], int]] = {}
+    for _ in range(struct.unpack_from("<Q", data, 8)[0]):
+        name = string()
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
+        (gtype,) = struct.unpack_from("<I", data, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        tensors[name] = (tuple(reversed(dims)), gtype)
+    out[TENSORS] = tensors
     return out
 
 
@@ -224,7 +237,8 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 32}),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 32}),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"original_max_position_embeddings": 128}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"original_max_position_embeddings": 128,
+                                               "pad_token_id": None}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
                                                          "num_experts_per_tok": 2}),
     "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**_MOE,
