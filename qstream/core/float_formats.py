@@ -76,7 +76,7 @@ def round_to(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return x.astype(dtype).astype(F32)
 
 
-def divide(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def divide(a: np.ndarray | np.float32, b: np.ndarray | np.float32, dtype: np.dtype) -> np.ndarray:
     """``a / b`` as PyTorch computes it in ``dtype`` on CPU (a float32 division, then rounded
     to ``dtype``); overflow gives inf as it does there."""
     with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
@@ -84,7 +84,7 @@ def divide(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return round_to(q, dtype)
 
 
-def multiply(a: np.ndarray, b: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def multiply(a: np.ndarray | np.float32, b: np.ndarray | np.float32, dtype: np.dtype) -> np.ndarray:
     """``a * b`` in ``dtype`` as PyTorch computes it on CPU (float32 product, then rounded)."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         p = np.multiply(a, b, dtype=F32)
