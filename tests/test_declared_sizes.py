@@ -10,10 +10,6 @@ eating the machine; each reports its peak RSS (``-s`` shows them).
 from __future__ import annotations
 
 import json
-import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,44 +20,21 @@ from safetensors.numpy import save_file
 import qstream as qs
 from qstream.errors import InvalidParameterError
 
+from .memory_peak import CLI, PREAMBLE, run_child
+
 CAP = 3 << 29  # 1.5 GiB of address space: numba and the threads need ~1.2 GiB (measured)
 BOUND = "64MiB"
 # what a run may hold: twice the bound plus the interpreter, numba and zarr (~250 MB)
 PEAK = 2 * (64 << 20) + (300 << 20)
-
-# The child's own peak: VmHWM of its memory map. (getrusage's ru_maxrss is not: Linux keeps
-# it across exec, so a child forked from a big pytest worker reported the worker's size.)
-PYTHON = (
-    "import atexit, sys\n"
-    "def _peak():\n"
-    "    with open('/proc/self/status') as f:\n"
-    "        kib = next(int(x.split()[1]) for x in f if x.startswith('VmHWM:'))\n"
-    "    sys.stderr.write('peak_rss_kib=%d\\n' % kib)\n"
-    "atexit.register(_peak)\n"
-)
-CLI = PYTHON + "from qstream.cli.main import main\nsys.argv[0] = 'qstream'\nmain()\n"
+# (each child's own peak: VmHWM of its memory map, see tests/memory_peak.py)
+PYTHON = PREAMBLE
 
 
-def _capped() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
-
-
-def _run(args: list[str], *, code: str = CLI, cwd: Path | None = None):
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
-    r = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True,
-        text=True,
-        preexec_fn=_capped,
-        env=env,
-        cwd=cwd,
-        timeout=600,
-    )
-    lines = r.stderr.splitlines()
-    peak = next((int(x.split("=")[1]) << 10 for x in lines if x.startswith("peak_rss_kib=")), 0)
-    err = "\n".join(x for x in lines if not x.startswith("peak_rss_kib="))
-    print(f"{' '.join(map(str, args))[:100]}: exit {r.returncode}, peak RSS {peak >> 20} MiB")
-    return r.returncode, err, peak
+def _run(args: list, *, code: str = CLI, cwd: Path | None = None) -> tuple[int, str, int]:
+    """Run ``args`` (the command line, or ``code``) in a child under :data:`CAP`: its exit
+    code, stderr and peak RSS."""
+    r = run_child(args, code=code, cwd=cwd, address_space=CAP)
+    return r.returncode, r.stderr, r.peak
 
 
 def _one_line_error(err: str) -> str:
@@ -150,9 +123,9 @@ def test_a_pack_declaring_gigabytes_is_refused_naming_the_bound(crafted_pack, tm
         args = ["dequantize", crafted_pack, tmp_path / "r.zarr", "--max-memory", BOUND]
         bound = "--max-memory (64.0 MiB)"
     elif command.startswith("export"):
-        args = ["export", crafted_pack, tmp_path / "e.safetensors"]
+        args = ["export", crafted_pack, tmp_path / "e.safetensors", "--max-memory", BOUND]
         args += ["--format", "qstream"] if command == "export-qstream" else []
-        bound = "max_memory (1.0 GiB)"  # (export has no --max-memory: the default bound)
+        bound = "--max-memory (64.0 MiB)"
     else:
         code, err, _ = _run(
             [crafted_pack],
@@ -337,14 +310,7 @@ for n in (10_000, 100_000):
 def test_a_pass_over_millions_of_blocks_holds_none_of_them(tmp_path):
     """A pass over a plan of 16.7M one-element blocks makes each block as it starts: its
     memory does not grow with the blocks run (listing them first had taken > 3 GB)."""
-    r = subprocess.run(
-        [sys.executable, "-c", LAZY],
-        capture_output=True,
-        text=True,
-        preexec_fn=_capped,
-        cwd=tmp_path,
-        timeout=600,
-    )
+    r = run_child([], code=LAZY, cwd=tmp_path, address_space=CAP)
     assert r.returncode == 0, r.stderr
     peaks = dict(map(int, line.split()) for line in r.stdout.split("\n") if line.strip())
     print("traced peak bytes by blocks run:", peaks)

@@ -13,23 +13,28 @@ import numpy as np
 import pytest
 import zarr
 
+from .memory_peak import HWM
+
 pytestmark = pytest.mark.slow
 
 ROWS, COLS, CHUNK = 147_456, 4096, 256  # 2.25 GiB of float32
 
-# Peak RSS from VmHWM (this process's own memory map): ru_maxrss would also count what the
-# forking pytest process held before exec (Linux keeps the larger of the two across exec).
-CHILD = r"""
+# Peak RSS from VmHWM (this process's own memory map; see tests/memory_peak.py): ru_maxrss
+# would also count what the forking pytest process held before exec (Linux keeps the larger
+# of the two across exec).
+CHILD = (
+    HWM
+    + r"""
 import json, resource, sys
 # a real limit: the address space is smaller than the 2.25 GiB array (the job peaks near 1.2 GiB)
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 import qstream as qs
 spec = qs.QuantSpec.from_dict(json.loads(sys.argv[3]))
 report = qs.quantize_store(sys.argv[1], sys.argv[2], spec)
-hwm = next(ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:"))
-peak_mb = int(hwm.split()[1]) / 1024
+peak_mb = vm_hwm() / 2**20
 print(json.dumps({"peak_mb": peak_mb, "passes": report.passes, "seconds": report.seconds}))
 """
+)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ from qstream.cli.main import app
 from qstream.errors import StoreError
 from qstream.io.names import check_key, name_of, tensor_key
 
+from .memory_peak import run_child
+
 runner = CliRunner()
 
 
@@ -574,30 +576,10 @@ def _declared(path: Path, shape, chunks, fmt=3, compressor=None) -> Path:
 
 
 def _peak_run(args, timeout=120):
-    """Run the CLI in a child; (exit code, stderr, peak RSS in MB)."""
-    code = (
-        "import sys\n"
-        "from qstream.cli.main import main\n"
-        "sys.argv = ['qstream', *sys.argv[1:]]\n"
-        "try:\n"
-        "    main()\n"
-        "    rc = 0\n"
-        "except SystemExit as e:\n"
-        "    rc = e.code or 0\n"
-        # VmHWM: this process's own peak (ru_maxrss would count the forking parent's too)
-        "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
-        "peak = int(hwm.split()[1]) // 1024\n"
-        "print('PEAK', peak, file=sys.stderr)\n"
-        "sys.exit(rc)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    peak = int(r.stderr.rsplit("PEAK", 1)[1].split()[0])
-    return r.returncode, r.stderr, peak
+    """Run the CLI in a child; (exit code, stderr, its own peak RSS in MB: VmHWM, see
+    tests/memory_peak.py)."""
+    r = run_child(args, timeout=timeout)
+    return r.returncode, r.stderr, r.peak >> 20
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import ml_dtypes
@@ -17,6 +15,7 @@ import pytest
 
 import qstream as qs
 
+from .memory_peak import PREAMBLE, run_child
 from .s3proxy import FaultProxy
 from .test_fp8_checkpoints import block_scales, fp8_weight, write_safetensors
 from .test_s3 import BUCKET, _options, _s3, backend, endpoint  # noqa: F401 (fixtures)
@@ -297,14 +296,14 @@ def test_dask_workers_read_their_own_ranges(px, backend, tmp_path, monkeypatch):
     assert read_here and all(start == 0 for _, start, _ in read_here), read_here  # headers
 
 
-_RSS_SCRIPT = textwrap.dedent(
+# (its own peak, VmHWM, reported when it exits: see tests/memory_peak.py)
+_RSS_SCRIPT = PREAMBLE + textwrap.dedent(
     """
-    import json, resource, sys
+    import json
     import qstream as qs
     src, dst, opts, store = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
     kw = {"storage_options": opts, "store": store} if "://" in src else {}
     qs.convert_checkpoint(src, dst, max_memory=32 << 20, **kw)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     """
 )
 
@@ -324,24 +323,10 @@ def test_peak_memory_of_a_url_conversion_is_bounded_as_for_local_files(px, store
     )
 
     def peak(src, dst):
-        env = {**os.environ, "PYTHONPATH": os.getcwd()}
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                _RSS_SCRIPT,
-                str(src),
-                str(dst),
-                json.dumps(_options(store, px.url)),
-                store,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-            check=True,
-        )
-        return int(out.stdout.split()[-1])
+        args = [src, dst, json.dumps(_options(store, px.url)), store]
+        r = run_child(args, code=_RSS_SCRIPT)
+        assert r.returncode == 0 and r.peak, r.stderr
+        return r.peak
 
     local = peak(tmp_path / "big.safetensors", tmp_path / "a")
     url = peak(f"s3://{BUCKET}/rss-{store}/big.safetensors", tmp_path / "b")

@@ -221,7 +221,13 @@ def _export_locked(
         **kw,
     )
     exported = export_safetensors(
-        work, dst, **export, overwrite=overwrite, replace_own=resuming, job=job
+        work,
+        dst,
+        **export,
+        overwrite=overwrite,
+        replace_own=resuming,
+        job=job,
+        max_memory=kw.get("max_memory"),
     )
     existing = inspect_destination(work)
     if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays

@@ -169,7 +169,7 @@ def dequantize_store(
     if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
         return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
-        return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options)
+        return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options, max_memory)
     with store_errors(_remote(dst, src)):
         return _dequantize_any(
             with_backend(src, store, storage_options, read_only=True),
@@ -215,6 +215,7 @@ def _dequantize_to_safetensors(
     dtype: str,
     overwrite: bool,
     storage_options: StorageOptions | None,
+    max_memory: int | None,
 ) -> dict[str, Any]:
     import json
     import os
@@ -238,6 +239,7 @@ def _dequantize_to_safetensors(
             overwrite=overwrite,
             storage_options=storage_options,
             job=job,
+            max_memory=max_memory,
         )
     return {
         "destination": path,

@@ -12,7 +12,7 @@ import qstream as qs
 
 from .errors import library_errors
 from .helptext import examples
-from .options import JSON, QUIET, parse_size, require_input
+from .options import JSON, MAX_MEMORY, QUIET, parse_size, require_input
 from .output import done_already, emit_json, fmt_bytes
 
 
@@ -67,6 +67,7 @@ def export(
         " metadata says its source was).",
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files."),
+    max_memory: str | None = MAX_MEMORY,
     as_json: bool = JSON,
     quiet: bool = QUIET,
 ) -> None:
@@ -74,9 +75,12 @@ def export(
     safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
     or qstream's own layout (N, N_scale, N_zero_point)."""
     with library_errors():
+        limit = parse_size(max_memory, "--max-memory")
         require_input(src, "SRC")
         if out.endswith(".gguf"):
-            result = qs.export_gguf(src, out, type=gguf_type, config=config, overwrite=overwrite)
+            result = qs.export_gguf(
+                src, out, type=gguf_type, config=config, overwrite=overwrite, max_memory=limit
+            )
             if as_json:
                 emit_json(result)
             elif not quiet:
@@ -90,6 +94,7 @@ def export(
             max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
             overwrite=overwrite,
             name=name,
+            max_memory=limit,
         )
         if done_already(out, result, as_json, quiet):
             return

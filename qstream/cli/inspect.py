@@ -12,7 +12,7 @@ import qstream as qs
 
 from .errors import library_errors
 from .helptext import examples
-from .options import JSON, require_input
+from .options import JSON, MAX_MEMORY, parse_size, require_input
 from .output import emit_json, error_table, fmt_bytes, fmt_db, table
 from .show import show_checkpoint, show_report
 
@@ -64,16 +64,18 @@ def inspect(
         help="Write a one-page figure (.png or .svg): histogram with thresholds, per-channel"
         " SQNR, error summary. Needs matplotlib: pip install 'qstream-zarr[plot]'.",
     ),
+    max_memory: str | None = MAX_MEMORY,
 ) -> None:
     """Show a quantized array's spec, parameters, calibration and error report."""
     with library_errors():
         if plot is not None:
             check_plot(plot)  # (usage first)
+        limit = parse_size(max_memory, "--max-memory")
         require_input(store, "STORE")
         if store.endswith(EXPORTS):
             print_export(store, as_json)
             return
-        arr = qs.open_quantized(store, allow_incomplete=True)
+        arr = qs.open_quantized(store, allow_incomplete=True, max_memory=limit)
         assert not isinstance(arr, dict)  # (an export opens as a dict: described above)
         whole = isinstance(arr, qs.QuantizedCheckpoint)
         summary = arr.summary()

@@ -57,7 +57,7 @@ def dequantize(
     executor = resolve(executor)
     check_shared("source", src, executor=executor)
     check_shared("destination", dst, executor=executor)
-    arr = qarray.open_quantized(src, storage_options=storage_options)
+    arr = qarray.open_quantized(src, storage_options=storage_options, max_memory=max_memory)
     # (a checkpoint's root is restored tensor by tensor: qstream.engine.restore)
     assert isinstance(arr, QuantizedArray)
     out_dtype = float_dtype(dtype)
@@ -108,6 +108,7 @@ def dequantize(
             DestRef(token, fspath(src), storage_options),
             DestRef(token, fspath(dst), storage_options),
             out_dtype.name,
+            max_memory,
         )
         workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
         report_stage(progress, "dequantize", len(blocks))

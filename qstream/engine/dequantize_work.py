@@ -20,6 +20,7 @@ class DequantizeWork:
     source: DestRef  # the quantized group
     dest: DestRef  # the plain output array (``url`` is the array itself)
     dtype: str
+    max_memory: int | None = None  # the bound the source is opened under
 
     def __call__(self, b: Block) -> None:
         from ..io.stores import ArrayWriter, open_source
@@ -39,7 +40,11 @@ class DequantizeWork:
     def _open_quantized(self) -> Any:
         from ..io.qarray import open_quantized
 
-        return open_quantized(self.source.url, storage_options=self.source.storage_options)
+        return open_quantized(
+            self.source.url,
+            storage_options=self.source.storage_options,
+            max_memory=self.max_memory,
+        )
 
     def _open_writer(self, cls: Callable[[Any], Any]) -> Callable[[], Any]:
         def make() -> Any:

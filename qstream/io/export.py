@@ -88,6 +88,7 @@ def export_safetensors(
     replace_own: bool = False,
     job: str | None = None,
     dtype: str = "float32",
+    max_memory: int | None = None,
 ) -> dict[str, Any]:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -111,7 +112,10 @@ def export_safetensors(
 
     ``format="dequantized"``: every quantized tensor written as its dequantized values in
     ``dtype`` (float32, float16 or bfloat16; what ``qstream dequantize ... OUT.safetensors``
-    writes), kept tensors as stored."""
+    writes), kept tensors as stored.
+
+    ``max_memory``: the memory bound (bytes; None: the default, 1 GiB) ``src`` is opened
+    under (see :func:`qstream.open_quantized`)."""
     if dtype not in FLOAT_TYPES:
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
@@ -128,7 +132,7 @@ def export_safetensors(
         if done is not None:
             return {"files": done, "already_complete": True, "format": format,
                     "loader": LOADERS[format], "tensors": [], "bytes": 0}  # fmt: skip
-    opened = open_quantized(src, storage_options=storage_options)
+    opened = open_quantized(src, storage_options=storage_options, max_memory=max_memory)
     if not isinstance(opened, QuantizedArray | QuantizedCheckpoint):
         raise InvalidParameterError(
             f"{src} is not a qstream output (a converted checkpoint or a quantized group);"

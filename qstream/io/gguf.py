@@ -101,7 +101,7 @@ def export_gguf(
     out = os.fspath(out)
     if not out.endswith(".gguf"):
         raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
-    plan = plan_gguf(src, recipe, type, config)
+    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory)
     for warning in plan.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=2)
     return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)

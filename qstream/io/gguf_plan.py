@@ -140,6 +140,7 @@ def plan_gguf(
     config: str | os.PathLike[str] | dict[str, Any] | None = None,
     *,
     tensors: Mapping[str, Any] | None = None,
+    max_memory: int | None = None,
 ) -> GGUFPlan:
     """Decide the GGUF export of ``src`` (a float checkpoint, or a qstream output) before any
     tensor is read (see the module docstring); raise :class:`InvalidParameterError` for what
@@ -150,7 +151,8 @@ def plan_gguf(
     None (from each tensor's spec); ``config``: the model's config.json (a path or a dict),
     None: the one beside (or in) ``src``. ``tensors``: the float checkpoint's tensors when the
     caller has opened it already (name -> an object with ``shape`` and ``dtype``, FP8 scales
-    paired as :func:`qstream.io.fp8.pair_scales` pairs them); None: opened here."""
+    paired as :func:`qstream.io.fp8.pair_scales` pairs them); None: opened here.
+    ``max_memory``: the memory bound a qstream output's tensors are opened under."""
     from .checkpoints import open_checkpoint
     from .fp8 import pair_scales
     from .qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
@@ -170,7 +172,7 @@ def plan_gguf(
     notes: tuple[str, ...] = ()
     opened_by_name: dict[str, Any] = {}
     if output:
-        opened = open_quantized(src)
+        opened = open_quantized(src, max_memory=max_memory)
         items: list[tuple[str, Any]] = (
             [(n, opened[n]) for n in opened]
             if isinstance(opened, QuantizedCheckpoint)

@@ -190,4 +190,5 @@ class PackReader:
             with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
                 self._spec = QuantSpec.from_dict(self.meta["spec"])
         meta = self.tensor_meta(slot)
-        return QuantizedArray(_SlotGroup(self, slot, name), meta, spec=self._spec)
+        group = _SlotGroup(self, slot, name)
+        return QuantizedArray(group, meta, spec=self._spec, max_memory=self.max_memory)

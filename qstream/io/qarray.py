@@ -66,17 +66,32 @@ __all__ = [  # (and, for the callers that take them here, the names of the modul
 
 
 def open_quantized(
-    path: Any, *, allow_incomplete: bool = False, storage_options: dict[str, Any] | None = None
+    path: Any,
+    *,
+    allow_incomplete: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_memory: int | None = None,
 ) -> QuantizedArray | QuantizedCheckpoint | dict[str, Any]:
     """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
     The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
     tensor names to lazy arrays. A ``.safetensors`` file (or index) that qstream exported
-    opens as a dict of name -> lazy array of its values (see :mod:`qstream.io.exported`)."""
+    opens as a dict of name -> lazy array of its values (see :mod:`qstream.io.exported`).
+
+    ``max_memory``: the reader's memory bound in bytes (None: the default, 1 GiB, as for
+    every command). A quantized array's parameters are read whole when it is opened (a
+    checkpoint's tensors: each when it is taken): parameters that need more than half of
+    the bound, and packs read whole of more than half of it, are refused before a byte of
+    them is read."""
     if isinstance(path, str | os.PathLike) and os.fspath(path).endswith(
         (".safetensors", ".safetensors.index.json")
     ):
         return _open_export(os.fspath(path))
-    return open_output(path, allow_incomplete=allow_incomplete, storage_options=storage_options)
+    return open_output(
+        path,
+        allow_incomplete=allow_incomplete,
+        storage_options=storage_options,
+        max_memory=max_memory,
+    )
 
 
 def _open_export(path: str) -> dict[str, Any]:

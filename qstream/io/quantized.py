@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ..core.affine import affine_dequantize
 from ..core.indexing import step1_slices
 from ..core.layout import blocked_param_shape, param_region, plan_layout
-from ..errors import StoreError
+from ..errors import InvalidParameterError, QStreamError, StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
 from . import compression
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..calibration.views import ReportView
 
 MAX_PARAMS = 1 << 27  # parameters of one output read at once (0.5 GiB of float32 scales)
+# the parameters (read whole when an output is opened) may take 1/PARAM_SHARE of the memory
+# bound: with the blocks in flight (held to the bound) a reader stays within ~1.5x of it
+PARAM_SHARE = 2
 
 # A quantized group as zarr opens it (``zarr.Group``), or a stand-in with the same members
 # (``group["data"]``...), ``attrs`` and ``store_path``: a local group opened from its
@@ -42,11 +45,21 @@ class QuantizedArray:
     """A quantized array on disk, dequantized on indexing (float32)."""
 
     def __init__(
-        self, group: Group, meta: dict[str, Any], *, spec: QuantSpec | None = None
+        self,
+        group: Group,
+        meta: dict[str, Any],
+        *,
+        spec: QuantSpec | None = None,
+        max_memory: int | None = None,
     ) -> None:
-        """``spec``: ``meta["spec"]`` already parsed (a pack's tensors share one)."""
+        """``spec``: ``meta["spec"]`` already parsed (a pack's tensors share one);
+        ``max_memory``: the memory bound of whoever reads it (bytes; None: the default,
+        1 GiB). The parameters are read whole here: parameters that need more than half of
+        the bound are refused (:class:`~qstream.errors.InvalidParameterError`) before a byte
+        of them is read, as are more than :data:`MAX_PARAMS` under any bound."""
         self.group = group
         self.meta = meta
+        self.max_memory = max_memory
         where = str(group.store_path).removeprefix("file://")
         try:
             if meta.get("layout") == "codec":  # its codes, through data's plain form
@@ -62,6 +75,10 @@ class QuantizedArray:
             self.axis: int | None = meta.get("axis")
             # (the declared shapes first: a crafted output could declare billions)
             self._check(where, tuple(scale.shape), tuple(zero_point.shape))
+            members = [scale, zero_point]
+            if self.spec.float_offset:
+                members.append(group["offset"])
+            self._check_bound(where, members)
             self.scale = np.asarray(read_all(scale), np.float32)
             self.zero_point = np.asarray(read_all(zero_point))
             #: float offsets (spec.offset), float64
@@ -77,7 +94,7 @@ class QuantizedArray:
 
                 self.codec = constants(meta["codec"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            if isinstance(e, StoreError):
+            if isinstance(e, QStreamError):
                 raise
             raise StoreError(
                 f"{where}: its metadata is damaged or crafted ({type(e).__name__}: {e})"
@@ -116,6 +133,28 @@ class QuantizedArray:
                 f" not describe its arrays (data {list(shape)} {self.data.dtype}, scale"
                 f" {list(scale_shape)}, zero_point {list(zero_point_shape)}); the output is"
                 " damaged or crafted"
+            )
+
+    def _check_bound(self, where: str, members: list[Any]) -> None:
+        """Refuse parameters (``members``: the scale, zero point and offset arrays, their
+        declared shapes checked already) that need more than 1/:data:`PARAM_SHARE` of the
+        memory bound when read whole: as float32 scales (their stored form too, while
+        widened), zero points as stored, float64 offsets. A crafted output can declare any
+        count; a conversion writes at most a few bytes per block of values."""
+        from ..engine.plan import memory_limit, mib
+
+        n = math.prod(int(d) for d in members[0].shape)
+        itemsize = [np.dtype(m.dtype).itemsize for m in members]
+        widened = 4 + (itemsize[0] if np.dtype(members[0].dtype) != np.float32 else 0)
+        held = n * (widened + itemsize[1] + (8 if len(members) > 2 else 0))
+        limit = memory_limit(self.max_memory)
+        if PARAM_SHARE * held > limit:
+            names = ", ".join(("scale", "zero_point", "offset")[: len(members)])
+            raise InvalidParameterError(
+                f"{where}: declares {n:,} parameters ({names}: {mib(held)}), read whole when"
+                f" it is opened: the memory bound max_memory ({mib(limit)}) must be at least"
+                f" {mib(PARAM_SHARE * held)}; the output is damaged or crafted, or raise"
+                " max_memory"
             )
 
     @property

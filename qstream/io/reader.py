@@ -30,14 +30,21 @@ if TYPE_CHECKING:
 
 
 def open_output(
-    path: Any, *, allow_incomplete: bool = False, storage_options: dict[str, Any] | None = None
+    path: Any,
+    *,
+    allow_incomplete: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_memory: int | None = None,
 ) -> QuantizedArray | QuantizedCheckpoint:
     """Open a quantized group lazily (``arr[0:128]`` reads and dequantizes only that slab),
     or the root of a converted checkpoint as a :class:`QuantizedCheckpoint`. An incomplete
-    output is refused unless ``allow_incomplete``."""
+    output is refused unless ``allow_incomplete``. ``max_memory``: the reader's memory bound
+    (None: the default), which parameters and packs read whole are held to."""
     group = open_local(path) or open_group(path, mode="r", storage_options=storage_options)
     if "qstream_checkpoint" in group.attrs:
-        return QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
+        ck = QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
+        ck.max_memory = max_memory
+        return ck
     if isinstance(group, LocalGroup):  # read through nothing that leads elsewhere
         check_tree(group.path, "the quantized output")
     meta = group.attrs.get("qstream")
@@ -50,7 +57,7 @@ def open_output(
         )
     if not meta.get("ready", True):
         raise StoreError(f"{path} was interrupted while it was being created; re-run the job")
-    return QuantizedArray(group, meta)
+    return QuantizedArray(group, meta, max_memory=max_memory)
 
 
 class QuantizedCheckpoint(Mapping[str, Any]):
@@ -103,7 +110,9 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         if self.tensors[name].get("kept"):
             return self.group[key]
         return open_output(
-            f"{os.fspath(self.path).rstrip('/')}/{key}", storage_options=self._storage_options
+            f"{os.fspath(self.path).rstrip('/')}/{key}",
+            storage_options=self._storage_options,
+            max_memory=self.max_memory,
         )
 
     def _pack(self, name: object) -> PackReader:

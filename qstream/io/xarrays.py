@@ -50,7 +50,7 @@ def open_xarray(
             f"open_xarray needs xarray and dask ({e.name} is missing):"
             " pip install 'qstream-zarr[xarray]'"
         ) from None
-    opened = open_output(path, storage_options=storage_options)
+    opened = open_output(path, storage_options=storage_options, max_memory=max_memory)
     if isinstance(opened, QuantizedCheckpoint):
         import xarray as xr
 
