@@ -178,8 +178,8 @@ def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8):
             for i in range(16):
                 total += wts[i]
             sw[j] = total
-            scales[j] = qx_scale(16, 4, xs, L8[16 * j :], wts, True)
-        d_block = qx_scale(16, 32, scales, Ls8, sw, True)
+            scales[j] = qx_scale(16, 4, xs, L8[16 * j :], wts)
+        d_block = qx_scale(16, 32, scales, Ls8, sw)
         for j in range(16):
             pack_k3(s, j, np.int32(Ls8[j]))
         dbits = fp16_bits(d_block)
@@ -310,12 +310,18 @@ def _q45_k(x, qw, has_w, out, nmax, L, Laux, wts, scales, mins, sw, Ls, Lm):
 
 
 @njit(**_OPTS)
-def _q6_k(x, qw, has_w, out, L8, scales):
+def _q6_k(x, qw, has_w, out, L8, wts, scales):
     """One Q6_K super-block (210 bytes: low 4 bits, high 2 bits, 16 int8 scales, d)."""
     mx_s = _F0
     amax = _F0
     for j in range(16):
-        sc = qx_scale(16, 32, x[16 * j : 16 * j + 16], L8[16 * j :], qw[16 * j :], has_w)
+        xs = x[16 * j : 16 * j + 16]
+        if has_w:
+            sc = qx_scale(16, 32, xs, L8[16 * j :], qw[16 * j :])
+        else:
+            for i in range(16):
+                wts[i] = xs[i] * xs[i]
+            sc = qx_scale(16, 32, xs, L8[16 * j :], wts)
         scales[j] = sc
         if np.abs(sc) > amax:
             amax = np.abs(sc)
@@ -379,7 +385,7 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
             elif kind == Q5_K:
                 _q45_k(xb, wb, has_w, ob, 31, L, Laux, wts, scales, mins, sw, Ls, Lm)
             else:
-                _q6_k(xb, wb, has_w, ob, L8, scales)
+                _q6_k(xb, wb, has_w, ob, L8, wts, scales)
 
 
 @njit(**_OPTS)

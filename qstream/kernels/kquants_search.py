@@ -90,9 +90,9 @@ def fp16_value(h):
 
 
 @njit(**_OPTS)
-def qx_scale(n, nmax, x, L, w, has_w):
-    """``make_qx_quants(n, nmax, x, L, 1, qw)``: codes ``L`` (0..2*nmax-1, int8) and the scale;
-    weights ``w`` when ``has_w``, else ``x * x``."""
+def qx_scale(n, nmax, x, L, w):
+    """``make_qx_quants(n, nmax, x, L, 1, qw)``: codes ``L`` (0..2*nmax-1, int8) and the scale
+    for the weights ``w`` (ggml's weights without ``qw`` are ``x * x``: pass those)."""
     mx = _F0
     amax = _F0
     for i in range(n):
@@ -111,7 +111,7 @@ def qx_scale(n, nmax, x, L, w, has_w):
     for i in range(n):
         lv = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
         L[i] = lv + nmax
-        wi = w[i] if has_w else x[i] * x[i]
+        wi = w[i]
         fl = np.float32(lv)
         sumlx += wi * x[i] * fl
         suml2 += wi * fl * fl
@@ -125,7 +125,7 @@ def qx_scale(n, nmax, x, L, w, has_w):
         suml2 = _F0
         for i in range(n):
             fl = np.float32(min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1))
-            wi = w[i] if has_w else x[i] * x[i]
+            wi = w[i]
             sumlx += wi * x[i] * fl
             suml2 += wi * fl * fl
         if suml2 > _F0 and sumlx * sumlx > best * suml2:
@@ -322,20 +322,20 @@ def qp_scale(n, nmax, x, L, w):
 # Block layout helpers shared by the quantize and dequantize kernels.
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def put_half(out, at, h):
     """Store the float16 bits ``h`` at ``out[at:at + 2]``, little-endian."""
     out[at] = h & 0xFF
     out[at + 1] = (h >> 8) & 0xFF
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def half_at(raw, at):
     """The float32 value of the little-endian float16 at ``raw[at:at + 2]``."""
     return fp16_value(np.int32(raw[at]) | (np.int32(raw[at + 1]) << 8))
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def pack_k4(s, j, ls, lm):
     """Q4_K/Q5_K: 6-bit scale ``ls`` and min ``lm`` of sub-block ``j`` into the 12 bytes."""
     if j < 4:
@@ -347,7 +347,7 @@ def pack_k4(s, j, ls, lm):
         s[j] = (np.int32(s[j]) | ((lm >> 4) << 6)) & 0xFF
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def scale_min_k4(s, j):
     """ggml's ``get_scale_min_k4``: the 6-bit scale and min of sub-block ``j``."""
     if j < 4:
@@ -358,7 +358,7 @@ def scale_min_k4(s, j):
     return sc, m
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def pack_k3(s, j, lv):
     """Q3_K: the 6-bit scale ``lv`` (0..63) of sub-block ``j`` into the 12 bytes."""
     if j < 8:
@@ -368,7 +368,7 @@ def pack_k3(s, j, lv):
     s[j % 4 + 8] = (np.int32(s[j % 4 + 8]) | ((lv >> 4) << (2 * (j // 4)))) & 0xFF
 
 
-@njit(**_OPTS)
+@njit(inline="always", **_OPTS)
 def scale_k3(s, j):
     """Q3_K: the signed scale (-32..31) of sub-block ``j``."""
     lo = (np.int32(s[j]) & 0xF) if j < 8 else (np.int32(s[j - 8]) >> 4)
