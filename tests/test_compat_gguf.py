@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from qstream.compat import gguf as qg
+from qstream.errors import InvalidParameterError
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
@@ -73,5 +74,27 @@ def test_gguf_profile_equals_gguf_py_on_any_finite_rows(qtype, x):
 def test_gguf_profile_refuses_a_ragged_last_axis_and_unknown_types():
     with pytest.raises(Exception, match="multiple of 32"):
         qg.quantize(np.zeros((2, 40), np.float32), "Q8_0")
-    with pytest.raises(Exception, match="unknown GGUF type"):
+    with pytest.raises(Exception, match="multiple of 256"):
         qg.quantize(np.zeros((2, 32), np.float32), "Q5_K")
+    with pytest.raises(Exception, match="unknown GGUF type"):
+        qg.quantize(np.zeros((2, 32), np.float32), "Q5_1")
+
+
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+def test_the_profile_quantizes_k_quants_that_gguf_py_decodes_to_its_own_values(qtype):
+    """``qstream.compat.gguf`` takes the K-quants (issue 47's contract: ``quantize(x, "Q4_K",
+    imatrix=w)``, ``dequantize(blocks, "Q4_K", shape)``); gguf-py decodes its blocks to the
+    values qstream's dequantize gives (their bytes equal llama.cpp's: tests/kernels)."""
+    import gguf
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    w = rng.uniform(0.1, 2.0, 512).astype(np.float32)
+    for imatrix in (None, w):
+        blocks = qg.quantize(x, qtype, imatrix=imatrix)
+        assert blocks.shape == qg.byte_shape(x.shape, qtype)
+        ours = qg.dequantize(blocks, qtype, x.shape)
+        theirs = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[qtype])
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    with pytest.raises(InvalidParameterError, match="importance matrix"):
+        qg.quantize(x, "Q8_0", imatrix=w)

@@ -21,6 +21,7 @@ QuantSpec: ``qstream convert CK out.gguf`` and :func:`qstream.export_gguf` use i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,14 +36,18 @@ TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 PLAIN: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
 TYPES = tuple(TYPE_ID)
+#: llama.cpp's K-quants (super-blocks of 256 values; :mod:`qstream.compat.gguf_kquants`),
+#: quantized and dequantized here, not yet written to GGUF files by qstream
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 __all__ = ["BLOCK", "TYPES", "byte_shape", "dequantize", "quantize"]
 
 
-def _type(qtype: str) -> str:
+def _type(qtype: str, k_types: bool = False) -> str:
     name = str(getattr(qtype, "name", qtype)).upper()
-    if name not in TYPE_ID:
+    if name not in TYPE_ID and not (k_types and name in K_TYPES):
+        known = (*TYPES, *K_TYPES) if k_types else TYPES
         raise InvalidParameterError(
-            f"unknown GGUF type {qtype!r}; expected one of: {', '.join(TYPES)}"
+            f"unknown GGUF type {qtype!r}; expected one of: {', '.join(known)}"
         )
     return name
 
@@ -50,7 +55,11 @@ def _type(qtype: str) -> str:
 def byte_shape(shape: Sequence[int], qtype: str) -> tuple[int, ...]:
     """The stored shape of a tensor of ``shape``: quantized types (and BF16) as bytes, the last
     axis ``shape[-1] / 32 * type size``; F32/F16 as values."""
-    qtype = _type(qtype)
+    qtype = _type(qtype, k_types=True)
+    if qtype in K_TYPES:
+        from . import gguf_kquants
+
+        return gguf_kquants.byte_shape(shape, qtype)
     shape = tuple(int(d) for d in shape)
     if qtype in PLAIN:
         return shape
@@ -63,10 +72,21 @@ def byte_shape(shape: Sequence[int], qtype: str) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // BLOCK * TYPE_SIZE[qtype])
 
 
-def quantize(x: npt.ArrayLike, qtype: str) -> np.ndarray:
+def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None) -> np.ndarray:
     """``gguf.quants.quantize(x, qtype)``: uint8 blocks for Q8_0/Q4_0/Q4_1/BF16 (shaped
-    :func:`byte_shape`), float32/float16 values for F32/F16."""
-    qtype = _type(qtype)
+    :func:`byte_shape`), float32/float16 values for F32/F16; the K-quants (Q2_K..Q6_K) as
+    llama.cpp's ``ggml_quantize_chunk`` writes them, with ``imatrix`` (one importance weight
+    per column of the last axis, or one row of them per leading index) as llama-quantize's
+    ``--imatrix`` uses it."""
+    qtype = _type(qtype, k_types=True)
+    if qtype in K_TYPES:
+        from . import gguf_kquants
+
+        return gguf_kquants.quantize(x, qtype, imatrix)
+    if imatrix is not None:
+        raise InvalidParameterError(
+            f"an importance matrix is used by the K-quants ({', '.join(K_TYPES)}), not {qtype}"
+        )
     x = np.asarray(x)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
         raise InvalidDTypeError(f"GGUF quantize needs a floating array, got {x.dtype}")
@@ -84,10 +104,25 @@ def quantize(x: npt.ArrayLike, qtype: str) -> np.ndarray:
     return quantized.reshape(out_shape)
 
 
-def dequantize(raw: npt.ArrayLike, qtype: str) -> np.ndarray:
+def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = None) -> np.ndarray:
     """``gguf.quants.dequantize(raw, qtype)``: float32 values of stored blocks (the last axis
-    back to values)."""
-    qtype = _type(qtype)
+    back to values; ``shape``: the values' shape, checked)."""
+    qtype = _type(qtype, k_types=True)
+    if qtype in K_TYPES:
+        from . import gguf_kquants
+
+        return gguf_kquants.dequantize(raw, qtype, shape)
+    values = _dequantize(raw, qtype)
+    if shape is not None:
+        if math.prod(shape) != values.size:
+            raise InvalidParameterError(
+                f"{qtype} blocks of {values.size} values cannot have the shape {list(shape)}"
+            )
+        return values.reshape(tuple(shape))
+    return values
+
+
+def _dequantize(raw: npt.ArrayLike, qtype: str) -> np.ndarray:
     raw = np.asarray(raw)
     if qtype == "F32":
         return raw.view(np.float32)
