@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import InvalidParameterError
-from .gguf_vocab import ARRAY, BOOL, FLOAT32, STRING, UINT32, MetaItem
+from .gguf_items import ARRAY, BOOL, FLOAT32, STRING, UINT32, MetaItem
 
 #: Hugging Face architecture (config.json ``architectures[0]``) -> GGUF architecture
 ARCHITECTURES = {

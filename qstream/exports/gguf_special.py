@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidParameterError
-from .gguf_vocab import ARRAY, BOOL, STRING, UINT32, MetaItem, read_json
+from .gguf_items import ARRAY, BOOL, STRING, UINT32, MetaItem, read_json
 
 #: the special token kinds read, and the GGUF key of each one's id (``cls`` has none: skipped)
 TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
