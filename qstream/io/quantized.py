@@ -9,6 +9,8 @@ never read past its parameters. The format itself: :mod:`qstream.io.ondisk`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -17,7 +19,7 @@ import numpy.typing as npt
 from ..core.affine import affine_dequantize
 from ..core.indexing import step1_slices
 from ..core.layout import blocked_param_shape, param_region, plan_layout
-from ..errors import InvalidParameterError, QStreamError, StoreError
+from ..errors import InvalidParameterError, StoreError
 from ..qtypes import qtype
 from ..spec import QuantSpec
 from . import compression
@@ -41,6 +43,20 @@ PARAM_SHARE = 2
 Group = Any
 
 
+@contextmanager
+def _damaged(where: str) -> Iterator[None]:
+    """Metadata that fails to parse or to match its arrays, as one :class:`StoreError`
+    naming ``where`` (qstream's own errors pass as raised)."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, StoreError):
+            raise
+        raise StoreError(
+            f"{where}: its metadata is damaged or crafted ({type(e).__name__}: {e})"
+        ) from None
+
+
 class QuantizedArray:
     """A quantized array on disk, dequantized on indexing (float32)."""
 
@@ -61,7 +77,7 @@ class QuantizedArray:
         self.meta = meta
         self.max_memory = max_memory
         where = str(group.store_path).removeprefix("file://")
-        try:
+        with _damaged(where):
             if meta.get("layout") == "codec":  # its codes, through data's plain form
                 from .codec import open_plain
 
@@ -78,27 +94,22 @@ class QuantizedArray:
             members = [scale, zero_point]
             if self.spec.float_offset:
                 members.append(group["offset"])
-            self._check_bound(where, members)
+                self._check(where, tuple(scale.shape), tuple(members[2].shape))
+            n, dtypes = math.prod(scale.shape), [np.dtype(m.dtype) for m in members]
+        self._check_bound(where, n, dtypes)  # (before a byte of them is read)
+        with _damaged(where):
             self.scale = np.asarray(read_all(scale), np.float32)
             self.zero_point = np.asarray(read_all(zero_point))
             #: float offsets (spec.offset), float64
             self.offset: npt.NDArray[np.float64] | None = None
             if self.spec.float_offset:
-                offset = group["offset"]
-                self._check(where, tuple(scale.shape), tuple(offset.shape))
-                self.offset = np.asarray(read_all(offset), np.float64)
+                self.offset = np.asarray(read_all(members[2]), np.float64)
             #: the codec layout's decode constants (qstream.io.codec)
             self.codec: tuple[float, float, float] | None = None
             if meta.get("layout") == "codec":
                 from .codec import constants
 
                 self.codec = constants(meta["codec"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            if isinstance(e, QStreamError):
-                raise
-            raise StoreError(
-                f"{where}: its metadata is damaged or crafted ({type(e).__name__}: {e})"
-            ) from None
 
     def _check(
         self, where: str, scale_shape: tuple[int, ...], zero_point_shape: tuple[int, ...]
@@ -135,21 +146,19 @@ class QuantizedArray:
                 " damaged or crafted"
             )
 
-    def _check_bound(self, where: str, members: list[Any]) -> None:
-        """Refuse parameters (``members``: the scale, zero point and offset arrays, their
-        declared shapes checked already) that need more than 1/:data:`PARAM_SHARE` of the
-        memory bound when read whole: as float32 scales (their stored form too, while
-        widened), zero points as stored, float64 offsets. A crafted output can declare any
-        count; a conversion writes at most a few bytes per block of values."""
+    def _check_bound(self, where: str, n: int, dtypes: list[np.dtype[Any]]) -> None:
+        """Refuse ``n`` parameters (``dtypes``: the stored scale, zero point and offset
+        arrays', their declared shapes checked already) that need more than
+        1/:data:`PARAM_SHARE` of the memory bound when read whole: float32 scales (their
+        stored form too, while widened), zero points as stored, float64 offsets. A crafted
+        output can declare any count; a conversion writes a few bytes per block of values."""
         from ..engine.plan import memory_limit, mib
 
-        n = math.prod(int(d) for d in members[0].shape)
-        itemsize = [np.dtype(m.dtype).itemsize for m in members]
-        widened = 4 + (itemsize[0] if np.dtype(members[0].dtype) != np.float32 else 0)
-        held = n * (widened + itemsize[1] + (8 if len(members) > 2 else 0))
+        widened = 4 + (dtypes[0].itemsize if dtypes[0] != np.float32 else 0)
+        held = n * (widened + dtypes[1].itemsize + (8 if len(dtypes) > 2 else 0))
         limit = memory_limit(self.max_memory)
         if PARAM_SHARE * held > limit:
-            names = ", ".join(("scale", "zero_point", "offset")[: len(members)])
+            names = ", ".join(("scale", "zero_point", "offset")[: len(dtypes)])
             raise InvalidParameterError(
                 f"{where}: declares {n:,} parameters ({names}: {mib(held)}), read whole when"
                 f" it is opened: the memory bound max_memory ({mib(limit)}) must be at least"
