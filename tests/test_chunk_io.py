@@ -165,10 +165,10 @@ def test_direct_io_falls_back_where_the_file_system_refuses_it(tmp_path, monkeyp
     assert files.direct  # the default
     real_open = os.open
 
-    def refusing(path, flags, *args):
+    def refusing(path, flags, *args, **kwargs):
         if flags & os.O_DIRECT:
             raise OSError(22, "Invalid argument")  # as a file system without O_DIRECT
-        return real_open(path, flags, *args)
+        return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(chunk_io.os, "open", refusing)
     x = np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)  # 1 MiB chunks

@@ -421,3 +421,112 @@ def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path
     with paths.held(str(root)), pytest.raises(StoreError, match=r"data/c is a link inside"):
         files.write((slice(0, 4), slice(0, 4)), np.ones((4, 4), np.int8))
     assert list(user.iterdir()) == []
+
+
+# ---------------------------------------------------------------- a link swapped in meanwhile
+
+RENAME_EXCHANGE = 2  # renameat2(2): swap two entries atomically (Linux)
+
+
+def _exchanger():
+    """``exchange(a, b)``: swap the entries ``a`` and ``b`` in one step (renameat2), or None
+    where the C library lacks it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return None
+    at_cwd = -100
+
+    def exchange(a: Path, b: Path) -> None:
+        if fn(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), RENAME_EXCHANGE) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(a))
+
+    return exchange
+
+
+class Swapper:
+    """A thread that, once ``place`` holds a chunk file, swaps it for a link to ``outside``
+    and back, over and over (each swap atomic: ``place`` is always the folder or the link),
+    until stopped; then leaves the folder in place."""
+
+    def __init__(self, place: Path, outside: Path, exchange) -> None:
+        import threading
+
+        self.place, self.outside, self.exchange = place, outside, exchange
+        self.aside = place.parent / f"{place.name}-aside"  # (the link while the folder is in)
+        self.swaps = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import time
+
+        # (from the first chunk file on: the job is writing blocks into the folder)
+        while not self.stop.is_set() and not any(self.place.glob("c*")):
+            time.sleep(0.0005)
+        if self.stop.is_set():
+            return
+        # what the link shows: a copy of the folder's document (a followed link looks valid)
+        doc = self.place / "zarr.json"
+        if doc.exists():
+            shutil.copy(doc, self.outside / "zarr.json")
+        self.aside.symlink_to(os.path.relpath(self.outside, self.aside.parent))
+        linked = False
+        while not self.stop.is_set():
+            self.exchange(self.place, self.aside)
+            linked = not linked
+            self.swaps += 1
+            time.sleep(0.0005 if linked else 0.001)
+        if linked:
+            self.exchange(self.place, self.aside)
+        self.aside.unlink()
+
+    def __enter__(self) -> Swapper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def test_a_folder_swapped_for_a_link_while_a_job_writes_is_never_written_through(tmp_path):
+    """A real race (TOCTOU): while ``qstream quantize`` writes its output block by block, a
+    thread swaps the output's ``data`` folder (once it holds a chunk file) for a link to a
+    folder outside, and back, every millisecond or so (each swap atomic). Before chunk files
+    were written relative to a descriptor, chunks landed outside in every run of this test.
+    Every chunk file and document is written relative to a descriptor opened from the
+    output's root without following a link, so nothing outside changes; the run either
+    finishes (its output reads as a run without the race gives) or refuses in one line
+    naming the link."""
+    exchange = _exchanger()
+    if exchange is None:
+        pytest.skip("renameat2 is not available")
+    src = tmp_path / "src.zarr"
+    a = zarr.create_array(str(src), shape=(4096, 256), chunks=(16, 256), dtype="f4")
+    x = np.random.default_rng(5).standard_normal((4096, 256)).astype(np.float32)
+    a[...] = x
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    before = snapshot(outside)
+    dst = tmp_path / "dst.zarr"
+    member = "data"
+    with Swapper(dst / member, outside, exchange) as swapper:
+        r = cli("quantize", src, dst, "--axis", "0", "--max-memory", "1MiB")
+    after = snapshot(outside)
+    after.pop("zarr.json", None)  # (the swapper's own copy)
+    assert after == before, (sorted(after), r.output[-300:])
+    assert swapper.swaps >= 1  # (the link was in place while the job wrote)
+    assert "internal error" not in r.output and "Traceback" not in r.output, r.output
+    if r.exit_code:
+        errors = [ln for ln in r.output.splitlines() if ln.startswith("error")]
+        assert len(errors) == 1 and r.output.rstrip().endswith(errors[0]), r.output
+        assert f"{dst / member} is a link inside" in " ".join(r.output.split()), r.output
+        return
+    expected = tmp_path / "expected.zarr"
+    assert cli("quantize", src, expected, "--axis", "0", "--max-memory", "1MiB").exit_code == 0
+    np.testing.assert_array_equal(qs.open_quantized(dst)[...], qs.open_quantized(expected)[...])

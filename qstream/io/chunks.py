@@ -24,6 +24,7 @@ compressor (Zarr v2). Anything else returns None and the caller keeps using zarr
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import math
 import mmap
@@ -41,12 +42,14 @@ from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
 from .inplace import map_bytes
 from .packing import packed_nbytes
-from .paths import confined, open_regular
+from .paths import open_regular, opened
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
 DIRECT_IO = os.environ.get("QSTREAM_DIRECT_IO", "1") != "0" and hasattr(os, "O_DIRECT")
 DIRECT_MIN = 256 << 10
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 PARTIAL = ".partial"  # suffix of a chunk file being written (zarr's LocalStore uses it too)
 
 
@@ -211,32 +214,45 @@ class ChunkFiles:
         return not any(np.asarray(self.fill_value, self.dtype).tobytes())
 
     def _put(self, path: str, payload: Any, made: set[str]) -> None:
-        parent = os.path.dirname(path)
-        if parent not in made:
-            os.makedirs(confined(parent), exist_ok=True)  # (no link on the way)
-            made.add(parent)
-        # a whole new file under a temporary name, then renamed: readers never see a torn chunk
-        tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}" if self.atomic else path
+        """Write the chunk file ``path`` whole: a new file under a temporary name, then
+        renamed, both relative to its folder's descriptor, opened from the root this process
+        holds without following a link (:func:`~qstream.io.paths.opened`): a folder on the
+        way swapped for a link, even while the write runs, is refused, never written
+        through. (``made``: folders known to exist, made without a look at them first.)"""
+        parent, name = os.path.split(path)
         view = memoryview(payload).cast("B")
-        try:
-            if not (self.direct and len(view) >= DIRECT_MIN and self._write_direct(tmp, view)):
-                with open(tmp, "wb", buffering=0) as f:
-                    _write_all(f.fileno(), view)
-            if self.atomic:
-                os.replace(tmp, path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise StoreError(f"cannot write {path}: {e}") from None
+        with opened(parent, create=parent not in made) as dfd:
+            made.add(parent)
+            # readers never see a torn chunk
+            tmp = f"{name}.{os.getpid()}-{threading.get_ident()}{PARTIAL}" if self.atomic else name
+            try:
+                if not (
+                    self.direct and len(view) >= DIRECT_MIN and self._write_direct(dfd, tmp, view)
+                ):
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC
+                    with open(os.open(tmp, flags, 0o644, dir_fd=dfd), "wb", buffering=0) as f:
+                        _write_all(f.fileno(), view)
+                if self.atomic:
+                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except OSError as e:
+                if self.atomic:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=dfd)
+                what = "a link" if e.errno == errno.ELOOP else e
+                raise StoreError(f"cannot write {path}: {what}") from None
 
-    def _write_direct(self, path: str, view: memoryview) -> bool:
-        """Write ``view`` to a new file with O_DIRECT (an aligned copy first if it is not
-        aligned); False, and direct writes off, where the file system refuses them."""
+    def _write_direct(self, dfd: int, name: str, view: memoryview) -> bool:
+        """Write ``view`` to the new file ``name`` of the folder ``dfd`` with O_DIRECT (an
+        aligned copy first if it is not aligned); False, and direct writes off, where the
+        file system refuses them."""
         import fcntl
 
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT | _NOFOLLOW | _CLOEXEC
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
-        except OSError:
+            fd = os.open(name, flags, 0o644, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise
             self.direct = False
             return False
         try:

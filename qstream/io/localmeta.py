@@ -26,21 +26,24 @@ from typing import Any
 
 from ..errors import StoreError
 from .chunks import PARTIAL
-from .paths import confined, open_regular
+from .paths import confined, open_regular, opened
 
 DOC = "zarr.json"
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 MAX_DOC = 256 << 20  # bytes of a metadata document qstream reads (a root of 100k tensors)
 
 
-def _move_new(src: str, dst: str) -> None:
-    """Move ``src`` to the new name ``dst``, refusing an existing ``dst``."""
-    if os.name == "nt":  # a rename refuses an existing target there
-        os.rename(src, dst)
+def _move_new(src: str, dst: str, dfd: int) -> None:
+    """Move ``src`` to the new name ``dst`` (both entries of the folder ``dfd``), refusing an
+    existing ``dst``."""
+    if os.name == "nt":  # pragma: no cover - a rename refuses an existing target there
+        os.rename(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
         return
     # a rename replaces it: link (atomic, refuses an existing target), then unlink, as zarr's
     # LocalStore does for its exclusive writes
-    os.link(src, dst)
-    os.unlink(src)
+    os.link(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+    os.unlink(src, dir_fd=dfd)
 
 
 def read_local_doc(path: str) -> dict[str, Any] | None:
@@ -92,23 +95,24 @@ def encode_doc(metadata: Any) -> bytes:
 def write_doc(directory: str, metadata: Any, *, new: bool) -> None:
     """Write ``metadata``'s ``zarr.json`` (or the document's ``bytes``) into ``directory``
     (made if absent); ``new``: fail with :class:`FileExistsError` if the node already has
-    one, else replace it. No link on the way is followed (:func:`~qstream.io.paths.confined`;
-    a link at the document's own place is replaced, never written through)."""
-    os.makedirs(confined(directory), exist_ok=True)
-    path = os.path.join(directory, DOC)
-    tmp = f"{path}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    try:
-        with open(os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o666), "wb") as f:
-            f.write(metadata if isinstance(metadata, bytes) else encode_doc(metadata))
-        if new:
-            _move_new(tmp, path)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    one, else replace it. No link on the way is followed, even one swapped in meanwhile:
+    the document is written and renamed relative to its folder's descriptor, opened from the
+    root this process holds (:func:`~qstream.io.paths.opened`; a link at the document's own
+    place is replaced, never written through)."""
+    tmp = f"{DOC}.{os.getpid()}-{threading.get_ident()}{PARTIAL}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC
+    with opened(directory, create=True) as dfd:  # (no link on the way followed, ever)
+        try:
+            with open(os.open(tmp, flags, 0o666, dir_fd=dfd), "wb") as f:
+                f.write(metadata if isinstance(metadata, bytes) else encode_doc(metadata))
+            if new:
+                _move_new(tmp, DOC, dfd)
+            else:
+                os.replace(tmp, DOC, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
 
 
 def _root(store: Any) -> str:

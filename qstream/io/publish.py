@@ -4,19 +4,20 @@ A small tensor's quantized group (or a pack of them, :mod:`qstream.io.packs`) is
 once, with its values, instead of member by member: the node is made in a folder named
 ``.qstream-tmp-*`` (:data:`~qstream.io.ondisk.TMP_PREFIX`) next to where it goes and renamed
 into place, so it is whole or absent. A killed writer's folder is never published; it is
-removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only. The
-node's folder is walked from the root this process holds first
-(:func:`~qstream.io.paths.confined`): a link on the way is refused, and one at the place itself
-(which the rename never follows) is named when the rename fails.
+removed by :func:`~qstream.io.cleanup.clean_partials` of the root. Local outputs only. Every
+folder and file of the node is made, and the node renamed, relative to its folder's descriptor
+opened from the root this process holds (:func:`~qstream.io.paths.opened`): a link on the way,
+even one swapped in while the node is written, is refused, never followed, and one at the
+place itself (which the rename never follows) is named when the rename fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
 import os
-import shutil
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ from .arraydoc import plain_array
 from .chunks import chunk_files
 from .localmeta import encode_doc, group_doc
 from .ondisk import TMP_PREFIX, array_metadata
-from .paths import confined, local_path
+from .paths import local_path, mkdir_new, remove_child, rename_in, write_new
 
 # create_array keywords -> (metadata, document, chunk files)
 _PREPARED: dict[str, tuple[Any, bytes, Any]] = {}
@@ -85,9 +86,8 @@ def _write_member(
         parsed = json.loads(doc)
         parsed["attributes"] = attrs
         doc = json.dumps(parsed, allow_nan=True, separators=(",", ":")).encode()
-    os.mkdir(where)
-    with open(os.path.join(where, "zarr.json"), "wb") as f:
-        f.write(doc)
+    mkdir_new(where)
+    write_new(os.path.join(where, "zarr.json"), doc)
     if values is None:
         return
     values = np.asarray(values)
@@ -105,13 +105,14 @@ def _publish(path: str, build: Callable[[str], None]) -> None:
     if local is None:
         raise StoreError(f"cannot write {path}: nodes are written whole in a local directory")
     # no link on the way (the place itself: a rename never follows a link there, and fails)
-    confined(os.path.dirname(local))
-    tmp = os.path.join(os.path.dirname(local), f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    folder, name = os.path.split(local)
+    hidden = f"{TMP_PREFIX}{uuid.uuid4().hex}"
     try:
-        build(tmp)
-        os.replace(tmp, local)  # published whole
+        build(os.path.join(folder, hidden))  # (each file made below the folder's descriptor)
+        rename_in(folder, hidden, name)  # published whole
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError, StoreError):
+            remove_child(folder, hidden)
         if isinstance(e, OSError) and e.errno in _OCCUPIED and os.path.lexists(local):
             raise _occupied(local) from None
         if isinstance(e, OSError) and not isinstance(e, StoreError):
@@ -149,11 +150,10 @@ def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) ->
     :func:`~qstream.io.cleanup.clean_partials` of the root)."""
 
     def build(tmp: str) -> None:
-        os.mkdir(tmp)
+        mkdir_new(tmp)
         for name, (kw, values, member_attrs) in members.items():
             _write_member(os.path.join(tmp, name), kw, values, member_attrs)
-        with open(os.path.join(tmp, "zarr.json"), "wb") as f:
-            f.write(group_doc(attrs))
+        write_new(os.path.join(tmp, "zarr.json"), group_doc(attrs))
 
     _publish(path, build)
 
