@@ -350,3 +350,17 @@ def test_lm_head_is_left_out_unless_asked(tiny, tmp_path):
     assert compute_imatrix(acts, tiny["model"], out).entries == ("blk.0.ffn_up.weight",)
     both = compute_imatrix(acts, tiny["model"], out, include_output=True)
     assert both.entries == ("blk.0.ffn_up.weight", "output.weight") and both.left_out == ()
+
+
+def test_sample_writes_an_imatrix_of_every_layer_weight(tmp_path):
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "samples" / "imatrix_example.py"
+    spec = importlib.util.spec_from_file_location("imatrix_example", path)
+    assert spec is not None and spec.loader is not None
+    sample = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample)
+    sample.main(tmp_path)
+    imx = read_imatrix(tmp_path / "model.imatrix")
+    assert len(imx.sums) == 2 * 7 and {int(c[0]) for c in imx.counts.values()} == {155}
+    assert imx.chunk_size == 64 and imx.chunk_count == 2
