@@ -73,7 +73,7 @@ def main() -> int:
     src = info["paths"]["raw"]
     out = os.path.join(args.workdir, "out-dask")
     os.makedirs(out, exist_ok=True)
-    from qstream.engine.dask import local_client
+    from qstream.engine.run.dask import local_client
 
     rows = []
     with local_client(

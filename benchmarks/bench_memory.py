@@ -35,7 +35,7 @@ COLS = 4096
 CHUNK_ROWS = 256
 MiB = 1 << 20
 GiB = 1 << 30
-DEFAULT_MAX_MEMORY = GiB  # qstream.engine.plan.DEFAULT_MAX_MEMORY
+DEFAULT_MAX_MEMORY = GiB  # qstream.budget.DEFAULT_MAX_MEMORY
 NUMBA_CACHE = "/tmp/qstream-bench-numba"
 
 CASES = {  # name -> QuantSpec kwargs
@@ -81,7 +81,7 @@ BASELINE = (
     + """
 import json
 import qstream as qs, zarr, numba
-import qstream.kernels.stats, qstream.kernels.affine, qstream.kernels.errors
+import qstream.kernels.stats, qstream.kernels.affine, qstream.kernels.error_stats
 print("RESULT " + json.dumps({"vmhwm_kb": _status("VmHWM"), "vmrss_kb": _status("VmRSS")}))
 """
 )

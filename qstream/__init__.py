@@ -21,14 +21,14 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.convert import open_checkpoint as open_checkpoint
     from .api.convert import plan_conversion as plan_conversion
     from .api.convert import plan_convert as plan_convert
-    from .api.stores import calibrate as calibrate
-    from .api.stores import dequantize_store as dequantize_store
-    from .api.stores import quantize_store as quantize_store
+    from .api.store_jobs import calibrate as calibrate
+    from .api.store_jobs import dequantize_store as dequantize_store
+    from .api.store_jobs import quantize_store as quantize_store
     from .api.views import compare_methods as compare_methods
     from .api.views import save_plot as save_plot
-    from .engine.dask import DaskExecutor as DaskExecutor
-    from .engine.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
-    from .engine.executors import LocalExecutor as LocalExecutor
+    from .engine.run.dask import DaskExecutor as DaskExecutor
+    from .engine.run.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
+    from .engine.run.executors import LocalExecutor as LocalExecutor
     from .engine.warmup import warm_common as warm_common
     from .engine.warmup import warm_up as warm_up
     from .errors import DestinationBusyError as DestinationBusyError
@@ -38,18 +38,18 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .errors import QStreamError as QStreamError
     from .errors import QStreamWarning as QStreamWarning
     from .errors import StoreError as StoreError
-    from .io.export import describe_export as describe_export
-    from .io.export import export_safetensors as export_safetensors
-    from .io.gguf import export_gguf as export_gguf
-    from .io.qarray import QuantizedArray as QuantizedArray
-    from .io.qarray import QuantizedCheckpoint as QuantizedCheckpoint
-    from .io.qarray import open_quantized as open_quantized
-    from .io.xarrays import open_xarray as open_xarray
-    from .io.zarr_ext import register_zarr_types as register_zarr_types
+    from .exports.safetensors import describe_export as describe_export
+    from .exports.safetensors import export_safetensors as export_safetensors
+    from .exports.gguf.export import export_gguf as export_gguf
+    from .io.outputs.qarray import QuantizedArray as QuantizedArray
+    from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
+    from .io.outputs.qarray import open_quantized as open_quantized
+    from .io.outputs.xarrays import open_xarray as open_xarray
+    from .io.storage.zarr_ext import register_zarr_types as register_zarr_types
     from .kernels.runtime import on_compile as on_compile
     from .qtypes import QTYPES as QTYPES
     from .qtypes import QType as QType
-    from .recipe import Recipe as Recipe
+    from .spec.recipe import Recipe as Recipe
     from .rounding import ROUND_MODES as ROUND_MODES
     from .spec import Calibration as Calibration
     from .spec import QuantReport as QuantReport
@@ -62,25 +62,25 @@ _EXPORTS = {
     "dequantize": "qstream.api.arrays",
     "quantize_dynamic": "qstream.api.arrays",
     "GroupQuantized": "qstream.api.arrays",
-    "quantize_store": "qstream.api.stores",
-    "dequantize_store": "qstream.api.stores",
-    "calibrate": "qstream.api.stores",
+    "quantize_store": "qstream.api.store_jobs",
+    "dequantize_store": "qstream.api.store_jobs",
+    "calibrate": "qstream.api.store_jobs",
     "compare_methods": "qstream.api.views",
     "save_plot": "qstream.api.views",
-    "open_quantized": "qstream.io.qarray",
-    "QuantizedArray": "qstream.io.qarray",
-    "QuantizedCheckpoint": "qstream.io.qarray",
-    "open_xarray": "qstream.io.xarrays",
-    "export_safetensors": "qstream.io.export",
-    "export_gguf": "qstream.io.gguf",
-    "describe_export": "qstream.io.export",
+    "open_quantized": "qstream.io.outputs.qarray",
+    "QuantizedArray": "qstream.io.outputs.qarray",
+    "QuantizedCheckpoint": "qstream.io.outputs.qarray",
+    "open_xarray": "qstream.io.outputs.xarrays",
+    "export_safetensors": "qstream.exports.safetensors",
+    "export_gguf": "qstream.exports.gguf.export",
+    "describe_export": "qstream.exports.safetensors",
     "convert_checkpoint": "qstream.api.convert",
     "open_checkpoint": "qstream.api.convert",
     "plan_conversion": "qstream.api.convert",
     "plan_convert": "qstream.api.convert",
     "ConversionPlan": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
-    "Recipe": "qstream.recipe",
+    "Recipe": "qstream.spec.recipe",
     "QuantSpec": "qstream.spec",
     "QuantReport": "qstream.spec",
     "Calibration": "qstream.spec",
@@ -94,13 +94,13 @@ _EXPORTS = {
     "InvalidDTypeError": "qstream.errors",
     "NonFiniteInputError": "qstream.errors",
     "StoreError": "qstream.errors",
-    "LocalExecutor": "qstream.engine.executors",
-    "DaskExecutor": "qstream.engine.dask",
-    "QstreamWorkerPlugin": "qstream.engine.dask",
+    "LocalExecutor": "qstream.engine.run.executors",
+    "DaskExecutor": "qstream.engine.run.dask",
+    "QstreamWorkerPlugin": "qstream.engine.run.dask",
     "on_compile": "qstream.kernels.runtime",
     "warm_up": "qstream.engine.warmup",
     "warm_common": "qstream.engine.warmup",
-    "register_zarr_types": "qstream.io.zarr_ext",
+    "register_zarr_types": "qstream.io.storage.zarr_ext",
 }
 _SUBMODULES = ("compat",)
 

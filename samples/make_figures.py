@@ -23,7 +23,7 @@ BEGIN, END = "<!-- capture: calibrate --compare -->", "<!-- end capture -->"
 
 def qstream(*args: str, cwd=ROOT) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "qstream.cli.main", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=cwd,
         capture_output=True,
         text=True,

@@ -39,7 +39,7 @@ PREAMBLE = (
     + f"atexit.register(lambda: sys.stderr.write('{MARK}%d\\n' % (vm_hwm() >> 10)))\n"
 )
 # the qstream command line, its arguments those given to run_child
-CLI = PREAMBLE + "from qstream.cli.main import main\nsys.argv[0] = 'qstream'\nmain()\n"
+CLI = PREAMBLE + "from cli.main import main\nsys.argv[0] = 'qstream'\nmain()\n"
 
 
 @dataclass(frozen=True)

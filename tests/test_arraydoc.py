@@ -1,4 +1,4 @@
-"""Plain arrays' documents written without zarr-python (:mod:`qstream.io.arraydoc`): the same
+"""Plain arrays' documents written without zarr-python (:mod:`qstream.io.storage.arraydoc`): the same
 JSON and chunk names as ``zarr.create_array``; everything else is left to zarr; a conversion
 of a checkpoint of many small tensors runs with zarr-python never imported, and writes the
 files a run with it writes."""
@@ -23,8 +23,8 @@ from safetensors.numpy import save_file
 from zarr.codecs import ZstdCodec
 from zarr.storage import MemoryStore
 
-from qstream.io.arraydoc import auto_chunks, plain_array
-from qstream.io.localmeta import encode_doc
+from qstream.io.storage.arraydoc import auto_chunks, plain_array
+from qstream.io.storage.localmeta import encode_doc
 
 DTYPES = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 DTYPES += ["float16", "float32", "float64", np.float32]

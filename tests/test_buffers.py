@@ -33,7 +33,7 @@ def test_small_arrays_are_plain_numpy():
 def test_scratch_of_an_ended_thread_is_reused_by_the_next_one():
     import threading
 
-    from qstream.core import scratch as sc
+    from qstream.core import scratch_pool as sc
 
     addresses = []
 

@@ -12,7 +12,7 @@ import zarr
 from safetensors.numpy import save_file as save_numpy
 
 from qstream.errors import StoreError
-from qstream.io.checkpoints import CheckpointTensor, open_checkpoint
+from qstream.io.checkpoints.open import CheckpointTensor, open_checkpoint
 
 # the tensors are made with torch (on Python 3.12, .ci/run's second leg, the test extras have no
 # torch: PyPI's wheels for it are multi-GB CUDA builds)
@@ -352,8 +352,8 @@ def test_unsupported_and_corrupt_others(tmp_path):
 
 
 def test_dtype_facts_are_right_for_each_dtype_object_and_remembered_within_a_bound():
-    from qstream.io import checkpoint_dtypes
-    from qstream.io.checkpoint_dtypes import BF16, dtype_facts
+    from qstream.io.checkpoints.open import dtypes as checkpoint_dtypes
+    from qstream.io.checkpoints.dtypes import BF16, dtype_facts
 
     assert dtype_facts(np.dtype("<f4")) == (np.dtype("float32"), "float32", True)
     assert dtype_facts(BF16).name == "bfloat16"

@@ -1,4 +1,4 @@
-"""Direct chunk I/O (qstream.io.chunks) against zarr itself: what it writes zarr reads back,
+"""Direct chunk I/O (qstream.io.storage.chunks) against zarr itself: what it writes zarr reads back,
 what zarr wrote it reads, and every layout it does not reproduce is left to zarr."""
 
 import os
@@ -11,13 +11,13 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
-from qstream.engine import pipeline
-from qstream.engine.plan import Block, plan_blocks
+from qstream.engine.run import pipeline
+from qstream.budget import Block, plan_blocks
 from qstream.errors import StoreError
-from qstream.io import chunks as chunk_io
-from qstream.io.chunks import chunk_files
-from qstream.io.progress import ProgressLog
-from qstream.io.stores import ArrayWriter, open_source
+from qstream.io.storage import chunks as chunk_io
+from qstream.io.storage.chunks import chunk_files
+from qstream.io.outputs.progress_log import ProgressLog
+from qstream.io.storage.stores import ArrayWriter, open_source
 from qstream.spec import ErrorStats, WorstGroups
 
 SHAPE, CHUNKS = (50, 37), (16, 10)  # edge chunks on both axes

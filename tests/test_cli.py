@@ -12,7 +12,7 @@ import pytest
 import zarr
 from typer.testing import CliRunner
 
-from qstream.cli.main import app
+from cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -197,7 +197,7 @@ def test_convert_sample_with_recipe_resume_and_corrupt_header(tmp_path):
 
 def test_help_is_fast_and_does_not_import_numba():
     code = (
-        "import sys, time; t = time.perf_counter(); from qstream.cli.main import app;"
+        "import sys, time; t = time.perf_counter(); from cli.main import app;"
         "print(time.perf_counter() - t, 'numba' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -475,7 +475,7 @@ def test_nightly_script_keeps_the_last_good_report_and_says_when_to_resume(tmp_p
 
 def test_first_run_says_it_is_compiling_kernels_and_later_runs_do_not(src, tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
-    command = [sys.executable, "-m", "qstream.cli.main", "quantize", str(src)]
+    command = [sys.executable, "-m", "cli.main", "quantize", str(src)]
     first = subprocess.run(
         [*command, str(tmp_path / "a.zarr")], capture_output=True, text=True, env=env
     )
@@ -564,7 +564,7 @@ def test_a_destination_held_by_another_process_exits_75_and_the_nightly_script_s
     out = tmp_path / "out.zarr"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom qstream.io.destination import locked\n"
+         "import sys, time\nfrom qstream.io.outputs.destination import locked\n"
          f"with locked({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(120)\n"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -572,7 +572,7 @@ def test_a_destination_held_by_another_process_exits_75_and_the_nightly_script_s
         assert holder.stdout.readline().strip() == "held"
         before = sorted(p.name for p in out.iterdir())
         r = subprocess.run(
-            [sys.executable, "-m", "qstream.cli.main", "convert", str(ckpt), str(out), "-q"],
+            [sys.executable, "-m", "cli.main", "convert", str(ckpt), str(out), "-q"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         assert r.returncode == 75, r.stderr

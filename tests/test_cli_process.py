@@ -1,4 +1,4 @@
-"""The console script's housekeeping (:mod:`qstream.cli.process`): it runs the cycle collector
+"""The console script's housekeeping (:mod:`cli.process`): it runs the cycle collector
 rarely and keeps freed memory for reuse, and ends its process without the interpreter's
 teardown, with exit codes, output, ``atexit`` handlers and running threads as a normal exit
 leaves them."""
@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from qstream.cli.process import exit_code
+from cli.process import exit_code
 
 
 def _script(tmp_path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -24,7 +24,7 @@ def _script(tmp_path, body: str, *args: str) -> subprocess.CompletedProcess[str]
     code = textwrap.dedent(body) + textwrap.dedent(f"""
         import sys
         sys.argv = ["qstream", *{list(args)!r}]
-        from qstream.cli.main import console
+        from cli.main import console
         console()
         """)
     return subprocess.run(
@@ -41,7 +41,7 @@ def test_exit_code_is_that_of_system_exit(code, expected, capsys):
 
 def test_a_failing_command_keeps_its_exit_code_and_message(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "qstream.cli.main", "inspect", str(tmp_path / "absent.zarr")],
+        [sys.executable, "-m", "cli.main", "inspect", str(tmp_path / "absent.zarr")],
         capture_output=True,
         text=True,
     )
@@ -91,7 +91,7 @@ def _housekeeping(env: dict[str, str] | None = None) -> dict:
     """What the console script's housekeeping sets, seen in a new process."""
     code = textwrap.dedent("""
         import gc, json
-        from qstream.cli.process import THRESHOLDS, collect_rarely, keep_freed_memory
+        from cli.process import THRESHOLDS, collect_rarely, keep_freed_memory
         before = gc.get_freeze_count()
         collect_rarely()
         print(json.dumps({
@@ -134,9 +134,9 @@ def test_numbas_probes_are_skipped_without_importing_the_package_which_still_imp
     pytest.importorskip(package)  # (without it there is no probe to skip)
     code = textwrap.dedent(f"""
         import json, sys
-        from qstream.cli.process import skip_numba_probes
+        from cli.process import skip_numba_probes
         first = skip_numba_probes()
-        from qstream.kernels.errors import columns
+        from qstream.kernels.error_stats import columns
         columns(1, 1)  # a kernel's first call: Numba sets up its CPU target
         import numba.np.arraymath as arraymath
         from numba.core.typing import cffi_utils

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qstream.cli.main import app
+from cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "samples"
@@ -186,7 +186,7 @@ def test_minmax_outputs_keep_a_histogram_only_when_asked(tmp_path):
 def test_show_is_rich_on_a_terminal(monkeypatch):
     from rich.console import Console
 
-    import qstream.cli.show as show
+    import cli.show as show
 
     buf = io.StringIO()
     monkeypatch.setattr(show, "console", lambda: Console(file=buf, force_terminal=True, width=90))

@@ -5,7 +5,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from qstream.compat import ngraph, onednn
+from qstream.compat import ngraph
+from qstream.compat import onednn
 
 from . import oracle
 

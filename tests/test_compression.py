@@ -15,8 +15,8 @@ import zarr
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
-from qstream.io.compression import canonical
+from cli.main import app
+from qstream.io.storage.compression import canonical
 
 SPEC = qs.QuantSpec(dtype="int8", axis=0)  # per channel: codes one byte each
 GROUPS = qs.QuantSpec(dtype="uint4", axis=1, block_size=32, method="dynamic", symmetric=False)

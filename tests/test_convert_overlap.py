@@ -12,8 +12,8 @@ import zarr
 from safetensors.numpy import save_file
 
 import qstream as qs
-from qstream.engine import checkpoint as ckpt_mod
-from qstream.io.checkpoints import open_checkpoint
+from qstream.engine.convert import convert_checkpoint as ckpt_mod
+from qstream.io.checkpoints.open import open_checkpoint
 
 RECIPE = qs.Recipe.from_dict(
     {"defaults": {"dtype": "uint4", "axis": 1, "block_size": 32, "method": "dynamic",
@@ -107,9 +107,9 @@ def test_checkpoint_tensor_regions_map_the_file_without_a_copy(tmp_path):
 def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tmp_path, stop_after):
     import threading
 
-    from qstream.engine.conversion import Stoppable as _Stoppable
-    from qstream.engine.conversion import Stopped
-    from qstream.engine.job import QuantizeJob
+    from qstream.engine.convert.conversion import Stoppable as _Stoppable
+    from qstream.engine.convert.conversion import Stopped
+    from qstream.engine.jobs.job import QuantizeJob
 
     x = (np.random.default_rng(6).standard_normal((512, 256)) * 0.02).astype(np.float32)
     spec = RECIPE.spec_for("w", x.shape, x.dtype)
@@ -146,7 +146,7 @@ def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tm
 )
 def test_a_small_tensor_converted_whole_equals_its_own_job(tmp_path, spec):
     """A tensor that is one block of its job (converted start to end by one worker,
-    qstream.engine.small) gives the codes, parameters and report of the same job run as a
+    qstream.engine.convert.one_block) gives the codes, parameters and report of the same job run as a
     store job, and restores to what dequantize gives."""
     from safetensors.numpy import save_file
 

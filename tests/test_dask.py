@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from qstream import QuantSpec
-from qstream.cli.main import app
+from cli.main import app
 
 from .kill_hook import KILL_HOOK
 
@@ -30,7 +30,7 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    from qstream.engine.dask import local_client
+    from qstream.engine.run.dask import local_client
 
     with local_client(2) as c:
         yield c
@@ -353,7 +353,7 @@ def test_whole_channel_blocks_searched_by_workers_give_the_merged_histograms_ran
 ):
     """Blocks that hold whole channels (axis 0) are searched where their histograms are built;
     the ranges must be those of the path that merges histograms on the client."""
-    from qstream.engine.job import QuantizeJob
+    from qstream.engine.jobs.job import QuantizeJob
 
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((160, 300)) * np.exp(rng.normal(0, 1, (160, 1)))).astype(np.float32)

@@ -40,7 +40,7 @@ STALL = "60"  # the jobs' deadline for a pass without progress (QSTREAM_DASK_STA
 HOOK = textwrap.dedent(
     """
     import atexit, json, os, signal, sys
-    import qstream.engine.dask as qd
+    import qstream.engine.run.dask as qd
 
     # passes to kill at the start of: their numbers, or a work class (its first pass)
     kill_at = [k for k in os.environ.get("KILL_AT", "").split(",") if k]
@@ -61,7 +61,7 @@ HOOK = textwrap.dedent(
 
     qd.DaskExecutor.map_ordered = map_ordered
     atexit.register(lambda: print("hook: passes " + json.dumps(passes), file=sys.stderr))
-    from qstream.cli.main import console  # (what the qstream script runs)
+    from cli.main import console  # (what the qstream script runs)
     console()
     """
 )
@@ -69,7 +69,7 @@ HOOK = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Client]:
-    from qstream.engine.dask import local_client
+    from qstream.engine.run.dask import local_client
 
     with local_client(2) as c:
         yield c
@@ -233,7 +233,7 @@ def wanted(data: Path) -> dict[str, Path]:
     """Uninterrupted local runs (no --scheduler; the same command line, in this process)."""
     from typer.testing import CliRunner
 
-    from qstream.cli.main import app
+    from cli.main import app
 
     out = {"quantize": data / "want-q.zarr", "convert": data / "want-c"}
     for kind, dst in out.items():

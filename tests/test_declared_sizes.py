@@ -273,7 +273,7 @@ def test_a_block_the_bound_cannot_hold_is_refused_naming_it(tmp_path):
 LAZY = """
 import sys, tracemalloc
 from qstream.engine import pipeline
-from qstream.engine.plan import plan_blocks
+from qstream.budget import plan_blocks
 
 grid = plan_blocks((4096, 4096), (1, 1))  # 16.7M blocks
 assert len(grid) == 4096 * 4096
@@ -362,8 +362,8 @@ def test_a_recipe_block_the_bound_cannot_hold_is_named_with_its_rule_and_tensor(
     """Blocks of 2000 rows of 512 (3.9 MiB) under a 4 MiB bound: ``Recipe.check_blocks``
     refuses them for every tensor at once, naming the rule and the tensor (a conversion's
     plan can call it before anything is written); the conversion itself names the tensor."""
-    from qstream.io.checkpoints import open_checkpoint
-    from qstream.recipe import Recipe
+    from qstream.io.checkpoints.open import open_checkpoint
+    from qstream.spec.recipe import Recipe
 
     rng = np.random.default_rng(5)
     tensors = {

@@ -6,7 +6,7 @@ import pytest
 import qstream as qs
 from qstream.core.affine import affine_dequantize, affine_quantize
 from qstream.core.layout import plan_layout
-from qstream.engine.blockmath import block_errors, block_errors_fused
+from qstream.engine.blocks.blockmath import block_errors, block_errors_fused
 
 CASES = [
     ((50, 70), None, None, "int8"),
@@ -117,7 +117,7 @@ def test_rows_per_channel_sum_exactly_as_tiles(rows, width, cblock, serial):
     """One row per channel (a pack's layout) adds its error sums straight to its channel:
     the same bytes as the tiles kernel, which gives each row a partial and folds it, with
     NaN, infinities and signed zeros, onto sums already holding an earlier block's."""
-    from qstream.kernels.errors import (
+    from qstream.kernels.error_stats import (
         N_SUMS,
         NO_GROUPS,
         _error_sums_channel_rows,
@@ -145,7 +145,7 @@ def test_rows_per_channel_sum_exactly_as_tiles(rows, width, cblock, serial):
 
 
 def test_error_sums_refuses_sums_that_do_not_fit_the_inner_channels():
-    from qstream.kernels.errors import N_SUMS, error_sums
+    from qstream.kernels.error_stats import N_SUMS, error_sums
 
     x = np.ones((1, 1, 64), np.float32)
     q = np.ones((1, 1, 64), np.int8)

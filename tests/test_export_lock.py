@@ -23,7 +23,7 @@ import qstream as qs
 
 from .kill_hook import KILL_HOOK
 
-BUSY = 75  # EX_TEMPFAIL: qstream.cli.errors
+BUSY = 75  # EX_TEMPFAIL: cli.failures
 
 # A child running the CLI that, with PAUSE_AT=n, stops just before its n-th atomic rename (a
 # shard, a config.json, an index moved into place), writes the file READY and waits until the
@@ -53,7 +53,7 @@ PAUSE_HOOK = textwrap.dedent(
 CLI = textwrap.dedent(
     """
     import sys
-    from qstream.cli.main import console
+    from cli.main import console
 
     sys.argv = ["qstream", *sys.argv[1:]]
     console()

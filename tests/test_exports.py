@@ -14,7 +14,7 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
+from cli.main import app
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOADER = os.path.join(HERE, "hf_loader.py")
@@ -334,7 +334,7 @@ def test_first_int4_conversion_in_a_fresh_process_registers_the_zarr_types(tmp_p
         '[defaults]\ndtype = "int4"\naxis = 1\nblock_size = 32\nmethod = "dynamic"\n'
     )
     r = subprocess.run(
-        [sys.executable, "-c", "from qstream.cli.main import main; main()", "convert",
+        [sys.executable, "-c", "from cli.main import main; main()", "convert",
          "m.safetensors", "out.zarr", "--recipe", "r.toml", "--quiet"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -563,7 +563,7 @@ def test_a_config_json_link_inside_an_output_is_refused_not_followed(tmp_path):
 
 
 def test_the_source_config_helper_finds_the_config_of_the_checkpoint_the_user_named(tmp_path):
-    from qstream.io.export import source_config
+    from qstream.exports.safetensors import source_config
 
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import qstream as qs
-from qstream.engine.blockmath import block_errors_fused, dynamic_blocked
-from qstream.kernels import blocked, runtime
+from qstream.engine.blocks.blockmath import block_errors_fused, dynamic_blocked
+from qstream.kernels import blocked
+from qstream.kernels import runtime
 from qstream.qtypes import qtype
 
 
@@ -19,7 +20,7 @@ def _args(x, qt, spec, axis):
     """The fused kernels' arguments for ``x`` (as ``dynamic_blocked`` makes them)."""
     from qstream.calibration.params import symmetric_steps
     from qstream.core.layout import blocked_param_shape, plan_layout
-    from qstream.kernels.errors import N_SUMS
+    from qstream.kernels.error_stats import N_SUMS
 
     bs = spec.block_size
     layout = plan_layout(x.shape, blocked_param_shape(x.shape, axis, bs), axis, bs)

@@ -1,4 +1,4 @@
-"""GGUF exports are planned before any tensor is read (qstream.io.gguf_plan): a spec no GGUF
+"""GGUF exports are planned before any tensor is read (qstream.exports.gguf.plan): a spec no GGUF
 type holds is refused (never changed silently), an explicit type alone picks the type and
 its rule, and the report carries each quantized tensor's error as written."""
 
@@ -13,8 +13,8 @@ from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
-from qstream.io.gguf_plan import GGUFPlan, plan_gguf
+from cli.main import app
+from qstream.exports.gguf.plan import GGUFPlan, plan_gguf
 
 runner = CliRunner()
 HIDDEN, HEADS, KV = 64, 4, 2

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.calibration.views import CheckpointView, GroupSummary, ReportView
+from qstream.spec.views import CheckpointView, GroupSummary, ReportView
 from qstream.spec import ErrorStats, GroupSQNR, QuantSpec, WorstGroups
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -148,8 +148,8 @@ def test_group_distribution_is_the_oracle_s_and_the_same_for_any_block_cut(
 
 
 def test_a_resumed_run_keeps_the_same_distribution(tmp_path, monkeypatch):
-    from qstream.engine import work
-    from qstream.io import progress
+    from qstream.engine.blocks import work
+    from qstream.io.outputs import progress_log as progress
 
     src, _ = _source(tmp_path, chunks=(8, 512))
     spec = QuantSpec(dtype="int4", axis=1, block_size=32, method="dynamic", nan_policy="min")
@@ -181,7 +181,7 @@ def test_a_resumed_run_keeps_the_same_distribution(tmp_path, monkeypatch):
 def test_a_resume_snapshot_of_an_older_run_gives_no_partial_distribution(tmp_path):
     """A _progress array without the counts (written before they were kept) resumes, and the
     report then has no distribution rather than one of only the resumed blocks."""
-    from qstream.io.progress import ProgressLog
+    from qstream.io.outputs.progress_log import ProgressLog
 
     group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     log = ProgressLog(group.create_array(ProgressLog.NAME, **ProgressLog.array_spec(2, 5)))

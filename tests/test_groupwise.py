@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import qstream as qs
 from qstream import QuantSpec
-from qstream.engine.work import QuantizeWork
+from qstream.engine.blocks.work import QuantizeWork
 
 from . import oracle
 
@@ -117,7 +117,7 @@ def test_errors_taken_in_the_fused_pass_equal_the_error_kernel(dtype, axis, bs, 
     group; along axis 0: groups that are columns, the last block short. With NaN/inf and a
     huge value, the sums the fused pass takes while the values are in cache, and every
     group's, are the error kernel's bit for bit."""
-    from qstream.engine.blockmath import block_errors_fused, dynamic_blocked
+    from qstream.engine.blocks.blockmath import block_errors_fused, dynamic_blocked
     from qstream.qtypes import qtype
 
     rng = np.random.default_rng(4)

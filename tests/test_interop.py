@@ -111,7 +111,7 @@ def test_dequantize_and_inspect_take_a_converted_checkpoints_root(tmp_path):
     from safetensors.numpy import save_file
     from typer.testing import CliRunner
 
-    from qstream.cli.main import app
+    from cli.main import app
 
     rng = np.random.default_rng(7)
     tensors = {
@@ -244,7 +244,7 @@ def _oracle_pack(codes: list[int], bits: int) -> bytes:
 @pytest.mark.parametrize("bits, signed", [(4, True), (4, False), (2, True), (2, False)])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 31, 64, 1001])
 def test_pack_matches_the_bit_by_bit_oracle_and_unpack_inverts_it(bits, signed, n):
-    from qstream.io.packing import packed_nbytes
+    from qstream.io.storage.packing import packed_nbytes
     from qstream.kernels.packing import pack_codes, unpack_codes
 
     rng = np.random.default_rng(n * 7 + bits)
@@ -321,8 +321,8 @@ def test_packed_chunks_read_through_the_direct_path_equal_zarrs_decode(tmp_path)
     direct chunk path, and the other way round."""
     import ml_dtypes
 
-    from qstream.io.chunks import chunk_files
-    from qstream.io.zarr_ext import PackBits
+    from qstream.io.storage.chunks import chunk_files
+    from qstream.io.storage.zarr_ext import PackBits
 
     rng = np.random.default_rng(3)
     codes = rng.integers(-8, 8, (70, 45)).astype(ml_dtypes.int4)
@@ -379,7 +379,7 @@ def test_convert_to_safetensors_in_one_call_matches_convert_then_export(tmp_path
     from safetensors.numpy import load_file, save_file
     from typer.testing import CliRunner
 
-    from qstream.cli.main import app
+    from cli.main import app
 
     rng = np.random.default_rng(10)
     tensors = {

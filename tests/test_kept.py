@@ -15,8 +15,8 @@ import zarr
 from safetensors.numpy import save_file
 
 import qstream as qs
-from qstream.engine import kept
-from qstream.io.checkpoints import open_checkpoint
+from qstream.engine.convert import kept
+from qstream.io.checkpoints.open import open_checkpoint
 
 
 def _files(node) -> tuple[dict, dict[str, bytes]]:

@@ -1,4 +1,4 @@
-"""Metadata documents qstream writes itself on a local disk (``qstream.io.localmeta``): the
+"""Metadata documents qstream writes itself on a local disk (``qstream.io.storage.localmeta``): the
 same documents zarr writes (arrays' byte for byte; groups' compact, without zarr's indents),
 never replacing a node that exists, readable by zarr at once."""
 
@@ -11,9 +11,9 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.io import qarray
-from qstream.io.progress import ProgressLog
-from qstream.io.zarr_ext import PackBits
+from qstream.io.outputs import qarray
+from qstream.io.outputs.progress_log import ProgressLog
+from qstream.io.storage.zarr_ext import PackBits
 from qstream.qtypes import qtype
 
 MEMBERS = {

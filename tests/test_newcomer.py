@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
+from cli.main import app
 
 from .memory_peak import HWM
 
@@ -33,7 +33,7 @@ def run(*args):
 
 def cli(*args, cwd, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
     """``qstream ARGS`` in a fresh process, as a shell runs it (signals, pipes, warnings)."""
-    cmd = [sys.executable, "-c", "from qstream.cli.main import main; main()", *map(str, args)]
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", *map(str, args)]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, **kw)
 
 
@@ -123,7 +123,7 @@ def test_the_sample_recipe_matches_hugging_face_names(ck):
     recipe = qs.Recipe.load(ROOT / "samples" / "recipe-int8.toml")
     tensors = qs.plan_conversion  # (imported for the API check below)
     assert callable(tensors)
-    from qstream.io.checkpoints import open_checkpoint
+    from qstream.io.checkpoints.open import open_checkpoint
 
     opened = open_checkpoint(ck)
     warnings = recipe.check(opened)
@@ -207,7 +207,7 @@ def test_sigterm_stops_like_ctrl_c_with_exit_143_and_the_rerun_resumes(tmp_path)
     tensors = {f"t{i:03d}.weight": rng.standard_normal((512, 1024)).astype(np.float32)
                for i in range(48)}  # fmt: skip
     save_file(tensors, str(tmp_path / "big.safetensors"))
-    cmd = [sys.executable, "-c", "from qstream.cli.main import main; main()", "convert",
+    cmd = [sys.executable, "-c", "from cli.main import main; main()", "convert",
            "big.safetensors", "out.zarr", "--recipe", "r.toml", "-q"]  # fmt: skip
     (tmp_path / "r.toml").write_text('[defaults]\ndtype = "int8"\naxis = 0\nmethod = "mse"\n')
     p = subprocess.Popen(
@@ -237,7 +237,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
                for i in range(1500)}, str(tmp_path / "m.safetensors"))  # fmt: skip
     assert cli("convert", "m.safetensors", "q.zarr", "-q", cwd=tmp_path).returncode == 0
     p = subprocess.Popen(
-        [sys.executable, "-c", "from qstream.cli.main import main; main()", "inspect", "q.zarr"],
+        [sys.executable, "-c", "from cli.main import main; main()", "inspect", "q.zarr"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     p.stdout.readline()

@@ -1,4 +1,4 @@
-"""Packaging: the command line is part of the ``qstream`` package (``qstream/cli/``), so the
+"""Packaging: the command line is part of the ``qstream`` package (``cli/``), so the
 package imports the same installed (editable: a plain path in its ``.pth``, no import finder)
 or from the source tree, and a folder named ``qstream/`` in the working directory does not
 shadow it."""
@@ -25,10 +25,10 @@ def test_a_qstream_folder_in_the_working_directory_does_not_shadow_the_package(t
     (tmp_path / "qstream").mkdir()
     for name in contents:
         (tmp_path / "qstream" / name).write_text("not a module\n")
-    r = python("-c", "import qstream, qstream.cli.main; print(qstream.__file__)", cwd=tmp_path)
+    r = python("-c", "import qstream, cli.main; print(qstream.__file__)", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()).resolve() == INIT
-    r = python("-m", "qstream.cli.main", "--help", cwd=tmp_path)
+    r = python("-m", "cli.main", "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Usage" in r.stdout and "dequantize" in r.stdout
 
@@ -36,20 +36,20 @@ def test_a_qstream_folder_in_the_working_directory_does_not_shadow_the_package(t
 def test_the_command_line_imports_from_the_source_tree(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # -S: no site-packages, so no installed copy (nor an editable install's .pth) helps
-    code = "import sys, qstream.cli; print(qstream.cli.__file__); print('typer' in sys.modules)"
+    code = "import sys, cli; print(cli.__file__); print('typer' in sys.modules)"
     r = python("-S", "-c", code, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     where, typer_loaded = r.stdout.split()
     assert Path(where).resolve() == ROOT / "qstream" / "cli" / "__init__.py"
     assert typer_loaded == "False"  # the package's __init__ imports no Typer
-    r = python("-c", "import qstream.cli.main as m; print(m.__file__)", cwd=tmp_path, env=env)
+    r = python("-c", "import cli.main as m; print(m.__file__)", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()).resolve() == ROOT / "qstream" / "cli" / "main.py"
 
 
 def test_the_library_does_not_import_the_command_line(tmp_path):
     code = "import sys, qstream; print(sorted(m for m in sys.modules if m.split('.')[0] in"
-    code += " ('typer', 'rich', 'click') or m.startswith('qstream.cli')))"
+    code += " ('typer', 'rich', 'click') or m.startswith('cli')))"
     r = python("-c", code, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -83,7 +83,7 @@ def test_warm_up_writes_the_bytecode_python_then_loads(tmp_path):
     shutil.copytree(ROOT / "qstream", package, ignore=shutil.ignore_patterns("__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
     sources = [package / "engine" / "packs.py", package / "cli" / "warmup.py"]
-    r = python("-c", "import qstream.engine.packs", cwd=tmp_path, env=env)
+    r = python("-c", "import qstream.engine.convert.pack_writer", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert not any(Path(importlib.util.cache_from_source(str(s))).exists() for s in sources)
 

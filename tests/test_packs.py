@@ -25,7 +25,7 @@ import zarr
 from safetensors.numpy import save_file
 
 import qstream as qs
-from qstream.recipe import Recipe
+from qstream.spec.recipe import Recipe
 from qstream.spec import QuantSpec
 
 from .kill_hook import KILL_HOOK, SWEEPS, kill_points
@@ -110,7 +110,8 @@ def test_packs_converted_one_after_another_in_one_thread_keep_their_own_codes(
 ):
     """A pack's codes are written from its worker's own buffer, not a copy: on one worker,
     each pack is written before the next one's codes take that buffer."""
-    from qstream.engine import executors, pipeline
+    from qstream.engine.run import executors
+    from qstream.engine.run import pipeline
 
     monkeypatch.setattr(pipeline, "default_workers", lambda: 1)
     monkeypatch.setattr(executors, "default_workers", lambda: 1)
@@ -141,8 +142,8 @@ def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
 
 
 def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_they_were():
-    from qstream.io.columns import float_column
-    from qstream.io.packs import decoded_columns
+    from qstream.io.storage.columns import float_column
+    from qstream.io.outputs.pack_layout import decoded_columns
 
     odd = [0.1, -0.0, 5e-324, 1e308, np.inf, -np.inf, np.nan, -1.5]
     sq = np.array([40.5, np.inf, -np.inf, np.nan])
@@ -171,7 +172,7 @@ def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_th
 
 
 def test_figures_are_listed_as_float64_bytes_only_where_they_read_back_the_same():
-    from qstream.io.columns import float_values, listed_floats
+    from qstream.io.storage.columns import float_values, listed_floats
 
     def back(name, values):
         stored = json.loads(json.dumps(listed_floats(name, values)))
@@ -200,8 +201,8 @@ def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_convert
     """The root's index rows, read back, are the rows the conversion returned, value for
     value (the error figures' floats stored as bytes); an index whose batches list every
     value in JSON, as earlier versions wrote them, reads the same."""
-    from qstream.io.columns import float_values
-    from qstream.io.rootindex import ROW_KEYS, RootIndex
+    from qstream.io.storage.columns import float_values
+    from qstream.io.outputs.rootindex import ROW_KEYS, RootIndex
 
     _experts(tmp_path / "ck.safetensors")
     out = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
@@ -356,7 +357,7 @@ def test_a_rerun_under_another_memory_bound_never_replaces_a_pack_listed_tensors
 
 
 def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
-    from qstream.io.packs import decoded_columns
+    from qstream.io.outputs.pack_layout import decoded_columns
 
     names = _experts(tmp_path / "ck.safetensors")
     qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
@@ -379,7 +380,7 @@ def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
 
 
 def test_runs_are_packed_as_they_lie_and_alike_tensors_left_alone_are_gathered():
-    from qstream.engine.packs import plan_packs
+    from qstream.engine.convert.pack_writer import plan_packs
 
     class T:
         def __init__(self, shape):
@@ -392,7 +393,7 @@ def test_runs_are_packed_as_they_lie_and_alike_tensors_left_alone_are_gathered()
 
 
 def test_many_tensors_are_packed_by_default_and_few_are_not(tmp_path, monkeypatch):
-    from qstream.engine import checkpoint
+    from qstream.engine.convert import convert_checkpoint as checkpoint
 
     _experts(tmp_path / "ck.safetensors")
     qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "few")
@@ -409,7 +410,7 @@ def test_from_64_tensors_a_checkpoint_is_packed_by_default(tmp_path):
     read as the same values and reports as groups of their own."""
     from safetensors.numpy import save_file
 
-    from qstream.engine import checkpoint
+    from qstream.engine.convert import convert_checkpoint as checkpoint
 
     assert checkpoint.AUTO_PACK_TENSORS == 64
     rng = np.random.default_rng(3)
@@ -478,8 +479,10 @@ def test_packs_in_flight_stay_within_the_memory_bound_however_many_workers(tmp_p
     import threading
     import time
 
-    from qstream.engine import executors, packs, pipeline
-    from qstream.engine.plan import budget_units
+    from qstream.engine.run import executors
+    from qstream.engine.convert import pack_writer as packs
+    from qstream.engine.run import pipeline
+    from qstream.budget import budget_units
 
     _four_to_a_pack(tmp_path / "ck.safetensors", 48)
     monkeypatch.setattr(pipeline, "default_workers", lambda: 32)
@@ -629,7 +632,7 @@ def _safetensors(path: Path) -> tuple[dict, bytes]:
 
 def test_a_dask_conversion_writes_the_local_runs_packs(tmp_path):
     pytest.importorskip("distributed")
-    from qstream.engine.dask import local_client
+    from qstream.engine.run.dask import local_client
 
     _experts(tmp_path / "ck.safetensors")
     qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "local", packs=True)
@@ -714,7 +717,7 @@ def test_sigkill_during_a_packed_conversion_then_rerun_gives_the_same_files(tmp_
 
 def test_a_pack_read_in_place_is_the_files_bytes_and_never_writes_the_file(tmp_path):
     from qstream.errors import StoreError
-    from qstream.io.checkpoints import map_file_run
+    from qstream.io.checkpoints.open import map_file_run
 
     path = tmp_path / "run.bin"
     values = np.arange(3 * 5000, dtype=np.float32).reshape(3, 5000)

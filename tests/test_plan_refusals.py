@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
+from cli.main import app
 
 from .llama_folder import write_llama
 

@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
+from cli.main import app
 from qstream.errors import StoreError
 
 from .test_untrusted import snapshot
@@ -363,7 +363,7 @@ def test_a_finished_restored_checkpoint_run_again_refuses_a_link_inside_it(templ
 def test_the_clean_partials_of_a_root_never_follow_its_index_out(templates, tmp_path):
     """A killed writer's temporary files are removed from the index folder, never from the
     folder a link there points to."""
-    from qstream.io.cleanup import clean_partials
+    from qstream.io.outputs.cleanup import clean_partials
 
     dst = tmp_path / "DST"
     shutil.copytree(templates["checkpoint"], dst, symlinks=True)
@@ -379,7 +379,7 @@ def test_the_clean_partials_of_a_root_never_follow_its_index_out(templates, tmp_
 def test_held_roots_are_walked_below_and_released(tmp_path):
     """Below a held root, the lowest layer's paths are walked without following links; a
     folder found plain is not looked at again while the root is held; nothing is left held."""
-    from qstream.io import paths
+    from qstream import paths
 
     root = tmp_path / "root"
     (root / "a" / "b").mkdir(parents=True)
@@ -400,9 +400,9 @@ def test_held_roots_are_walked_below_and_released(tmp_path):
 def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path):
     """The lowest layer of a block's write: a chunk folder that is a link (nested keys,
     ``c/0``) below a held root is refused, naming it, before anything is written."""
-    from qstream.io import paths
-    from qstream.io.arraydoc import ChunkKey
-    from qstream.io.chunks import ChunkFiles
+    from qstream import paths
+    from qstream.io.storage.arraydoc import ChunkKey
+    from qstream.io.storage.chunks import ChunkFiles
 
     root = tmp_path / "dst"
     (root / "data").mkdir(parents=True)

@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from qstream.io.fp8 import Float8Tensor
+from qstream.io.checkpoints.fp8 import Float8Tensor
 
 
 def _quiet(code: str, cwd) -> str:
@@ -55,7 +55,7 @@ print(sorted(names))
 
 def test_import_qstream_and_its_public_names_under_w_error(tmp_path):
     code = """
-import qstream, qstream.cli.main, qstream.io.zarr_ext
+import qstream, cli.main, qstream.io.storage.zarr_ext
 for name in qstream.__all__:
     getattr(qstream, name)
 qstream.register_zarr_types()
@@ -107,7 +107,7 @@ def test_fp8_products_beyond_float32_are_inf_without_a_warning(dtype):
 def test_the_suites_filters_make_qstreams_warnings_errors():
     """pyproject's filterwarnings, as pytest applied them to this test."""
     with pytest.raises(RuntimeWarning):
-        warnings.warn_explicit("overflow", RuntimeWarning, "fp8.py", 1, module="qstream.io.fp8")
+        warnings.warn_explicit("overflow", RuntimeWarning, "fp8.py", 1, module="qstream.io.checkpoints.fp8")
     with pytest.raises(DeprecationWarning):
         warnings.warn_explicit("old", DeprecationWarning, "x.py", 1, module="qstream")
     from qstream.errors import QStreamWarning

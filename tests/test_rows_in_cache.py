@@ -1,6 +1,6 @@
 """A piece whose rows are its channels (per channel on axis 0, each row no longer than a tile)
 is quantized and error-summed a run of rows at a time
-(:func:`~qstream.engine.blockmath.quantize_rows_with_errors`), so that each run is still in
+(:func:`~qstream.engine.blocks.blockmath.quantize_rows_with_errors`), so that each run is still in
 the CPU's cache for the second kernel. Each row's codes and sums are its own, so the output
 and every figure of the report are those of the whole piece at once, byte for byte."""
 
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import qstream as qs
-from qstream.engine import blockmath, quantize_work
+from qstream.engine.blocks import blockmath
+from qstream.engine.blocks import quantize_work
 from qstream.spec import QuantSpec
 
 CASES = {

@@ -303,7 +303,7 @@ def test_a_second_job_cannot_replace_an_output_another_job_is_writing(endpoint, 
 def test_a_writer_whose_output_was_taken_over_fails_instead_of_marking_it_complete(
     endpoint, backend, monkeypatch
 ):
-    from qstream.io import destination
+    from qstream.io.outputs import destination
 
     monkeypatch.setattr(destination, "LEASE", 0.0)  # the first job's hold has lapsed
     x = _many_blocks(14)

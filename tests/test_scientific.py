@@ -146,7 +146,7 @@ def test_offset_spec_rules():
 
 def test_offsets_are_not_for_checkpoints(tmp_path):
     np.savez(tmp_path / "ck.npz", w=np.ones((8, 8), np.float32))
-    from qstream.recipe import Recipe, Rule
+    from qstream.spec.recipe import Recipe, Rule
 
     recipe = Recipe(rules=(Rule("*", qs.QuantSpec(dtype="uint8", offset="range")),))
     with pytest.raises(InvalidParameterError, match="checkpoint"):
@@ -223,7 +223,7 @@ def test_per_axis_output_through_open_xarray(field, tmp_path, offset):
 def test_progress_removed_but_interrupted_runs_resume(field, tmp_path, monkeypatch):
     """A complete output has no _progress; an interrupted one keeps it and resumes to the same
     bytes and report."""
-    from qstream.engine import work
+    from qstream.engine.blocks import work
 
     src, _ = field
     spec = qs.QuantSpec(dtype="uint8", offset="range", nan_policy="fill")
@@ -239,7 +239,7 @@ def test_progress_removed_but_interrupted_runs_resume(field, tmp_path, monkeypat
 
     monkeypatch.setattr(work.QuantizeWork, "__call__", flaky)
     monkeypatch.setenv("QSTREAM_PROGRESS_EVERY", "0")
-    from qstream.io import progress
+    from qstream.io.outputs import progress_log as progress
 
     monkeypatch.setattr(progress, "SAVE_EVERY", 0.0)
     with pytest.raises(qs.StoreError):
@@ -361,12 +361,12 @@ def test_codec_layout_decodes_without_qstream(field, tmp_path, spec):
     assert got.returncode == 0, got.stderr
     res = json.loads(got.stdout.strip().splitlines()[-1])
     # zarr >= 3.2 loads the data types of every installed package's entry points at its first
-    # open, qstream's among them (qstream.io.zarr_ext): that far only, none of its decoding code
+    # open, qstream's among them (qstream.io.storage.zarr_ext): that far only, none of its decoding code
     assert set(res.pop("qstream_modules")) <= {
         "qstream",
         "qstream.io",
-        "qstream.io.packing",
-        "qstream.io.zarr_ext",
+        "qstream.io.storage.packing",
+        "qstream.io.storage.zarr_ext",
     }
     assert res == {
         "zarr": True,
@@ -388,7 +388,7 @@ def test_codec_layout_decodes_without_qstream(field, tmp_path, spec):
 def test_codec_layout_resumes_after_the_swap(field, tmp_path):
     """A run killed after data's document was swapped (before ``complete``) resumes: the
     document goes back to its plain form while codes are written."""
-    from qstream.io import codec
+    from qstream.io.outputs import codec
 
     src, _ = field
     spec = qs.QuantSpec(dtype="uint8", offset="range", nan_policy="fill")

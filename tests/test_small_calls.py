@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import qstream as qs
-from qstream.api import small
+from qstream.api import direct as small
 from qstream.core import checks
 from qstream.core.affine import affine_dequantize, affine_quantize
 from qstream.core.layout import plan_layout

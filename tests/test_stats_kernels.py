@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from qstream.engine.blockmath import block_ranges, block_slot_ranges, channel_view
+from qstream.engine.blocks.blockmath import block_ranges, block_slot_ranges, channel_view
 from qstream.kernels.stats import channel_histograms
 
 SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -3.4e38, 3.4e38])

@@ -41,7 +41,7 @@ def _environment(url: str, **extra: str) -> dict[str, str]:
 
 def _qstream(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from qstream.cli.main import console; console()", *args],
+        [sys.executable, "-c", "from cli.main import console; console()", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -136,7 +136,7 @@ def test_obstore_builder_error_is_named_with_its_cause_not_as_a_timeout(endpoint
     obstore = pytest.importorskip("obstore")
     from obstore.store import S3Store
 
-    from qstream.io.backends import store_failure
+    from qstream.io.storage.backends import store_failure
 
     store = S3Store(
         BUCKET,
@@ -211,7 +211,7 @@ def _timed(env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess
 
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-c", "from qstream.cli.main import console; console()", *args],
+        [sys.executable, "-c", "from cli.main import console; console()", *args],
         capture_output=True,
         text=True,
         env=env,

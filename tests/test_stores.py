@@ -8,9 +8,9 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.engine.job import QuantizeJob
+from qstream.engine.jobs.job import QuantizeJob
 from qstream.errors import NonFiniteInputError, StoreError
-from qstream.io.stores import open_source
+from qstream.io.storage.stores import open_source
 from qstream.spec import QuantSpec
 
 
@@ -93,7 +93,7 @@ def test_calibration_is_independent_of_chunking_and_chunk_order(tmp_path, weight
 def test_results_do_not_depend_on_workers_or_threads(tmp_path, weights, spec):
     import numba
 
-    from qstream.engine import pipeline
+    from qstream.engine.run import pipeline
 
     src = _zarr(tmp_path / "src.zarr", np.tile(weights, (8, 1)), (16, 64))
     reports, data = [], []

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream.cli.main import app
+from cli.main import app
 from qstream.errors import StoreError
-from qstream.io.names import check_key, name_of, tensor_key
+from qstream.io.storage.names import check_key, name_of, tensor_key
 
 from .memory_peak import run_child
 
@@ -255,7 +255,7 @@ def test_a_link_inside_an_output_is_never_followed_out(sandbox):
 def test_a_child_path_is_refused_when_it_meets_a_link_or_leaves_its_root(sandbox):
     """Any link below the root is refused, wherever it leads (qstream never writes one into
     an output), naming it; so are components that leave the root, and FIFOs."""
-    from qstream.io.paths import child
+    from qstream.paths import child
 
     root = sandbox / "root"
     (root / "b").mkdir(parents=True)
@@ -403,7 +403,7 @@ def test_a_hugging_face_cache_snapshot_with_links_into_its_blobs_converts(tmp_pa
 
 
 def _fifo_run(args, timeout=60):
-    code = "import sys; from qstream.cli.main import main; sys.argv[0] = 'qstream'; main()"
+    code = "import sys; from cli.main import main; sys.argv[0] = 'qstream'; main()"
     return subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
         capture_output=True,
@@ -757,7 +757,7 @@ def test_overwrite_removes_only_chunk_files_from_qstreams_own_members(sandbox):
 
 def test_a_damaged_output_replaced_meanwhile_by_another_job_is_not_repaired_over_it(tmp_path):
     src, q = _quantized(tmp_path)
-    from qstream.io.destination import Destination
+    from qstream.io.outputs.destination import Destination
 
     qs.quantize_store(src, q, qs.QuantSpec(axis=1), overwrite=True)  # another job's now
     dest = Destination(q, "quantized", "not-this-job")
@@ -804,7 +804,7 @@ def test_a_crafted_output_declaring_billions_of_parameters_is_refused_before_rea
 def test_a_second_conversion_to_the_same_safetensors_waits_for_the_first(tmp_path):
     """While one run converts and exports (its working group locked), another run of the
     same conversion is refused, not handed a working group the first one is removing."""
-    from qstream.io.destination import locked
+    from qstream.io.outputs.destination import locked
 
     ck = safetensors_file(tmp_path / "ck.safetensors", _tensors(["a.weight", "b.weight"]))
     out = tmp_path / "out" / "model.safetensors"

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.calibration.views import (
+from qstream.spec.views import (
     VIEW_BINS,
     CalibrationView,
     ChannelSummary,

@@ -110,7 +110,7 @@ def _convert_many(llama: str, out: str, runs: int) -> list[str]:
 
     def one(i: int) -> str | None:
         p = subprocess.run(
-            [sys.executable, "-m", "qstream.cli.main", "convert", llama, f"{out}/{i}.zarr",
+            [sys.executable, "-m", "cli.main", "convert", llama, f"{out}/{i}.zarr",
              *CRASHED, "-q"],
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip

@@ -2,7 +2,7 @@
 
 Two threads importing at once can deadlock on Python's module locks (``_DeadlockError:
 deadlock detected by _ModuleLock('zarr.abc.codec')``): qstream imports what its workers need
-before any pool starts (:mod:`qstream.engine.worker_imports`). The watch is a finder consulted
+before any pool starts (:mod:`qstream.engine.run.worker_imports`). The watch is a finder consulted
 first that finds nothing: it records each module first loaded by a ``qstream-*`` thread where
 the ``import`` statement itself is qstream's code (a Numba compile's own imports are Numba's,
 taken under its compiler lock). ``conftest.py`` checks it after every test; run as a script it
@@ -62,8 +62,8 @@ def taken() -> list[tuple[str, str, str]]:
 
 if __name__ == "__main__":
     install()
-    from qstream.cli.main import main
-    from qstream.cli.process import skip_numba_probes
+    from cli.main import main
+    from cli.process import skip_numba_probes
 
     skip_numba_probes()  # (as the console script does)
     sys.argv = ["qstream", *sys.argv[1:]]

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from ..engine import arrays
+from ..engine.jobs import array_jobs as arrays
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import QType, is_qtype_dtype, qtype
-from . import small
+from . import direct as small
 
 if TYPE_CHECKING:
     from ..spec import QuantSpec

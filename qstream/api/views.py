@@ -1,18 +1,18 @@
 """Calibration methods compared on one histogram (the pass is in
-:mod:`qstream.engine.compare`, the view data in :mod:`qstream.calibration.views`)."""
+:mod:`qstream.engine.jobs.comparison`, the view data in :mod:`qstream.spec.views`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..engine.job import QuantizeJob
-from ..io.stores import with_backend
+from ..engine.jobs.job import QuantizeJob
+from ..io.storage.stores import with_backend
 from ..spec import Calibration, QuantSpec
 
 if TYPE_CHECKING:
-    from ..io.quantized import QuantizedArray
-    from ..io.reader import QuantizedCheckpoint
+    from ..io.outputs.quantized import QuantizedArray
+    from ..io.outputs.reader import QuantizedCheckpoint
     from .types import ArraySource, ExecutorLike, PathLike, Progress, StorageOptions
 
 
@@ -35,13 +35,13 @@ def compare_methods(
     zero point as :func:`qstream.calibrate` gives) whose ``view`` holds the histogram (per
     tensor, at most 128 bins) and, in ``view.predictions``, each method's range, parameters,
     and the SQNR and clip fraction *predicted from the histogram* (values spread evenly in
-    their 2048ths of the range; see :func:`qstream.calibration.views.predict_error`), with
+    their 2048ths of the range; see :func:`qstream.spec.views.predict_error`), with
     per-channel summaries for a per-axis spec. ``view.best`` names the method with the highest
     predicted SQNR. Integer types, per tensor or per axis. ``max_memory``, ``executor`` and
     ``store``: see :func:`qstream.quantize_store` (per-axis histograms are built in groups of
     channels that fit in half of ``max_memory``; two histograms per channel).
     """
-    from ..engine.compare import check_comparable, compare
+    from ..engine.jobs.comparison import check_comparable, compare
 
     spec = spec or QuantSpec()
     job = QuantizeJob(
@@ -65,7 +65,7 @@ def save_plot(
     ``path`` (``.png`` or ``.svg``; needs matplotlib): for a converted checkpoint its SQNR and
     sizes per tensor, read from the root's index (``title`` heads it); for a group-wise integer
     output the scales and errors per group; else the calibration view. Returns the path."""
-    from ..io.reader import QuantizedCheckpoint
+    from ..io.outputs.reader import QuantizedCheckpoint
     from ..viz import mpl
 
     if isinstance(output, QuantizedCheckpoint):

@@ -6,12 +6,13 @@ whose input it holds (``model.layers.0.self_attn.q_proj``), shaped tokens x in_f
 MoE expert's array (``model.layers.0.mlp.experts.3.gate_proj``) holds the tokens routed to
 that expert. For each array: per column the sum of the squared inputs, and the token count.
 
-Arithmetic: each value is squared in float64 (exact for float32 and narrower inputs) and the
-squares are added in token order in float64, block by block, the running sum carried into
-the next block. The result is one sequential sum whatever the blocks are (``max_memory``
-only changes their size), so every chunking writes the same file; it is rounded to float32
-once, on writing. llama.cpp adds the same squares in float32 in token order, whose error is
-below ``n * 2**-24`` of the sum for ``n`` tokens; this sum's is below ``n * 2**-53``.
+Arithmetic (a Numba kernel): each value is squared in float64 (exact for float32 and narrower
+inputs) and the squares are added in token order in float64, block by block, the running sum
+carried into the next block. The result is one sequential sum whatever the blocks are
+(``max_memory`` only changes their size), so every chunking writes the same file; it is
+rounded to float32 once, on writing. llama.cpp adds the same squares in float32 in token
+order, whose error is below ``n * 2**-24`` of the sum for ``n`` tokens; this sum's is below
+``n * 2**-53``.
 
 Names become GGUF names as the GGUF export names the weights (:func:`gguf_name` of
 ``<module>.weight`` in the model's architecture); expert arrays of a layer and projection
@@ -31,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
-from ..exports.gguf_arch import architecture_of
-from ..exports.gguf_imatrix import write_imatrix
-from ..exports.gguf_names import expert_of, gguf_name, skipped
-from ..io.checkpoints import open_checkpoint
+from ..exports.gguf.arch import architecture_of
+from ..exports.gguf.imatrix import write_imatrix
+from ..exports.gguf.tensor_names import expert_of, gguf_name, skipped
+from ..io.checkpoints.open import open_checkpoint
 
 DEFAULT_MEMORY = 1 << 30
 _FLOATS = ("float16", "float32", "float64", "bfloat16")
@@ -69,28 +71,36 @@ class _Source:
     width: int
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _add_squares(x: np.ndarray, acc: np.ndarray) -> None:  # pragma: no cover (compiled)
+    """``acc[j] += float64(x[i, j]) ** 2`` for each row ``i`` in order (the token order)."""
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            v = np.float64(x[i, j])
+            acc[j] += v * v
+
+
 def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarray, int]:
     """Per column of the 2-D array ``array`` (Zarr or NumPy), the float64 sum of squares in
-    token order, and the token count; rows are read in blocks of at most about half of
+    token order, and the token count; rows are read in blocks of at most a quarter of
     ``max_memory`` bytes (whole storage chunks where they fit)."""
     rows, width = (int(n) for n in array.shape)
     block = _block_rows(array, max_memory, str(getattr(array, "path", "array")))
     acc = np.zeros(width, dtype=np.float64)
     for start in range(0, rows, block):
-        sq = np.asarray(array[start : min(start + block, rows)]).astype(np.float64)
-        np.multiply(sq, sq, out=sq)
-        sq[0] += acc
-        np.add.accumulate(sq, axis=0, out=sq)
-        acc = sq[-1].copy()
-        del sq
+        x = np.asarray(array[start : min(start + block, rows)])
+        if x.dtype not in (np.float32, np.float64):  # (float16, bfloat16: exact in float32)
+            x = x.astype(np.float32)
+        _add_squares(np.ascontiguousarray(x), acc)
+        del x
     return acc, rows
 
 
 def _block_rows(array: Any, max_memory: int, name: str) -> int:
-    """Rows per read of ``array`` under ``max_memory``: the read values, their float64
-    squares and the running sums fit in half of it; a multiple of the storage chunk's rows
-    when one fits. A storage chunk over a quarter of the bound, or a row over half, is
-    refused."""
+    """Rows per read of ``array`` under ``max_memory``: the read values (and a float32 copy
+    of narrower ones) fit in a quarter of it (Zarr holds the compressed and the decoded
+    chunks of a read besides); a multiple of the storage chunk's rows when one fits. A
+    storage chunk or a row over a quarter of the bound is refused."""
     width = int(array.shape[1])
     item = np.dtype(array.dtype).itemsize
     chunks = getattr(array, "chunks", None)
@@ -99,12 +109,12 @@ def _block_rows(array: Any, max_memory: int, name: str) -> int:
             f"{name}: a storage chunk {tuple(chunks)} of {math.prod(chunks) * item:,} bytes is"
             f" over a quarter of the memory bound {max_memory:,}; rechunk it along the tokens"
         )
-    per_row = width * (item + 16)
-    rows = (max_memory // 2) // max(per_row, 1)
+    per_row = width * (item + (0 if item >= 4 else 4))
+    rows = (max_memory // 4) // max(per_row, 1)
     if rows < 1:
         raise InvalidParameterError(
-            f"{name}: one row of {width} values needs {per_row:,} bytes, over half of the"
-            f" memory bound {max_memory:,}"
+            f"{name}: one row of {width} values needs {per_row:,} bytes, over a quarter of"
+            f" the memory bound {max_memory:,}"
         )
     if chunks is not None and int(chunks[0]) <= rows:
         rows -= rows % int(chunks[0])

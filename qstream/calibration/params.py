@@ -16,6 +16,7 @@ the rounded scale.
 """
 
 from __future__ import annotations
+from ..core.offsets import HALF_MAX, HALF_MIN, half_scales
 
 from collections.abc import Callable
 
@@ -39,16 +40,6 @@ def symmetric_steps(
     return float(min(qmax - zp, zp - qmin)) + extra, zp
 
 
-HALF_MIN = 2.0**-24  # the smallest positive float16
-HALF_MAX = 65504.0  # the largest finite float16
-
-
-def half_scales(scale: npt.ArrayLike) -> np.ndarray:
-    """Scales rounded to the nearest float16 (ties to even) and clamped to ``[2**-24,
-    65504]`` (so none becomes 0 or inf), as float32 values."""
-    s = np.asarray(scale, np.float32)
-    h = np.clip(s, HALF_MIN, HALF_MAX).astype(np.float16)
-    return h.astype(np.float32)
 
 
 def params_from_range(

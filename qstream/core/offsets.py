@@ -16,7 +16,7 @@ Arithmetic (the exactness contract):
   float64 and one to float32: exactly what xarray's CF decoding computes with
   ``scale_factor = float(scale)`` and ``add_offset = float(offset)`` (JSON numbers are
   float64), followed by ``.astype("float32")``. Bit for bit.
-- the codec layout (:mod:`qstream.io.codec`) decodes with zarr's ``scale_offset``, which
+- the codec layout (:mod:`qstream.io.outputs.codec`) decodes with zarr's ``scale_offset``, which
   divides: there the output's own decode is ``float32(q) / float32(1 / scale) + float32(offset)``
   (:func:`codec_decode`), and qstream's readers use that for such outputs.
 """
@@ -24,6 +24,7 @@ Arithmetic (the exactness contract):
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 from ..qtypes import TINY_SCALE, QType
 from .layout import Layout
@@ -32,12 +33,22 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 
 
+HALF_MIN = 2.0**-24  # the smallest positive float16
+HALF_MAX = 65504.0  # the largest finite float16
+
+
+def half_scales(scale: npt.ArrayLike) -> np.ndarray:
+    """Scales rounded to the nearest float16 (ties to even) and clamped to ``[2**-24,
+    65504]`` (so none becomes 0 or inf), as float32 values."""
+    s = np.asarray(scale, np.float32)
+    h = np.clip(s, HALF_MIN, HALF_MAX).astype(np.float16)
+    return h.astype(np.float32)
+
+
 def offset_params(lo, hi, qt: QType, *, narrow_range: bool, offset, half_scale: bool = False):
     """``(scale float32, offset float64)`` arrays for the ranges ``lo``/``hi`` (no widening to
     0). ``offset``: ``"range"`` (from the ranges), or numbers (broadcast to the ranges' shape):
     the scale then covers ``[lo, hi]`` from that offset."""
-    from ..calibration.params import half_scales
-
     fix = half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
     lo = np.asarray(lo, np.float64)
     hi = np.asarray(hi, np.float64)

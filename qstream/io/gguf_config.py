@@ -1,7 +1,7 @@
 """A transformers ``config.json`` rebuilt from a GGUF file's metadata: :func:`gguf_config`.
 
-The inverse of what llama.cpp's converter writes (:mod:`qstream.exports.gguf_arch`) for the
-architectures :func:`qstream.io.gguf_source.open_gguf` names back (llama, and Mixtral
+The inverse of what llama.cpp's converter writes (:mod:`qstream.exports.gguf.arch`) for the
+architectures :func:`qstream.io.checkpoints.gguf_source.open_gguf` names back (llama, and Mixtral
 written as llama; qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3): enough for
 transformers to build the model and load the decoded weights under their Hugging Face
 names. Every key read is checked (an integer where an integer is due); a missing required
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import StoreError
-from .gguf_header import GGUFHeader, read_header
-from .gguf_source import KNOWN, architecture
+from .checkpoints.gguf_header import GGUFHeader, read_header
+from .checkpoints.gguf_source import KNOWN, architecture
 
 #: GGUF architecture -> (Hugging Face class, model_type)
 MODELS = {

@@ -26,7 +26,7 @@ from .bits import (
     from_order_key32,
     order_key32,
 )
-from .errors import (
+from .error_stats import (
     FASTMATH,
     N_SUMS,
     STRIP,
@@ -331,7 +331,7 @@ def dynamic_kernel(iblock: int, finite: bool = False):
     an infinity (the caller applies its NaN policy to them).
 
     ``errors`` (a layout where ``errors.groups_in_pass``): the error sums of
-    ``qstream.kernels.errors.error_sums`` added to ``sums[1, N_SUMS]`` and each group's into
+    ``qstream.kernels.error_stats.error_sums`` added to ``sums[1, N_SUMS]`` and each group's into
     ``gx2``/``ge2``/``gmax`` ``[O, Cp, Ip]`` in the same pass, while the group is in cache;
     the same numbers as that kernel (the same runs, tiles or columns, and fold order)."""
     if iblock == 1:

@@ -10,7 +10,7 @@ functions return (:mod:`.reports`). The JSON helpers they share are in :mod:`.js
 from __future__ import annotations
 
 from .groupstats import GroupSQNR, WorstGroups
-from .jsonable import check_keys, jsonable
+from .json_helpers import check_keys, jsonable
 from .quantspec import (
     HISTOGRAM_METHODS,
     MAX_BINS,

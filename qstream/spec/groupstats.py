@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidParameterError
-from .jsonable import jsonable, jsonable_dict, unjson_float
+from .json_helpers import jsonable, jsonable_dict, unjson_float
 
 
 class GroupSQNR:

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import InvalidParameterError
 from ..qtypes import QType, qtype
 from ..rounding import ROUND_MODES
-from .jsonable import NON_FINITE, check_keys, field_values, jsonable_dict
+from .json_helpers import NON_FINITE, check_keys, field_values, jsonable_dict
 
 METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
 HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")

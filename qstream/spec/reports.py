@@ -3,7 +3,7 @@ calibration (:class:`Calibration`) and a conversion's report (:class:`QuantRepor
 
 Their views (a table and an inline SVG in notebooks, matplotlib on demand) are drawn by
 :mod:`qstream.viz`, which these data classes do not import: they ask
-:mod:`qstream.calibration.views.display` for the drawing of their view.
+:mod:`qstream.spec.views.display` for the drawing of their view.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration.views import CalibrationView, ReportView, display
-from .jsonable import check_keys, field_values, jsonable, jsonable_dict
+from .views import CalibrationView
+from .views import ReportView
+from .views import display
+from .json_helpers import check_keys, field_values, jsonable, jsonable_dict
 from .quantspec import QuantSpec
 from .stats import RangeStats
 
@@ -100,7 +102,7 @@ class Calibration:
             "stats": stats,
             "thresholds": {k: shrink(v) for k, v in self.thresholds.items()},
         }
-        if self.view is not None:  # bounded: see qstream.calibration.views
+        if self.view is not None:  # bounded: see qstream.spec.views
             out["view"] = self.view.to_dict()
         return jsonable_dict(out)
 

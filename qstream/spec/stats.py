@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration.views.summaries import ChannelSummary, channel_sqnr
+from .views.summaries import ChannelSummary, channel_sqnr
 from ..errors import NonFiniteInputError
-from .jsonable import jsonable, jsonable_dict, unjson_float
+from .json_helpers import jsonable, jsonable_dict, unjson_float
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class ErrorStats:
         }
 
     def channel_summary(self) -> ChannelSummary:
-        """The per-channel SQNR as a bounded :class:`~qstream.calibration.views.ChannelSummary`
+        """The per-channel SQNR as a bounded :class:`~qstream.spec.views.ChannelSummary`
         (quantiles, a histogram over the channels, the worst channels with their clip
         fraction and max error)."""
         clip = np.where(self.count > 0, self.clipped / np.maximum(self.count, 1), 0.0)

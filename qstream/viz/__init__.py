@@ -1,17 +1,17 @@
 """Drawing the calibration views: standalone SVG and HTML (no dependency; notebooks'
 ``_repr_html_``) in :mod:`qstream.viz.svg` and :mod:`qstream.viz.html`, matplotlib figures in
 :mod:`qstream.viz.mpl` (``pip install 'qstream-zarr[plot]'``, matplotlib imported only when a
-plot is asked for). The data they draw is in :mod:`qstream.calibration.views`.
+plot is asked for). The data they draw is in :mod:`qstream.spec.views`.
 
 Importing this package registers the drawing of each view type with
-:mod:`qstream.calibration.views.display`, through which the data classes (calibrations,
+:mod:`qstream.spec.views.display`, through which the data classes (calibrations,
 reports, quantized outputs) draw themselves without importing this package.
 """
 
 from __future__ import annotations
 
-from ..calibration.views import CheckpointView, ReportView
-from ..calibration.views.display import Drawing, register
+from ..spec.views import CheckpointView, ReportView
+from ..spec.views.display import Drawing, register
 from .html import checkpoint_html, view_html
 from .mpl import plot_checkpoint, plot_view
 

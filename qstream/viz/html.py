@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 from typing import Any, SupportsFloat
 
-from ..calibration.views import ChannelSummary, CheckpointView, GroupSummary, ReportView
+from ..spec.views import ChannelSummary, CheckpointView, GroupSummary, ReportView
 from .svg import fmt, fmt_bytes, fmt_size, histogram_svg, paired_svg
 
 STYLE = (

@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 
-from ..calibration.views import Histogram
+from ..spec.views import Histogram
 
 COLORS = {
     "minmax": "#6b7280",

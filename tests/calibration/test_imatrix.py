@@ -15,7 +15,7 @@ import pytest
 
 from qstream.calibration.imatrix import compute_imatrix, square_sums
 from qstream.errors import InvalidParameterError, NonFiniteInputError
-from qstream.exports.gguf_imatrix import importance_weights, read_imatrix, weights_for
+from qstream.exports.gguf.imatrix import importance_weights, read_imatrix, weights_for
 from tests.calibration import llama_imatrix as llama
 
 zarr = pytest.importorskip("zarr")
@@ -364,3 +364,27 @@ def test_sample_writes_an_imatrix_of_every_layer_weight(tmp_path):
     imx = read_imatrix(tmp_path / "model.imatrix")
     assert len(imx.sums) == 2 * 7 and {int(c[0]) for c in imx.counts.values()} == {155}
     assert imx.chunk_size == 64 and imx.chunk_count == 2
+
+
+def test_reads_stay_under_the_memory_bound(tmp_path):
+    import tracemalloc
+
+    rng = np.random.default_rng(4)
+    arr = zarr.open_group(str(tmp_path / "big.zarr"), mode="w").create_array(
+        "x", shape=(4096, 1024), dtype="f4", chunks=(64, 1024)
+    )
+    for i in range(0, 4096, 512):
+        arr[i : i + 512] = rng.standard_normal((512, 1024), dtype=np.float32)
+    square_sums(arr[:4], 1 << 20)  # (compiled first: the compiler's own memory is not counted)
+    bound = 2 << 20  # the array is 16 MiB
+    tracemalloc.start()
+    try:
+        sums, _ = square_sums(arr, bound)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= bound
+    x = arr[:].astype(np.float64)
+    np.testing.assert_allclose(sums, np.sum(x * x, axis=0), rtol=4096 * 2.0**-53)
+    with pytest.raises(InvalidParameterError, match="over a quarter of the memory bound"):
+        square_sums(arr, 512 << 10)

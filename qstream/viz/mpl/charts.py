@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ...calibration.views import ChannelSummary, GroupSummary, Histogram, ReportView
+from ...spec.views import ChannelSummary, GroupSummary, Histogram, ReportView
 from ..svg import BAR, CLIPPED, color, fmt
 
 if TYPE_CHECKING:

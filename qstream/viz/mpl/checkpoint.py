@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...calibration.views import CheckpointView
+from ...spec.views import CheckpointView
 from ..svg import AFTER, BAR, BEFORE, CLIPPED, color, fmt_bytes, fmt_size
 from .charts import DPI, PAGE, plot_histogram, require_matplotlib
 
@@ -128,7 +128,7 @@ def checkpoint_figure(
     the worst tensors, the tensors' sizes before and after (histograms of their bytes) and
     a summary (totals, bytes per target, the largest tensors). ``rows``: the root's index
     rows (``QuantizedCheckpoint.tensors.values()``; no tensor is opened) or a
-    :class:`~qstream.calibration.views.CheckpointView`."""
+    :class:`~qstream.spec.views.CheckpointView`."""
     require_matplotlib()
     from matplotlib.figure import Figure
 

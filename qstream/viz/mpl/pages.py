@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy.typing as npt
 
-from ...calibration.views import ChannelSummary, ReportView
+from ...spec.views import ChannelSummary, ReportView
 from ..html import describe
 from ..svg import fmt
 from .charts import (

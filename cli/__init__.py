@@ -1,0 +1,1 @@
+"""The ``qstream`` command line (Typer + Rich), installed as ``cli``."""

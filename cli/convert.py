@@ -1,0 +1,306 @@
+"""``qstream convert``: a model checkpoint quantized tensor by tensor, as a recipe (or the spec
+flags) says, into a Zarr group, a safetensors file or a GGUF file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+import qstream as qs
+
+from .failures import library_errors
+from .export import gguf_summary
+from .helptext import examples
+from .options import (
+    JSON,
+    MAX_MEMORY,
+    METHODS,
+    QUIET,
+    SCHEDULER,
+    STORE,
+    compression_option,
+    parse_size,
+    require_input,
+)
+from .output import done_already, emit_json, fmt_bytes, fmt_db, table
+from .progress import progress
+from .scheduler import open_executor
+
+
+@examples(
+    """
+    qstream convert model.safetensors model-int8.zarr
+    qstream convert model.safetensors model-int8.zarr --recipe samples/recipe-int8.toml
+    qstream convert model.safetensors model-int8.safetensors --max-shard-size 2GB
+    qstream convert shards/model.safetensors.index.json out.zarr --json
+    qstream convert model/ out/model.safetensors --dtype int4 --block-size 128 --exclude '*embed*'
+    qstream convert model/ model.gguf --dtype int4 --block-size 32 --dry-run
+    """
+)
+def convert(
+    checkpoint: str = typer.Argument(
+        ...,
+        metavar="CHECKPOINT",
+        help="safetensors (file, folder or .index.json; also at an s3:// or other store URL,"
+        " read by byte ranges), .npz, .npy, a Zarr group, or a torch .pt/.bin state dict.",
+    ),
+    dst: str = typer.Argument(
+        ..., metavar="DST", help="A directory (becomes a Zarr group) or a .safetensors file."
+    ),
+    recipe: Path | None = typer.Option(
+        None,
+        "--recipe",
+        metavar="FILE",
+        help="TOML recipe: which tensors to quantize and how [default: int8 per channel,"
+        " axis 0, for float tensors of rank >= 2].",
+    ),
+    max_memory: str | None = MAX_MEMORY,
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite/--resume",
+        help="Replace DST (a qstream output), or resume an interrupted run.",
+    ),
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
+    scheduler: str | None = SCHEDULER,
+    store: str = STORE,
+    max_shard_size: str = typer.Option(
+        "5GB",
+        "--max-shard-size",
+        metavar="SIZE",
+        help="With a .safetensors DST: shard above this size.",
+    ),
+    compression: str = compression_option("zstd", " A .safetensors DST is never compressed."),
+    packs: bool | None = typer.Option(
+        None,
+        "--packs/--no-packs",
+        help="Store runs of small tensors alike in shape and spec (a layer's experts) stacked,"
+        " one group each under DST/_packs [default: when the checkpoint holds 64 tensors or"
+        " more and DST is a local directory, or as an earlier run into DST did].",
+        show_default=False,
+    ),
+    fmt: str = typer.Option(
+        "compressed-tensors",
+        "--format",
+        metavar="FORMAT",
+        help="With a .safetensors DST: compressed-tensors (transformers, vLLM; writes"
+        " config.json) or qstream.",
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        metavar="CONFIG",
+        help="With a .safetensors DST: the model config.json to merge the"
+        " quantization_config into; with a .gguf DST: the config whose architecture is"
+        " written [default: the checkpoint's own].",
+    ),
+    gguf_type: str | None = typer.Option(
+        None,
+        "--gguf-type",
+        metavar="TYPE",
+        help="With a .gguf DST: one type (Q8_0, Q4_0, Q4_1, F16, BF16, F32) for every tensor"
+        " the recipe quantizes, with gguf-py's own rounding rule [default: the spec's, in"
+        " blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric 4-bit ->"
+        " Q4_1; another spec is refused].",
+    ),
+    dtype: str | None = typer.Option(
+        None, "--dtype", metavar="TYPE", help="Without --recipe: the quantized type [int8]."
+    ),
+    axis: int | None = typer.Option(
+        None,
+        "--axis",
+        metavar="N",
+        help="Without --recipe: per channel on this axis [0; with --block-size: -1].",
+    ),
+    block_size: int | None = typer.Option(
+        None, "--block-size", metavar="N", help="Without --recipe: groups of N along --axis."
+    ),
+    method: str | None = typer.Option(
+        None,
+        "--method",
+        metavar="NAME",
+        help=f"Without --recipe: {METHODS} [minmax; with --block-size: dynamic].",
+    ),
+    symmetric: bool | None = typer.Option(
+        None, "--symmetric/--asymmetric", help="Without --recipe: the range [symmetric]."
+    ),
+    include: list[str] = typer.Option(
+        [],
+        "--include",
+        metavar="PATTERN",
+        help="Quantize only tensors whose names match (a glob; repeatable).",
+    ),
+    exclude: list[str] = typer.Option(
+        [],
+        "--exclude",
+        metavar="PATTERN",
+        help="Keep tensors whose names match, unquantized (a glob; repeatable).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print which tensor gets what, and the sizes; write nothing."
+    ),
+) -> None:
+    """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says."""
+    with library_errors():
+        require_input(checkpoint, "CHECKPOINT")
+        if gguf_type is not None and not dst.endswith(".gguf"):
+            raise typer.BadParameter("--gguf-type applies to a .gguf DST only")
+        if (fmt != "compressed-tensors" or config) and not dst.endswith((".safetensors", ".gguf")):
+            raise typer.BadParameter("--format and --config apply to a .safetensors DST only")
+        if fmt != "compressed-tensors" and dst.endswith(".gguf"):
+            raise typer.BadParameter("--format applies to a .safetensors DST (a .gguf is GGUF)")
+        flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
+        flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
+        rec = recipe_of(recipe, flags, include, exclude)
+        extra: dict[str, Any] = {}  # what only some destinations or flags pass on
+        if dst.endswith(".safetensors"):
+            extra.update(format=fmt, config=config)
+        if dst.endswith(".gguf"):
+            extra.update(format=gguf_type or "compressed-tensors", config=config)
+        if store != "fsspec":
+            extra["store"] = store
+        if packs is not None:
+            extra["packs"] = packs
+    with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
+        limit = parse_size(max_memory, "--max-memory")
+        plan = qs.plan_convert(
+            checkpoint,
+            dst,
+            rec,
+            overwrite=overwrite,
+            max_memory=limit,
+            compression=compression,
+            **extra,
+        )
+    with library_errors():
+        if dry_run:
+            print_plan(plan, as_json)
+            return
+        show = not (quiet or as_json)
+        qs.warm_up(rec.specs(), background=True)  # first run: see quantize
+
+        def on_tensor(ev: qs.TensorEvent) -> None:
+            if ev.result is None:
+                return
+            r = ev.result
+            tag = "kept" if r["kept"] else ev.target
+            sq = "" if r["kept"] else f"  SQNR {fmt_db(r['error']['sqnr_db'])} dB"
+            typer.echo(
+                f"[{ev.index + 1:>{len(str(ev.total))}}/{ev.total}] {ev.name}"
+                f" {list(ev.shape)} {ev.dtype} -> {tag}: {fmt_bytes(r['bytes_before'])}"
+                f" -> {fmt_bytes(r['bytes_after'])}{sq}"
+            )
+
+        with open_executor(scheduler) as ex, progress("convert", not show):
+            report = qs.convert_checkpoint(
+                checkpoint,
+                dst,
+                rec,
+                max_memory=limit,
+                overwrite=overwrite,
+                on_tensor=on_tensor if show else None,  # (quiet: no event per tensor)
+                executor=ex,
+                max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
+                compression=compression,
+                plan=plan,
+                **extra,
+            )
+        if done_already(dst, report, as_json, quiet):
+            return
+        if as_json:
+            emit_json(report)
+            return
+        if quiet:
+            return
+        if dst.endswith(".gguf"):
+            typer.echo(gguf_summary(checkpoint, report))
+            return
+        print_quantized(report)
+
+
+def recipe_of(
+    path: Path | None, flags: dict[str, Any], include: list[str], exclude: list[str]
+) -> qs.Recipe:
+    """The recipe of a ``convert``: the file, or the spec flags as its defaults; ``--exclude``
+    patterns become keep rules before its own, ``--include`` limits what is quantized."""
+    if path and flags:
+        raise typer.BadParameter(
+            "--recipe and the spec flags ("
+            + ", ".join("--" + k.replace("_", "-") for k in flags)
+            + ") do not mix: put the spec in the recipe's [defaults]"
+        )
+    d = qs.Recipe.load(path).to_dict() if path else {"defaults": {}, "rules": []}
+    if flags:
+        if "block_size" in flags:
+            flags.setdefault("axis", -1)
+            flags.setdefault("method", "dynamic")
+        d["defaults"] = {**d["defaults"], **flags}
+    d["rules"] = [{"pattern": p, "action": "keep"} for p in exclude] + d.get("rules", [])
+    if include:
+        d["include"] = list(include)
+    return qs.Recipe.from_dict(d)
+
+
+def print_plan(plan: qs.ConversionPlan, as_json: bool) -> None:
+    """``--dry-run``: what the run would do with DST, which tensor gets what (GGUF: its type
+    and rule), and the sizes."""
+    if as_json:
+        emit_json(plan.to_dict())
+        return
+    rows = plan.tensors
+    rules = any("rule" in r for r in rows)
+    table(
+        "conversion plan (nothing written)",
+        ["tensor", "shape", "dtype", "target", *(["rule"] if rules else []), "before", "after"],
+        [
+            [r["name"], str(r["shape"]), r["dtype"], r["target"],
+             *([r.get("rule", "")] if rules else []), fmt_bytes(r["bytes_before"]),
+             fmt_bytes(r["bytes_after"])]
+            for r in rows
+        ],
+    )  # fmt: skip
+    made = f"; creates {', '.join(plan.creates)}" if plan.creates else ""
+    typer.echo(f"{plan.destination} ({plan.kind}): {plan.action}{made}")
+    for note in plan.notes:
+        typer.echo(f"note: {note}")
+    quantized = sum(1 for r in rows if not r.get("kept", r["target"].startswith("keep")))
+    before = sum(r["bytes_before"] for r in rows)
+    after = sum(r["bytes_after"] for r in rows)
+    typer.echo(
+        f"{quantized} quantized, {len(rows) - quantized} kept;"
+        f" {fmt_bytes(before)} -> {fmt_bytes(after)}"
+    )
+
+
+def print_quantized(report: dict[str, Any]) -> None:
+    """The quantized tensors of a finished conversion, worst SQNR first, and the totals."""
+    rows = [(n, r) for n, r in report["tensors"].items() if not r["kept"]]
+
+    def worst_first(item: tuple[str, dict[str, Any]]) -> float:
+        v = item[1]["error"]["sqnr_db"]
+        return float(v) if v is not None else float("inf")
+
+    table(
+        "quantized tensors, worst SQNR first",
+        ["tensor", "shape", "type", "SQNR dB", "max err", "clip %"],
+        [
+            [
+                name,
+                str(r["shape"]),
+                r["target"],
+                fmt_db(r["error"]["sqnr_db"]),
+                f"{r['error']['max_abs']:.3g}",
+                f"{100 * r['error']['clip_fraction']:.3f}",
+            ]
+            for name, r in sorted(rows, key=worst_first)
+        ],
+    )
+    kept = len(report["tensors"]) - len(rows)
+    typer.echo(
+        f"{len(rows)} quantized, {kept} kept; {fmt_bytes(report['bytes_before'])}"
+        f" -> {fmt_bytes(report['bytes_after'])} in {report['seconds']:.1f} s"
+    )
+    if report.get("files"):
+        typer.echo("written: " + ", ".join(report["files"]))

@@ -1,0 +1,161 @@
+"""``qstream export``: quantized tensors for an inference stack (safetensors for
+transformers/vLLM, or GGUF for llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+import qstream as qs
+
+from .failures import library_errors
+from .helptext import examples
+from .options import JSON, MAX_MEMORY, QUIET, parse_size, require_input
+from .output import done_already, emit_json, fmt_bytes
+
+
+@examples(
+    """
+    qstream export model-int8.zarr model-int8.safetensors
+    qstream export model-int8.zarr out/model.safetensors --max-shard-size 2GB
+    qstream export q.zarr weight.safetensors --name layer0.weight
+    qstream export model.safetensors model-q4_0.gguf --gguf-type Q4_0
+    """
+)
+def export(
+    src: str = typer.Argument(
+        ...,
+        metavar="SRC",
+        help="A converted checkpoint (or one quantized group); for a .gguf OUT also a float"
+        " checkpoint.",
+    ),
+    out: str = typer.Argument(
+        ...,
+        metavar="OUT",
+        help="The .safetensors file (shards go beside it) or a .gguf file (llama.cpp).",
+    ),
+    gguf_type: str | None = typer.Option(
+        None,
+        "--gguf-type",
+        metavar="TYPE",
+        help="GGUF block type for a float checkpoint: Q8_0, Q4_0, Q4_1 (or F16, BF16, F32)"
+        " [default: Q8_0].",
+    ),
+    max_shard_size: str = typer.Option(
+        "5GB",
+        "--max-shard-size",
+        metavar="SIZE",
+        help="Split into shards with an index above this size.",
+    ),
+    name: str = typer.Option(
+        "weight", "--name", metavar="NAME", help="Tensor name for a single group."
+    ),
+    fmt: str = typer.Option(
+        "compressed-tensors",
+        "--format",
+        metavar="FORMAT",
+        help="compressed-tensors (transformers, vLLM: writes config.json) or qstream.",
+    ),
+    config: str | None = typer.Option(
+        None,
+        "--config",
+        metavar="CONFIG",
+        help="The model's config.json to merge the quantization_config into (default: one"
+        " kept inside SRC, or beside a float checkpoint file for .gguf; never one where SRC's"
+        " metadata says its source was).",
+    ),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing files."),
+    max_memory: str | None = MAX_MEMORY,
+    as_json: bool = JSON,
+    quiet: bool = QUIET,
+) -> None:
+    """Export quantized tensors for an inference stack, streaming, with bounded memory:
+    safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
+    or qstream's own layout (N, N_scale, N_zero_point)."""
+    with library_errors():
+        limit = parse_size(max_memory, "--max-memory")
+        require_input(src, "SRC")
+        if out.endswith(".gguf"):
+            result = qs.export_gguf(
+                src, out, type=gguf_type, config=config, overwrite=overwrite, max_memory=limit
+            )
+            if as_json:
+                emit_json(result)
+            elif not quiet:
+                typer.echo(gguf_summary(src, result))
+            return
+        result = qs.export_safetensors(
+            src,
+            out,
+            format=fmt,
+            config=config,
+            max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
+            overwrite=overwrite,
+            name=name,
+            max_memory=limit,
+        )
+        if done_already(out, result, as_json, quiet):
+            return
+        if as_json:
+            emit_json(result)
+        elif not quiet:
+            typer.echo(
+                f"{src} -> {', '.join(result['files'])}: {len(result['tensors'])} tensors,"
+                f" {fmt_bytes(result['bytes'])}, for {result['loader']}"
+            )
+            if result.get("config") and not has_model_type(result["config"]):
+                typer.echo(
+                    f"note: {result['config']} holds the quantization_config only ({src}"
+                    " keeps no model config.json): pass --config MODEL/config.json (the"
+                    " converted model's) to merge it, or merge it in yourself"
+                )
+
+
+def gguf_summary(src: str, result: dict[str, Any]) -> str:
+    """A written GGUF file: its quantized tensors, worst SQNR first (printed as a table, as
+    for other outputs: each tensor's GGUF values against its source values), then one line
+    (returned) on its tensor types, size and architecture."""
+    from .output import fmt_db, table
+
+    if result.get("already_complete"):
+        return f"{result['file']}: already complete (same job); nothing to do"
+    errors = result.get("error") or {}
+    plan = {r["name"]: r for r in result.get("plan") or []}
+
+    def worst_first(name: str) -> float:
+        v = errors[name].get("sqnr_db")
+        return float(v) if v is not None else float("inf")
+
+    if errors:
+        table(
+            "quantized tensors, worst SQNR first",
+            ["tensor", "shape", "type", "SQNR dB", "max err"],
+            [
+                [
+                    name,
+                    str(plan.get(name, {}).get("shape", "")),
+                    str(result["tensors"].get(name, "")),
+                    fmt_db(errors[name].get("sqnr_db")),
+                    "-"
+                    if errors[name].get("max_abs") is None
+                    else f"{errors[name]['max_abs']:.3g}",
+                ]
+                for name in sorted(errors, key=worst_first)
+            ],
+        )
+    kinds: dict[str, int] = {}
+    for t in result["tensors"].values():
+        kinds[t] = kinds.get(t, 0) + 1
+    mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return (
+        f"{src} -> {result['file']}: {mix}; {fmt_bytes(result['bytes'])}, architecture"
+        f" {result['architecture']}, for llama.cpp / gguf-py"
+    )
+
+
+def has_model_type(path: str) -> bool:
+    """Whether the config.json at ``path`` is a model's (it names its ``model_type``)."""
+    with open(path) as f:
+        return "model_type" in json.load(f)

@@ -1,0 +1,158 @@
+"""``qstream inspect``: what a quantized output, a converted checkpoint or an export holds;
+with ``--show`` its stored views in the terminal, with ``--plot`` a one-page figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+import qstream as qs
+
+from .failures import library_errors
+from .helptext import examples
+from .options import JSON, MAX_MEMORY, parse_size, require_input
+from .output import emit_json, error_table, fmt_bytes, fmt_db, table
+from .show import show_checkpoint, show_report
+
+EXPORTS = (".safetensors", ".safetensors.index.json", ".gguf")
+
+#: the rows of an inspected quantized array's table, in order
+FIELDS = (
+    "shape",
+    "dtype",
+    "granularity",
+    "axis",
+    "block_size",
+    "method",
+    "symmetric",
+    "round_mode",
+    "compression",
+    "complete",
+)
+
+
+@examples(
+    """
+    qstream inspect q.zarr
+    qstream inspect model-int8.zarr --json
+    qstream inspect q.zarr --show
+    qstream inspect q.zarr --plot report.png
+    qstream inspect model-int8.zarr/layers.0.mlp.up_proj.weight --show
+    """
+)
+def inspect(
+    store: str = typer.Argument(
+        ...,
+        metavar="STORE",
+        help="A quantized group, a converted checkpoint, or an export (.safetensors, .gguf).",
+    ),
+    as_json: bool = JSON,
+    show: bool = typer.Option(
+        False,
+        "--show",
+        help="Draw the stored calibration histogram with its clip threshold (per tensor), the"
+        " per-channel SQNR distribution and the worst channels (per channel), every group's"
+        " SQNR and the worst groups (group-wise); of a checkpoint: the SQNR over its tensors,"
+        " the worst and largest tensors, the bytes per target.",
+    ),
+    plot: Path | None = typer.Option(
+        None,
+        "--plot",
+        metavar="FILE",
+        help="Write a one-page figure (.png or .svg): histogram with thresholds, per-channel"
+        " SQNR, error summary. Needs matplotlib: pip install 'qstream-zarr[plot]'.",
+    ),
+    max_memory: str | None = MAX_MEMORY,
+) -> None:
+    """Show a quantized array's spec, parameters, calibration and error report."""
+    with library_errors():
+        if plot is not None:
+            check_plot(plot)  # (usage first)
+        limit = parse_size(max_memory, "--max-memory")
+        require_input(store, "STORE")
+        if store.endswith(EXPORTS):
+            print_export(store, as_json)
+            return
+        arr = qs.open_quantized(store, allow_incomplete=True, max_memory=limit)
+        assert not isinstance(arr, dict)  # (an export opens as a dict: described above)
+        whole = isinstance(arr, qs.QuantizedCheckpoint)
+        summary = arr.summary()
+        if plot is not None:
+            save_plot(arr, store, plot)
+        if as_json:
+            emit_json(summary)
+            return
+        if show and whole:  # the whole checkpoint: SQNR and size per tensor, bounded
+            show_checkpoint(arr.view)
+            if plot is not None:
+                typer.echo(f"figure written to {plot}")
+            return
+        if isinstance(arr, qs.QuantizedCheckpoint):
+            checkpoint_table(store, len(arr), summary)
+            return
+        rows = [[k, str(summary[k])] for k in FIELDS]
+        for name in ("scale", "zero_point"):
+            p = summary[name]
+            rows.append([name, f"{p['shape']} min {p['min']:.6g} max {p['max']:.6g}"])
+        table(str(store), ["", ""], rows, header=False)
+        error_table("quantization error", summary.get("error"), worst=not show)
+        if show:
+            show_report(arr.view, store)
+        if plot is not None:
+            typer.echo(f"figure written to {plot}")
+
+
+def print_export(path: str, as_json: bool) -> None:
+    """An export (safetensors, GGUF): its format and loader."""
+    summary = qs.describe_export(path)
+    if as_json:
+        emit_json(summary)
+    else:
+        for k, v in summary.items():
+            if v is not None and k != "quantized":
+                typer.echo(f"{k:<12} {v}")
+
+
+def checkpoint_table(store: str, tensors: int, summary: dict[str, Any]) -> None:
+    """A converted checkpoint's tensors: shape, type, how each is stored, bytes, SQNR."""
+    rows = []
+    for name, r in summary["tensors"].items():
+        sq = "" if r.get("kept") else fmt_db((r.get("error") or {}).get("sqnr_db"))
+        rows.append(
+            [
+                name,
+                str(r.get("shape")),
+                str(r.get("dtype")),
+                "kept" if r.get("kept") else str(r.get("target")),
+                f"{fmt_bytes(r.get('bytes_before', 0))} -> {fmt_bytes(r.get('bytes_after', 0))}",
+                sq,
+            ]
+        )
+    source = summary.get("checkpoint")  # provenance, as recorded: shown, never opened
+    if source is not None:  # (as written by whoever wrote the output: no control characters)
+        source = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
+    table(
+        f"{store}: {tensors} tensors{f' from {source}' if source else ''},"
+        f" complete: {summary['complete']}",
+        ["tensor", "shape", "dtype", "stored as", "bytes", "SQNR dB"],
+        rows,
+    )
+
+
+def check_plot(path: Path) -> None:
+    """Refuse a --plot file qstream cannot write, before any work."""
+    if path.suffix.lower() not in (".png", ".svg"):
+        raise typer.BadParameter(f"--plot {path}: the figure is written as .png or .svg")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise typer.BadParameter(
+            "--plot needs matplotlib: pip install 'qstream-zarr[plot]'"
+        ) from None
+
+
+def save_plot(arr: qs.QuantizedArray | qs.QuantizedCheckpoint, store: str, plot: Path) -> None:
+    """Write the one-page figure of ``arr`` to ``plot``."""
+    qs.save_plot(arr, plot, title=str(store))

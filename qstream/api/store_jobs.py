@@ -1,0 +1,278 @@
+"""Quantize, dequantize and calibrate Zarr stores out of core (the jobs are in
+:mod:`qstream.engine.jobs.job`, the on-disk format in :mod:`qstream.io.outputs.qarray`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+from ..engine.convert.convert_checkpoint import restore
+from ..engine.jobs.job import QuantizeJob
+from ..engine.jobs.job import dequantize as dequantize_group
+from ..io.outputs.qarray import is_checkpoint
+from ..io.storage.stores import store_errors, with_backend
+from ..spec import Calibration, QuantReport, QuantSpec
+
+if TYPE_CHECKING:
+    from .types import (
+        ArraySource,
+        ExecutorLike,
+        Location,
+        OnTensor,
+        PathLike,
+        Progress,
+        StorageOptions,
+    )
+
+
+def calibrate(
+    src: ArraySource,
+    spec: QuantSpec | None = None,
+    *,
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
+    store: str | None = None,
+) -> Calibration:
+    """Gather statistics from ``src`` and derive the scale/zero point ``spec`` asks for
+    (writes nothing). ``executor`` and ``store``: see :func:`quantize_store`."""
+    with store_errors(src):
+        job = QuantizeJob(
+            with_backend(src, store, storage_options, read_only=True),
+            spec or QuantSpec(),
+            max_memory=max_memory,
+            storage_options=storage_options,
+            executor=executor,
+        )
+        try:
+            return job.calibration(progress)
+        finally:
+            job.close()
+
+
+def quantize_store(
+    src: ArraySource,
+    dst: Location,
+    spec: QuantSpec | None = None,
+    *,
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    overwrite: bool = False,
+    resume: bool = True,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
+    store: str | None = None,
+    histogram: bool = False,
+    compression: str | None = "auto",
+    layout: str = "group",
+    chunks: int | tuple[int, ...] | list[int] | None = None,
+) -> QuantReport:
+    """Quantize the array ``src`` into the quantized group ``dst``.
+
+    ``src``: a path/URL of a Zarr array (v2 or v3), a ``zarr.Array`` or a NumPy array.
+    ``dst``: a local directory, a ``.zip`` path, ``memory://name`` or an fsspec URL; it must
+    be new, empty, or an output of qstream (see below); never the source or a place inside it.
+    ``max_memory`` bounds the working memory (bytes, default 1 GiB): the blocks in flight and
+    the calibration histograms. ``progress(done, total)`` is called as blocks land; when
+    ``progress`` also has a ``stage(name, total, done)`` method, it is called as each pass
+    starts ("ranges", "histograms", "search", "quantize"), with the pass's total.
+
+    Re-running a job (same spec, same source however its path is spelled) on its unfinished
+    output resumes it, and the result and report are bit-identical to an uninterrupted run
+    (``resume=False`` refuses instead); on its finished output it returns the stored report
+    with ``already_complete=True``. ``overwrite=True`` replaces another qstream job's
+    output (only the files qstream wrote); anything else (files, a folder of other things, a
+    Zarr node qstream did not write) is always refused. A local destination is locked while
+    a job writes it; on object stores the output's writer holds a lease (see the README).
+
+    ``executor``: where the blocks run: None or ``"local"`` (this process's threads),
+    ``"dask"`` (the current ``distributed`` client) or ``qstream.DaskExecutor(client=...,
+    kernel_threads=1, blocks_per_task=None)``. A cluster run writes the same bytes and the
+    same report as a local one; its source and destination must be reachable from every
+    worker (a shared filesystem or an object store; not ``memory://``, ``.zip`` or NumPy).
+
+    ``store``: how URLs are opened: ``"fsspec"`` (default; ``storage_options`` are fsspec's,
+    e.g. ``key``, ``secret``, ``client_kwargs``) or ``"obstore"`` (``storage_options`` are
+    obstore's config, e.g. ``endpoint``, ``access_key_id``, ``region``). ``src``/``dst`` may
+    also be ready ``zarr`` store objects.
+
+    ``histogram``: a per-tensor ``minmax`` job makes one more pass, a histogram of the source
+    kept in the output's metadata for its views (``qstream inspect OUT --show``,
+    ``report.plot()``); histogram methods keep the histogram they searched anyway, and
+    per-axis outputs keep per-channel summaries (see :mod:`qstream.spec.views`).
+
+    ``compression``: how the output's chunks are compressed: ``"auto"`` (a Zarr v3 source's
+    compressors for the codes, else zstd), ``"none"`` (raw: the fastest to write and read),
+    ``"zstd[:LEVEL]"``, ``"gzip[:LEVEL]"`` or ``"blosc[:CNAME[:LEVEL]]"`` (see
+    :mod:`qstream.io.storage.compression`). Values and report are the same whatever it is.
+
+    ``layout``: ``"group"`` (default) or ``"codec"``: per tensor, ``data`` is written as a
+    float32 Zarr v3 array whose ``scale_offset`` + ``cast_value`` codecs decode the codes, so
+    zarr and xarray read floats without qstream (needs zarr >= 3.2 and cast-value-rs; see
+    :mod:`qstream.io.outputs.codec`). ``chunks``: the output's chunks (one size per axis, -1 for a
+    whole axis), e.g. for a reader's access pattern; default: multiples of the source's chunks
+    of about 16 MiB. Either way one chunk is one block, held to ``max_memory``.
+    """
+    from ..io.storage.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (), "a quantization")
+    with store_errors(_remote(dst, src)):
+        job = QuantizeJob(
+            with_backend(src, store, storage_options, read_only=True),
+            spec or QuantSpec(),
+            max_memory=max_memory,
+            storage_options=storage_options,
+            executor=executor,
+            view_histogram=histogram,
+            compression=compression,
+            layout=layout,
+            chunks=chunks,
+        )
+        target = with_backend(dst, store, storage_options, read_only=False)
+        return job.run(target, progress=progress, overwrite=overwrite, resume=resume)
+
+
+def dequantize_store(
+    src: Location,
+    dst: Location,
+    *,
+    dtype: str = "float32",
+    max_memory: int | None = None,
+    progress: Progress | None = None,
+    overwrite: bool = False,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
+    store: str | None = None,
+    compression: str | None = "auto",
+    on_tensor: OnTensor | None = None,
+) -> dict[str, Any]:
+    """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
+    (float32, float16 or bfloat16), under the same destination rules (and with the same
+    ``executor`` and ``store`` choices) as :func:`quantize_store`. ``compression``: as for
+    :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors.
+
+    ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
+    tensor restored (kept tensors copied as stored), and the result lists them;
+    ``on_tensor`` is called before and after each tensor with a
+    :class:`qstream.TensorEvent` (which one of how many, its name; see
+    :func:`qstream.engine.convert.convert_checkpoint.restore`); only there (not for one array, nor a
+    ``.safetensors`` ``src`` or ``dst``).
+
+    ``dst`` ending in ``.safetensors``: the values are written as safetensors instead (one
+    file, or shards with an index above 5 GB; see :func:`qstream.export_safetensors`,
+    ``format="dequantized"``), streaming with bounded memory."""
+    from ..io.storage.suffixes import check_destination_suffix
+
+    check_destination_suffix(dst, (".safetensors",), "a dequantization")
+    # (both go through files: their source and destination are paths)
+    paths = cast("PathLike", src), cast("PathLike", dst)
+    if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
+        return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
+    if str(dst).endswith(".safetensors"):
+        return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options, max_memory)
+    with store_errors(_remote(dst, src)):
+        return _dequantize_any(
+            with_backend(src, store, storage_options, read_only=True),
+            dst,
+            storage_options=storage_options,
+            store=store,
+            dtype=dtype,
+            max_memory=max_memory,
+            progress=progress,
+            overwrite=overwrite,
+            executor=executor,
+            compression=compression,
+            on_tensor=on_tensor,
+        )
+
+
+def _dequantize_export(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """A qstream ``.safetensors`` export dequantized: its tensors read as values
+    (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file."""
+    from ..spec.recipe import Recipe
+    from .convert import convert_checkpoint
+
+    recipe = Recipe.from_dict(
+        {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
+    )
+    fmt = "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
+    report = convert_checkpoint(
+        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, format=fmt
+    )
+    return {**report, "dtype": dtype}
+
+
+def _dequantize_to_safetensors(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    storage_options: StorageOptions | None,
+    max_memory: int | None,
+) -> dict[str, Any]:
+    import json
+    import os
+    import time
+
+    from ..exports.safetensors import export_safetensors, finished_export
+    from ..io.storage.stores import location
+
+    path = os.fspath(dst)
+    job = json.dumps({"dequantize": location(src) or str(src), "dtype": dtype}, sort_keys=True)
+    done = None if overwrite else finished_export(path, job)
+    if done is not None:
+        return {"destination": path, "files": done, "already_complete": True, "dtype": dtype}
+    t0 = time.perf_counter()
+    with store_errors(src):
+        out = export_safetensors(
+            src,
+            path,
+            format="dequantized",
+            dtype=dtype,
+            overwrite=overwrite,
+            storage_options=storage_options,
+            job=job,
+            max_memory=max_memory,
+        )
+    return {
+        "destination": path,
+        "files": out["files"],
+        "tensors": out["tensors"],
+        "bytes": out["bytes"],
+        "dtype": dtype,
+        "already_complete": False,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _remote(*targets: ArraySource) -> ArraySource:
+    """The first of ``targets`` that is a URL (how failures of the store are named), else
+    the first."""
+    for t in targets:
+        if isinstance(t, str) and "://" in t and not t.startswith(("file://", "memory://")):
+            return t
+    return targets[0]
+
+
+def _dequantize_any(
+    src: Location,
+    dst: Location,
+    *,
+    storage_options: StorageOptions | None,
+    store: str | None,
+    on_tensor: OnTensor | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
+    """One quantized group dequantized into an array, or a converted checkpoint's root into a
+    group of arrays."""
+    if is_checkpoint(src, storage_options):
+        return restore(src, dst, on_tensor=on_tensor, **kw)
+    target = with_backend(dst, store, storage_options, read_only=False)
+    return dequantize_group(src, target, storage_options=storage_options, **kw)

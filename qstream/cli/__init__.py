@@ -1,1 +1,0 @@
-"""The ``qstream`` command line (Typer + Rich), installed as ``qstream.cli``."""

@@ -1,0 +1,1 @@
+"""qstream/engine/convert."""

@@ -1,0 +1,232 @@
+"""GGUF files for llama.cpp, written streaming: quantized blocks (Q8_0, Q4_0, Q4_1) and plain
+tensors (F32, F16, BF16), with bounded memory.
+
+Two sources:
+
+- a float checkpoint (anything :func:`qstream.convert_checkpoint` reads): each tensor the
+  recipe quantizes is quantized to its GGUF type (the type its spec stands for exactly, or
+  the explicit ``type``; a spec no GGUF type holds is refused: GGUF never changes a spec
+  silently, see :mod:`qstream.exports.gguf.plan`) by :mod:`qstream.compat.gguf`, bit for bit as
+  gguf-py's ``quants.quantize`` does; kept tensors (rank < 2, ``keep`` rules, a last axis
+  that is not a multiple of 32) are written in their own float type (float64 as F32) or a
+  keep rule's ``dtype``;
+- a qstream output: codes and scales that a GGUF block type holds exactly are copied
+  (symmetric int8 -> Q8_0, symmetric int4 -> Q4_0, groups along the last axis of a multiple of
+  32 or per channel on axis 0, float16-exact scales: ``scale_dtype="float16"``); anything
+  else is refused, naming the tensor and why.
+
+With a ``config.json`` of a Llama-style model (``model_type`` llama / mistral), tensor names
+are mapped as llama.cpp's converter maps them (``model.layers.0.self_attn.q_proj.weight`` ->
+``blk.0.attn_q.weight``), the rows of q/k projections permuted as it does, and the
+hyper-parameters written as ``llama.*`` keys; a name llama.cpp would not know is refused.
+The tokenizer is not written: llama.cpp's ``gguf-new-metadata`` / its converter add it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any
+
+from ...compat import gguf as q
+from ...errors import InvalidParameterError, QStreamWarning, StoreError
+from ...spec.recipe import Recipe
+from ...spec import QuantSpec
+from ..files import SLAB
+from ..targets import export_lock
+from .file import ALIGN, MARK, STR, U32, GGUFTensor, Value, identity, write_gguf
+from .plan import GGUFPlan, is_output, plan_gguf, spec_type
+from .tensors import ErrorSums, float_tensor, quantized_tensor
+from ...paths import kind_of
+
+#: llama.cpp's ``LlamaFileType`` of a file mostly of each type
+FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
+_ERROR_KEYS = ("sqnr_db", "mse", "cosine", "count", "max_abs")  # a tensor's in the report
+_SOURCE_SUFFIXES = (".safetensors", ".json", ".npz", ".npy", ".pt", ".pth", ".bin")
+
+
+def _source_version(src: str | os.PathLike[str]) -> list[list[str | int]]:
+    """Sizes and times of the files ``src`` is read from (a qstream output: its root
+    document, rewritten when it is written again): a changed source is another export."""
+    path = os.fspath(src)
+    if "://" in path:
+        return []
+    if is_output(path):
+        path = os.path.join(path, "zarr.json")
+    folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
+    names = (
+        sorted(n for n in os.listdir(folder) if n.endswith(_SOURCE_SUFFIXES))
+        if os.path.isdir(path) or (path.endswith(".json") and not path.endswith("zarr.json"))
+        else [os.path.basename(path)]
+    )
+    out: list[list[str | int]] = []
+    for n in names:
+        try:
+            st = os.stat(os.path.join(folder, n))
+        except OSError:
+            continue
+        out.append([n, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def export_gguf(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    type: str | None = None,
+    recipe: Recipe | str | os.PathLike[str] | None = None,
+    config: str | os.PathLike[str] | dict[str, Any] | None = None,
+    overwrite: bool = False,
+    max_memory: int | None = None,
+) -> dict[str, Any]:
+    """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
+    the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
+    is read: what GGUF cannot write as asked is refused (:class:`InvalidParameterError`).
+
+    ``recipe``: which tensors of a float checkpoint are quantized, and to what block type: a
+    spec a GGUF type holds (int8 symmetric -> Q8_0, int4 symmetric -> Q4_0, 4-bit asymmetric
+    -> Q4_1, in blocks of 32 along the last axis, each block's own range; the default spec:
+    Q8_0); any other spec is refused, naming the tensor, the nearest type and ``type``.
+    ``type`` (Q8_0, Q4_0, Q4_1, F16, BF16, F32) alone picks the type of every tensor the
+    recipe quantizes, with its own rule. ``config``: the model's config.json (path or dict);
+    None: the one beside ``src``; its fields are checked before any work.
+
+    Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type),
+    ``bytes`` (the file's size), ``architecture``, ``plan`` (a row per tensor:
+    :meth:`GGUFPlan.rows`) and ``error`` (source name -> ``sqnr_db``, ``mse``, ``cosine``,
+    ``count``, ``max_abs``: each quantized tensor's GGUF values against its source values,
+    summed as it is written; a qstream output's copied tensors: the error its conversion
+    recorded)."""
+    out = os.fspath(out)
+    if not out.endswith(".gguf"):
+        raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
+    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory)
+    for warning in plan.warnings:
+        warnings.warn(warning, QStreamWarning, stacklevel=2)
+    return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
+
+
+def _job(plan: GGUFPlan) -> str:
+    """The identity a GGUF file of ``plan`` records (a re-run finds it finished)."""
+    src, cfg = plan.source, plan.config
+    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg}
+    return json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
+
+
+def destination_action(
+    plan: GGUFPlan, out: str | os.PathLike[str], *, overwrite: bool = False
+) -> str:
+    """What writing ``plan`` to ``out`` does with what is there (read-only): ``create``,
+    ``complete`` (this export, finished: nothing to do) or ``replace`` (``overwrite`` of a
+    qstream export); a file qstream did not write, or another export without ``overwrite``,
+    is refused (:class:`StoreError`)."""
+    out = os.fspath(out)
+    if not out.endswith(".gguf"):
+        raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
+    kind = kind_of(out)
+    if kind is None:
+        return "create"
+    found = identity(out) if kind == "file" else None
+    if found is None:
+        raise StoreError(
+            f"{out} exists and is not a qstream export; qstream never replaces what it did"
+            " not write (even with overwrite=True): remove it yourself or export elsewhere"
+        )
+    if found == _job(plan) and not overwrite:
+        return "complete"
+    if not overwrite:
+        raise StoreError(
+            f"{out} holds another export (of another source, spec or type); pass overwrite=True"
+            " to replace it"
+        )
+    return "replace"
+
+
+def write_plan(
+    plan: GGUFPlan,
+    out: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    max_memory: int | None = None,
+) -> dict[str, Any]:
+    """Write the GGUF file ``out`` as ``plan`` (:func:`plan_gguf`) says; the report of
+    :func:`export_gguf`."""
+    out = os.fspath(out)
+    done = {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
+            "plan": plan.rows(), "error": {}}  # fmt: skip
+    if destination_action(plan, out, overwrite=overwrite) == "complete":
+        return done
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # (the rule of every command)
+    with export_lock(out):  # (one export at a time writes a folder, as safetensors exports)
+        if destination_action(plan, out, overwrite=overwrite) == "complete":
+            return done  # (another process finished it meanwhile)
+        return _write_locked(plan, out, max_memory)
+
+
+def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str, Any]:
+    job = _job(plan)
+    budget = max(1 << 20, min(SLAB, (max_memory or SLAB) // 8))
+    tensors: list[GGUFTensor] = []
+    types: dict[str, str] = {}
+    sums: dict[str, ErrorSums] = {}
+    errors: dict[str, dict[str, Any]] = {}
+    for t in plan.tensors:
+        v = plan.opened[t.name]
+        if t.copied:
+            tensors.append(quantized_tensor(t.gguf_name, t.name, v, t.heads))
+            recorded = (getattr(v, "report", None) or {}).get("error")
+            if isinstance(recorded, dict):  # (its values are the conversion's, exactly)
+                errors[t.name] = {k: recorded.get(k) for k in _ERROR_KEYS}
+        else:
+            if not t.kept:
+                sums[t.name] = ErrorSums()
+            g = float_tensor(t.gguf_name, v, t.type, t.heads, budget, sums.get(t.name))
+            tensors.append(g)
+        types[t.name] = t.type
+    kv: dict[str, Value] = {
+        MARK: (STR, job),
+        "general.architecture": (STR, plan.architecture),
+        "general.name": (STR, _text(os.path.basename(out)[: -len(".gguf")])),
+        "general.file_type": (U32, FILE_TYPE.get(_mostly(types), 0)),
+        "general.quantization_version": (U32, 2),
+        "general.alignment": (U32, ALIGN),
+    }
+    if plan.llama:
+        kv.update(plan.llama.keys())
+    write_gguf(out, kv, tensors)
+    for name, s in sums.items():
+        errors[name] = s.summary()
+    return {
+        "file": out,
+        "already_complete": False,
+        "tensors": types,
+        "bytes": os.path.getsize(out),
+        "architecture": plan.architecture,
+        "plan": plan.rows(),
+        "error": errors,
+    }
+
+
+def block_type(name: str, spec: QuantSpec) -> str:
+    """The GGUF block type that holds ``spec`` (see :func:`qstream.exports.gguf.plan.spec_type`,
+    which also checks the spec's blocks against a tensor's ``shape``)."""
+    try:
+        return spec_type(spec, (0, q.BLOCK))
+    except InvalidParameterError as e:
+        raise InvalidParameterError(f"{name}: {e}") from None
+
+
+def _text(s: str) -> str:
+    """``s`` as UTF-8 can hold it (a file name's undecodable bytes replaced)."""
+    return s.encode("utf-8", "replace").decode("utf-8")
+
+
+def _mostly(types: dict[str, str]) -> str:
+    """The quantized type most tensors have (else the plain one), naming the file's type."""
+    counts: dict[str, int] = {}
+    for v in types.values():
+        counts[v] = counts.get(v, 0) + 1
+    quantized = {k: n for k, n in counts.items() if k in q.TYPE_SIZE}
+    pool = quantized or counts
+    return max(pool, key=lambda k: pool[k]) if pool else "F32"

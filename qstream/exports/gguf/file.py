@@ -1,0 +1,141 @@
+"""The GGUF file format as qstream writes it (version 3): a header of key-value pairs and
+tensor descriptions, then each tensor's bytes aligned to :data:`ALIGN`, streamed in slabs.
+
+Every file qstream writes carries :data:`MARK` as its first key, holding the export's
+identity (JSON): :func:`identity` reads it back with the file's own header (no gguf-py), so
+that an export knows a file it wrote, and a finished one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from ...compat import gguf as q
+from ...errors import StoreError
+from ..files import ReadRows, remove_stale_partials
+from ...paths import open_regular
+
+ALIGN = 32
+VERSION = 3
+MARK = "qstream.export"  # a key every GGUF qstream writes carries
+# GGUF's value types
+U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
+
+#: a key's (value type, value)
+Value = tuple[int, Any]
+
+
+class GGUFTensor:
+    """One tensor of the file: its GGUF name, shape, type and a reader of byte rows.
+
+    ``rows``: how many rows (the leading axes flattened); ``read(r0, r1)``: the uint8 bytes
+    of rows ``r0:r1`` (any shape), called for ``step`` rows at a time."""
+
+    def __init__(
+        self, name: str, shape: Iterable[int], gtype: str, rows: int, read: ReadRows, step: int
+    ) -> None:
+        self.name, self.shape, self.type = name, tuple(int(d) for d in shape), gtype
+        self.rows = rows
+        self.read = read
+        self.step = step
+        inner = q.byte_shape(self.shape, gtype) if self.shape else ()
+        itemsize = 4 if gtype == "F32" else 2 if gtype == "F16" else 1
+        self.nbytes = math.prod(inner) * itemsize if self.shape else 4
+
+
+def _string(s: str) -> bytes:
+    raw = s.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _value(kind: int, v: Any) -> bytes:
+    if kind == STR:
+        return _string(v)
+    return struct.pack({U32: "<I", I32: "<i", F32: "<f", BOOL: "<?", U64: "<Q"}[kind], v)
+
+
+def write_gguf(path: str, kv: dict[str, Value], tensors: list[GGUFTensor]) -> None:
+    """Write the GGUF file ``path``: the keys ``kv`` (in order), then ``tensors``."""
+    head = struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))
+    for k, (kind, v) in kv.items():
+        head += _string(k) + struct.pack("<I", kind) + _value(kind, v)
+    offset = 0
+    for t in tensors:
+        dims = t.shape[::-1] or (1,)
+        head += _string(t.name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
+        head += struct.pack("<IQ", q.TYPE_ID[t.type], offset)
+        offset += t.nbytes + (-t.nbytes % ALIGN)
+    head += b"\0" * (-len(head) % ALIGN)
+    remove_stale_partials(path)  # what a killed export of this file left
+    tmp = f"{path}.{os.getpid()}.partial"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            for t in tensors:
+                written = 0
+                for r0 in range(0, t.rows, t.step):
+                    chunk = t.read(r0, min(t.rows, r0 + t.step))
+                    f.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8).data)
+                    written += chunk.nbytes
+                if written != t.nbytes:
+                    raise StoreError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
+                f.write(b"\0" * (-t.nbytes % ALIGN))
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise StoreError(f"cannot write {path}: {e}") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def written_by_qstream(path: str) -> bool:
+    """Whether the GGUF file ``path`` carries qstream's export key."""
+    return identity(path) is not None
+
+
+def identity(path: str) -> str | None:
+    """The job identity recorded under qstream's key (written first) in the GGUF file
+    ``path``, or None when it is not a GGUF qstream wrote."""
+    try:
+        with open_regular(path) as f:
+            magic, _, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+            if magic != b"GGUF" or n_kv < 1:
+                return None
+            (n,) = struct.unpack("<Q", f.read(8))
+            if f.read(min(n, 256)) != MARK.encode():
+                return None
+            kind, size = struct.unpack("<IQ", f.read(12))
+            if kind != STR or size > 1 << 20:
+                return None
+            found: str = f.read(size).decode()
+            return found
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def describe(path: str) -> dict[str, Any]:
+    """What a GGUF file qstream wrote holds (read with its own header, no gguf-py)."""
+    job = identity(path)
+    if job is None:
+        raise StoreError(f"{path} is not a qstream export (no {MARK} key)")
+    ident = json.loads(job)
+    return {
+        "file": path,
+        "format": "gguf",
+        "loader": "llama.cpp / gguf-py",
+        "source": ident.get("source"),
+        "type": ident.get("type") or "from the recipe",
+        "architecture": str((ident.get("config") or {}).get("model_type") or "qstream"),
+        "bytes": os.path.getsize(path),
+    }

@@ -1,0 +1,218 @@
+"""Llama-style models (``model_type`` llama / mistral) as llama.cpp's converter writes them
+to GGUF: tensor names (``model.layers.0.self_attn.q_proj.weight`` -> ``blk.0.attn_q.weight``),
+the rows of q/k projections permuted, the hyper-parameters as ``llama.*`` keys."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import unicodedata
+from typing import Any
+
+import numpy as np
+
+from ...errors import InvalidParameterError
+from .file import F32, U32, Value
+from ...paths import open_regular
+
+_U32 = (1 << 32) - 1
+_F32_MAX = float(np.finfo(np.float32).max)
+MAX_TEXT = 256  # characters of a config string written into the file (model_type)
+
+_LLAMA = {
+    "model.embed_tokens": "token_embd",
+    "model.norm": "output_norm",
+    "lm_head": "output",
+}
+_LLAMA_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+class Llama:
+    """Names and q/k row order of a Llama-style model, as llama.cpp's converter writes them
+    (its config checked first: :func:`qstream.exports.gguf.plan.check_config`)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.heads = int(config["num_attention_heads"])
+        self.kv_heads = int(config.get("num_key_value_heads") or self.heads)
+
+    def name(self, hf: str) -> str:
+        """The GGUF name of the Hugging Face tensor ``hf`` (refused when llama.cpp's Llama
+        loader would not know it)."""
+        base, dot, suffix = hf.rpartition(".")
+        if suffix not in ("weight", "bias"):
+            base, suffix = hf, ""
+        if base in _LLAMA:
+            return _LLAMA[base] + dot + suffix
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", base)
+        if m and m.group(2) in _LLAMA_LAYER:
+            return f"blk.{m.group(1)}.{_LLAMA_LAYER[m.group(2)]}{dot}{suffix}"
+        raise InvalidParameterError(
+            f"{hf}: a tensor llama.cpp's Llama loader does not know; keep it out of the"
+            " checkpoint, or export without --config to keep the checkpoint's own names"
+        )
+
+    def heads_of(self, hf: str) -> int | None:
+        """How many heads the rows of ``hf`` are permuted over (q and k projections)."""
+        if re.search(r"self_attn\.q_proj\.(weight|bias)$", hf):
+            return self.heads
+        if re.search(r"self_attn\.k_proj\.(weight|bias)$", hf):
+            return self.kv_heads
+        return None
+
+    def keys(self) -> dict[str, Value]:
+        """The model's hyper-parameters as GGUF ``llama.*`` keys."""
+        c = self.config
+        hidden = int(c["hidden_size"])
+        rope = c.get("rope_theta") or (c.get("rope_parameters") or {}).get("rope_theta") or 1e4
+        return {
+            "llama.block_count": (U32, int(c["num_hidden_layers"])),
+            "llama.context_length": (U32, int(c.get("max_position_embeddings") or 2048)),
+            "llama.embedding_length": (U32, hidden),
+            "llama.feed_forward_length": (U32, int(c["intermediate_size"])),
+            "llama.attention.head_count": (U32, self.heads),
+            "llama.attention.head_count_kv": (U32, self.kv_heads),
+            "llama.rope.freq_base": (F32, float(rope)),
+            "llama.attention.layer_norm_rms_epsilon": (F32, float(c.get("rms_norm_eps") or 1e-5)),
+            "llama.vocab_size": (U32, int(c["vocab_size"])),
+            "llama.rope.dimension_count": (
+                U32,
+                int(c.get("head_dim") or hidden // self.heads),
+            ),
+        }
+
+
+def row_order(rows: int, heads: int) -> np.ndarray:
+    """llama.cpp's q/k permutation of rows: within each head, the two rotary halves
+    interleaved (``reshape(heads, 2, d/2).swapaxes(1, 2)``)."""
+    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
+
+
+def llama(config: dict[str, Any] | None) -> Llama | None:
+    """The Llama naming of a model ``config`` of type llama or mistral, else None."""
+    return Llama(config) if config and is_llama(config) else None
+
+
+def is_llama(config: dict[str, Any] | None) -> bool:
+    """Whether ``config`` is a Llama-style model's (``model_type`` llama or mistral)."""
+    return bool(config) and str((config or {}).get("model_type", "")).lower() in (
+        "llama",
+        "mistral",
+    )
+
+
+# --- the model's config.json, checked before any work -----------------------------------
+
+MAX_CONFIG = 100 << 20  # bytes of a config.json
+
+
+def read_config(config: str | os.PathLike[str] | dict[str, Any] | None) -> dict[str, Any] | None:
+    """The model configuration ``config`` (a dict, or the path of its JSON file), or
+    :class:`InvalidParameterError` naming the file and what is wrong with it."""
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return config
+    path = os.fspath(config)
+    try:
+        with open_regular(path, "config") as f:
+            raw = f.read(MAX_CONFIG + 1)
+    except OSError as e:
+        raise InvalidParameterError(f"{path}: cannot read the model config ({e})") from None
+    if len(raw) > MAX_CONFIG:
+        raise InvalidParameterError(f"{path}: a model config larger than {MAX_CONFIG} bytes")
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise InvalidParameterError(f"{path}: the model config is nested too deeply") from None
+    except ValueError as e:  # (UnicodeDecodeError included)
+        raise InvalidParameterError(f"{path}: the model config is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise InvalidParameterError(
+            f"{path}: the model config holds a JSON {_json_kind(doc)}, not an object"
+        )
+    return doc
+
+
+def _json_kind(v: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(v), "number"
+    )
+
+
+def check_config(cfg: Any, where: str = "config") -> None:
+    """Check every field of the model config ``cfg`` (read from ``where``) that a GGUF
+    export reads: its presence, type and range, before any work; an
+    :class:`InvalidParameterError` names the field and the file."""
+    if cfg is None:
+        return
+    if not isinstance(cfg, dict):
+        raise InvalidParameterError(f"{where}: a model config is a JSON object, got {cfg!r:.80}")
+
+    def bad(key: str, want: str, value: Any, missing: bool = False) -> InvalidParameterError:
+        shown = "nothing (it is missing)" if missing else json.dumps(value, default=repr)[:80]
+        return InvalidParameterError(
+            f"{where}: {key} must be {want}, got {shown}; fix the model's config.json (or pass"
+            " --config another one)"
+        )
+
+    kind = cfg.get("model_type")
+    if kind is not None:
+        if not isinstance(kind, str) or not kind or len(kind) > MAX_TEXT:
+            raise bad("model_type", f"a non-empty string of at most {MAX_TEXT} characters", kind)
+        if any(unicodedata.category(c) in ("Cc", "Cs") for c in kind):
+            raise bad("model_type", "text without control characters or lone surrogates", kind)
+    if not is_llama(cfg):
+        return
+
+    def integer(key: str, required: bool = True, hi: int = _U32) -> int | None:
+        """The integer field ``key`` in 1..hi (None: absent or null and not required)."""
+        v = cfg.get(key)
+        if v is None and not required:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise bad(key, f"an integer in 1..{hi}", v, missing=key not in cfg)
+        return v
+
+    def number(key: str, v: Any) -> None:
+        """A float32 field: finite and > 0."""
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            or not 0 < v <= _F32_MAX
+        ):
+            raise bad(key, "a finite number > 0 (a float32)", v)
+
+    heads = integer("num_attention_heads") or 1
+    kv = integer("num_key_value_heads", required=False, hi=heads)
+    if kv is not None and heads % kv:
+        raise bad("num_key_value_heads", f"a divisor of num_attention_heads ({heads})", kv)
+    hidden = integer("hidden_size") or 1
+    for key in ("num_hidden_layers", "intermediate_size", "vocab_size"):
+        integer(key)
+    integer("max_position_embeddings", required=False)
+    if integer("head_dim", required=False) is None and hidden < heads:
+        raise bad("hidden_size", f"at least num_attention_heads ({heads})", hidden)
+    if cfg.get("rope_theta") is not None:
+        number("rope_theta", cfg["rope_theta"])
+    else:
+        rope = cfg.get("rope_parameters")
+        if rope is not None and not isinstance(rope, dict):
+            raise bad("rope_parameters", "an object (or absent)", rope)
+        if rope and rope.get("rope_theta") is not None:
+            number("rope_parameters.rope_theta", rope["rope_theta"])
+    if cfg.get("rms_norm_eps") is not None:
+        number("rms_norm_eps", cfg["rms_norm_eps"])

@@ -1,0 +1,190 @@
+"""The tensors of a GGUF export, each a :class:`~qstream.exports.gguf.file.GGUFTensor` whose
+reader produces its bytes in row slabs: float values quantized to GGUF blocks (or written
+in a float type) by :mod:`qstream.compat.gguf`, or a qstream output's codes and scales
+copied into blocks where those hold them exactly."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...compat import gguf as q
+from ...errors import InvalidParameterError, NonFiniteInputError
+from ...io.checkpoints.tensor import TensorLike, read_rows
+from ..files import SLAB
+from .file import GGUFTensor
+from .llama import row_order
+from ...io.outputs.qarray import QuantizedArray
+
+_PLAIN = {"float32": "F32", "float64": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class ErrorSums:
+    """The error of a tensor's GGUF values against its source values, summed as the slabs
+    are written (float64; per row, then rows added in file order: the same sums whatever
+    the slab size)."""
+
+    ROWS = 1 << 16  # values a step of the sums takes at most (its float64 temporaries)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sums = np.zeros(4)  # x^2, (x - y)^2, x * y, y^2
+        self.max_abs = 0.0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis)."""
+        cols = x.shape[-1] if x.ndim else 1
+        x, y = x.reshape(-1, cols), y.reshape(-1, cols)
+        step = max(1, self.ROWS // max(1, cols))
+        for r in range(0, x.shape[0], step):
+            a = x[r : r + step].astype(np.float64)
+            b = y[r : r + step].astype(np.float64)
+            e = a - b
+            rows = np.stack(
+                [(a * a).sum(axis=1), (e * e).sum(axis=1), (a * b).sum(axis=1), (b * b).sum(axis=1)]
+            )  # [4, rows]
+            self.sums = np.cumsum(np.concatenate([self.sums[:, None], rows], axis=1), axis=1)[:, -1]
+            if e.size:
+                self.max_abs = max(self.max_abs, float(np.abs(e).max()))
+            self.count += a.size
+
+    def summary(self) -> dict[str, Any]:
+        """SQNR (dB), MSE, cosine similarity, count and the largest absolute error."""
+        from ...spec.stats import error_metrics
+
+        out = error_metrics(self.count, *(float(v) for v in self.sums))
+        out["max_abs"] = self.max_abs
+        return out
+
+
+def float_tensor(
+    name: str,
+    t: TensorLike,
+    gtype: str,
+    heads: int | None,
+    max_rows_bytes: int,
+    errors: ErrorSums | None = None,
+) -> GGUFTensor:
+    """A tensor quantized (or converted) from float values read in row slabs (the leading
+    axes flattened into rows; a permuted q/k weight one head at a time, the permutation
+    staying within a head). ``errors``: summed from each slab's values as written."""
+    shape = tuple(t.shape)
+    cols = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1  # rows per index of axis 0
+    order = row_order(shape[0], heads) if heads else None
+    if heads and len(shape) == 2:  # (permuted)
+        step = shape[0] // heads  # one head's rows
+    else:
+        per_slab = max(1, inner * cols * 4)  # one index of axis 0
+        step = inner * max(1, min(shape[0] if shape else 1, max_rows_bytes // per_slab))
+
+    def values(r0: int, r1: int) -> np.ndarray:
+        if not shape:
+            return np.asarray(t[...], np.float32).reshape(1)
+        if len(shape) == 1:  # a vector: one piece (a q/k bias permuted as its weight's rows)
+            x = np.asarray(t[...])
+            return np.asarray(x[order]) if order is not None else x
+        if order is not None:  # rows r0:r1 are one head's: read them, then reorder
+            x = read_rows(t, (slice(r0, r1),), np.dtype(t.dtype))
+            return np.asarray(x[order[r0:r1] - r0])
+        x = read_rows(t, (slice(r0 // inner, r1 // inner),), np.dtype(t.dtype))
+        return x.reshape(r1 - r0, cols)
+
+    def read(r0: int, r1: int) -> np.ndarray:
+        x = source = values(r0, r1)
+        if gtype in q.TYPE_SIZE:
+            x = np.asarray(x, np.float32)
+            if not np.isfinite(x).all():
+                raise NonFiniteInputError(
+                    f"{name}: holds NaN or infinite values, which GGUF blocks cannot hold"
+                )
+        raw = np.ascontiguousarray(q.quantize(x, gtype))
+        if errors is not None:
+            errors.add(np.asarray(source), q.dequantize(raw, gtype))
+        return raw.view(np.uint8)
+
+    if len(shape) > 1:
+        return GGUFTensor(name, shape, gtype, rows, read, step)
+    return GGUFTensor(name, shape, gtype, 1, read, 1)
+
+
+def copy_type(hf: str, arr: QuantizedArray) -> str:
+    """The GGUF block type that holds the codes and scales of the qstream output's tensor
+    ``hf`` exactly (Q8_0, Q4_0), else :class:`InvalidParameterError` saying why (its
+    parameters are read, not its codes)."""
+
+    def refuse(why: str) -> InvalidParameterError:
+        return InvalidParameterError(
+            f"{hf}: {why}; GGUF holds symmetric int8 (Q8_0) or int4 (Q4_0) codes with float16"
+            " scales per 32 values along the last axis: convert with a recipe whose spec has"
+            ' scale_dtype = "float16" and groups of a multiple of 32 along the last axis (or'
+            " per channel on axis 0), or convert the float checkpoint to .gguf directly"
+        )
+
+    qt = arr.qtype
+    if arr.spec.float_offset:
+        raise refuse("a float offset")
+    kind = {"int8": "Q8_0", "int4": "Q4_0"}.get(qt.name)
+    if kind is None:
+        raise refuse(f"{qt.name} codes")
+    if arr.ndim != 2 or arr.shape[1] % q.BLOCK:
+        raise refuse(f"shape {list(arr.shape)}")
+    spec = arr.spec
+    if np.any(arr.zero_point != 0):
+        raise refuse("an asymmetric range (nonzero zero points)")
+    if spec.block_size:
+        if arr.axis != 1 or spec.block_size % q.BLOCK:
+            raise refuse(f"groups of {spec.block_size} along axis {arr.axis}")
+    elif arr.axis not in (None, 0):
+        raise refuse(f"one scale per position on axis {arr.axis}")
+    scale = np.asarray(arr.scale, np.float32)
+    if not np.array_equal(scale.astype(np.float16).astype(np.float32), scale):
+        raise refuse("float32 scales that float16 does not hold")
+    return kind
+
+
+def quantized_tensor(name: str, hf: str, arr: QuantizedArray, heads: int | None) -> GGUFTensor:
+    """A qstream output's quantized tensor ``hf`` copied into GGUF blocks as ``name``, if
+    they hold it exactly (:func:`copy_type`)."""
+    kind = copy_type(hf, arr)
+    spec = arr.spec
+    out, cols = arr.shape
+    per_block = spec.block_size // q.BLOCK if spec.block_size else 0
+    order = row_order(out, heads) if heads else None
+
+    def read(r0: int, r1: int) -> np.ndarray:
+        a = arr
+        rows = np.arange(r0, r1) if order is None else order[r0:r1]
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        codes = a.quantized((slice(lo, hi),))[rows - lo].astype(np.int8)
+        s = np.asarray(a.scale, np.float32)
+        if spec.block_size:
+            d = np.repeat(s.reshape(out, -1)[rows], per_block, axis=1)
+        elif a.axis == 0:
+            d = np.repeat(s.reshape(out, 1)[rows], cols // q.BLOCK, axis=1)
+        else:
+            d = np.full((len(rows), cols // q.BLOCK), s.reshape(-1)[0], np.float32)
+        d = d.reshape(-1, 1).astype(np.float16).view(np.uint8)
+        b = codes.reshape(-1, q.BLOCK)
+        if kind == "Q8_0":
+            body = b.view(np.uint8)
+        else:
+            n = (b.astype(np.int16) + 8).astype(np.uint8)
+            body = n[:, :16] | (n[:, 16:] << np.uint8(4))
+        return np.concatenate([d, body], axis=1)
+
+    return GGUFTensor(name, arr.shape, kind, out, read, max(1, SLAB // max(1, cols)))
+
+
+def plain_type(t: Any, name: str) -> str:
+    """The GGUF type of a kept tensor ``t``: its own float type (float64 as F32)."""
+    dtype = np.dtype(t.dtype).name
+    meta = getattr(t, "attrs", None)
+    if meta is not None:
+        dtype = dict(meta.get("qstream", {})).get("dtype", dtype)
+    if dtype not in _PLAIN:
+        raise InvalidParameterError(f"{name}: GGUF has no type for {dtype} values")
+    return _PLAIN[dtype]

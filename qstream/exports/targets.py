@@ -1,0 +1,125 @@
+"""The files a safetensors export writes over, and what it may replace.
+
+qstream never replaces a file it did not write (whatever ``overwrite`` says); a finished
+export of the same job is recognised by its last file (the index, or the only file), and the
+shards of an interrupted one are written again. An earlier export's other form (one file
+vs shards) is removed, never left beside the new one for a loader to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+
+from ..errors import DestinationBusyError, StoreError
+from ..io.outputs.destination import locked
+from ..io.checkpoints.export_meta import CONFIG, export_metadata, qstream_meta, read_json
+from ..paths import kind_of
+
+
+@contextlib.contextmanager
+def export_lock(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the lock of the folder the export ``out`` is written into (``.qstream-lock`` in
+    it, as a conversion locks its destination: :func:`~qstream.io.outputs.destination.locked`) while
+    the body writes. The folder is what exports share: a single-file and a sharded export of
+    one ``out`` write ``out``, ``stem-0000K-of-0000N.safetensors`` and
+    ``stem.safetensors.index.json`` and remove each other's form, and compressed-tensors
+    exports share its ``config.json``; so one export at a time writes into a folder. A second
+    one is refused with :class:`~qstream.errors.DestinationBusyError` naming ``out``; the
+    thread holding the lock takes it again at once."""
+    out = os.fspath(out)
+    folder = os.path.dirname(out) or "."
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(locked(folder))
+    except DestinationBusyError:
+        raise DestinationBusyError(
+            f"{out} is being written by another qstream process (an export into {folder}: one"
+            " at a time writes a folder, whose config.json, index and shards exports share);"
+            " wait for it to finish, then run again"
+        ) from None
+    with stack:
+        yield
+
+
+def shard_pattern(out: str) -> re.Pattern[str]:
+    """The names of the shard files an export to ``out`` may write (a compiled regex)."""
+    stem = os.path.basename(out)[: -len(".safetensors")]
+    return re.compile(re.escape(stem) + r"-\d{5}-of-\d{5}\.safetensors")
+
+
+def written_by_qstream(path: str) -> bool:
+    """Whether ``path`` (a safetensors file or an index) carries qstream's export metadata."""
+    return export_metadata(path) is not None
+
+
+def finished_export(out: str | os.PathLike[str], job: str) -> list[str] | None:
+    """The files of a finished export to ``out`` that recorded the identity ``job`` (its
+    last file, the index or the only file, exists and says so), else None."""
+    out = os.fspath(out)
+    index = out[: -len(".safetensors")] + ".safetensors.index.json"
+    if os.path.lexists(index):
+        doc = read_json(index)
+        meta = qstream_meta(doc.get("metadata") if doc else None)
+        if doc is None or meta is None or meta.get("qstream_job") != job:
+            return None
+        wmap = doc.get("weight_map")
+        names = sorted(set(wmap.values())) if isinstance(wmap, dict) else []
+        if not all(isinstance(n, str) and shard_pattern(out).fullmatch(n) for n in names):
+            return None  # not an index this export writes
+        if meta.get("qstream_format") == "compressed-tensors":
+            names.append(CONFIG)
+        return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
+    found = export_metadata(out) if os.path.lexists(out) else None
+    if found is None or found.get("qstream_job") != job:
+        return None
+    config = os.path.join(os.path.dirname(out), CONFIG)
+    return [out, config] if found.get("qstream_format") == "compressed-tensors" else [out]
+
+
+def check_targets(targets: list[str], replace: bool, marker: str | None = None) -> None:
+    """Refuse an export over files qstream did not write (whatever ``overwrite`` says) and,
+    unless ``replace``, over a finished export (its ``marker``, the last file it writes: the
+    index or the only file; by default the last of ``targets``, exists)."""
+    marker = targets[-1] if marker is None else marker
+    for f in targets:
+        kind = kind_of(f)
+        if kind is None:
+            continue
+        ours = kind == "file" and written_by_qstream(f)
+        if not ours:  # never replaced, whatever ``overwrite`` says
+            raise StoreError(
+                f"{f} exists and is not a qstream export; qstream never replaces what it did"
+                " not write (even with overwrite=True): remove it yourself or export elsewhere"
+            )
+        # the last file written (the index, or the only file) marks a finished export; shards
+        # of an interrupted one (ours: they carry qstream's metadata) are written again
+        if not (replace or f != marker):
+            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+
+
+def other_forms(out: str, index: str, targets: list[str], replace: bool) -> list[str]:
+    """Files of an earlier export to ``out`` in the form this one does not write (its single
+    file, its index, its shards): they must go, or a loader would read them (transformers
+    prefers ``model.safetensors`` to an index). Only qstream's, only with ``replace`` (or
+    shards no finished export lists); anything else is refused."""
+    folder = os.path.dirname(out) or "."
+    found = [f for f in (out, index) if f not in targets and kind_of(f) is not None]
+    pattern = shard_pattern(out)
+    try:
+        names = [n for n in os.listdir(folder) if pattern.fullmatch(n)]
+    except OSError:
+        names = []
+    found += [os.path.join(folder, n) for n in names if os.path.join(folder, n) not in targets]
+    for f in found:
+        if kind_of(f) != "file" or not written_by_qstream(f):
+            raise StoreError(
+                f"{f} exists and is not a qstream export; qstream never replaces what it did"
+                " not write (even with overwrite=True): remove it yourself or export elsewhere"
+            )
+        finished = not re.search(r"-\d{5}-of-\d{5}\.safetensors$", f)  # a file or an index
+        if finished and not replace:
+            raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+    return found

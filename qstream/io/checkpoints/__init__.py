@@ -1,0 +1,1 @@
+"""qstream/io/checkpoints."""

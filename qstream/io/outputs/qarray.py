@@ -1,0 +1,101 @@
+"""Reading qstream's outputs: :func:`open_quantized`, the one door to every kind of output.
+
+A quantized group opens as a :class:`~qstream.io.outputs.quantized.QuantizedArray`, the root of a
+converted checkpoint as a :class:`~qstream.io.outputs.reader.QuantizedCheckpoint`, and a
+``.safetensors`` file (or index) that qstream exported as a dict of its tensors
+(:mod:`qstream.io.checkpoints.exported`). This module sits above the checkpoint readers for that last
+case; whoever reads Zarr outputs only takes :func:`~qstream.io.outputs.reader.open_output`.
+
+The pieces live in their own modules: the on-disk format in :mod:`qstream.io.outputs.ondisk` (whole
+nodes: :mod:`qstream.io.outputs.publish`), the destination rules in :mod:`qstream.io.outputs.destination`,
+the reader in :mod:`qstream.io.outputs.quantized` and :mod:`qstream.io.outputs.reader`. Their names used
+from here are re-exported.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ...errors import StoreError
+from ..checkpoints.open import open_checkpoint
+from .existing import is_checkpoint
+from ..checkpoints.exported import DequantizedTensor
+from ..storage.localgroup import read_all
+from .ondisk import (
+    FLAT_KEYS,
+    FORMAT_VERSION,
+    WRITE_ALL_CHUNKS,
+    check_writer,
+    create_arrays,
+    create_group,
+    data_encoding,
+    gaps,
+    missing_members,
+    set_meta,
+    storage_of,
+    stored_nbytes,
+)
+from .publish import write_array, write_group
+from .quantized import MAX_PARAMS, QuantizedArray
+from .reader import QuantizedCheckpoint, open_output
+
+__all__ = [  # (and, for the callers that take them here, the names of the modules above)
+    "FLAT_KEYS",
+    "FORMAT_VERSION",
+    "MAX_PARAMS",
+    "WRITE_ALL_CHUNKS",
+    "QuantizedArray",
+    "QuantizedCheckpoint",
+    "check_writer",
+    "create_arrays",
+    "create_group",
+    "data_encoding",
+    "gaps",
+    "is_checkpoint",
+    "missing_members",
+    "open_output",
+    "open_quantized",
+    "read_all",
+    "set_meta",
+    "storage_of",
+    "stored_nbytes",
+    "write_array",
+    "write_group",
+]
+
+
+def open_quantized(
+    path: Any,
+    *,
+    allow_incomplete: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_memory: int | None = None,
+) -> QuantizedArray | QuantizedCheckpoint | dict[str, Any]:
+    """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
+    The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
+    tensor names to lazy arrays. A ``.safetensors`` file (or index) that qstream exported
+    opens as a dict of name -> lazy array of its values (see :mod:`qstream.io.checkpoints.exported`).
+
+    ``max_memory``: the reader's memory bound in bytes (None: the default, 1 GiB, as for
+    every command). A quantized array's parameters are read whole when it is opened (a
+    checkpoint's tensors: each when it is taken): parameters that need more than half of
+    the bound, and packs read whole of more than half of it, are refused before a byte of
+    them is read."""
+    if isinstance(path, str | os.PathLike) and os.fspath(path).endswith(
+        (".safetensors", ".safetensors.index.json")
+    ):
+        return _open_export(os.fspath(path))
+    return open_output(
+        path,
+        allow_incomplete=allow_incomplete,
+        storage_options=storage_options,
+        max_memory=max_memory,
+    )
+
+
+def _open_export(path: str) -> dict[str, Any]:
+    tensors: dict[str, Any] = open_checkpoint(path)
+    if not any(isinstance(t, DequantizedTensor) for t in tensors.values()):
+        raise StoreError(f"{path} is not a qstream export (no quantized tensors described)")
+    return tensors

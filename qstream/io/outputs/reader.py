@@ -1,0 +1,177 @@
+"""Opening qstream's Zarr outputs: a quantized array, or a converted checkpoint's root.
+
+:func:`open_output` opens a quantized group as a :class:`~qstream.io.outputs.quantized.QuantizedArray`
+and the root of a converted checkpoint as a :class:`QuantizedCheckpoint`, a mapping of tensor
+names to lazy arrays read from the root's index (:mod:`qstream.io.outputs.rootindex`): its own
+tensors' groups, packed tensors (:mod:`qstream.io.outputs.packreader`) and kept tensors alike. The
+public :func:`qstream.open_quantized` (:mod:`qstream.io.outputs.qarray`) opens exported
+``.safetensors`` files too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ...errors import StoreError
+from ..storage.localgroup import LocalGroup, open_local
+from .packreader import PackReader
+from .pack_layout import PACKS, check_pack_name
+from ...paths import check_tree, child, local_path
+from .quantized import QuantizedArray
+from .rootindex import RootIndex
+from ..storage.stores import open_group
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from ...spec.views import CheckpointView
+
+
+def open_output(
+    path: Any,
+    *,
+    allow_incomplete: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_memory: int | None = None,
+) -> QuantizedArray | QuantizedCheckpoint:
+    """Open a quantized group lazily (``arr[0:128]`` reads and dequantizes only that slab),
+    or the root of a converted checkpoint as a :class:`QuantizedCheckpoint`. An incomplete
+    output is refused unless ``allow_incomplete``. ``max_memory``: the reader's memory bound
+    (None: the default), which parameters and packs read whole are held to."""
+    group = open_local(path) or open_group(path, mode="r", storage_options=storage_options)
+    if "qstream_checkpoint" in group.attrs:
+        ck = QuantizedCheckpoint(path, group, allow_incomplete, storage_options)
+        ck.max_memory = max_memory
+        return ck
+    if isinstance(group, LocalGroup):  # read through nothing that leads elsewhere
+        check_tree(group.path, "the quantized output")
+    meta = group.attrs.get("qstream")
+    if not isinstance(meta, dict) or not meta or "dequantized_from" in meta:
+        raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
+    if not meta.get("complete") and not allow_incomplete:
+        raise StoreError(
+            f"{path} is incomplete (an interrupted or failed job); re-run the job to resume it,"
+            " or pass allow_incomplete=True to read it anyway"
+        )
+    if not meta.get("ready", True):
+        raise StoreError(f"{path} was interrupted while it was being created; re-run the job")
+    return QuantizedArray(group, meta, max_memory=max_memory)
+
+
+class QuantizedCheckpoint(Mapping[str, Any]):
+    """A converted checkpoint on disk: tensor name -> :class:`QuantizedArray` (quantized
+    tensors) or ``zarr.Array`` (kept tensors, their original values; bfloat16 widened to
+    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in conversion order."""
+
+    def __init__(
+        self,
+        path: Any,
+        group: Any,
+        allow_incomplete: bool,
+        storage_options: dict[str, Any] | None,
+    ) -> None:
+        self.path = path
+        self.group = group
+        meta = group.attrs["qstream_checkpoint"]
+        if not isinstance(meta, dict):
+            raise StoreError(f"{path}: its metadata is damaged or crafted (not an object)")
+        self.meta: dict[str, Any] = dict(meta)
+        if not self.meta.get("complete") and not allow_incomplete:
+            raise StoreError(
+                f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
+                " resume it, or pass allow_incomplete=True to read the finished tensors"
+            )
+        store = group.store_path.store if local_path(path) is None else None
+        #: each tensor's row (see :mod:`qstream.io.outputs.rootindex`), keys checked, in order
+        self.tensors: dict[str, dict[str, Any]] = RootIndex.open(path, self.meta, store).rows()
+        self._keys = {n: t.get("key", n) for n, t in self.tensors.items()}
+        self._storage_options = storage_options
+        self._packs: dict[str, PackReader] = {}
+        #: the memory bound of whoever reads it (None: the default), which packs are held to
+        self.max_memory: int | None = None
+
+    def key_of(self, name: str) -> str:
+        """The key (path component below the root) the tensor ``name`` is stored under."""
+        key: str = self._keys[name]
+        return key
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.tensors:
+            raise KeyError(name)
+        key = self._keys[name]
+        local = local_path(self.path)
+        row = self.tensors[name]
+        if row.get("pack") is not None:
+            return self._pack(row["pack"]).tensor(row.get("slot"), name)
+        if local is not None:  # never a link out of the checkpoint, nor a link or FIFO in it
+            check_tree(child(local, key, self.path), "the converted tensor")
+        if self.tensors[name].get("kept"):
+            return self.group[key]
+        return open_output(
+            f"{os.fspath(self.path).rstrip('/')}/{key}",
+            storage_options=self._storage_options,
+            max_memory=self.max_memory,
+        )
+
+    def _pack(self, name: object) -> PackReader:
+        """The pack ``name`` (see :mod:`qstream.io.outputs.pack_layout`), the last few kept open (tensors
+        are mostly read in order, a pack's one after another)."""
+        name = check_pack_name(name, self.path)
+        reader = self._packs.pop(name, None)
+        if reader is None:
+            local = local_path(self.path)
+            if local is None:
+                raise StoreError(f"{self.path}: packed tensors are read from a local directory")
+            folder = child(child(local, PACKS, self.path), name, self.path)
+            check_tree(folder, "the pack")
+            reader = PackReader(folder, self.max_memory)
+        self._packs[name] = reader
+        while len(self._packs) > 2:
+            self._packs.pop(next(iter(self._packs)))
+        return reader
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __repr__(self) -> str:
+        return f"QuantizedCheckpoint({self.path!r}, {len(self)} tensors)"
+
+    def summary(self) -> dict[str, Any]:
+        """Per tensor: shape, dtype, target, bytes and error summary (JSON-ready)."""
+        return {
+            "checkpoint": self.meta.get("source"),
+            "complete": bool(self.meta.get("complete")),
+            "tensors": self.tensors,
+        }
+
+    # ---- views (qstream.viz): from the root's index rows, no tensor opened; bounded
+
+    @property
+    def view(self) -> CheckpointView:
+        """The :class:`~qstream.spec.views.CheckpointView` of this checkpoint: the
+        SQNR over its quantized tensors (a histogram, the worst ones), its bytes before and
+        after (totals, per target, the largest tensors, a histogram of sizes); bounded
+        whatever the number of tensors."""
+        from ...spec.views import CheckpointView
+
+        return CheckpointView.from_rows(self.tensors.values(), title=str(self.path))
+
+    def _repr_html_(self) -> str:
+        from ...spec.views import display
+
+        return display.html(self.view)
+
+    def plot(self, ax: Axes | None = None) -> Axes:
+        """Draw the SQNR over the quantized tensors (one count per tensor, the median and the
+        worst marked) on ``ax`` (a new figure when None) with matplotlib (``pip install
+        'qstream-zarr[plot]'``); returns the axes. The whole page (the worst tensors and
+        the sizes too) as a file: ``qstream.save_plot(ck, "page.png")``."""
+        from ...spec.views import display
+
+        axes: Axes = display.plot(self.view, ax=ax)
+        return axes
