@@ -21,8 +21,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "qstream"
 MAX_LINES = 500
-# Kernels that are one algorithm each and stay whole (issue 28 allows it).
-WHOLE = {"qstream/kernels/search.py"}
+MAX_WIDTH = 20  # modules in one folder, its __init__.py counted
+MAX_DEPTH = 4  # path parts: qstream/io/outputs/qarray.py
+# The documented layers (README, "Where the code lives"), highest first: a folder imports only
+# from folders after it. "" is the package itself; "base" its top-level modules (errors,
+# qtypes, rounding, paths, budget): the vocabulary every layer uses.
+LAYERS = {
+    "": [
+        "api",
+        "viz",
+        "exports",
+        "engine",
+        "io",
+        "compat",
+        "calibration",
+        "spec",
+        "core",
+        "kernels",
+        "base",
+    ],
+    "io": ["outputs", "checkpoints", "storage"],
+    "engine": ["base", "convert", "jobs", "blocks", "run"],
+}
+# Module names used twice: one concept at two layers (the kernel and the code that calls it,
+# the API function and its command).
+SHARED = {
+    "affine": "the affine map: its NumPy-level entry (core) and its kernels",
+    "packing": "sub-byte packing: byte sizes (io.storage) and the kernels",
+    "rounding": "round modes: their names (qstream.rounding) and the kernels",
+    "stats": "statistics: the mergeable records (spec) and the kernels that gather them",
+    "views": "calibration views: the data (spec.views) and the API that makes them",
+    "convert": "checkpoint conversion: the API function and the command",
+    "warmup": "kernel compilation ahead of need: the engine's and the command",
+}
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
 
@@ -172,30 +203,261 @@ def parents(name: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
-def findings(root: Path = ROOT, package: str = "qstream") -> list[str]:
-    """Every finding for the package ``root/package``, one line each."""
-    paths = sorted((root / package).rglob("*.py"))
+def folder_of(name: str, packages: set[str]) -> str:
+    """The folder (package) a module lives in; a package is its own folder."""
+    return name if name in packages else name.rsplit(".", 1)[0]
+
+
+def inside(folder: str, outer: str) -> bool:
+    """Whether ``folder`` is ``outer`` or one of its sub-folders."""
+    return folder == outer or folder.startswith(outer + ".")
+
+
+def face_names(mod: Module) -> set[str]:
+    """A package's ``__all__`` (the string literals of its value)."""
+    for node in mod.tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return {
+                n.value
+                for n in ast.walk(node.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            }
+    return set()
+
+
+def layer(name: str, layers: list[str], base: str) -> str | None:
+    """The layer of a module below the package ``base``: its first folder, or "base" for the
+    modules at the top of ``base`` (None: ``base``'s own face)."""
+    rest = name[len(base) + 1 :].split(".") if name != base else []
+    if not rest:
+        return None
+    return rest[0] if rest[0] in layers else "base"
+
+
+def layer_findings(
+    modules: list[Module], graph: dict[str, set[str]], package: str, rules: dict[str, list[str]]
+) -> list[str]:
+    """Imports against a documented layer list: ``rules[prefix]`` lists the folders directly
+    below ``prefix``, highest first; a module imports only from its own layer or a later one."""
+    problems = []
+    by_name = {m.name: m for m in modules}
+    for prefix, order in rules.items():
+        full = package if prefix == "" else f"{package}.{prefix}"
+        for a, targets in sorted(graph.items()):
+            if not inside(a, full) or a == full:
+                continue
+            la = layer(a, order, full)
+            for b in sorted(targets):
+                if not inside(b, full) or b == full:
+                    continue
+                lb = layer(b, order, full)
+                if la is None or lb is None or la == lb:
+                    continue
+                if order.index(la) > order.index(lb):
+                    problems.append(
+                        f"{by_name[a].rel()}: imports {b} upward ({la} may not import {lb};"
+                        f" the layers of {full}: {' > '.join(order)})"
+                    )
+    return problems
+
+
+def face_findings(modules: list[Module], packages: set[str], package: str) -> list[str]:
+    """Imports that reach into a folder the importer is outside of past its face: another
+    folder's code is imported from that folder's package, and only the names its ``__all__``
+    lists (a submodule listed there is loaded on demand and may be imported from)."""
+    faces = {m.name: face_names(m) for m in modules if m.is_package}
+    problems = []
+    for mod in modules:
+        if mod.is_package:
+            for node in mod.tree.body:
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                    for alias in node.names:
+                        name = alias.asname or alias.name
+                        if f"{mod.name}.{name}" in mod.modules:
+                            problems.append(
+                                f"{mod.rel()}:{node.lineno}: the face binds {name!r}, the name of"
+                                f" its submodule {mod.name}.{name}: rename one"
+                            )
+        if mod.name == package:
+            continue  # the package's own face loads each public name from where it is defined
+        mine = folder_of(mod.name, packages)
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.ImportFrom):
+                target = resolve(mod.name, mod.is_package, node.level, node.module)
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                found = [a.name for a in node.names if a.name.split(".")[0] == package]
+                if not found or found[0] == package:
+                    continue
+                target, names = found[0], []
+            else:
+                continue
+            if target.split(".")[0] != package or target not in mod.modules:
+                continue
+            folder = folder_of(target, packages)
+            if inside(mine, folder):
+                continue
+            if target in packages:
+                for name in names:
+                    if name not in faces.get(target, set()):
+                        problems.append(
+                            f"{mod.rel()}:{node.lineno}: imports {target}.{name}, which the"
+                            f" face of {target} (its __all__) does not list"
+                        )
+            elif target.rsplit(".", 1)[1] not in faces.get(folder, set()):
+                problems.append(
+                    f"{mod.rel()}:{node.lineno}: imports from {target}, past the face of"
+                    f" {folder} (import from {folder}, or list the module in its __all__)"
+                )
+    return problems
+
+
+def folder_circles(graph: dict[str, set[str]], packages: set[str], depth: int) -> list[str]:
+    """Circles between folders, cut at ``depth`` levels (2: qstream.io <-> qstream.spec; 0:
+    every folder, sub-folders included). A folder and the folders inside it are one."""
+    folders: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        fa = folder_of(a, packages)
+        fa = ".".join(fa.split(".")[:depth]) if depth else fa
+        for b in targets:
+            fb = folder_of(b, packages)
+            fb = ".".join(fb.split(".")[:depth]) if depth else fb
+            if not inside(fa, fb) and not inside(fb, fa):
+                folders.setdefault(fa, set()).add(fb)
+    return ["circle between folders: " + " -> ".join(c) for c in cycles(folders)]
+
+
+def unique_names(modules: list[Module], shared: dict[str, str]) -> list[str]:
+    """Two modules of one name must be one concept at two layers (named in ``shared``)."""
+    seen: dict[str, list[str]] = {}
+    for mod in modules:
+        if not mod.is_package:
+            seen.setdefault(mod.name.rsplit(".", 1)[1], []).append(mod.rel())
+    return [
+        f"module name {leaf!r} is used by {', '.join(paths)}: rename one, or say in SHARED"
+        " which concept they share"
+        for leaf, paths in sorted(seen.items())
+        if len(paths) > 1 and leaf not in shared
+    ]
+
+
+def shape_findings(root: Path, package: str) -> list[str]:
+    """Folders wider than MAX_WIDTH modules, paths deeper than MAX_DEPTH, files over MAX_LINES."""
+    problems = []
+    for folder in sorted(p for p in (root / package).rglob("*") if p.is_dir()):
+        n = len(list(folder.glob("*.py")))
+        if n > MAX_WIDTH:
+            problems.append(f"{folder.relative_to(root)}/: {n} modules (limit {MAX_WIDTH})")
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root)
+        if len(rel.parts) > MAX_DEPTH:
+            problems.append(f"{rel}: {len(rel.parts)} levels deep (limit {MAX_DEPTH})")
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES:
+            problems.append(f"{rel}: {lines} lines (limit {MAX_LINES})")
+    return problems
+
+
+def load(root: Path, package: str) -> tuple[list[Module], set[str]]:
+    """The package's modules, and the names of its packages (folders)."""
+    paths = sorted(p for p in (root / package).rglob("*.py") if "__pycache__" not in p.parts)
     names = {module_name(p, root) for p in paths}
     modules = [Module(p, names, root) for p in paths]
-    problems: list[str] = []
+    return modules, {m.name for m in modules if m.is_package}
+
+
+def import_graph(modules: list[Module], package: str) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (at the top or inside a function)."""
+    names = {m.name for m in modules}
     graph: dict[str, set[str]] = {m.name: set() for m in modules}
+    for mod in modules:
+        for target, _line in mod.imports(package):
+            if target in names and target != mod.name:
+                graph[mod.name].add(target)
+    return graph
+
+
+def findings(
+    root: Path = ROOT,
+    package: str = "qstream",
+    *,
+    rules: dict[str, list[str]] | None = None,
+    shared: dict[str, str] | None = None,
+) -> list[str]:
+    """Every finding for the package ``root/package``, one line each."""
+    modules, packages = load(root, package)
+    problems: list[str] = []
     defined = {mod.name: {n for n in mod.own_names() if private(n)} for mod in modules}
     for mod in modules:
         elsewhere = set().union(*(v for k, v in defined.items() if k != mod.name))
         problems.extend(mod.private_uses(elsewhere, package))
-        for target, _line in mod.imports(package):
-            if target in names and target != mod.name:
-                graph[mod.name].add(target)
-        lines = len(mod.path.read_text().splitlines())
-        if lines > MAX_LINES and mod.rel() not in WHOLE:
-            problems.append(f"{mod.rel()}: {lines} lines (limit {MAX_LINES})")
+    graph = import_graph(modules, package)
+    problems += shape_findings(root, package)
     for component in cycles(graph):
         problems.append("import circle: " + " -> ".join(component))
+    problems += folder_circles(graph, packages, 2)
+    problems += [p for p in folder_circles(graph, packages, 0) if p not in problems]
+    problems += layer_findings(modules, graph, package, LAYERS if rules is None else rules)
+    problems += face_findings(modules, packages, package)
+    problems += unique_names(modules, SHARED if shared is None else shared)
+    return problems
+
+
+def front_end_findings(
+    root: Path = ROOT, front: str = "cli", package: str = "qstream"
+) -> list[str]:
+    """The command line imports only the library's public names (``import qstream``, ``from
+    qstream import <a name it exports>``), and the library imports neither the command line
+    nor its toolkits (typer, rich)."""
+    init = Module(root / package / "__init__.py", set(), root)
+    public = face_names(init) | {
+        n.value
+        for node in ast.walk(init.tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets)
+        for n in ast.walk(node.value)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+    problems = []
+    for path in sorted((root / front).rglob("*.py")):
+        mod = Module(path, set(), root)
+        for node in ast.walk(mod.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == package and alias.name != package:
+                        problems.append(f"{mod.rel()}:{node.lineno}: imports {alias.name}")
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.split(".")[0] != package:
+                    continue
+                if node.module != package:
+                    problems.append(f"{mod.rel()}:{node.lineno}: imports from {node.module}")
+                    continue
+                for alias in node.names:
+                    if alias.name not in public:
+                        problems.append(
+                            f"{mod.rel()}:{node.lineno}: imports {alias.name}, not a public"
+                            f" name of {package}"
+                        )
+    for path in sorted((root / package).rglob("*.py")):
+        mod = Module(path, set(), root)
+        for node in ast.walk(mod.tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            for m in mods:
+                if m.split(".")[0] in (front, "typer", "rich"):
+                    problems.append(f"{mod.rel()}:{node.lineno}: the library imports {m}")
     return problems
 
 
 def main() -> int:
     problems = findings()
+    if (ROOT / "cli").is_dir():
+        problems += findings(ROOT, "cli", rules={}, shared={}) + front_end_findings()
     for line in problems:
         print(line)
     print(f"{len(problems)} finding(s)", file=sys.stderr)

@@ -378,13 +378,11 @@ def child_profile(a: dict) -> dict:
 
     import qstream as qs
     from qstream.core import affine
-    from qstream.engine.jobs import calibration_passes
-    from qstream.engine.jobs import job
+    from qstream.engine.blocks import quantize_work, stats_work
+    from qstream.engine.jobs import calibration_passes, job
     from qstream.engine.run import pipeline
-    from qstream.engine.blocks import quantize_work
-    from qstream.engine.blocks import stats_work
-    from qstream.io.storage import stores as io_stores
     from qstream.io.outputs.progress_log import ProgressLog
+    from qstream.io.storage import stores as io_stores
     from qstream.kernels import stats
 
     spec_kwargs, kw = QSPECS[a["target"]]

@@ -10,8 +10,8 @@ import typer
 
 import qstream as qs
 
-from .failures import library_errors
 from .export import gguf_summary
+from .failures import library_errors
 from .helptext import examples
 from .options import (
     JSON,

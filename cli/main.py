@@ -17,8 +17,8 @@ import typer
 from .about import info, version
 from .calibrate import calibrate
 from .convert import convert
-from .failures import Group
 from .export import export
+from .failures import Group
 from .helptext import EXAMPLES, Command
 from .inspect import inspect
 from .quantize import dequantize, quantize

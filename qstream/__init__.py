@@ -38,9 +38,9 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .errors import QStreamError as QStreamError
     from .errors import QStreamWarning as QStreamWarning
     from .errors import StoreError as StoreError
+    from .exports.gguf.export import export_gguf as export_gguf
     from .exports.safetensors import describe_export as describe_export
     from .exports.safetensors import export_safetensors as export_safetensors
-    from .exports.gguf.export import export_gguf as export_gguf
     from .io.outputs.qarray import QuantizedArray as QuantizedArray
     from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
     from .io.outputs.qarray import open_quantized as open_quantized
@@ -49,11 +49,11 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .kernels.runtime import on_compile as on_compile
     from .qtypes import QTYPES as QTYPES
     from .qtypes import QType as QType
-    from .spec.recipe import Recipe as Recipe
     from .rounding import ROUND_MODES as ROUND_MODES
     from .spec import Calibration as Calibration
     from .spec import QuantReport as QuantReport
     from .spec import QuantSpec as QuantSpec
+    from .spec.recipe import Recipe as Recipe
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,8 @@ root is walked from the root, component by component, without following links
 :class:`~qstream.errors.StoreError` naming it. Paths are walked where they are formed (a
 tensor's key joined to its root by :func:`child`), and at the lowest layer, where files are
 written, read and removed (:func:`confined`: the metadata documents of
-:mod:`qstream.io.storage.localmeta`, the nodes published by :mod:`qstream.io.outputs.publish`, every removal of
+:mod:`qstream.io.storage.localmeta`, the nodes published by :mod:`qstream.io.outputs.publish`,
+every removal of
 :mod:`qstream.io.storage.removal`), below every root this process holds (:func:`held`, taken with a
 destination's lock). A walk costs one ``lstat`` per component not walked before: the folders
 of a held root found plain are remembered while it is held, and only qstream, which never
@@ -95,7 +96,8 @@ def held(root: str) -> Iterator[None]:
     """While the body runs, every path below the local directory ``root`` that qstream's
     lowest layer writes, reads or removes (:func:`confined`) is walked from ``root`` first:
     no link inside it is followed. Taken by a destination's lock
-    (:func:`qstream.io.outputs.destination.locked`); nested and concurrent holds of a root share it."""
+    (:func:`qstream.io.outputs.destination.locked`); nested and concurrent holds of a root
+    share it."""
     global _ROOTS
     given = os.fspath(root).rstrip(os.sep) or os.sep
     absolute = os.path.abspath(given)

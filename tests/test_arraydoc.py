@@ -1,4 +1,5 @@
-"""Plain arrays' documents written without zarr-python (:mod:`qstream.io.storage.arraydoc`): the same
+"""Plain arrays' documents written without zarr-python (:mod:`qstream.io.storage.arraydoc`): the
+same
 JSON and chunk names as ``zarr.create_array``; everything else is left to zarr; a conversion
 of a checkpoint of many small tensors runs with zarr-python never imported, and writes the
 files a run with it writes."""

@@ -15,8 +15,8 @@ import zarr
 
 import qstream as qs
 from qstream.errors import StoreError
-from qstream.io.checkpoints.open import open_checkpoint
 from qstream.io.checkpoints.npy_files import npy_ml_dtypes as _npy_ml_dtypes
+from qstream.io.checkpoints.open import open_checkpoint
 
 from .test_fp8_checkpoints import write_safetensors
 

@@ -11,12 +11,12 @@ import pytest
 import zarr
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
-from qstream.engine.run import pipeline
 from qstream.budget import Block, plan_blocks
+from qstream.engine.run import pipeline
 from qstream.errors import StoreError
+from qstream.io.outputs.progress_log import ProgressLog
 from qstream.io.storage import chunks as chunk_io
 from qstream.io.storage.chunks import chunk_files
-from qstream.io.outputs.progress_log import ProgressLog
 from qstream.io.storage.stores import ArrayWriter, open_source
 from qstream.spec import ErrorStats, WorstGroups
 

@@ -7,11 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from qstream.compat import ngraph
-from qstream.compat import onednn
-from qstream.compat import onnx
-from qstream.compat import tensorflow
-from qstream.compat import torch
+from qstream.compat import ngraph, onednn, onnx, tensorflow, torch
 from qstream.errors import InvalidDTypeError
 
 X = np.array(

@@ -5,8 +5,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from qstream.compat import ngraph
-from qstream.compat import onednn
+from qstream.compat import ngraph, onednn
 
 from . import oracle
 

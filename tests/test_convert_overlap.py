@@ -146,7 +146,8 @@ def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tm
 )
 def test_a_small_tensor_converted_whole_equals_its_own_job(tmp_path, spec):
     """A tensor that is one block of its job (converted start to end by one worker,
-    qstream.engine.convert.one_block) gives the codes, parameters and report of the same job run as a
+    qstream.engine.convert.one_block) gives the codes, parameters and report of the same job run as
+    a
     store job, and restores to what dequantize gives."""
     from safetensors.numpy import save_file
 

@@ -20,8 +20,8 @@ import zarr
 from typer.testing import CliRunner
 
 import qstream as qs
-from qstream import QuantSpec
 from cli.main import app
+from qstream import QuantSpec
 
 from .kill_hook import KILL_HOOK
 

@@ -286,8 +286,8 @@ def test_recipe_typos_are_usage_errors(tmp_path, text):
 
 
 def test_block_work_pickles_with_a_path_source_and_gives_the_same_result(src, tmp_path):
-    from qstream.engine.jobs.job import QuantizeJob
     from qstream.engine.blocks.work import RangesWork
+    from qstream.engine.jobs.job import QuantizeJob
 
     job = QuantizeJob(str(src), QuantSpec(axis=0), max_memory=1 << 20)
     work = RangesWork(job.plan, job.ref)

@@ -13,8 +13,8 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.io.checkpoints.open import open_checkpoint
 from qstream.io.checkpoints.fp8 import Float8Tensor, ScaleRule, pair_scales
+from qstream.io.checkpoints.open import open_checkpoint
 
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 F8 = {

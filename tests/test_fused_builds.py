@@ -11,8 +11,7 @@ import pytest
 
 import qstream as qs
 from qstream.engine.blocks.blockmath import block_errors_fused, dynamic_blocked
-from qstream.kernels import blocked
-from qstream.kernels import runtime
+from qstream.kernels import blocked, runtime
 from qstream.qtypes import qtype
 
 

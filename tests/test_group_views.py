@@ -11,8 +11,8 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.spec.views import CheckpointView, GroupSummary, ReportView
 from qstream.spec import ErrorStats, GroupSQNR, QuantSpec, WorstGroups
+from qstream.spec.views import CheckpointView, GroupSummary, ReportView
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -25,8 +25,8 @@ import zarr
 from safetensors.numpy import save_file
 
 import qstream as qs
-from qstream.spec.recipe import Recipe
 from qstream.spec import QuantSpec
+from qstream.spec.recipe import Recipe
 
 from .kill_hook import KILL_HOOK, SWEEPS, kill_points
 
@@ -110,8 +110,7 @@ def test_packs_converted_one_after_another_in_one_thread_keep_their_own_codes(
 ):
     """A pack's codes are written from its worker's own buffer, not a copy: on one worker,
     each pack is written before the next one's codes take that buffer."""
-    from qstream.engine.run import executors
-    from qstream.engine.run import pipeline
+    from qstream.engine.run import executors, pipeline
 
     monkeypatch.setattr(pipeline, "default_workers", lambda: 1)
     monkeypatch.setattr(executors, "default_workers", lambda: 1)
@@ -142,8 +141,8 @@ def test_a_pack_is_plain_zarr_one_tensor_per_index_of_its_first_axis(tmp_path):
 
 
 def test_float_columns_are_stored_as_float64_bytes_and_read_back_as_the_lists_they_were():
-    from qstream.io.storage.columns import float_column
     from qstream.io.outputs.pack_layout import decoded_columns
+    from qstream.io.storage.columns import float_column
 
     odd = [0.1, -0.0, 5e-324, 1e308, np.inf, -np.inf, np.nan, -1.5]
     sq = np.array([40.5, np.inf, -np.inf, np.nan])
@@ -201,8 +200,8 @@ def test_the_index_lists_a_packs_figures_as_bytes_and_reads_every_row_as_convert
     """The root's index rows, read back, are the rows the conversion returned, value for
     value (the error figures' floats stored as bytes); an index whose batches list every
     value in JSON, as earlier versions wrote them, reads the same."""
-    from qstream.io.storage.columns import float_values
     from qstream.io.outputs.rootindex import ROW_KEYS, RootIndex
+    from qstream.io.storage.columns import float_values
 
     _experts(tmp_path / "ck.safetensors")
     out = qs.convert_checkpoint(tmp_path / "ck.safetensors", tmp_path / "p", packs=True)
@@ -479,10 +478,9 @@ def test_packs_in_flight_stay_within_the_memory_bound_however_many_workers(tmp_p
     import threading
     import time
 
-    from qstream.engine.run import executors
-    from qstream.engine.convert import pack_writer as packs
-    from qstream.engine.run import pipeline
     from qstream.budget import budget_units
+    from qstream.engine.convert import pack_writer as packs
+    from qstream.engine.run import executors, pipeline
 
     _four_to_a_pack(tmp_path / "ck.safetensors", 48)
     monkeypatch.setattr(pipeline, "default_workers", lambda: 32)

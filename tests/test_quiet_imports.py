@@ -107,7 +107,9 @@ def test_fp8_products_beyond_float32_are_inf_without_a_warning(dtype):
 def test_the_suites_filters_make_qstreams_warnings_errors():
     """pyproject's filterwarnings, as pytest applied them to this test."""
     with pytest.raises(RuntimeWarning):
-        warnings.warn_explicit("overflow", RuntimeWarning, "fp8.py", 1, module="qstream.io.checkpoints.fp8")
+        warnings.warn_explicit(
+            "overflow", RuntimeWarning, "fp8.py", 1, module="qstream.io.checkpoints.fp8"
+        )
     with pytest.raises(DeprecationWarning):
         warnings.warn_explicit("old", DeprecationWarning, "x.py", 1, module="qstream")
     from qstream.errors import QStreamWarning

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 import qstream as qs
-from qstream.engine.blocks import blockmath
-from qstream.engine.blocks import quantize_work
+from qstream.engine.blocks import blockmath, quantize_work
 from qstream.spec import QuantSpec
 
 CASES = {

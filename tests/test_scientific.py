@@ -361,7 +361,8 @@ def test_codec_layout_decodes_without_qstream(field, tmp_path, spec):
     assert got.returncode == 0, got.stderr
     res = json.loads(got.stdout.strip().splitlines()[-1])
     # zarr >= 3.2 loads the data types of every installed package's entry points at its first
-    # open, qstream's among them (qstream.io.storage.zarr_ext): that far only, none of its decoding code
+    # open, qstream's among them (qstream.io.storage.zarr_ext): that far only, none of its decoding
+    # code
     assert set(res.pop("qstream_modules")) <= {
         "qstream",
         "qstream.io",

@@ -96,7 +96,7 @@ def _entropy_all_paths(h, nlevels, start, stride):
         for slack in (1.0, 1e6):
             scratch = S.entropy_scratch(n, start, stride)
             out.add(
-                S._entropy_search_fast(
+                S.entropy_search_fast(
                     h, nlevels, start, stride, logt, idx, off, windows, scratch, slack
                 )
             )
@@ -163,7 +163,7 @@ def test_mse_search_matches_the_direct_search(kind, nb, seed, hi, max_bound, sta
     want = _outcome(S.mse_search_reference, h, hi, max_bound, start, stride)
     assert _outcome(S.mse_search, h, hi, max_bound, start, stride) == want
     scratch = S.mse_scratch(nb)
-    assert _outcome(S._mse_search_fast, h, hi, max_bound, start, stride, scratch, 1e9) == want
+    assert _outcome(S.mse_search_fast, h, hi, max_bound, start, stride, scratch, 1e9) == want
 
 
 def _outcome(f, *args):
@@ -180,7 +180,7 @@ def test_mse_search_matches_the_direct_search_4096_bins(kind):
     for mb in (127.0, 7.0):
         want = S.mse_search_reference(h, 2.5, mb, 128, 1)
         assert S.mse_search(h, 2.5, mb, 128, 1) == want
-        assert S._mse_search_fast(h, 2.5, mb, 128, 1, S.mse_scratch(4096), 1e9) == want
+        assert S.mse_search_fast(h, 2.5, mb, 128, 1, S.mse_scratch(4096), 1e9) == want
 
 
 @given(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..engine.convert.convert_checkpoint import TensorEvent, convert
-from ..io.storage.stores import store_errors
-from ..spec.recipe import Recipe
+from ..engine.convert import TensorEvent, convert
+from ..io.storage import store_errors
+from ..spec import Recipe
 from .convert_plan import ConversionPlan, export_job, make_parents, plan_convert, tensor_rows
 
 if TYPE_CHECKING:
-    from ..io.checkpoints.tensor import TensorLike
+    from ..io.checkpoints import TensorLike
     from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
 
 __all__ = [
@@ -87,7 +87,8 @@ def convert_checkpoint(
     ``packs``: small tensors alike in shape, dtype and spec (runs of them: a
     mixture-of-experts layer's experts; and alike ones alone between others, gathered: a
     router gate a layer) are stored stacked, a group a pack (``DST/_packs/``, see
-    :mod:`qstream.io.outputs.pack_layout`): a conversion then costs per byte, not per tensor. None (the
+    :mod:`qstream.io.outputs.pack_layout`): a conversion then costs per byte, not per tensor. None
+    (the
     default): when the checkpoint holds at least 64 tensors and ``dst`` is a local
     directory, or as an earlier run of this conversion at ``dst`` did (it is resumed or found
     complete as it was made; ``overwrite`` makes it again by the default);
@@ -143,7 +144,7 @@ def _run(
     """Carry out ``plan``."""
     make_parents(plan)
     if plan.kind == "gguf":
-        from ..exports.gguf.export import write_plan
+        from ..exports.gguf import write_plan
 
         return write_plan(plan.gguf, dst, overwrite=overwrite, max_memory=kw.get("max_memory"))
     if plan.kind == "safetensors":
@@ -171,11 +172,11 @@ def _to_safetensors(
 ) -> dict[str, Any]:
     import contextlib
 
-    from ..io.outputs.destination import locked
+    from ..io.outputs import locked
 
     work = f"{dst}.qstream-work"
     if plan.action == "complete":  # a finished run of this conversion: nothing to do
-        from ..exports.safetensors import finished_export
+        from ..exports import finished_export
 
         return {
             "checkpoint": str(checkpoint),
@@ -205,8 +206,8 @@ def _export_locked(
     export: dict[str, Any],
     kw: dict[str, Any],
 ) -> dict[str, Any]:
-    from ..io.outputs.destination import inspect_destination, remove_output
-    from ..exports.safetensors import export_safetensors
+    from ..exports import export_safetensors
+    from ..io.outputs import inspect_destination, remove_output
 
     job = export_job(checkpoint, recipe, export["format"])
     resuming = plan.action == "resume"
@@ -257,8 +258,7 @@ def plan_conversion(
     import warnings
 
     from ..errors import QStreamWarning
-    from ..io.checkpoints.open import open_checkpoint
-    from ..io.checkpoints.fp8 import pair_scales
+    from ..io.checkpoints import open_checkpoint, pair_scales
 
     if not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe) if recipe is not None else Recipe()
@@ -281,8 +281,8 @@ def open_checkpoint(
     a Zarr group; local or a URL) by name, in the files' order, each read lazily by slices
     (``t[...]``, ``t.shape``, ``t.dtype``). FP8 weights come paired with their scale tensors
     (read as ``float32(W) * s``), as a conversion reads them; nothing is written."""
-    from ..io.checkpoints.open import open_checkpoint as open_tensors
-    from ..io.checkpoints.fp8 import pair_scales
+    from ..io.checkpoints import open_checkpoint as open_tensors
+    from ..io.checkpoints import pair_scales
 
     tensors = open_tensors(checkpoint, storage_options=storage_options or None, store=store)
     return pair_scales(tensors)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InvalidParameterError, StoreError
 from ..io.storage import compression as compressions
-from ..spec.recipe import Recipe
+from ..spec import Recipe
 
 if TYPE_CHECKING:
     from .types import ExecutorLike, PathLike, StorageOptions
@@ -151,8 +151,8 @@ def plan_convert(
     decides it and refusing what it refuses (the same exceptions, the same messages), before
     any tensor byte is read; nothing is written. ``format`` names the GGUF type for a
     ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion."""
-    from ..io.outputs.destination import check_writable
-    from ..io.storage.suffixes import check_destination_suffix
+    from ..io.outputs import check_writable
+    from ..io.storage import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
     compression = compressions.canonical(compression)
@@ -170,7 +170,7 @@ def plan_convert(
         )
         recipe.check_blocks(plan.prepared.tensors, max_memory)
         return plan
-    from ..engine.convert.convert_checkpoint import prepare
+    from ..engine.convert import prepare
 
     quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
     prepared = prepare(
@@ -203,8 +203,7 @@ def _plan_gguf(
     config: PathLike | dict[str, Any] | None,
     overwrite: bool,
 ) -> ConversionPlan:
-    from ..exports.gguf.export import destination_action
-    from ..exports.gguf.plan import plan_gguf
+    from ..exports.gguf import destination_action, plan_gguf
 
     if "://" in os.fspath(dst):
         raise InvalidParameterError(
@@ -237,11 +236,11 @@ def _plan_safetensors(
     packs: bool | None,
     opts: dict[str, Any],
 ) -> ConversionPlan:
-    from ..engine.convert.convert_checkpoint import prepare
-    from ..io.outputs.destination import check_separate, inspect_destination
-    from ..exports.safetensors import FORMATS, check_targets, finished_export, shard_pattern
+    from ..engine.convert import prepare
+    from ..exports import FORMATS, check_targets, finished_export, shard_pattern
+    from ..io.outputs import check_separate, inspect_destination
+    from ..io.storage import location
     from ..paths import local_path
-    from ..io.storage.stores import location
 
     dst = os.fspath(dst)
     if local_path(dst) is None:
@@ -337,7 +336,7 @@ def _plan_safetensors(
 
 def export_job(checkpoint: PathLike, recipe: Recipe, format: str) -> str:
     """The identity a conversion's export records (a re-run finds its finished files)."""
-    from ..io.storage.stores import location
+    from ..io.storage import location
 
     source = location(checkpoint) or str(checkpoint)
     return json.dumps(
@@ -353,8 +352,8 @@ def quantized_source_config(
     reads (:data:`DECODED_METHODS`), which the export's replaces; None without one (or
     without ``format``). A quantization qstream does not decode is refused, naming it: its
     tensors would be read as something they are not."""
-    from ..exports.safetensors import source_config
-    from ..io.checkpoints.export_meta import read_json
+    from ..exports import source_config
+    from ..io.checkpoints import read_json
 
     path = source_config(os.fspath(checkpoint))
     if path is None:
@@ -386,7 +385,7 @@ def quantized_source_config(
 def _plain_config(path: str) -> str:
     """The model config the user named, checked as the export will read it: a JSON object
     without a quantization_config of its own (one qstream exported is replaced)."""
-    from ..io.checkpoints.export_meta import read_json
+    from ..io.checkpoints import read_json
 
     doc = read_json(path)
     if doc is None:
@@ -404,7 +403,7 @@ def _check_tied(
 ) -> None:
     """Refuse a quantized embedding the model ties its output layer to: transformers loads
     the folder, then its first forward fails (lm_head's float input meets int8 codes)."""
-    from ..io.checkpoints.export_meta import read_json
+    from ..io.checkpoints import read_json
 
     doc = read_json(config) if isinstance(config, str) else config
     if not doc or doc.get("tie_word_embeddings") is not True:
@@ -439,7 +438,7 @@ def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str
 def tensor_rows(tensors: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]:
     """A row per tensor: its name, shape, stored dtype, target (the spec, or ``keep``) and
     bytes before and after (codes and parameters)."""
-    from ..engine.convert.convert_checkpoint import describe_target
+    from ..engine.convert import describe_target
 
     rows = []
     for name, t in tensors.items():

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from ..engine.jobs.array_jobs import DIRECT_BELOW, dequantize_direct, quantize_direct
+from ..engine.jobs import DIRECT_BELOW, dequantize_direct, quantize_direct
 from ..qtypes import QTYPES, QType
 from ..rounding import ROUND_MODES
 

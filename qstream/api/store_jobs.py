@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.convert.convert_checkpoint import restore
-from ..engine.jobs.job import QuantizeJob
-from ..engine.jobs.job import dequantize as dequantize_group
-from ..io.outputs.qarray import is_checkpoint
-from ..io.storage.stores import store_errors, with_backend
+from ..engine.convert import restore
+from ..engine.jobs import QuantizeJob
+from ..engine.jobs import dequantize as dequantize_group
+from ..io.outputs import is_checkpoint
+from ..io.storage import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def quantize_store(
     whole axis), e.g. for a reader's access pattern; default: multiples of the source's chunks
     of about 16 MiB. Either way one chunk is one block, held to ``max_memory``.
     """
-    from ..io.storage.suffixes import check_destination_suffix
+    from ..io.storage import check_destination_suffix
 
     check_destination_suffix(dst, (), "a quantization")
     with store_errors(_remote(dst, src)):
@@ -161,7 +161,7 @@ def dequantize_store(
     ``dst`` ending in ``.safetensors``: the values are written as safetensors instead (one
     file, or shards with an index above 5 GB; see :func:`qstream.export_safetensors`,
     ``format="dequantized"``), streaming with bounded memory."""
-    from ..io.storage.suffixes import check_destination_suffix
+    from ..io.storage import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
     # (both go through files: their source and destination are paths)
@@ -196,7 +196,7 @@ def _dequantize_export(
 ) -> dict[str, Any]:
     """A qstream ``.safetensors`` export dequantized: its tensors read as values
     (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file."""
-    from ..spec.recipe import Recipe
+    from ..spec import Recipe
     from .convert import convert_checkpoint
 
     recipe = Recipe.from_dict(
@@ -221,8 +221,8 @@ def _dequantize_to_safetensors(
     import os
     import time
 
-    from ..exports.safetensors import export_safetensors, finished_export
-    from ..io.storage.stores import location
+    from ..exports import export_safetensors, finished_export
+    from ..io.storage import location
 
     path = os.fspath(dst)
     job = json.dumps({"dequantize": location(src) or str(src), "dtype": dtype}, sort_keys=True)

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
     from zarr.abc.store import Store
 
-    from ..engine.convert.convert_checkpoint import TensorEvent
-    from ..engine.run.executors import Executor
+    from ..engine.convert import TensorEvent
+    from ..engine.run import Executor
 
 #: a Zarr array to read: its path or URL, an open ``zarr.Array``, a zarr store holding it, or
 #: a NumPy array

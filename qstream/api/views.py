@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..engine.jobs.job import QuantizeJob
-from ..io.storage.stores import with_backend
+from ..engine.jobs import QuantizeJob
+from ..io.storage import with_backend
 from ..spec import Calibration, QuantSpec
 
 if TYPE_CHECKING:
-    from ..io.outputs.quantized import QuantizedArray
-    from ..io.outputs.reader import QuantizedCheckpoint
+    from ..io.outputs import QuantizedArray, QuantizedCheckpoint
     from .types import ArraySource, ExecutorLike, PathLike, Progress, StorageOptions
 
 
@@ -41,7 +40,7 @@ def compare_methods(
     ``store``: see :func:`qstream.quantize_store` (per-axis histograms are built in groups of
     channels that fit in half of ``max_memory``; two histograms per channel).
     """
-    from ..engine.jobs.comparison import check_comparable, compare
+    from ..engine.jobs import check_comparable, compare
 
     spec = spec or QuantSpec()
     job = QuantizeJob(
@@ -65,7 +64,7 @@ def save_plot(
     ``path`` (``.png`` or ``.svg``; needs matplotlib): for a converted checkpoint its SQNR and
     sizes per tensor, read from the root's index (``title`` heads it); for a group-wise integer
     output the scales and errors per group; else the calibration view. Returns the path."""
-    from ..io.outputs.reader import QuantizedCheckpoint
+    from ..io.outputs import QuantizedCheckpoint
     from ..viz import mpl
 
     if isinstance(output, QuantizedCheckpoint):

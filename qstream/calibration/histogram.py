@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..spec.quantspec import QuantSpec
+from ..spec import QuantSpec
 
 Progress = Callable[[int, int], None]  # progress(done_channels, total_channels)
 

@@ -35,10 +35,8 @@ import numpy as np
 from numba import njit
 
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
-from ..exports.gguf.arch import architecture_of
-from ..exports.gguf.imatrix import write_imatrix
-from ..exports.gguf.tensor_names import expert_of, gguf_name, skipped
-from ..io.checkpoints.open import open_checkpoint
+from ..exports.gguf import architecture_of, expert_of, gguf_name, skipped, write_imatrix
+from ..io.checkpoints import open_checkpoint
 
 DEFAULT_MEMORY = 1 << 30
 _FLOATS = ("float16", "float32", "float64", "bfloat16")

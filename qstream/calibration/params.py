@@ -16,13 +16,13 @@ the rounded scale.
 """
 
 from __future__ import annotations
-from ..core.offsets import HALF_MAX, HALF_MIN, half_scales
 
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
+from ..core import half_scales
 from ..qtypes import TINY_SCALE, QType
 
 
@@ -38,8 +38,6 @@ def symmetric_steps(
         return float(min(qmax, -qmin)) + extra, 0.0
     zp = float((qmin + qmax + 1) // 2)
     return float(min(qmax - zp, zp - qmin)) + extra, zp
-
-
 
 
 def params_from_range(

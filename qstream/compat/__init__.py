@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 
 PROFILES = ("onnx", "tensorflow", "onednn", "ngraph", "torch", "gguf")
-__all__ = ["PROFILES", *PROFILES]
 
 
 def __getattr__(name: str):
@@ -20,3 +19,12 @@ def __getattr__(name: str):
         globals()[name] = module
         return module
     raise AttributeError(f"module 'qstream.compat' has no attribute {name!r}")
+
+
+# the names the folders above may use; the submodules named here are loaded on demand
+__all__ = [
+    "PROFILES",
+    "gguf",
+    "gguf_legacy",
+    "gguf_names",
+]

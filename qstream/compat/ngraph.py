@@ -35,8 +35,7 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import plan_layout
+from ..core import affine_dequantize, affine_quantize, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import qtype
 from ..rounding import real_type_code

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import Layout, plan_layout
+from ..core import Layout, affine_dequantize, affine_quantize, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import is_qtype_dtype, qtype
 from ..rounding import OP_DIV_ADD

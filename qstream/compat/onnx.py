@@ -20,8 +20,7 @@ from types import EllipsisType
 import numpy as np
 import numpy.typing as npt
 
-from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import Layout, blocked_param_shape, plan_layout
+from ..core import Layout, affine_dequantize, affine_quantize, blocked_param_shape, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import QType, float_dtype, is_qtype_dtype, qtype
 from ._names import resolve_type

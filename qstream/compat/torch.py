@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..core.affine import affine_dequantize, affine_quantize
-from ..core.layout import plan_layout
+from ..core import affine_dequantize, affine_quantize, plan_layout
 from ..errors import InvalidDTypeError, InvalidParameterError
 from ..qtypes import QType, qtype
 from ..rounding import OP_FMA, OP_MUL_ADD

@@ -1,1 +1,53 @@
-"""The lowest layer: array layouts, the affine core, buffers."""
+"""In-memory numerics: array layouts, the affine core, offsets, buffers."""
+
+from .affine import affine_dequantize, affine_quantize, quantize_call
+from .indexing import expand_key, step1_slices
+from .layout import (
+    Layout,
+    blocked_param_shape,
+    dimension_names,
+    normalize_axis,
+    param_dimension_names,
+    param_region,
+    plan_layout,
+)
+from .offsets import (
+    HALF_MAX,
+    HALF_MIN,
+    codec_constants,
+    codec_decode,
+    half_scales,
+    offset_dequantize,
+    offset_params,
+    offset_quantize,
+)
+from .scratch_pool import ALIGN, aligned_empty, scratch
+
+# the names the folders above may use; the submodules named here are loaded on demand
+__all__ = [
+    "ALIGN",
+    "HALF_MAX",
+    "HALF_MIN",
+    "Layout",
+    "affine_dequantize",
+    "affine_quantize",
+    "aligned_empty",
+    "blocked_param_shape",
+    "buffers",
+    "checks",
+    "codec_constants",
+    "codec_decode",
+    "dimension_names",
+    "expand_key",
+    "half_scales",
+    "normalize_axis",
+    "offset_dequantize",
+    "offset_params",
+    "offset_quantize",
+    "param_dimension_names",
+    "param_region",
+    "plan_layout",
+    "quantize_call",
+    "scratch",
+    "step1_slices",
+]

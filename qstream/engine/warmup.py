@@ -39,9 +39,9 @@ def warm_kernels() -> float:
 
     import numpy as np
 
-    from ..io.storage.stores import MEMORY_STORES
+    from ..io.storage import MEMORY_STORES
     from ..spec import QuantSpec
-    from .jobs.job import QuantizeJob
+    from .jobs import QuantizeJob
 
     t0 = time.perf_counter()
     x = np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64)
@@ -149,10 +149,9 @@ def _run_full_jobs(specs: Sequence[QuantSpec]) -> None:
     serial and then the parallel builds of the kernels."""
     import numpy as np
 
-    from ..io.storage.stores import MEMORY_STORES
+    from ..io.storage import MEMORY_STORES
     from ..kernels import runtime
-    from .jobs.dequantize_job import dequantize
-    from .jobs.job import QuantizeJob
+    from .jobs import QuantizeJob, dequantize
 
     x = np.linspace(-1.0, 1.0, 64 * 256, dtype=np.float32).reshape(64, 256)
     before = runtime.SERIAL_BELOW
@@ -179,7 +178,7 @@ def _run_fused(spec: QuantSpec, x: np.ndarray) -> None:
     import numpy as np
 
     from ..qtypes import qtype
-    from .blocks.blockmath import dynamic_blocked
+    from .blocks import dynamic_blocked
 
     if spec.method != "dynamic" or not spec.block_size:
         return
@@ -223,9 +222,9 @@ def _quantize_pass_specs(specs: Iterable[QuantSpec]) -> list[QuantSpec]:
 def _run_quantize_passes(specs: Sequence[QuantSpec], parallel: bool) -> None:
     import numpy as np
 
-    from ..io.storage.stores import MEMORY_STORES
+    from ..io.storage import MEMORY_STORES
     from ..kernels import runtime
-    from .jobs.job import QuantizeJob
+    from .jobs import QuantizeJob
 
     before = runtime.SERIAL_BELOW
     runtime.SERIAL_BELOW = 0 if parallel else 1 << 62
@@ -283,7 +282,7 @@ def _pass_kernels(spec: QuantSpec) -> list[Any]:
     runs: the fused kernel's builds for finite values, either layout, for a dynamic spec it
     applies to, else the quantize kernel of its round mode."""
     from ..qtypes import qtype
-    from .blocks.blockmath import fused_applies
+    from .blocks import fused_applies
 
     if spec.method == "dynamic" and fused_applies(qtype(spec.dtype), spec):
         from ..kernels import blocked

@@ -16,9 +16,9 @@ import ml_dtypes
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..io.outputs import QuantizedArray, QuantizedCheckpoint
 from . import compressed_tensors as ct
 from .files import Entry
-from ..io.outputs.qarray import QuantizedArray, QuantizedCheckpoint
 
 FLOAT_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _INT_TAGS = {

@@ -47,8 +47,12 @@ import struct
 from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
+from ..io.checkpoints import CONFIG, export_metadata, read_json
+from ..io.checkpoints import source_config as source_config
+from ..io.outputs import QuantizedArray, QuantizedCheckpoint, check_writable, open_quantized
+from ..io.storage import location
+from ..paths import kind_of, open_regular
 from . import compressed_tensors as ct
-from ..io.outputs.destination import check_writable
 from .entries import (
     FLOAT_TYPES,
     Tensors,
@@ -58,14 +62,9 @@ from .entries import (
     quantized_entries,
 )
 from .files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
-from ..io.checkpoints.export_meta import CONFIG, export_metadata, read_json
-from ..io.checkpoints.export_meta import source_config as source_config
+from .gguf import describe
 from .targets import check_targets, export_lock, finished_export, other_forms
 from .targets import shard_pattern as shard_pattern
-from .gguf.file import describe
-from ..io.storage.locations import location
-from ..paths import kind_of, open_regular
-from ..io.outputs.qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
 
 FORMATS = ("compressed-tensors", "qstream", "dequantized")
 LOADERS = {

@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterator
 
 from ..errors import DestinationBusyError, StoreError
-from ..io.outputs.destination import locked
-from ..io.checkpoints.export_meta import CONFIG, export_metadata, qstream_meta, read_json
+from ..io.checkpoints import CONFIG, export_metadata, qstream_meta, read_json
+from ..io.outputs import locked
 from ..paths import kind_of
 
 

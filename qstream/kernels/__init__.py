@@ -1,4 +1,15 @@
-"""Numba kernels: pure functions over arrays, no I/O, no Python objects, no config reads.
+"""Numba kernels: pure functions over arrays, no I/O."""
 
-Importing this package imports Numba; the rest of qstream imports it lazily.
-"""
+# the names the folders above may use; the submodules named here are loaded on demand
+__all__ = [
+    "affine",
+    "blocked",
+    "digest",
+    "error_stats",
+    "kquants",
+    "offset",
+    "packing",
+    "runtime",
+    "search",
+    "stats",
+]

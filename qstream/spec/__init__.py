@@ -21,10 +21,14 @@ from .quantspec import (
     SYMMETRIC_LEVELS,
     QuantSpec,
 )
+from .recipe import DEFAULT_SPEC, DEFAULT_SUFFIXES, Recipe, ScaleRule
 from .reports import Calibration, QuantParams, QuantReport
-from .stats import ErrorStats, MergedStats, RangeStats, merge_into
+from .stats import ErrorStats, MergedStats, RangeStats, error_metrics, merge_into
 
+# the names the folders above may use
 __all__ = [
+    "DEFAULT_SPEC",
+    "DEFAULT_SUFFIXES",
     "HISTOGRAM_METHODS",
     "MAX_BINS",
     "METHODS",
@@ -40,8 +44,11 @@ __all__ = [
     "QuantReport",
     "QuantSpec",
     "RangeStats",
+    "Recipe",
+    "ScaleRule",
     "WorstGroups",
     "check_keys",
+    "error_metrics",
     "jsonable",
     "merge_into",
 ]

@@ -173,7 +173,7 @@ class Recipe:
         ``shape`` and ``dtype``) before anything is written: an axis a tensor does not have
         is an error naming the rule and the tensor; the returned warnings name each rule that
         matches no tensor (a pattern that misses the checkpoint's names)."""
-        from ..core.layout import normalize_axis
+        from ..core import normalize_axis
 
         used: set[int] = set()
         fine: set[tuple[int, int]] = set()  # (id(spec), rank) of axes checked (tensors share)
@@ -218,8 +218,8 @@ class Recipe:
         :func:`~qstream.budget.default_chunks`, made for every tensor at once), naming
         the rule, the tensor and the bound. A block size past a tensor's axis is one group
         along it: blocks of the whole axis, held to the bound as any other."""
-        from ..core.layout import normalize_axis
         from ..budget import block_budget, default_chunks, memory_limit
+        from ..core import normalize_axis
 
         for name, t in tensors.items():
             shape = tuple(int(d) for d in t.shape)

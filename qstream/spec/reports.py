@@ -13,12 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .views import CalibrationView
-from .views import ReportView
-from .views import display
 from .json_helpers import check_keys, field_values, jsonable, jsonable_dict
 from .quantspec import QuantSpec
 from .stats import RangeStats
+from .views import CalibrationView, ReportView, display
 
 
 @dataclass(frozen=True)

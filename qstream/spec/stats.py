@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from .views.summaries import ChannelSummary, channel_sqnr
 from ..errors import NonFiniteInputError
 from .json_helpers import jsonable, jsonable_dict, unjson_float
+from .views import ChannelSummary, channel_sqnr
 
 
 @dataclass(frozen=True)

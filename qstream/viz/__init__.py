@@ -10,10 +10,15 @@ reports, quantized outputs) draw themselves without importing this package.
 
 from __future__ import annotations
 
-from ..spec.views import CheckpointView, ReportView
-from ..spec.views.display import Drawing, register
+from ..spec.views import CheckpointView, Drawing, ReportView, register
 from .html import checkpoint_html, view_html
 from .mpl import plot_checkpoint, plot_view
 
 register(ReportView, Drawing(html=view_html, plot=plot_view))
 register(CheckpointView, Drawing(html=checkpoint_html, plot=plot_checkpoint))
+
+
+# the names the folders above may use; the submodules named here are loaded on demand
+__all__ = [
+    "mpl",
+]

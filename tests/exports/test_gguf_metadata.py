@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from qstream.compat.gguf_names import expert_of, gguf_name, plain_type, size_label, skipped
 from qstream.errors import InvalidParameterError
 from qstream.exports.gguf.arch import arch_items, architecture_of, general_items
 from qstream.exports.gguf.items import ARRAY, FLOAT32, MetaItem
-from qstream.exports.gguf.tensor_names import expert_of, gguf_name, plain_type, size_label, skipped
 from qstream.exports.gguf.vocab import tokenizer_items
 from tests.exports.gguf_models import (
     TENSORS,

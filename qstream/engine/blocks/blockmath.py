@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...core.scratch_pool import scratch
+from ...core import scratch
 from ...qtypes import QType
 from ...spec import ErrorStats, GroupSQNR, QuantSpec, RangeStats, WorstGroups
 
 if TYPE_CHECKING:
-    from ...core.layout import Layout
+    from ...core import Layout
 
 #: what the error kernels take first (see :func:`_error_inputs`)
 ErrorInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, float]
@@ -53,7 +53,7 @@ def block_slot_ranges(x: np.ndarray, axis: int, block_size: int) -> tuple[np.nda
 
     Returns arrays shaped like ``x`` with ``x.shape[axis]`` -> ``ceil(/block_size)``.
     """
-    from ...core.layout import blocked_param_shape, plan_layout
+    from ...core import blocked_param_shape, plan_layout
     from ...kernels.runtime import run
     from ...kernels.stats import slot_ranges
 
@@ -71,8 +71,8 @@ def dynamic_params(
     """``(scale, zero_point, layout)`` of ``x``'s parameter blocks for a dynamic blocked
     ``spec`` (``axis`` resolved), each block's parameters from its own finite range (a block
     with none gets scale 1)."""
-    from ...calibration.params import params_from_range
-    from ...core.layout import plan_layout
+    from ...calibration import params_from_range
+    from ...core import plan_layout
 
     bs = spec.block_size
     assert bs  # (a blocked spec)
@@ -116,9 +116,8 @@ def dynamic_blocked(
     takes the error sums: ``sums`` is then ``(stats, (x2, e2, emax))``, the block's
     :class:`ErrorStats` (NaN not yet counted against ``nan_policy``) and each group's sums,
     as :func:`block_errors_fused` would give them; else None."""
-    from ...calibration.params import symmetric_steps
-    from ...core import buffers
-    from ...core.layout import blocked_param_shape, plan_layout
+    from ...calibration import symmetric_steps
+    from ...core import blocked_param_shape, buffers, plan_layout
     from ...kernels import blocked
     from ...kernels.error_stats import N_SUMS, NO_GROUPS, groups_in_pass
     from ...kernels.runtime import run
@@ -189,7 +188,7 @@ def quantize_spec(
 ) -> None:
     """Quantize ``x`` into ``out`` with the parameters ``s``/``z`` and ``spec``'s rounding and
     range (the unfused path)."""
-    from ...core.affine import affine_quantize
+    from ...core import affine_quantize
     from ...rounding import round_code
 
     affine_quantize(
@@ -317,7 +316,7 @@ def quantize_rows_with_errors(
     errors are summed (over a 16 MiB pack, the two kernels then take ~35% less time). Each
     row's codes and sums are its own, so they are the whole piece's, byte for byte. None where
     this does not apply; the caller then runs both kernels over the whole piece."""
-    from ...core.affine import quantize_call
+    from ...core import quantize_call
     from ...kernels.error_stats import N_SUMS, error_sums
     from ...kernels.runtime import run
     from ...kernels.stats import channel_rows

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ...errors import InvalidParameterError
 from ...budget import MAX_SOURCE_CHUNKS, WORK_FACTOR, memory_limit, mib
+from ...errors import InvalidParameterError
 
 # bytes the job holds per chunk of its output at once: a resume lists the output's chunk
 # files to find the blocks that landed (measured: ~150 a chunk at the listing's peak)

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from ...core.scratch_pool import scratch
-from ..run.handles import DestRef, worker_cached
 from ...budget import Block
+from ...core import scratch
+from ..run import DestRef, worker_cached
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,7 +23,7 @@ class DequantizeWork:
     max_memory: int | None = None  # the bound the source is opened under
 
     def __call__(self, b: Block) -> None:
-        from ...io.storage.stores import ArrayWriter, open_source
+        from ...io.storage import ArrayWriter, open_source
 
         token = self.dest.token
         arr = worker_cached((token, "qarray"), self._open_quantized)
@@ -38,7 +38,7 @@ class DequantizeWork:
         writer[b.key] = y.view(writer.array.dtype)
 
     def _open_quantized(self) -> Any:
-        from ...io.outputs.qarray import open_quantized
+        from ...io.outputs import open_quantized
 
         return open_quantized(
             self.source.url,
@@ -50,7 +50,7 @@ class DequantizeWork:
         def make() -> Any:
             import zarr
 
-            from ...io.storage.stores import open_store
+            from ...io.storage import open_store
 
             store = open_store(self.dest.url, mode="w", storage_options=self.dest.storage_options)
             return cls(zarr.open_array(store=store, mode="r+"))

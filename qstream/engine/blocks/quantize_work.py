@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ...core.layout import Layout, blocked_param_shape, param_region, plan_layout
-from ...core.scratch_pool import scratch
+from ...budget import Block
+from ...core import Layout, blocked_param_shape, param_region, plan_layout, scratch
 from ...qtypes import QType
 from ...spec import ErrorStats, MergedStats, WorstGroups
+from ..run import SourceRef
 from .blockmath import (
     block_errors,
     block_errors_fused,
@@ -22,12 +23,10 @@ from .blockmath import (
     quantize_rows_with_errors,
     quantize_spec,
 )
-from ..run.handles import SourceRef
-from ...budget import Block
 from .regions import JobPlan, Key, read_pieces, read_region, relative_key
 
 if TYPE_CHECKING:
-    from ...io.storage.stores import Source
+    from ...io.storage import Source
 
 # a blocked integer spec's per-group sums (x2, e2, emax), when the error kernel gives them
 GroupSums = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -185,7 +184,7 @@ class QuantizeWork:
     ) -> tuple[ErrorStats, GroupSums | None]:
         """Quantize ``x`` into ``out`` and return its error statistics (:meth:`_errors`)."""
         if self.plan.spec.float_offset:  # z holds the float offsets
-            from ...core.offsets import offset_quantize
+            from ...core import offset_quantize
             from ...rounding import round_code
 
             spec = self.plan.spec
@@ -223,7 +222,7 @@ class QuantizeWork:
         ``(x2, e2, emax)`` (else None: :func:`block_worst_groups` computes them); ``known``:
         both, from the fused kernel. NaN then follows the spec's ``nan_policy``
         (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
-        from ...core.affine import affine_dequantize
+        from ...core import affine_dequantize
         from ...kernels.error_stats import groups_in_pass
 
         plan = self.plan
@@ -254,7 +253,7 @@ class QuantizeWork:
         """:meth:`_errors` of a float-offset spec: the values qstream's dequantize gives
         (``q * scale + offset``), compared in float64; clipped = beyond half a step outside
         the code range."""
-        from ...core.offsets import offset_dequantize
+        from ...core import offset_dequantize
 
         plan = self.plan
         qt, spec = plan.qt, plan.spec

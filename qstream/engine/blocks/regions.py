@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...core.scratch_pool import scratch
+from ...budget import Block
+from ...core import scratch
 from ...qtypes import QType, qtype
 from ...spec import QuantSpec
 from .blockmath import channel_view
-from ...budget import Block
 
 if TYPE_CHECKING:
-    from ...io.storage.stores import Source
+    from ...io.storage import Source
 
 Key = tuple[slice, ...]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from ...spec import MergedStats, RangeStats
-from .blockmath import block_ranges
-from ..run.handles import SourceRef
 from ...budget import Block
+from ...spec import MergedStats, RangeStats
+from ..run import SourceRef
+from .blockmath import block_ranges
 from .regions import JobPlan, channel_pieces, read_pieces
 
 
@@ -78,7 +78,7 @@ class HistogramWork:
             )
         if self.ranges is None:
             return c0, h
-        from ...calibration.histogram import method_range
+        from ...calibration import method_range
 
         e = slice(c0 - self.lo_channel, c1 - self.lo_channel)
         counts = {"counts": h, "lo": self.edges_lo[e], "hi": self.edges_hi[e], "abs": self.sym}

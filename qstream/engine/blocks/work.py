@@ -18,8 +18,8 @@ The pieces live in modules of their own; this one names them all in one place:
 
 from __future__ import annotations
 
+from ..run import DestRef, SourceRef, forget, worker_cached
 from .dequantize_work import DequantizeWork
-from ..run.handles import DestRef, SourceRef, forget, worker_cached
 from .quantize_work import BlockDest, NonFiniteBlock, QuantizeWork, fill_nan
 from .regions import JobPlan, channel_pieces, read_pieces, read_region, relative_key
 from .stats_work import HistogramWork, RangesWork

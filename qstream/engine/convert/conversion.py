@@ -19,24 +19,19 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ...io.outputs import destination
-from ...io.outputs import pack_layout as packs
-from ...io.outputs import qarray
-from ...io.storage.arraydoc import is_plain_dtype
-from ...io.checkpoints.dtypes import dtype_facts
-from ...io.storage.compression import NONE as NO_COMPRESSION
-from ...io.outputs.destination import Destination
-from ...io.outputs.rootindex import ERROR_KEYS, RootIndex, compact
-from ...spec.recipe import Recipe
-from ...spec import QuantSpec
-from ..run import pipeline
-from .events import TensorEvent, describe_target
-from ..run.executors import Executor
-from ..jobs.job import QuantizeJob, report_stage
-from .kept import keep_tensor
-from .pack_writer import PackItem, PackResult, PackWork
 from ...budget import budget_units
+from ...io.checkpoints import dtype_facts
+from ...io.outputs import ERROR_KEYS, Destination, RootIndex, compact, destination, qarray
+from ...io.outputs import pack_layout as packs
+from ...io.storage import NONE as NO_COMPRESSION
+from ...io.storage import is_plain_dtype
+from ...spec import QuantSpec, Recipe
+from ..jobs import QuantizeJob, report_stage
+from ..run import Executor, pipeline, ready_for_workers
+from .events import TensorEvent, describe_target
+from .kept import keep_tensor
 from .one_block import SmallTensorWork
+from .pack_writer import PackItem, PackResult, PackWork
 from .units import (
     Todo,
     UnitWork,
@@ -46,14 +41,14 @@ from .units import (
     unit_items,
     unit_kind,
 )
-from ..run.worker_imports import ready_for_workers
 
 ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
 
 class Conversion:
     """The tensors of one conversion, in checkpoint order: runs of small tensors (one block
-    of their job each) handed to the executor as units of work (``qstream.engine.convert.one_block``),
+    of their job each) handed to the executor as units of work
+    (``qstream.engine.convert.one_block``),
     larger tensors as jobs of their own (``in_flight`` at once, each within that share of
     the memory bound, their passes on the same workers). Results are listed in the root's
     index ``ROWS_PER_BATCH`` at a time (a count, so that a run writes the same documents

@@ -24,23 +24,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidParameterError, QStreamWarning
+from ...io.checkpoints import CheckpointSource
+from ...io.outputs import Action, Destination, RootIndex, destination
 from ...io.storage import compression as compressions
-from ...io.outputs import destination
-from ...io.checkpoints.open import CheckpointSource
-from ...io.outputs.destination import Action, Destination
-from ...io.outputs.rootindex import RootIndex
-from ...io.storage.stores import location, open_store
-from ...spec.recipe import Recipe
-from ..run import executors
+from ...io.storage import location, open_store
+from ...spec import Recipe
+from ..run import LocalExecutor, executors, resolve
 from .conversion import Conversion, path_of
 from .events import TensorEvent, describe_target
-from ..run.executors import LocalExecutor
 from .restoring import restore
 from .rootjob import same_job, tensor_keys
-from ..run.scheduling import resolve
 
 if TYPE_CHECKING:
-    from ..run.executors import Executor
+    from ..run import Executor
 
 # (TensorEvent, describe_target and restore are named here too: the API imports them from here)
 __all__ = [
@@ -90,8 +86,7 @@ def prepare(
     byte is read or anything written: the checkpoint's headers, the recipe against its
     tensors, the tensors' names, the destination (writable, apart from the source, and what
     its claim will do with what is there: a foreign node is refused here)."""
-    from ...io.checkpoints.open import source_locations
-    from ...io.checkpoints.remote import is_url
+    from ...io.checkpoints import is_url, source_locations
 
     compression = compressions.canonical(compression)
     if str(dst).lower().endswith(".zip"):

@@ -9,15 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import dimension_names
-from ...errors import StoreError
-from ...io.storage import compression as compressions
-from ...io.outputs import destination
-from ...io.outputs import publish
-from ...io.storage.arraydoc import auto_chunks
-from ...io.checkpoints.open import read_rows
-from ...io.outputs.ondisk import FLAT_KEYS
 from ...budget import check_fits
+from ...core import dimension_names
+from ...errors import StoreError
+from ...io.checkpoints import read_rows
+from ...io.outputs import FLAT_KEYS, destination, publish
+from ...io.storage import auto_chunks
+from ...io.storage import compression as compressions
 
 #: a kept tensor of at most this many bytes is read and written whole (local outputs)
 WHOLE = 16 << 20

@@ -21,16 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from ...io.outputs import destination
-from ...io.outputs import qarray
-from ...io.outputs.destination import Action, Destination
-from ...spec import QuantSpec
-from ..run.executors import InlineExecutor
-from ..run.handles import worker_cached
-from ..jobs.job import QuantizeJob
-from .kept import keep_tensor
-from ..jobs.job_memory import quantize_in_memory
 from ...budget import block_budget
+from ...io.outputs import Action, Destination, destination, qarray
+from ...spec import QuantSpec
+from ..jobs import QuantizeJob, quantize_in_memory
+from ..run import InlineExecutor, worker_cached
+from .kept import keep_tensor
 
 
 def is_small(t: Any, spec: QuantSpec, max_memory: int | None) -> bool:
@@ -137,7 +133,7 @@ class SmallTensorWork:
         worker_cached((self.token, "checkpoint"), lambda: tensors)
 
     def __call__(self, item: TensorItem) -> dict[str, Any] | None:
-        from ...io.checkpoints.open import open_checkpoint
+        from ...io.checkpoints import open_checkpoint
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)

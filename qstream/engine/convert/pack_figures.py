@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import normalize_axis, plan_layout
-from ...io.storage.columns import float_column
+from ...core import normalize_axis, plan_layout
+from ...io.storage import float_column
 from ...spec import ErrorStats, QuantSpec, RangeStats, merge_into
-from ..blocks.blockmath import block_errors_fused
+from ..blocks import block_errors_fused
 
 
 def tensor_ranges(stats: RangeStats, n: int) -> dict[str, dict[str, str]]:

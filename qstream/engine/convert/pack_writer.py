@@ -17,7 +17,8 @@ its own:
 
 The codes and parameters are those of each tensor's own job, bit for bit (the kernels are
 element-wise given the parameters; the ranges are exact min/max). The pack is written as one
-group (:mod:`qstream.io.outputs.pack_layout`); each tensor's error figures come from its own channels'
+group (:mod:`qstream.io.outputs.pack_layout`); each tensor's error figures come from its own
+channels'
 sums (``blocks``: from one error pass over the tensor). Other tensors (histogram methods,
 explicit scales, per-channel on another axis, float offsets) are converted one by one.
 """
@@ -35,23 +36,21 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import (
+from ...budget import block_budget
+from ...core import (
     blocked_param_shape,
     dimension_names,
     normalize_axis,
     param_dimension_names,
 )
 from ...errors import NonFiniteInputError
+from ...io.outputs import ERROR_COLUMNS, qarray
 from ...io.outputs import pack_layout as packs
-from ...io.outputs import qarray
-from ...io.outputs.pack_layout import ERROR_COLUMNS
 from ...spec import QuantSpec
-from ..run.executors import InlineExecutor
-from ..run.handles import worker_cached
-from ..jobs.job_memory import quantize_in_memory
+from ..blocks import NonFiniteBlock
+from ..jobs import quantize_in_memory
+from ..run import InlineExecutor, worker_cached
 from .pack_figures import blocked_errors, brief_errors, tensor_ranges
-from ...budget import block_budget
-from ..blocks.quantize_work import NonFiniteBlock
 
 MAX_PER_PACK = 4096  # tensors of one pack (its document lists each)
 
@@ -164,7 +163,8 @@ def _pack_keys(entries: Sequence[tuple[Any, QuantSpec] | None], budget: int) -> 
 @dataclass(frozen=True, eq=False)
 class PackWork:
     """Converts a :class:`PackItem` into its pack below ``dst``: picklable (the checkpoint is
-    opened by path, once per process), like :class:`~qstream.engine.convert.one_block.SmallTensorWork`.
+    opened by path, once per process), like
+    :class:`~qstream.engine.convert.one_block.SmallTensorWork`.
     Returns the pack's :class:`PackResult`."""
 
     token: str
@@ -175,7 +175,7 @@ class PackWork:
     max_memory: int | None
 
     def __call__(self, item: PackItem) -> PackResult:
-        from ...io.checkpoints.open import open_checkpoint
+        from ...io.checkpoints import open_checkpoint
 
         ck = self.checkpoint
         opener = ck.open if hasattr(ck, "open") else lambda: open_checkpoint(ck)
@@ -217,7 +217,7 @@ def read_stack(ts: Sequence[Any]) -> np.ndarray:
     place when they lie one after another in one file (safetensors: a map of the file, see
     :func:`~qstream.io.checkpoints.open.map_file_run`), else read into a scratch array (valid
     until this thread's next pack)."""
-    from ...core.scratch_pool import scratch
+    from ...core import scratch
 
     t0 = ts[0]
     shape = (len(ts), *t0.shape)
@@ -226,7 +226,7 @@ def read_stack(ts: Sequence[Any]) -> np.ndarray:
     if f0 is not None and all(
         getattr(t, "file", None) == (f0[0], f0[1] + i * t0.nbytes) for i, t in enumerate(ts)
     ):
-        from ...io.checkpoints.open import map_file_run, read_file_run
+        from ...io.checkpoints import map_file_run, read_file_run
 
         mapped = map_file_run(f0[0], f0[1], shape, np.dtype(t0.dtype))
         if mapped is not None:
@@ -274,7 +274,7 @@ def convert_pack(
 ) -> PackResult:
     """Quantize the pack's tensors ``ts`` as one stacked job and publish the pack at
     ``path``; its :class:`PackResult`."""
-    from ..jobs.job import QuantizeJob
+    from ..jobs import QuantizeJob
 
     n, shape = len(ts), tuple(ts[0].shape)
     x = read_stack(ts)
@@ -360,7 +360,8 @@ def convert_pack(
 class PackResult:
     """What a pack gives its conversion: its name, the stored bytes of each of its tensors,
     whether their reports list parameters, and their error figures as columns
-    (:data:`~qstream.io.outputs.pack_layout.ERROR_COLUMNS`, a value per tensor, in the pack's order)."""
+    (:data:`~qstream.io.outputs.pack_layout.ERROR_COLUMNS`, a value per tensor, in the
+    pack's order)."""
 
     pack: str
     bytes_after: int
@@ -413,7 +414,7 @@ def _member_kw(
 
 def _nonfinite(item: PackItem, x: np.ndarray) -> NonFiniteInputError:
     """The refusal naming the pack's first tensor that holds non-finite values."""
-    from ..blocks.blockmath import block_ranges
+    from ..blocks import block_ranges
 
     for i, name in enumerate(item.names):
         st = block_ranges(np.ascontiguousarray(x[i]), None)

@@ -18,25 +18,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...core.layout import dimension_names
-from ...io.storage import compression as compressions
-from ...io.outputs import destination
+from ...budget import check_fits
+from ...core import dimension_names
+from ...io.outputs import Action, Destination, destination, qarray
 from ...io.outputs import pack_layout as packs
-from ...io.outputs import qarray
-from ...io.outputs.destination import Action, Destination
-from ...io.storage.localgroup import read_all
-from ...io.storage.names import tensor_key
-from ...io.storage.stores import location, open_group
+from ...io.storage import compression as compressions
+from ...io.storage import location, open_group, read_all, tensor_key
 from . import kept
 from .events import TensorEvent
 from .kept import remove_own
-from ...budget import check_fits
 from .rootjob import same_job
 
 if TYPE_CHECKING:
     from zarr.abc.store import Store
 
-    from ..run.executors import Executor
+    from ..run import Executor
 
 
 def restore(
@@ -145,7 +141,7 @@ def _restore_tensor(t, name, ck, src, src_loc, path, results, local, fresh, **jo
         kw = {"dtype": dtype, "compression": compression, "fresh": fresh}
         results[name] = dequantize_small(t, where, path, **kw)
         return
-    from ..jobs.job import dequantize
+    from ..jobs import dequantize
 
     r = dequantize(
         destination.tensor_path(src, ck.key_of(name)),
@@ -204,7 +200,7 @@ def dequantize_small(
     than one chunk (then the job runs as usual). ``fresh``: the root is new, nothing is at
     ``path`` to look at."""
     from ...qtypes import float_dtype
-    from ..jobs.job import dequantized_array, dequantized_fingerprint
+    from ..jobs import dequantized_array, dequantized_fingerprint
 
     if not one_chunk(arr):
         return None

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...errors import StoreError
 from ...io.storage import compression as compressions
-from ...io.storage.names import tensor_key
+from ...io.storage import tensor_key
 
 
 def same_job(meta: dict[str, Any], ident: dict[str, Any]) -> bool:

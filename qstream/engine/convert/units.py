@@ -17,8 +17,8 @@ from typing import Any
 from ...io.outputs import pack_layout as packs
 from ...spec import QuantSpec
 from .events import TensorEvent
-from .pack_writer import PackItem, PackWork, pack_mode, plan_packs, source_bytes
 from .one_block import SmallTensorWork, TensorItem, is_small
+from .pack_writer import PackItem, PackWork, pack_mode, plan_packs, source_bytes
 
 #: how a tensor is converted: ``("pack", its pack's number)``, ``("small",)`` or ``("job",)``
 Kind = tuple[Any, ...]
@@ -131,8 +131,10 @@ def unit_items(
 
 @dataclass(frozen=True, eq=False)
 class UnitWork:
-    """A conversion's unit of work: a pack (:class:`~qstream.engine.convert.pack_writer.PackWork`) or a
-    small tensor (:class:`~qstream.engine.convert.one_block.SmallTensorWork`), so that both share one
+    """A conversion's unit of work: a pack (:class:`~qstream.engine.convert.pack_writer.PackWork`)
+    or a
+    small tensor (:class:`~qstream.engine.convert.one_block.SmallTensorWork`), so that both share
+    one
     pipeline."""
 
     small: SmallTensorWork | None

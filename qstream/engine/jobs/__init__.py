@@ -1,1 +1,24 @@
-"""qstream/engine/jobs."""
+"""One array from start to end: plans, passes, parameters, reports."""
+
+from .array_jobs import DIRECT_BELOW, dequantize_direct, quantize_direct
+from .comparison import check_comparable, compare
+from .dequantize_job import dequantize, dequantized_array, dequantized_fingerprint
+from .job import QuantizeJob
+from .job_memory import quantize_in_memory
+from .passes import report_stage
+
+# the names the folders above may use; the submodules named here are loaded on demand
+__all__ = [
+    "DIRECT_BELOW",
+    "QuantizeJob",
+    "array_jobs",
+    "check_comparable",
+    "compare",
+    "dequantize",
+    "dequantize_direct",
+    "dequantized_array",
+    "dequantized_fingerprint",
+    "quantize_direct",
+    "quantize_in_memory",
+    "report_stage",
+]

@@ -16,9 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from ...core import checks
-from ...core.affine import affine_dequantize, affine_quantize
-from ...core.layout import plan_layout
+from ...core import affine_dequantize, affine_quantize, checks, plan_layout
 from ...kernels import runtime
 from ...kernels.affine import QUANTIZE_KERNELS, dequantize_affine
 from ...qtypes import QType, float_dtype
@@ -86,9 +84,8 @@ def quantize_groups(
     ``x``: each group its own range, as ``quantize_store`` computes them (see
     :func:`qstream.quantize_dynamic`); ``axis`` normalised, ``zero_point`` in the output
     type, ``scale`` float16 for ``spec.half_scales``."""
-    from ...core import buffers
-    from ...core.layout import normalize_axis
-    from ..blocks.blockmath import block_ranges, dynamic_quantize, nan_to_zero_point
+    from ...core import buffers, normalize_axis
+    from ..blocks import block_ranges, dynamic_quantize, nan_to_zero_point
 
     xa = checks.as_float_input(x, "x")
     axis = normalize_axis(axis, xa.ndim)
@@ -100,7 +97,7 @@ def quantize_groups(
     if nonfinite and spec.nan_policy == "zero_point":
         nan_to_zero_point(xa, q, z, layout, qt)
     if nonfinite and spec.nan_policy == "fill":  # the reserved code (the type's minimum)
-        from ..blocks.work import fill_nan
+        from ..blocks import fill_nan
 
         fill_nan(xa, q, qt)
     scale = s

@@ -15,14 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ...spec.views import Histogram
+from ...budget import Block, mib
 from ...errors import InvalidParameterError
 from ...spec import HISTOGRAM_METHODS, Calibration, MergedStats, QuantParams, RangeStats
+from ...spec.views import Histogram
+from ..blocks import HistogramWork, JobPlan, RangesWork
 from .job_params import explicit_params, offset_params
 from .passes import JobView, Progress, report_stage
-from ...budget import Block, mib
-from ..blocks.regions import JobPlan
-from ..blocks.stats_work import HistogramWork, RangesWork
 
 HIST_SHARE = 2  # histograms may take 1/HIST_SHARE of the memory bound
 
@@ -67,7 +66,7 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
         thresholds = {"min": lo, "max": hi, "num_bins": spec.num_bins}
     elif job.view_histogram and plan.channels == 1:
         view_hist = view_histogram(job, lo, hi, progress)
-    from ...calibration.params import params_from_range
+    from ...calibration import params_from_range
     from ...spec.views import calibration_view
 
     view = calibration_view(spec, st, lo, hi, view_hist) if job.views else None
@@ -100,7 +99,7 @@ def histogram_ranges(
     merged and one in-flight block's partial per worker); blocks that hold none of a group's
     channels are not read for it, and when every block holds every channel (channels on an
     inner axis) each group reads the source once more."""
-    from ...calibration.histogram import method_range
+    from ...calibration import method_range
 
     spec, plan = job.spec, job.plan
     sym = spec.method in ("entropy", "mse") or (spec.method == "percentile" and spec.symmetric)

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ...calibration.histogram import method_range
-from ...calibration.params import params_from_range
+from ...budget import Block, memory_limit
+from ...calibration import method_range, params_from_range
+from ...errors import InvalidParameterError
+from ...spec import HISTOGRAM_METHODS, Calibration, QuantParams, QuantSpec
 from ...spec.views import (
     ChannelSummary,
     Histogram,
@@ -30,14 +32,11 @@ from ...spec.views import (
     clip_summary,
     total_sqnr,
 )
-from ...errors import InvalidParameterError
-from ...spec import HISTOGRAM_METHODS, Calibration, QuantParams, QuantSpec
+from ..blocks import JobPlan, channel_pieces
+from ..run import SourceRef
 from .calibration_passes import HIST_SHARE, check_nonfinite
 from .calibration_passes import ranges as ranges_pass
-from ..run.handles import SourceRef
 from .passes import JobView, Progress
-from ...budget import Block, memory_limit
-from ..blocks.regions import JobPlan, channel_pieces
 
 COMPARED = ("minmax", "percentile", "entropy", "mse", "l2")
 ABS_SEARCH = ("entropy", "mse")  # searched over |x| whatever the spec's symmetry

@@ -17,22 +17,16 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import dimension_names
-from ...errors import StoreError
-from ...io.storage import compression as compressions
-from ...io.outputs import destination
-from ...io.outputs import qarray
-from ...io.outputs.destination import Action, Destination, Lease
-from ...io.outputs.qarray import QuantizedArray
-from ...io.storage.stores import display, location
-from ...qtypes import float_dtype
-from ..run import pipeline
-from ..blocks.dequantize_work import DequantizeWork
-from ..run.executors import check_shared
-from ..run.handles import DestRef
-from .passes import Progress, counter, fspath, report_stage
 from ...budget import Block, check_fits, fit_workers, plan_blocks
-from ..run.scheduling import resolve
+from ...core import dimension_names
+from ...errors import StoreError
+from ...io.outputs import Action, Destination, Lease, QuantizedArray, destination, qarray
+from ...io.storage import compression as compressions
+from ...io.storage import display, location
+from ...qtypes import float_dtype
+from ..blocks import DequantizeWork
+from ..run import DestRef, check_shared, pipeline, resolve
+from .passes import Progress, counter, fspath, report_stage
 
 
 def dequantize(
@@ -51,7 +45,7 @@ def dequantize(
     :func:`qstream.dequantize_store`)."""
     import zarr
 
-    from ...io.outputs.scientific import carried_attrs
+    from ...io.outputs import carried_attrs
 
     t0 = time.perf_counter()
     compression = compressions.canonical(compression)
@@ -87,7 +81,7 @@ def dequantize(
             return {**result, "already_complete": True, "seconds": 0.0}
         if action is Action.RESUME:  # an unfinished run: made again (blocks are not logged)
             destination.remove_output(dst, existing, storage_options)
-        from ...io.storage.stores import open_store
+        from ...io.storage import open_store
 
         store = open_store(dst, mode="w", storage_options=storage_options)
         try:
@@ -180,7 +174,7 @@ def gaps_at(dst: Any, storage_options: dict[str, Any] | None) -> bool:
     """Whether the array at ``dst`` lacks parts (see :func:`qstream.io.outputs.qarray.gaps`)."""
     import zarr
 
-    from ...io.storage.stores import open_store
+    from ...io.storage import open_store
 
     try:
         store = open_store(dst, mode="r", storage_options=storage_options)

@@ -7,11 +7,13 @@ give (:mod:`~qstream.engine.jobs.calibration_passes`, :mod:`~qstream.engine.jobs
 output's creation (:mod:`~qstream.engine.jobs.job_output`), the quantize pass
 (:mod:`~qstream.engine.jobs.quantize_pass`) and the report (:mod:`~qstream.engine.jobs.job_report`);
 :func:`~qstream.engine.jobs.dequantize_job.dequantize` runs the one pass back. Each pass hands its
-per-block work (a picklable object from :mod:`qstream.engine.blocks.work`) to the executor and merges
+per-block work (a picklable object from :mod:`qstream.engine.blocks.work`) to the executor and
+merges
 the results in block order in this thread, so every float sum has the same bits whatever the
 number of workers. The driver alone writes the output's metadata and the progress snapshot;
 workers write only their blocks' chunks. See :mod:`qstream.io.outputs.qarray` for the on-disk format
-and the destination rules, and :mod:`qstream.io.outputs.progress_log` for how an interrupted job resumes.
+and the destination rules, and :mod:`qstream.io.outputs.progress_log` for how an interrupted job
+resumes.
 """
 
 from __future__ import annotations
@@ -28,32 +30,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ...core.layout import dimension_names
+from ...budget import Block, check_fits, fit_workers, memory_limit, plan_blocks
+from ...core import dimension_names
 from ...errors import InvalidDTypeError, InvalidParameterError, StoreError
+from ...io.outputs import Action, Destination, Existing, Lease, destination, qarray
 from ...io.storage import compression as compressions
-from ...io.outputs import destination
-from ...io.outputs import qarray
-from ...io.outputs.destination import Action, Destination, Lease
-from ...io.outputs.existing import Existing
-from ...io.storage.locations import imported_zarr
+from ...io.storage import display, imported_zarr, open_group, open_source
 from ...paths import check_tree
-from ...io.storage.stores import display, open_group, open_source
 from ...qtypes import is_float_dtype
 from ...spec import Calibration, QuantReport, QuantSpec, RangeStats
+from ..run import SourceRef, check_shared, pipeline, resolve
 from . import calibration_passes
 from . import job_output as output
-from ..run import pipeline
 from . import job_report as report
 from .dequantize_job import dequantize, dequantized_array, dequantized_fingerprint
-from ..run.executors import check_shared
-from ..run.handles import SourceRef
 from .job_params import stored_calibration
 from .job_plan import plan_job
-from .passes import Progress, counter, fspath, report_stage
-from ...budget import Block, check_fits, fit_workers, memory_limit, plan_blocks
-from .quantize_pass import quantize_pass
 from .job_report import Found
-from ..run.scheduling import resolve
+from .passes import Progress, counter, fspath, report_stage
+from .quantize_pass import quantize_pass
 
 # (taken from here by the checkpoint conversion and the API)
 __all__ = [
@@ -134,7 +129,7 @@ class QuantizeJob:
         self.max_memory = max_memory
         self.chunks_given = chunks is not None
         self.plan = plan_job(spec, source, chunks, max_memory)
-        from ...io.outputs.scientific import source_dims
+        from ...io.outputs import source_dims
 
         self.dims = source_dims(source, len(shape)) or dimension_names(len(shape))
         self.blocks = plan_blocks(shape, self.plan.chunks)

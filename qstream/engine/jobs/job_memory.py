@@ -1,7 +1,8 @@
 """A one-block job's quantize pass run in this thread, its members kept in memory.
 
 The small tensors of a conversion (:mod:`qstream.engine.convert.one_block`) and its packs
-(:mod:`qstream.engine.convert.pack_writer`) are jobs whose output is written whole once they are done:
+(:mod:`qstream.engine.convert.pack_writer`) are jobs whose output is written whole once they are
+done:
 :func:`quantize_in_memory` runs the quantize pass of such a job into a :class:`MemoryDest`
 and hands back the members' values and the merged error statistics.
 """
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...core.scratch_pool import ALIGN, aligned_empty
-from ...spec import Calibration, ErrorStats, MergedStats, WorstGroups
 from ...budget import Block
-from ..blocks.quantize_work import QuantizeWork
+from ...core import ALIGN, aligned_empty
+from ...spec import Calibration, ErrorStats, MergedStats, WorstGroups
+from ..blocks import QuantizeWork
 
 if TYPE_CHECKING:
     from .job import QuantizeJob

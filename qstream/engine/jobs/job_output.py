@@ -16,17 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import param_dimension_names
+from ...core import param_dimension_names
 from ...errors import StoreError
+from ...io.outputs import Lease, ProgressLog, destination, qarray
+from ...io.storage import ArrayWriter, open_group
 from ...io.storage import compression as compressions
-from ...io.outputs import destination
-from ...io.outputs import qarray
-from ...io.outputs.destination import Lease
-from ...io.outputs.progress_log import ProgressLog
-from ...io.storage.stores import ArrayWriter, open_group
 from ...spec import Calibration, GroupSQNR, WorstGroups
-from .passes import JobView
 from .job_report import keeps_worst_groups
+from .passes import JobView
 
 PARAM_CHUNK = 1 << 18  # parameters per chunk of a per-axis scale/zero_point (at least)
 

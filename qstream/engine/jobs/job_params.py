@@ -16,7 +16,7 @@ import numpy as np
 from ...core import checks
 from ...errors import InvalidParameterError
 from ...spec import Calibration, QuantParams
-from ..blocks.regions import JobPlan
+from ..blocks import JobPlan
 
 
 def broadcast_param(v: Any, name: str, plan: JobPlan) -> np.ndarray:
@@ -47,7 +47,7 @@ def with_offset(scale: Any, off: Any, plan: JobPlan, layout: str) -> QuantParams
 
 def offset_params(lo: np.ndarray, hi: np.ndarray, plan: JobPlan, layout: str) -> QuantParams:
     """Scale and float offsets (``spec.offset``) from the calibrated ranges."""
-    from ...core.offsets import offset_params as from_range
+    from ...core import offset_params as from_range
 
     spec = plan.spec
     offset = spec.offset
@@ -71,7 +71,7 @@ def explicit_params(plan: JobPlan, layout: str) -> QuantParams:
         s = broadcast_param(spec.scale, "scale", plan).astype(np.float32)
         checks.check_scale(s)
         if spec.half_scales:
-            from ...core.offsets import half_scales
+            from ...core import half_scales
 
             s = half_scales(s)
         return with_offset(s, broadcast_param(spec.offset, "offset", plan), plan, layout)
@@ -87,7 +87,7 @@ def explicit_params(plan: JobPlan, layout: str) -> QuantParams:
         ) from None
     checks.check_scale(s)
     if spec.half_scales:
-        from ...core.offsets import half_scales
+        from ...core import half_scales
 
         s = half_scales(s)
     qt = plan.qt

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...core.layout import blocked_param_shape, normalize_axis
-from ...errors import InvalidParameterError
-from ...io.storage.sources import Source
-from ...spec import QuantSpec
-from ..blocks.chunking import check_chunks
 from ...budget import block_budget, check_block_size, default_chunks, memory_limit
-from ..blocks.regions import JobPlan
+from ...core import blocked_param_shape, normalize_axis
+from ...errors import InvalidParameterError
+from ...io.storage import Source
+from ...spec import QuantSpec
+from ..blocks import JobPlan, check_chunks
 
 
 def plan_job(spec: QuantSpec, source: Source, chunks: Any, max_memory: int | None) -> JobPlan:

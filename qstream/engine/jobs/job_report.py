@@ -14,14 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from ...core.layout import blocked_param_shape
+from ...core import blocked_param_shape
 from ...errors import StoreError
-from ...io.outputs import destination
-from ...io.outputs import qarray
-from ...io.storage.stores import display
+from ...io.outputs import destination, qarray
+from ...io.storage import display
 from ...spec import ErrorStats, QuantReport, WorstGroups
+from ..blocks import JobPlan
 from .passes import JobView
-from ..blocks.regions import JobPlan
 
 #: what the quantize pass folds: the error sums, and the worst parameter groups (None for
 #: specs that keep none)
@@ -70,7 +69,7 @@ def finished(
         resumed_blocks=resumed,
         missing_chunks=job.source.missing_chunks(),
     )
-    from ...io.outputs.scientific import coordinates, source_attrs
+    from ...io.outputs import coordinates, source_attrs
 
     # the source's descriptive attributes; the parameters as coordinates (xarray)
     attrs = {**source_attrs(job.source), "coordinates": coordinates(offset is not None)}
@@ -97,8 +96,7 @@ def finish(
 ) -> QuantReport:
     """Write the report into the output ``group`` (a ``zarr.Group``), the attributes of its
     ``data``, and (codec layout) swap its codes into the codec form; ``complete`` last."""
-    from ...io.outputs import codec
-    from ...io.outputs.scientific import drop_progress
+    from ...io.outputs import codec, drop_progress
 
     plan = job.plan
     per_tensor = plan.axis is None and not plan.qt.is_float
@@ -129,7 +127,7 @@ def finish(
                 " it; re-run to rewrite it"
             ) from None
     if job.layout == "codec":  # data's document in the codec form (the chunks as they are)
-        from ...core.offsets import codec_constants
+        from ...core import codec_constants
 
         c, zp, o = codec_constants(scale, zero_point, offset)
         meta["codec"] = {"scale": c, "zero_point": zp, "offset": o}

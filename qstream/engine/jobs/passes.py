@@ -1,8 +1,10 @@
 """What the passes of a store job share: the job as they see it, progress, targets.
 
 A job (:class:`~qstream.engine.jobs.job.QuantizeJob`) drives its passes, which live in modules of
-their own (:mod:`~qstream.engine.jobs.calibration_passes`, :mod:`~qstream.engine.jobs.quantize_pass`,
-:mod:`~qstream.engine.jobs.job_output`, :mod:`~qstream.engine.jobs.job_report`). They take the job as a
+their own (:mod:`~qstream.engine.jobs.calibration_passes`,
+:mod:`~qstream.engine.jobs.quantize_pass`,
+:mod:`~qstream.engine.jobs.job_output`, :mod:`~qstream.engine.jobs.job_report`). They take the job
+as a
 :class:`JobView`, what they read of it, rather than importing the job.
 """
 
@@ -12,12 +14,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ...io.storage.sources import Source
-from ...spec import QuantSpec
-from ..run.executors import Executor
-from ..run.handles import SourceRef
 from ...budget import Block, BlockGrid
-from ..blocks.regions import JobPlan
+from ...io.storage import Source
+from ...spec import QuantSpec
+from ..blocks import JobPlan
+from ..run import Executor, SourceRef
 
 #: a progress reporter: ``progress(done, total)`` per block; one with a ``stage(name, total,
 #: done)`` method also hears which pass starts

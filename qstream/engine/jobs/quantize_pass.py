@@ -2,7 +2,8 @@
 
 Blocks run on the job's executor (:class:`~qstream.engine.blocks.quantize_work.QuantizeWork`
 writes each block's chunks); their error statistics merge in block order in this thread, and
-the driver alone saves the progress snapshot (:class:`~qstream.io.outputs.progress_log.ProgressLog`) from
+the driver alone saves the progress snapshot
+(:class:`~qstream.io.outputs.progress_log.ProgressLog`) from
 which an interrupted pass resumes after its last saved block.
 """
 
@@ -12,16 +13,15 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import StoreError
-from ...io.outputs.destination import Lease
-from ...io.outputs.progress_log import ProgressLog
-from ...spec import Calibration, ErrorStats, WorstGroups, merge_into
-from .calibration_passes import check_nonfinite, ranges
-from ..run.handles import DestRef
-from .passes import JobView, Progress, fspath, report_stage
 from ...budget import Block
-from ..blocks.quantize_work import NonFiniteBlock, QuantizeWork
+from ...errors import StoreError
+from ...io.outputs import Lease, ProgressLog
+from ...spec import Calibration, ErrorStats, WorstGroups, merge_into
+from ..blocks import NonFiniteBlock, QuantizeWork
+from ..run import DestRef
+from .calibration_passes import check_nonfinite, ranges
 from .job_report import Found, keeps_worst_groups
+from .passes import JobView, Progress, fspath, report_stage
 
 
 def quantize_pass(
@@ -106,7 +106,7 @@ def blocks_landed(group: Any, blocks: Sequence[Block], n: int) -> bool:
     """Whether the data chunks of the first ``n`` of ``blocks`` exist in the output
     ``group`` (one listing of the store: a killed writer's last chunk, or chunks deleted
     since)."""
-    from ...io.storage.stores import stored_sizes
+    from ...io.storage import stored_sizes
 
     data = group["data"]
     sizes = stored_sizes(data.store_path.store, data.store_path.path)

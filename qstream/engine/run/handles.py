@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...io.storage.stores import ArrayWriter, Source
+    from ...io.storage import ArrayWriter, Source
 
 _OPEN: dict[tuple[str, ...], Any] = {}
 _OPEN_LOCK = threading.RLock()  # handles open others (a writer its array)
@@ -58,7 +58,7 @@ class SourceRef:
 
     def open(self) -> Source:
         """The source, opened once per process."""
-        from ...io.storage.stores import open_source
+        from ...io.storage import open_source
 
         if self.tensor is not None:
             return worker_cached(self.key, lambda: open_source(self._checkpoint()[self.tensor]))
@@ -69,7 +69,7 @@ class SourceRef:
         )
 
     def _checkpoint(self) -> Any:
-        from ...io.checkpoints.open import open_checkpoint
+        from ...io.checkpoints import open_checkpoint
 
         if self.opener is not None:
             return worker_cached((self.token, "checkpoint"), self.opener.open)
@@ -105,7 +105,7 @@ class DestRef:
 
     def writer(self, name: str) -> ArrayWriter:
         """The writer of the member array ``name``, opened once per process."""
-        from ...io.storage.stores import ArrayWriter
+        from ...io.storage import ArrayWriter
 
         return worker_cached((self.token, "writer", name), lambda: ArrayWriter(self.array(name)))
 
@@ -120,9 +120,8 @@ class DestRef:
         """On an object store, refuse to write once another job has taken the output over
         (its metadata names another writer): a block of a job that lost its output never
         lands in the other job's (``node``: the output's node, default its group)."""
-        from ...io.outputs.destination import is_local_node
-        from ...io.outputs.qarray import check_writer
-        from ...io.storage.stores import open_group
+        from ...io.outputs import check_writer, is_local_node
+        from ...io.storage import open_group
 
         if node is None:
             node = worker_cached(
@@ -134,7 +133,7 @@ class DestRef:
 
     def array(self, name: str) -> Any:
         """The member array ``name`` (a ``zarr.Array``), opened once per process."""
-        from ...io.storage.stores import open_group
+        from ...io.storage import open_group
 
         def make() -> Any:
             group = worker_cached(

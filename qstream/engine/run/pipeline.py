@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .executors import Executor, LocalExecutor, default_workers
 from ...budget import Block
+from .executors import Executor, LocalExecutor, default_workers
 
 __all__ = ["default_workers", "run"]
 

@@ -1,6 +1,7 @@
 """The executor an ``executor=`` argument names.
 
-The executors (:mod:`qstream.engine.run.executors`, :mod:`qstream.engine.run.dask`) are leaves that run
+The executors (:mod:`qstream.engine.run.executors`, :mod:`qstream.engine.run.dask`) are leaves that
+run
 what they are handed; a job resolves its ``executor=`` here, above them, so that none of them
 imports the job (as rechunker resolves its executors by name).
 """

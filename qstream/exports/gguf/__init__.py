@@ -1,1 +1,24 @@
-"""qstream/exports/gguf."""
+"""GGUF files as llama.cpp's converter writes them."""
+
+from ...compat.gguf_names import EXPERTS, LAYER_NAMES, expert_of, gguf_name, row_order, skipped
+from .arch import architecture_of
+from .export import destination_action, write_plan
+from .file import describe
+from .imatrix import write_imatrix
+from .plan import plan_gguf
+
+# the names the folders above may use
+__all__ = [
+    "EXPERTS",
+    "LAYER_NAMES",
+    "architecture_of",
+    "describe",
+    "destination_action",
+    "expert_of",
+    "gguf_name",
+    "plan_gguf",
+    "row_order",
+    "skipped",
+    "write_imatrix",
+    "write_plan",
+]

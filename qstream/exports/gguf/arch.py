@@ -4,7 +4,7 @@ from its config.json, every field read checked first: :func:`architecture_of`,
 
 Supported: llama (and Mistral, Mixtral: llama.cpp writes them as ``llama``), qwen2, qwen3,
 qwen2moe, qwen3moe, gemma2, gemma3, phi3. Tensor names and transforms are in
-:mod:`qstream.exports.gguf.tensor_names`.
+:mod:`qstream.compat.gguf_names`.
 """
 
 from __future__ import annotations
@@ -323,7 +323,7 @@ def general_items(
 ) -> list[MetaItem]:
     """``general.architecture``, ``general.type``, the sampling defaults of
     generation_config.json (see :func:`sampling_items`), ``general.name`` and
-    ``general.size_label`` (:func:`qstream.exports.gguf.tensor_names.size_label`), in the
+    ``general.size_label`` (:func:`qstream.compat.gguf_names.size_label`), in the
     converter's order."""
     items = [
         MetaItem("general.architecture", STRING, arch),

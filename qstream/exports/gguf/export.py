@@ -31,14 +31,13 @@ from typing import Any
 
 from ...compat import gguf as q
 from ...errors import InvalidParameterError, QStreamWarning, StoreError
-from ...spec.recipe import Recipe
-from ...spec import QuantSpec
+from ...paths import kind_of
+from ...spec import QuantSpec, Recipe
 from ..files import SLAB
 from ..targets import export_lock
 from .file import ALIGN, MARK, STR, U32, GGUFTensor, Value, identity, write_gguf
 from .plan import GGUFPlan, is_output, plan_gguf, spec_type
 from .tensors import ErrorSums, float_tensor, quantized_tensor
-from ...paths import kind_of
 
 #: llama.cpp's ``LlamaFileType`` of a file mostly of each type
 FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}

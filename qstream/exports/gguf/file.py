@@ -20,8 +20,8 @@ import numpy as np
 
 from ...compat import gguf as q
 from ...errors import StoreError
-from ..files import ReadRows, remove_stale_partials
 from ...paths import open_regular
+from ..files import ReadRows, remove_stale_partials
 
 ALIGN = 32
 VERSION = 3

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidParameterError
-from .file import F32, U32, Value
 from ...paths import open_regular
+from .file import F32, U32, Value
 
 _U32 = (1 << 32) - 1
 _F32_MAX = float(np.finfo(np.float32).max)
@@ -92,12 +92,6 @@ class Llama:
                 int(c.get("head_dim") or hidden // self.heads),
             ),
         }
-
-
-def row_order(rows: int, heads: int) -> np.ndarray:
-    """llama.cpp's q/k permutation of rows: within each head, the two rotary halves
-    interleaved (``reshape(heads, 2, d/2).swapaxes(1, 2)``)."""
-    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
 
 
 def llama(config: dict[str, Any] | None) -> Llama | None:

@@ -38,9 +38,8 @@ import numpy as np
 
 from ...compat import gguf as q
 from ...errors import InvalidParameterError
-from ...spec.recipe import DEFAULT_SPEC, Recipe
-from ...spec import QuantSpec
-from ...io.checkpoints.export_meta import source_config
+from ...io.checkpoints import source_config
+from ...spec import DEFAULT_SPEC, QuantSpec, Recipe
 from .llama import Llama, check_config, read_config
 from .llama import llama as llama_of
 from .tensors import copy_type, plain_type
@@ -153,9 +152,8 @@ def plan_gguf(
     caller has opened it already (name -> an object with ``shape`` and ``dtype``, FP8 scales
     paired as :func:`qstream.io.checkpoints.fp8.pair_scales` pairs them); None: opened here.
     ``max_memory``: the memory bound a qstream output's tensors are opened under."""
-    from ...io.checkpoints.open import open_checkpoint
-    from ...io.checkpoints.fp8 import pair_scales
-    from ...io.outputs.qarray import QuantizedArray, QuantizedCheckpoint, open_quantized
+    from ...io.checkpoints import open_checkpoint, pair_scales
+    from ...io.outputs import QuantizedArray, QuantizedCheckpoint, open_quantized
 
     gtype = _explicit_type(type)
     path = config if config is None or isinstance(config, dict) else os.fspath(config)
@@ -473,7 +471,7 @@ def _check_name(name: Any) -> None:
 
 def is_output(src: str | os.PathLike[str]) -> bool:
     """Whether ``src`` is a qstream output (a converted checkpoint or one quantized group)."""
-    from ...io.checkpoints.export_meta import read_json
+    from ...io.checkpoints import read_json
 
     path = os.path.join(os.fspath(src), "zarr.json")
     if not os.path.isfile(path):

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from ...compat import gguf as q
+from ...compat.gguf_names import row_order
 from ...errors import InvalidParameterError, NonFiniteInputError
-from ...io.checkpoints.tensor import TensorLike, read_rows
+from ...io.checkpoints import TensorLike, read_rows
+from ...io.outputs import QuantizedArray
 from ..files import SLAB
 from .file import GGUFTensor
-from .llama import row_order
-from ...io.outputs.qarray import QuantizedArray
 
 _PLAIN = {"float32": "F32", "float64": "F32", "float16": "F16", "bfloat16": "BF16"}
 
@@ -52,7 +52,7 @@ class ErrorSums:
 
     def summary(self) -> dict[str, Any]:
         """SQNR (dB), MSE, cosine similarity, count and the largest absolute error."""
-        from ...spec.stats import error_metrics
+        from ...spec import error_metrics
 
         out = error_metrics(self.count, *(float(v) for v in self.sums))
         out["max_abs"] = self.max_abs

@@ -1,1 +1,35 @@
-"""qstream/io/checkpoints."""
+"""Model checkpoints read tensor by tensor, one module per format."""
+
+from .dtypes import dtype_facts
+from .export_meta import CONFIG, export_metadata, qstream_meta, read_json, source_config
+from .exported import DequantizedTensor
+from .fp8 import pair_scales
+from .gguf_header import GGUFHeader, read_header
+from .gguf_source import KNOWN, architecture
+from .open import CheckpointSource, open_checkpoint, source_locations
+from .remote import is_url
+from .tensor import TensorLike, map_file_run, read_file_run, read_rows
+
+# the names the folders above may use
+__all__ = [
+    "CONFIG",
+    "KNOWN",
+    "CheckpointSource",
+    "DequantizedTensor",
+    "GGUFHeader",
+    "TensorLike",
+    "architecture",
+    "dtype_facts",
+    "export_metadata",
+    "is_url",
+    "map_file_run",
+    "open_checkpoint",
+    "pair_scales",
+    "qstream_meta",
+    "read_file_run",
+    "read_header",
+    "read_json",
+    "read_rows",
+    "source_config",
+    "source_locations",
+]

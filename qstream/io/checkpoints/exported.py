@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from ...core.indexing import expand_key
+from ...core import expand_key
 from ...errors import StoreError
 from ...qtypes import qtype
-from .tensor import Shaped, TensorLike
 from .export_meta import export_metadata
+from .tensor import Shaped, TensorLike
 
 
 def exported_format(meta: dict[str, Any] | None) -> str | None:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ...core.indexing import expand_key
-from ...errors import InvalidParameterError, StoreError
-from ...spec.recipe import DEFAULT_SUFFIXES, ScaleRule
+from ...core import expand_key
+from ...errors import StoreError
+from ...spec import ScaleRule
 from .dtypes import FLOAT8_DTYPES
 from .tensor import Shaped, TensorLike, forward_key
 

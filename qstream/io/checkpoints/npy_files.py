@@ -21,11 +21,11 @@ import ml_dtypes
 import numpy as np
 
 from ...errors import StoreError
-from ..storage.backends import one_line
-from .dtypes import BF16, FLOAT8_DTYPES, native
-from .tensor import CheckpointTensor
-from .mapped_files import FileMap, memmap_tensor
 from ...paths import open_regular
+from ..storage import one_line
+from .dtypes import BF16, FLOAT8_DTYPES, native
+from .mapped_files import FileMap, memmap_tensor
+from .tensor import CheckpointTensor
 
 NPY_MAX_HEADER = 10_000  # the longest .npy header NumPy parses (np.lib.format's limit)
 

@@ -6,7 +6,8 @@ inputs, each read by its own module:
 
 - safetensors: one ``.safetensors`` file, a ``*.safetensors.index.json`` (sharded), or a
   directory holding either (the header is parsed here; data is memory-mapped, bf16 included;
-  :mod:`~qstream.io.checkpoints.safetensors_files`), or any of those in an object store, read by byte
+  :mod:`~qstream.io.checkpoints.safetensors_files`), or any of those in an object store, read by
+  byte
   ranges (:mod:`~qstream.io.checkpoints.remote_safetensors`); a file qstream exported reads as its
   dequantized values (:mod:`~qstream.io.checkpoints.exported`);
 - ``.npy`` (memory-mapped) and ``.npz`` (stored members memory-mapped inside the zip;
@@ -29,19 +30,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import StoreError
+from ...paths import is_inside, kind_of, refuse_special
+from ..storage import location
+from .exported import maybe_dequantizing
+from .fp8 import ScaleRule, pair_scales
+from .npy_files import open_npy, open_npz
+from .remote import is_url
+from .remote_safetensors import open_remote
+from .safetensors_files import checkpoint_roots, open_safetensors, open_safetensors_index
 from .tensor import CheckpointTensor as CheckpointTensor
 from .tensor import TensorLike
 from .tensor import map_file_run as map_file_run
 from .tensor import read_file_run as read_file_run
 from .tensor import read_rows as read_rows
-from .exported import maybe_dequantizing
-from .fp8 import ScaleRule, pair_scales
-from ..storage.locations import location
-from .npy_files import open_npy, open_npz
-from ...paths import is_inside, kind_of, refuse_special
-from .remote import is_url
-from .remote_safetensors import open_remote
-from .safetensors_files import checkpoint_roots, open_safetensors, open_safetensors_index
 from .torch_files import TORCH_EXTS, open_torch
 from .zarr_groups import open_zarr
 
@@ -140,7 +141,8 @@ class CheckpointSource:
         return open_checkpoint(self.path, storage_options=self.storage_options, store=self.store)
 
     def pair(self, tensors: Mapping[str, TensorLike]) -> dict[str, TensorLike]:
-        """``tensors`` with FP8 weights paired with their scales (see ``qstream.io.checkpoints.fp8``)."""
+        """``tensors`` with FP8 weights paired with their scales (see
+        ``qstream.io.checkpoints.fp8``)."""
         return pair_scales(tensors, ScaleRule.from_dict(self.scales))
 
     def open(self) -> dict[str, TensorLike]:

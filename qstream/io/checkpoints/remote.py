@@ -1,7 +1,8 @@
 """Checkpoint files in object stores (``s3://``, ``gs://``, ...), read by byte ranges.
 
 A :class:`RemoteFolder` is a folder URL opened through the store layer the Zarr paths use
-(:func:`qstream.io.storage.stores.with_backend` for obstore, :func:`qstream.io.storage.stores.open_store` for
+(:func:`qstream.io.storage.stores.with_backend` for obstore,
+:func:`qstream.io.storage.stores.open_store` for
 fsspec: the same timeouts, retries and one-line errors); a :class:`RangedTensor` is one
 tensor's bytes in one of its files, read region by region with ranged GETs (a whole file is
 never fetched). Both are small picklable values: a Dask worker opens its own store (once per
@@ -69,7 +70,7 @@ class RemoteFolder:
         with _STORES_LOCK:
             store = _STORES.get(key)
             if store is None:
-                from ..storage.stores import open_store, with_backend
+                from ..storage import open_store, with_backend
 
                 target = with_backend(self.url, self.backend, self.storage_options, read_only=True)
                 store = _STORES[key] = open_store(
@@ -84,7 +85,7 @@ class RemoteFolder:
     def _run(self, name: str, coro_of: Callable[[Any], Coroutine[Any, Any, Any]]) -> Any:
         from zarr.core.sync import sync
 
-        from ..storage.stores import one_line, store_errors
+        from ..storage import one_line, store_errors
 
         try:
             with store_errors(self.where(name)):

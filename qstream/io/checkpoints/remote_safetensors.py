@@ -2,8 +2,10 @@
 
 Only headers are fetched here (a HEAD for the size, then one ranged request, two for a header
 of more than :data:`HEADER_PREFIX` bytes); each tensor is a
-:class:`~qstream.io.checkpoints.remote.RangedTensor` read region by region. The header checks are those
-of local files (:mod:`qstream.io.checkpoints.safetensors_header`); an index's shards must be objects of
+:class:`~qstream.io.checkpoints.remote.RangedTensor` read region by region. The header checks are
+those
+of local files (:mod:`qstream.io.checkpoints.safetensors_header`); an index's shards must be
+objects of
 its own folder.
 """
 
@@ -17,9 +19,9 @@ import numpy as np
 
 from ...errors import StoreError
 from .dtypes import native
-from .tensor import CheckpointTensor
 from .remote import RangedTensor, RemoteFolder, split_url
 from .safetensors_header import MAX_HEADER, header_tensors, json_object
+from .tensor import CheckpointTensor
 
 HEADER_PREFIX = 64 << 10  # bytes of a remote safetensors file read first (most headers fit)
 
@@ -95,7 +97,8 @@ def open_remote_safetensors(
 
 def open_remote_index(folder: RemoteFolder, fname: str) -> dict[str, CheckpointTensor]:
     """A sharded checkpoint in an object store: its shards are objects of the index's folder
-    (plain relative names, as :func:`~qstream.io.checkpoints.safetensors_files.check_shard` requires of
+    (plain relative names, as :func:`~qstream.io.checkpoints.safetensors_files.check_shard`
+    requires of
     local shards)."""
     where = f"safetensors index {folder.where(fname)}"
     size = folder.size(fname)

@@ -1,6 +1,7 @@
 """Local safetensors checkpoints: one file, or shards named by a ``*.safetensors.index.json``.
 
-A file's header is parsed and checked (:mod:`qstream.io.checkpoints.safetensors_header`); its tensors are
+A file's header is parsed and checked (:mod:`qstream.io.checkpoints.safetensors_header`); its
+tensors are
 memory-mapped on use (bf16 included). An index's shards must be files of its own folder (or,
 for a Hugging Face cache snapshot, its repository's ``blobs``): nothing outside is read.
 """
@@ -14,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from .tensor import CheckpointTensor
-from .mapped_files import FileMap, memmap_tensor
 from ...paths import is_inside, kind_of, open_regular
+from .mapped_files import FileMap, memmap_tensor
 from .safetensors_header import MAX_HEADER, header_tensors, json_object
+from .tensor import CheckpointTensor
 
 
 def open_safetensors(path: str, only: set[str] | None = None) -> dict[str, CheckpointTensor]:

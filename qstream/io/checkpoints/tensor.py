@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...core.indexing import expand_key
+from ...core import expand_key
 from ...errors import StoreError
-from ..storage.inplace import map_bytes
 from ...paths import open_regular
+from ..storage import map_bytes
 
 _PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE")  # POSIX
 
@@ -219,7 +219,8 @@ def map_file_run(
     path: str, first: int, shape: tuple[int, ...], dtype: np.dtype[Any]
 ) -> np.ndarray | None:
     """The bytes of the file ``path`` from ``first`` on as a new C-contiguous array of
-    ``shape`` and ``dtype``, read in place (:mod:`qstream.io.storage.inplace`), after the file is seen
+    ``shape`` and ``dtype``, read in place (:mod:`qstream.io.storage.inplace`), after the file is
+    seen
     long enough. None when a map cannot serve: no bytes, a start not aligned for ``dtype`` (a
     kernel would then meet an array type it was not compiled for), a file system that
     cannot map the file, or a system without private maps (POSIX has them); read those with

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ..storage.backends import one_line
+from ..storage import one_line
 from .dtypes import BF16
 from .tensor import CheckpointTensor
 

@@ -9,10 +9,10 @@ import zipfile
 import numpy as np
 
 from ...errors import StoreError
-from ..storage.backends import one_line
+from ...paths import check_tree
+from ..storage import one_line
 from .dtypes import BF16
 from .tensor import CheckpointTensor
-from ...paths import check_tree
 
 
 def open_zarr(path: str) -> dict[str, CheckpointTensor]:

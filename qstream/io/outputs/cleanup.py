@@ -22,24 +22,24 @@ import shutil
 from typing import Any
 
 from ...errors import StoreError
-from .existing import Existing, classify_meta, node_at
-from ..storage.names import check_key
-from .ondisk import LOCK, MEMBERS, OPTIONAL_MEMBERS, TMP_PREFIX
-from .pack_layout import clean_partial_packs, remove_packs
 from ...paths import child, local_path, remove_child
-from ..storage.removal import (
+from ..storage import (
     ARRAY_KEY,
+    check_key,
     delete_keys,
     entry_kind,
     is_array_doc,
     is_array_doc_at,
     is_plain_dir,
+    open_store,
     remove_array_files,
     remove_if_empty,
     remove_partials,
 )
+from .existing import Existing, classify_meta, node_at
+from .ondisk import LOCK, MEMBERS, OPTIONAL_MEMBERS, TMP_PREFIX
+from .pack_layout import clean_partial_packs, remove_packs
 from .rootindex import INDEX, RootIndex
-from ..storage.stores import open_store
 
 _INDEX_KEY = re.compile(r"zarr\.json|b\d+/zarr\.json")  # a converted checkpoint's index
 

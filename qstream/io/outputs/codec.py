@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import InvalidParameterError, StoreError
-from ...qtypes import QType
 from ...paths import local_path
+from ...qtypes import QType
 
 if TYPE_CHECKING:
     from ...spec import QuantSpec
@@ -88,7 +88,7 @@ def codec_document(
 ) -> dict[str, Any]:
     """``data``'s metadata document in the codec form, from its plain (integer) form
     ``raw``."""
-    from ...core.offsets import codec_decode
+    from ...core import codec_decode
 
     code = np.dtype(qt.widened).name
     main: dict[str, Any] = {"scale": c}

@@ -1,7 +1,8 @@
 """Destinations: what a job may write over, and the life of an output location.
 
 Rules: a destination is qstream's only if qstream's own metadata says so (a ``zarr.json``
-whose attributes carry a qstream output of a known kind, :mod:`qstream.io.outputs.existing`); qstream
+whose attributes carry a qstream output of a known kind, :mod:`qstream.io.outputs.existing`);
+qstream
 replaces only such an output, only with ``overwrite`` (or when it is an unfinished run of the
 same job), and only the files it writes, node by node
 (:func:`~qstream.io.outputs.cleanup.remove_output`). Anything else, whether a file, a folder of the
@@ -28,13 +29,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from ...errors import DestinationBusyError, StoreError
 from ... import paths
+from ...errors import DestinationBusyError, StoreError
+from ...paths import check_tree, child, local_path
+from ..storage import inside, location
 from .cleanup import clean_partials, remove_output
 from .existing import Existing, inspect_destination
-from ..storage.locations import inside, location
 from .ondisk import LOCK, check_writer, set_meta
-from ...paths import check_tree, child, local_path
 
 # with the names callers take from here: LOCK (io.ondisk), Existing and inspect_destination
 # (io.existing), clean_partials and remove_output (io.cleanup), local_path (io.paths)

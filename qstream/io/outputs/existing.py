@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import StoreError
-from ..storage.chunks import PARTIAL
-from ..storage.localmeta import read_local_doc
-from .ondisk import LOCK
 from ...paths import local_path, local_zip
-from ..storage.stores import open_store
+from ..storage import PARTIAL, open_store, read_local_doc
+from .ondisk import LOCK
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ...qtypes import QType
-from ..storage import localmeta
-from ..storage.stores import open_store, stored_sizes
+from ..storage import localmeta, open_store, stored_sizes
 
 FORMAT_VERSION = 3
 MEMBERS = ("data", "scale", "zero_point", "_progress")  # of a quantized group

@@ -4,7 +4,8 @@ A mixture-of-experts checkpoint holds tens of thousands of tensors of the same s
 one group per tensor, each costs a folder, three arrays and their documents: the file
 system's round trips, not the bytes, set the time. A *pack* holds tensors that share their
 shape, dtype and quantization spec (a run of consecutive ones, or ones left alone between
-others and gathered, see :func:`~qstream.engine.convert.pack_writer.plan_packs`), stacked along a new
+others and gathered, see :func:`~qstream.engine.convert.pack_writer.plan_packs`), stacked along a
+new
 first axis::
 
     DST/_packs/p000003/zarr.json     attrs["qstream_pack"]: the pack's identity, spec and
@@ -38,11 +39,17 @@ import shutil
 from typing import Any
 
 from ...errors import StoreError
-from ..storage.columns import float_values
-from ..storage.localmeta import group_doc, read_local_doc, write_doc
-from .ondisk import TMP_PREFIX
 from ...paths import check_tree, confined, remove_child, walk_below
-from ..storage.removal import is_plain_dir, remove_array_files, remove_if_empty
+from ..storage import (
+    float_values,
+    group_doc,
+    is_plain_dir,
+    read_local_doc,
+    remove_array_files,
+    remove_if_empty,
+    write_doc,
+)
+from .ondisk import TMP_PREFIX
 from .rootindex import ERROR_KEYS
 
 PACKS = "_packs"

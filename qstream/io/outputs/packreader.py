@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ...spec import QuantSpec
-from ..storage.localgroup import LocalGroup, read_all
+from ..storage import LocalGroup, read_all
 from .pack_layout import MEMBERS, VERSION, decoded_columns, error_summary, read_pack_doc
 from .quantized import QuantizedArray
 
@@ -44,7 +44,8 @@ class _SlotArray:
 
 
 class _SlotGroup:
-    """What :class:`~qstream.io.outputs.quantized.QuantizedArray` reads of a packed tensor: its members
+    """What :class:`~qstream.io.outputs.quantized.QuantizedArray` reads of a packed tensor: its
+    members
     (``group["data"]``...) and where it is."""
 
     def __init__(self, reader: PackReader, slot: int, name: str) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ...core.scratch_pool import aligned_empty
+from ...core import aligned_empty
 from ...spec import ErrorStats, GroupSQNR, WorstGroups
-from ..storage.sources import ArrayWriter
+from ..storage import ArrayWriter
 
 NAME = "_progress"
 _FIELDS = [f.name for f in fields(ErrorStats)]

@@ -1,6 +1,7 @@
 """Writing a finished node whole: built in a hidden folder beside its place, renamed into it.
 
-A small tensor's quantized group (or a pack of them, :mod:`qstream.io.outputs.pack_layout`) is written at
+A small tensor's quantized group (or a pack of them, :mod:`qstream.io.outputs.pack_layout`) is
+written at
 once, with its values, instead of member by member: the node is made in a folder named
 ``.qstream-tmp-*`` (:data:`~qstream.io.outputs.ondisk.TMP_PREFIX`) next to where it goes and renamed
 into place, so it is whole or absent. A killed writer's folder is never published; it is
@@ -25,11 +26,9 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ..storage.arraydoc import plain_array
-from ..storage.chunks import chunk_files
-from ..storage.localmeta import encode_doc, group_doc
-from .ondisk import TMP_PREFIX, array_metadata
 from ...paths import local_path, mkdir_new, remove_child, rename_in, write_new
+from ..storage import chunk_files, encode_doc, group_doc, plain_array
+from .ondisk import TMP_PREFIX, array_metadata
 
 # create_array keywords -> (metadata, document, chunk files)
 _PREPARED: dict[str, tuple[Any, bytes, Any]] = {}

@@ -3,12 +3,15 @@
 A quantized group opens as a :class:`~qstream.io.outputs.quantized.QuantizedArray`, the root of a
 converted checkpoint as a :class:`~qstream.io.outputs.reader.QuantizedCheckpoint`, and a
 ``.safetensors`` file (or index) that qstream exported as a dict of its tensors
-(:mod:`qstream.io.checkpoints.exported`). This module sits above the checkpoint readers for that last
+(:mod:`qstream.io.checkpoints.exported`). This module sits above the checkpoint readers for that
+last
 case; whoever reads Zarr outputs only takes :func:`~qstream.io.outputs.reader.open_output`.
 
 The pieces live in their own modules: the on-disk format in :mod:`qstream.io.outputs.ondisk` (whole
-nodes: :mod:`qstream.io.outputs.publish`), the destination rules in :mod:`qstream.io.outputs.destination`,
-the reader in :mod:`qstream.io.outputs.quantized` and :mod:`qstream.io.outputs.reader`. Their names used
+nodes: :mod:`qstream.io.outputs.publish`), the destination rules in
+:mod:`qstream.io.outputs.destination`,
+the reader in :mod:`qstream.io.outputs.quantized` and :mod:`qstream.io.outputs.reader`. Their names
+used
 from here are re-exported.
 """
 
@@ -18,10 +21,9 @@ import os
 from typing import Any
 
 from ...errors import StoreError
-from ..checkpoints.open import open_checkpoint
+from ..checkpoints import DequantizedTensor, open_checkpoint
+from ..storage import read_all
 from .existing import is_checkpoint
-from ..checkpoints.exported import DequantizedTensor
-from ..storage.localgroup import read_all
 from .ondisk import (
     FLAT_KEYS,
     FORMAT_VERSION,
@@ -75,7 +77,8 @@ def open_quantized(
     """Open a quantized group lazily; ``arr[0:128]`` reads and dequantizes only that slab.
     The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
     tensor names to lazy arrays. A ``.safetensors`` file (or index) that qstream exported
-    opens as a dict of name -> lazy array of its values (see :mod:`qstream.io.checkpoints.exported`).
+    opens as a dict of name -> lazy array of its values (see
+    :mod:`qstream.io.checkpoints.exported`).
 
     ``max_memory``: the reader's memory bound in bytes (None: the default, 1 GiB, as for
     every command). A quantized array's parameters are read whole when it is opened (a

@@ -16,15 +16,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ...core.affine import affine_dequantize
-from ...core.indexing import step1_slices
-from ...core.layout import blocked_param_shape, param_region, plan_layout
+from ...core import affine_dequantize, blocked_param_shape, param_region, plan_layout, step1_slices
 from ...errors import InvalidParameterError, StoreError
 from ...qtypes import qtype
 from ...spec import QuantSpec
-from ..storage import compression
-from ..storage.chunks import chunk_files
-from ..storage.localgroup import read_all
+from ..storage import chunk_files, compression, read_all
 from .ondisk import data_encoding
 
 if TYPE_CHECKING:

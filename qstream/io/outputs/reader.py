@@ -1,6 +1,7 @@
 """Opening qstream's Zarr outputs: a quantized array, or a converted checkpoint's root.
 
-:func:`open_output` opens a quantized group as a :class:`~qstream.io.outputs.quantized.QuantizedArray`
+:func:`open_output` opens a quantized group as a
+:class:`~qstream.io.outputs.quantized.QuantizedArray`
 and the root of a converted checkpoint as a :class:`QuantizedCheckpoint`, a mapping of tensor
 names to lazy arrays read from the root's index (:mod:`qstream.io.outputs.rootindex`): its own
 tensors' groups, packed tensors (:mod:`qstream.io.outputs.packreader`) and kept tensors alike. The
@@ -15,13 +16,12 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreError
-from ..storage.localgroup import LocalGroup, open_local
-from .packreader import PackReader
-from .pack_layout import PACKS, check_pack_name
 from ...paths import check_tree, child, local_path
+from ..storage import LocalGroup, open_group, open_local
+from .pack_layout import PACKS, check_pack_name
+from .packreader import PackReader
 from .quantized import QuantizedArray
 from .rootindex import RootIndex
-from ..storage.stores import open_group
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -116,7 +116,8 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         )
 
     def _pack(self, name: object) -> PackReader:
-        """The pack ``name`` (see :mod:`qstream.io.outputs.pack_layout`), the last few kept open (tensors
+        """The pack ``name`` (see :mod:`qstream.io.outputs.pack_layout`), the last few kept open
+        (tensors
         are mostly read in order, a pack's one after another)."""
         name = check_pack_name(name, self.path)
         reader = self._packs.pop(name, None)

@@ -33,10 +33,8 @@ import os
 from typing import Any
 
 from ...errors import StoreError
-from ..storage.columns import float_values, listed_floats
-from ..storage.localmeta import group_doc, write_doc
-from ..storage.names import check_key
 from ...paths import local_path, open_regular, walk_below
+from ..storage import check_key, float_values, group_doc, listed_floats, write_doc
 
 INDEX = "_index"
 WHAT = "the converted checkpoint"  # (as errors name a local root)

@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from ...paths import local_path
-from ..storage.removal import (
+from ..storage import (
     ARRAY_KEY,
     delete_keys,
     is_array_doc,

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...core.layout import plan_layout
+from ...core import plan_layout
 
 
 def dequantize_scientific(arr, key, q, dtype, out) -> np.ndarray:
     """:meth:`QuantizedArray.dequantize_region` of a float-offset or codec-layout output
     (per tensor or per axis): the codec's own decode for the codec layout, else
     ``q * scale + offset`` in float64 (:func:`~qstream.core.offsets.offset_dequantize`)."""
-    from ...core.offsets import codec_decode, offset_dequantize
+    from ...core import codec_decode, offset_dequantize
 
     dtype = np.dtype(dtype)
     if arr.codec is not None:

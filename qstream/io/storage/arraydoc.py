@@ -1,6 +1,7 @@
 """The ``zarr.json`` of a plain array, written without zarr-python.
 
-A converted checkpoint's packs and small tensors are written whole (:mod:`qstream.io.outputs.publish`)
+A converted checkpoint's packs and small tensors are written whole
+(:mod:`qstream.io.outputs.publish`)
 with a few kinds of arrays: codes, scales and zero points of NumPy integer or float types,
 raw or zstd-compressed, with explicit chunks. For those :func:`plain_array` gives the
 document ``zarr.create_array`` would write (the same JSON, parsed) and the chunk files to

@@ -36,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from ...core.scratch_pool import ALIGN, scratch
+from ...core import ALIGN, scratch
 from ...errors import StoreError
+from ...paths import open_regular, opened
 from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
 from .inplace import map_bytes
 from .packing import packed_nbytes
-from ...paths import open_regular, opened
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ...paths import local_path, open_regular, walk_below
 from .chunks import chunk_files
 from .localmeta import read_local_doc
-from ...paths import local_path, open_regular, walk_below
 from .stores import open_store
 
 _PARSED: dict[bytes, Any] = {}  # array documents -> their parsed metadata

@@ -25,8 +25,8 @@ import threading
 from typing import Any
 
 from ...errors import StoreError
-from .chunks import PARTIAL
 from ...paths import confined, open_regular, opened
+from .chunks import PARTIAL
 
 DOC = "zarr.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)

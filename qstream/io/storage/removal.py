@@ -18,9 +18,9 @@ import re
 import stat
 from typing import Any
 
+from ...paths import confined, remove_child
 from .chunks import PARTIAL
 from .localmeta import read_local_doc
-from ...paths import confined, remove_child
 
 _CHUNK_KEY = re.compile(r"c(?:[./]\d+)*")  # an array's chunk keys (flat "c.0.1" or "c/0/1")
 ARRAY_KEY = re.compile(r"zarr\.json|c(?:[./]\d+)*")  # an array's own keys, below its prefix

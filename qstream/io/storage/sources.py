@@ -1,7 +1,8 @@
 """Readable arrays: a Zarr array, a NumPy array or a checkpoint tensor, read by regions.
 
 A :class:`Source` reads a job's input block by block: straight from the chunk files where
-:func:`~qstream.io.storage.chunks.chunk_files` allows (mapped when uncompressed), else through zarr in
+:func:`~qstream.io.storage.chunks.chunk_files` allows (mapped when uncompressed), else through zarr
+in
 parts of a bounded number of chunks; a checkpoint tensor's regions are mapped from its file or
 read into the caller's buffer. :class:`ArrayWriter` writes chunk-aligned regions the same way.
 Sources are opened by :func:`qstream.io.storage.stores.open_source`.

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ...errors import StoreError
+from ...paths import check_tree, refuse_special
 from .backends import (
     BACKENDS,
     fsspec_options,
@@ -29,7 +30,6 @@ from .backends import (
     with_backend,
 )
 from .locations import MEMORY_STORES, display, imported_zarr, inside, location
-from ...paths import check_tree, refuse_special
 from .sources import MAX_PIECES, ZARR_READ_CHUNKS, ArrayWriter, Source
 
 __all__ = [  # (also here: the names of qstream.io.storage.backends, .locations and .sources)

@@ -15,7 +15,8 @@ def store_timeout() -> float:
     endpoint that drips a few bytes at a time cannot extend it), a stalled one sooner (no
     byte for a third of it), and retries start only within its first half, so a request ends
     within 1.5 deadlines whatever the endpoint does (obstore: its client options; fsspec's
-    S3: :class:`~qstream.io.storage.s3_deadline.DeadlineSession`). A dead or dripping endpoint ends a
+    S3: :class:`~qstream.io.storage.s3_deadline.DeadlineSession`). A dead or dripping endpoint ends
+    a
     job with an error naming the URL, not a hang."""
     raw = os.environ.get("QSTREAM_STORE_TIMEOUT", "60")
     try:

@@ -29,6 +29,7 @@ the data asks for its drawing without importing it.
 from __future__ import annotations
 
 from .checkpoints import LARGEST_TENSORS, SIZE_BINS, TARGETS, WORST_TENSORS, CheckpointView
+from .display import Drawing, register
 from .histograms import QUANTILES, SQNR_BINS, VIEW_BINS, Histogram, quantiles
 from .predictions import MethodPrediction, predict_error
 from .report import CalibrationView, ReportView, calibration_view
@@ -43,6 +44,7 @@ from .summaries import (
     total_sqnr,
 )
 
+# the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
     "GROUP_ROWS",
     "LARGEST_TENSORS",
@@ -56,6 +58,7 @@ __all__ = [
     "CalibrationView",
     "ChannelSummary",
     "CheckpointView",
+    "Drawing",
     "GroupSummary",
     "Histogram",
     "MethodPrediction",
@@ -64,7 +67,9 @@ __all__ = [
     "channel_sqnr",
     "clip_ratio",
     "clip_summary",
+    "display",
     "predict_error",
     "quantiles",
+    "register",
     "total_sqnr",
 ]

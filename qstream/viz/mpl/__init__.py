@@ -24,6 +24,7 @@ from .charts import (
 from .checkpoint import checkpoint_figure, plot_checkpoint, plot_sizes, plot_worst_tensors
 from .pages import figure, group_figure, plot_view, save_figure
 
+# the names the folders above may use
 __all__ = [
     "DPI",
     "PAGE",

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
-from .checkpoints.gguf_header import GGUFHeader, read_header
-from .checkpoints.gguf_source import KNOWN, architecture
+from ...errors import StoreError
+from .gguf_source import KNOWN, GGUFHeader, architecture, read_header
 
 #: GGUF architecture -> (Hugging Face class, model_type)
 MODELS = {

@@ -9,7 +9,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ...errors import InvalidParameterError
+import numpy as np
+
+from ..errors import InvalidParameterError
 
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER = {
@@ -170,3 +172,9 @@ def size_label(tensors: Iterable[tuple[str, tuple[int, ...]]]) -> str | None:
     if n_expert:
         return f"{expert_sum // n_expert}x{weight_count(shared + expert)}"
     return weight_count(total)
+
+
+def row_order(rows: int, heads: int) -> np.ndarray:
+    """llama.cpp's q/k permutation of rows: within each head, the two rotary halves
+    interleaved (``reshape(heads, 2, d/2).swapaxes(1, 2)``)."""
+    return np.arange(rows).reshape(heads, 2, rows // heads // 2).swapaxes(1, 2).reshape(-1)
