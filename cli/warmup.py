@@ -3,6 +3,9 @@ or image."""
 
 from __future__ import annotations
 
+import compileall
+import os
+
 import typer
 
 import qstream as qs
@@ -34,6 +37,7 @@ def warm_up(
         if not (quiet or as_json):
             typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
         result = qs.warm_common(processes)
+        compileall.compile_dir(os.path.dirname(os.path.abspath(__file__)), quiet=2)
         if as_json:
             emit_json(result)
         elif not quiet:

@@ -6,7 +6,7 @@
   --method mse`` (plain text, as printed into a pipe), between its ``<!-- capture -->``
   markers.
 
-Both come from running the real commands; ``tests/test_cli_views.py`` checks that the README's
+Both come from running the real commands; ``tests/cli/test_cli_views.py`` checks that the README's
 capture is what the command prints today.
 """
 

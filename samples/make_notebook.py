@@ -4,7 +4,7 @@ notebook.py is a percent-format script (``# %% title`` starts a cell): it runs a
 cell by cell in editors that read the format. notebook.ipynb holds the same cells for Jupyter:
 the module docstring as a Markdown cell, then one code cell per ``# %%`` cell (its title
 kept as the first comment line; see :func:`jupyter_line`), no outputs, fixed cell ids (the
-file is the same bytes each time). ``tests/test_notebook.py`` checks that the two agree and
+file is the same bytes each time). ``tests/e2e/test_notebook.py`` checks that the two agree and
 executes the notebook with a Jupyter kernel.
 """
 

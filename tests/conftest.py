@@ -20,7 +20,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "qstream")
 
 # Moved out of the default run into `pytest -m slow` (issue 28: the default run within ~4 min on
 # 2 cores). Each is a variant whose kind stays in the default run: the default keeps one build
-# or backend of each, the kill tests keep their spot points (tests/kill_hook.py).
+# or backend of each, the kill tests keep their spot points (tests/support/kill_hook.py).
 MOVED_TO_SLOW = (
     # first-run compiles in a fresh Numba cache, in subprocesses (the CLI's compile notice stays)
     "test_fused_builds.py::test_background_warm_up_of_a_dynamic_spec_runs_on_a_first_run_only",
@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
 
 import pytest  # noqa: E402
 
-from . import worker_imports  # noqa: E402
+from .support import worker_imports  # noqa: E402
 
 worker_imports.install()
 

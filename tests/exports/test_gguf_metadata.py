@@ -17,7 +17,7 @@ from qstream.errors import InvalidParameterError
 from qstream.exports.gguf.arch import arch_items, architecture_of, general_items
 from qstream.exports.gguf.items import ARRAY, FLOAT32, MetaItem
 from qstream.exports.gguf.vocab import tokenizer_items
-from tests.exports.gguf_models import (
+from tests.support.gguf_models import (
     TENSORS,
     build_model,
     llama_cpp_converter,

@@ -7,7 +7,8 @@ conversion in two, where one worker imported zarr to write a kept bf16 tensor wh
 imported qstream's sub-byte data types, which import zarr too). Every pool calls
 :func:`ready_for_workers` in the thread that starts it, so that a worker finds every module it
 asks for already loaded; a job adds the groups its plan needs (zarr-python, zstd) that would
-be wasted on others. ``tests/worker_imports.py`` watches every test for a module first loaded
+be wasted on others. ``tests/support/worker_imports.py`` watches every test for a module first
+loaded
 by a worker thread of qstream's.
 """
 
