@@ -20,7 +20,7 @@ from gguf import GGUFReader, GGUFWriter, quants  # noqa: E402
 from qstream.compat import gguf as qstream_blocks  # noqa: E402
 from qstream.errors import QStreamWarning, StoreError  # noqa: E402
 from qstream.io.checkpoints import gguf_source  # noqa: E402
-from qstream.io.checkpoints.gguf_config import gguf_config  # noqa: E402
+from qstream.io.checkpoints.gguf_config import describe_gguf, gguf_config  # noqa: E402
 from qstream.io.checkpoints.gguf_source import open_gguf  # noqa: E402
 from tests.support.memory_peak import PREAMBLE, run_child  # noqa: E402
 
@@ -288,6 +288,17 @@ def test_gguf_config_gives_the_models_hyper_parameters(converted):
             "shared_expert_intermediate_size", "architectures", "model_type",
             "tie_word_embeddings")  # fmt: skip
     assert {k: cfg[k] for k in keys} == {k: orig[k] for k in keys}
+
+
+def test_describe_gguf_counts_what_gguf_py_reads(converted):
+    _, path = converted("llama", "q8_0")
+    tensors = GGUFReader(str(path)).tensors
+    d = describe_gguf(str(path))
+    assert d["architecture"] == "llama" and d["hf_names"] and d["tensors"] == len(tensors)
+    want: dict[str, int] = {}
+    for rt in tensors:
+        want[rt.tensor_type.name] = want.get(rt.tensor_type.name, 0) + 1
+    assert d["types"] == want and d["parameters"] == sum(int(rt.n_elements) for rt in tensors)
 
 
 # -- crafted headers -------------------------------------------------------------------------

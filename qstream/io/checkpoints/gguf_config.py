@@ -174,3 +174,29 @@ def _gemma(cfg: dict[str, Any], m: _Meta, arch: str, layers: int, per_head: int)
     swa = m.float("{arch}.rope.freq_base_swa")
     if arch == "gemma3" and swa is not None:
         cfg["rope_local_base_freq"] = swa
+
+
+def describe_gguf(path: str) -> dict[str, Any]:
+    """What any GGUF file holds, from its checked header alone (for ``qstream inspect``):
+    its architecture, whether its tensors are named back to Hugging Face names, the tensor
+    count per GGML type, the parameter count and the file's size."""
+    header = read_header(path)
+    arch = architecture(header)
+    types: dict[str, int] = {}
+    params = 0
+    for t in header.tensors:
+        types[t.type] = types.get(t.type, 0) + 1
+        params += t.rows * t.shape[-1]
+    name = header.kv.get("general.name")
+    return {
+        "file": path,
+        "format": "gguf",
+        "version": header.version,
+        "architecture": arch,
+        "name": name if isinstance(name, str) else None,
+        "hf_names": arch in KNOWN,
+        "tensors": len(header.tensors),
+        "types": dict(sorted(types.items(), key=lambda kv: -kv[1])),
+        "parameters": params,
+        "bytes": header.size,
+    }
