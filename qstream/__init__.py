@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .errors import QStreamWarning as QStreamWarning
     from .errors import StoreError as StoreError
     from .exports.gguf.export import export_gguf as export_gguf
+    from .exports.gguf.importance import ImatrixSummary as ImatrixSummary
+    from .exports.gguf.importance import compute_imatrix as compute_imatrix
     from .exports.safetensors import describe_export as describe_export
     from .exports.safetensors import export_safetensors as export_safetensors
     from .io.outputs.qarray import QuantizedArray as QuantizedArray
@@ -73,6 +75,8 @@ _EXPORTS = {
     "open_xarray": "qstream.io.outputs.xarrays",
     "export_safetensors": "qstream.exports.safetensors",
     "export_gguf": "qstream.exports.gguf.export",
+    "compute_imatrix": "qstream.exports.gguf.importance",
+    "ImatrixSummary": "qstream.exports.gguf.importance",
     "describe_export": "qstream.exports.safetensors",
     "convert_checkpoint": "qstream.api.convert",
     "open_checkpoint": "qstream.api.convert",

@@ -20,7 +20,7 @@ import torch
 import transformers
 import zarr
 
-from qstream.calibration.imatrix import compute_imatrix
+import qstream as qs
 
 
 def main(work: Path) -> None:
@@ -50,7 +50,7 @@ def main(work: Path) -> None:
         x = np.concatenate(parts)
         group.create_array(name, data=x, chunks=(64, x.shape[1]))
 
-    summary = compute_imatrix(
+    summary = qs.compute_imatrix(
         work / "acts.zarr", model_dir, work / "model.imatrix", chunk_size=64, max_memory=64 << 20
     )
     print(f"{summary.path}: {len(summary.entries)} weights, {summary.tokens} tokens,")

@@ -6,6 +6,7 @@ __all__ = [
     "blocked",
     "digest",
     "error_stats",
+    "imatrix_sums",
     "kquants",
     "offset",
     "packing",

@@ -16,6 +16,8 @@ blocks (uint8); super-block ``b`` reads the importance weights of columns ``(b %
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit, prange
 
@@ -49,7 +51,7 @@ _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 # the trial-scale parameters (rmin, rdelta) of the scale searches
 _M1, _M09, _M05, _D01, _D005 = (np.float32(v) for v in (-1.0, -0.9, -0.5, 0.1, 0.05))
-_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_OPTS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(**_OPTS)

@@ -22,6 +22,8 @@ The results are therefore the same bits as ``ggml_quantize_chunk``'s.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 
@@ -35,7 +37,7 @@ _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _TENTH = np.float32(0.1)
 
-_OPTS = {"cache": True, "nogil": True, "error_model": "numpy"}
+_OPTS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 
 @njit(inline="always", **_OPTS)

@@ -4,19 +4,23 @@ from ...compat.gguf_names import EXPERTS, LAYER_NAMES, expert_of, gguf_name, row
 from .arch import architecture_of
 from .export import destination_action, write_plan
 from .file import describe
-from .imatrix import write_imatrix
+from .imatrix import read_imatrix, write_imatrix
+from .importance import ImatrixSummary, compute_imatrix
 from .plan import plan_gguf
 
 # the names the folders above may use
 __all__ = [
     "EXPERTS",
     "LAYER_NAMES",
+    "ImatrixSummary",
     "architecture_of",
+    "compute_imatrix",
     "describe",
     "destination_action",
     "expert_of",
     "gguf_name",
     "plan_gguf",
+    "read_imatrix",
     "row_order",
     "skipped",
     "write_imatrix",

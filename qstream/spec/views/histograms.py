@@ -79,7 +79,7 @@ class Histogram:
     @property
     def centers(self) -> np.ndarray:
         e = self.edges
-        return (e[:-1] + e[1:]) / 2
+        return np.asarray((e[:-1] + e[1:]) / 2)
 
     @property
     def total(self) -> int:

@@ -18,7 +18,7 @@ def _sawtooth_integral(x: np.ndarray, s: np.ndarray) -> np.ndarray:
     s * round(t / s)`` (an antiderivative: differences give the integral between points)."""
     k = np.floor(x / s + 0.5)
     r = x - k * s
-    return k * (s**3 / 12.0) + (r**3 + s**3 / 8.0) / 3.0
+    return np.asarray(k * (s**3 / 12.0) + (r**3 + s**3 / 8.0) / 3.0)
 
 
 def predict_error(

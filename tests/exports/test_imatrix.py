@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qstream.calibration.imatrix import compute_imatrix, square_sums
 from qstream.errors import InvalidParameterError, NonFiniteInputError
 from qstream.exports.gguf.imatrix import importance_weights, read_imatrix, weights_for
-from tests.calibration import llama_imatrix as llama
+from qstream.exports.gguf.importance import compute_imatrix, square_sums
+from tests.support import llama_imatrix as llama
 
 zarr = pytest.importorskip("zarr")
 torch = pytest.importorskip("torch")
@@ -28,7 +28,7 @@ HIDDEN, INTER, LAYERS = 256, 512, 2
 def _model(folder: Path) -> Path:
     """A tiny float32 Llama (rows of whole K-quant super-blocks) with a SentencePiece
     tokenizer, so that llama.cpp's converter takes it."""
-    from tests.exports.gguf_models import sentencepiece_tokenizer
+    from tests.support.gguf_models import sentencepiece_tokenizer
 
     sentencepiece_tokenizer(folder)
     config = transformers.LlamaConfig(
@@ -190,7 +190,7 @@ def test_llama_model_quantize_uses_the_file(tiny, loader, tmp_path):
     from gguf import GGUFReader
 
     from qstream.compat.gguf import quantize
-    from tests.exports.gguf_models import run_converter
+    from tests.support.gguf_models import run_converter
 
     f32 = run_converter(tiny["model"], tmp_path / "f32.gguf")
     imx = tmp_path / "x.imatrix"

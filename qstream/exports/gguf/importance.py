@@ -32,11 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
 
-from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
-from ..exports.gguf import architecture_of, expert_of, gguf_name, skipped, write_imatrix
-from ..io.checkpoints import open_checkpoint
+from ...compat.gguf_names import expert_of, gguf_name, skipped
+from ...errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
+from ...io.checkpoints import open_checkpoint
+from ...kernels.imatrix_sums import add_squares
+from .arch import architecture_of
+from .imatrix import write_imatrix
 
 DEFAULT_MEMORY = 1 << 30
 _FLOATS = ("float16", "float32", "float64", "bfloat16")
@@ -69,15 +71,6 @@ class _Source:
     width: int
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _add_squares(x: np.ndarray, acc: np.ndarray) -> None:  # pragma: no cover (compiled)
-    """``acc[j] += float64(x[i, j]) ** 2`` for each row ``i`` in order (the token order)."""
-    for i in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            v = np.float64(x[i, j])
-            acc[j] += v * v
-
-
 def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarray, int]:
     """Per column of the 2-D array ``array`` (Zarr or NumPy), the float64 sum of squares in
     token order, and the token count; rows are read in blocks of at most a quarter of
@@ -89,7 +82,7 @@ def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarra
         x = np.asarray(array[start : min(start + block, rows)])
         if x.dtype not in (np.float32, np.float64):  # (float16, bfloat16: exact in float32)
             x = x.astype(np.float32)
-        _add_squares(np.ascontiguousarray(x), acc)
+        add_squares(np.ascontiguousarray(x), acc)
         del x
     return acc, rows
 
@@ -116,7 +109,7 @@ def _block_rows(array: Any, max_memory: int, name: str) -> int:
         )
     if chunks is not None and int(chunks[0]) <= rows:
         rows -= rows % int(chunks[0])
-    return max(rows, 1)
+    return max(int(rows), 1)
 
 
 def _weights(model: str) -> tuple[str, dict[str, tuple[int, ...]]]:
