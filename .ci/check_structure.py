@@ -1,15 +1,21 @@
-"""Check qstream's structure: no private cross-module names, no import circle, small files.
-
-Run from the repository root: ``python .ci/check_structure.py``. Exit status 1 lists every
-finding. The rules:
+"""Check qstream's structure (and the command line's). Run from the repository root:
+``python .ci/check_structure.py``; exit status 1 lists every finding. The rules:
 
 * **private names**: a module may not import another module's ``_name`` nor reach into an
-  ``obj._name`` that it does not define itself (``self``/``cls`` aside). NamedTuple's public
-  ``_replace``/``_asdict``/``_fields``/``_make`` are not private.
-* **import circles**: every ``import`` of a ``qstream`` module, at the top of a file or inside a
-  function, is an edge; the graph of modules must have no cycle.
-* **file size**: no file in ``qstream/`` over 500 lines, apart from the kernels named in
-  ``WHOLE`` (one algorithm each).
+  ``obj._name`` that it does not define itself (``self``/``cls`` aside).
+* **import circles**: every import of a qstream module, at the top of a file or inside a
+  function, is an edge; neither the graph of modules nor that of folders (top folders, and
+  every folder) may have a cycle.
+* **layers**: a folder imports only from the folders after it in :data:`LAYERS` (README,
+  "Where the code lives"); inside ``io`` and ``engine`` likewise.
+* **faces**: another folder's code is imported from that folder's package, and only the names
+  its ``__init__.py`` lists in ``__all__`` (a heavy submodule listed there loads on demand);
+  a face never binds the name of one of its own submodules.
+* **shape**: at most :data:`MAX_WIDTH` modules a folder, :data:`MAX_DEPTH` levels, and
+  :data:`MAX_LINES` lines a file, with no exemption.
+* **names**: two modules of one name must be one concept at two layers (:data:`SHARED`).
+* **front end**: ``cli/`` imports only ``qstream``'s public names; the library imports neither
+  ``cli`` nor typer nor rich.
 """
 
 from __future__ import annotations
