@@ -42,6 +42,7 @@ def convert_checkpoint(
     store: str | None = None,
     packs: bool | None = None,
     plan: ConversionPlan | None = None,
+    model_files: bool = True,
 ) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -84,6 +85,9 @@ def convert_checkpoint(
     asymmetric 4-bit as Q4_1, bit for bit as gguf-py quantizes; ``format`` may name one GGUF
     type for all of them.
 
+    ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
+    template, generation and processor configs beside it (see :func:`qstream.plan_convert`).
+
     ``packs``: small tensors alike in shape, dtype and spec (runs of them: a
     mixture-of-experts layer's experts; and alike ones alone between others, gathered: a
     router gate a layer) are stored stacked, a group a pack (``DST/_packs/``, see
@@ -111,6 +115,7 @@ def convert_checkpoint(
                 storage_options=storage_options,
                 store=store,
                 packs=packs,
+                model_files=model_files,
             )
         return _run(
             plan,
@@ -149,6 +154,7 @@ def _run(
         return write_plan(plan.gguf, dst, overwrite=overwrite, max_memory=kw.get("max_memory"))
     if plan.kind == "safetensors":
         export = {"max_shard_size": max_shard_size, "format": format, "config": plan.config}
+        export["files"] = plan.files
         return _to_safetensors(plan, checkpoint, os.fspath(dst), recipe, overwrite, export, kw)
     return convert(
         checkpoint,

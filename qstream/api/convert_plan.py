@@ -52,6 +52,8 @@ class ConversionPlan:
     creates: list[str] = field(default_factory=list)
     config: str | dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # the model's non-weight files (tokenizer, chat template, ...) copied beside an export
+    files: list[str] = field(default_factory=list)
     # what the run takes from the plan (not part of its JSON)
     prepared: Any = field(default=None, repr=False, compare=False)
     gguf: Any = field(default=None, repr=False, compare=False)
@@ -79,6 +81,7 @@ class ConversionPlan:
             "creates": list(self.creates),
             "config": config,
             "notes": list(self.notes),
+            "copies": [os.path.basename(f) for f in self.files],
             "plan": [dict(r) for r in self.tensors],
         }
 
@@ -146,11 +149,15 @@ def plan_convert(
     storage_options: StorageOptions | None = None,
     store: str | None = None,
     packs: bool | None = None,
+    model_files: bool = True,
 ) -> ConversionPlan:
     """What :func:`qstream.convert_checkpoint` with these arguments would do, decided as it
     decides it and refusing what it refuses (the same exceptions, the same messages), before
     any tensor byte is read; nothing is written. ``format`` names the GGUF type for a
-    ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion."""
+    ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion.
+    ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
+    template, generation and processor configs beside it (:data:`qstream.exports.MODEL_FILES`;
+    one there that qstream did not write is refused here); False: none."""
     from ..io.outputs import check_writable
     from ..io.storage import check_destination_suffix
 
@@ -169,6 +176,11 @@ def plan_convert(
             checkpoint, dst, recipe, overwrite, executor, compression, format, config, packs, opts
         )
         recipe.check_blocks(plan.prepared.tensors, max_memory)
+        if model_files and format == "compressed-tensors":
+            plan.files = _model_files(checkpoint, os.fspath(dst))
+            if plan.files:
+                names = ", ".join(os.path.basename(f) for f in plan.files)
+                plan.notes.append(f"copies the model's files beside the export: {names}")
         return plan
     from ..engine.convert import prepare
 
@@ -332,6 +344,21 @@ def _plan_safetensors(
         notes=notes,
         prepared=prepared,
     )
+
+
+def _model_files(checkpoint: PathLike, dst: str) -> list[str]:
+    """The source's model files an export to ``dst`` copies; one at the destination that
+    qstream did not write is refused (see :mod:`qstream.exports.model_files`)."""
+    from ..exports import find_model_files, plan_copies
+    from ..io.checkpoints import CONFIG, read_json
+
+    found = find_model_files(checkpoint)
+    folder = os.path.dirname(dst) or "."
+    doc = read_json(os.path.join(folder, CONFIG)) if found else None
+    export = (doc or {}).get("qstream_export")
+    recorded = export.get("files") if isinstance(export, dict) else None
+    plan_copies(found, folder, recorded if isinstance(recorded, dict) else None)
+    return found
 
 
 def export_job(checkpoint: PathLike, recipe: Recipe, format: str) -> str:

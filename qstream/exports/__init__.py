@@ -1,15 +1,19 @@
 """Files for other loaders: safetensors, compressed-tensors folders, GGUF."""
 
+from .model_files import MODEL_FILES, find_model_files, plan_copies
 from .safetensors import FORMATS, export_safetensors, source_config
 from .targets import check_targets, finished_export, shard_pattern
 
 # the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
     "FORMATS",
+    "MODEL_FILES",
     "check_targets",
     "compressed_tensors",
     "export_safetensors",
+    "find_model_files",
     "finished_export",
+    "plan_copies",
     "safetensors",
     "shard_pattern",
     "source_config",

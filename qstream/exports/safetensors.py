@@ -44,6 +44,7 @@ import json
 import os
 import stat
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
@@ -62,8 +63,8 @@ from .entries import (
     quantized_entries,
 )
 from .files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
-from .gguf import describe
-from .targets import check_targets, export_lock, finished_export, other_forms
+from .model_files import copy_files, manifest, plan_copies
+from .targets import check_targets, export_lock, finished_export, job_digest, other_forms
 from .targets import shard_pattern as shard_pattern
 
 FORMATS = ("compressed-tensors", "qstream", "dequantized")
@@ -88,6 +89,7 @@ def export_safetensors(
     job: str | None = None,
     dtype: str = "float32",
     max_memory: int | None = None,
+    files: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -114,7 +116,13 @@ def export_safetensors(
     writes), kept tensors as stored.
 
     ``max_memory``: the memory bound (bytes; None: the default, 1 GiB) ``src`` is opened
-    under (see :func:`qstream.open_quantized`)."""
+    under (see :func:`qstream.open_quantized`).
+
+    ``files`` (compressed-tensors only): the model's non-weight files (tokenizer, chat
+    template, generation config; :func:`qstream.exports.find_model_files` finds them
+    beside a checkpoint) copied beside ``out``, so that the folder deploys as it is; a file
+    there that qstream did not write is refused, never replaced. Every identity and name
+    written is free of local paths: the job is recorded as its SHA-256."""
     if dtype not in FLOAT_TYPES:
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
@@ -175,7 +183,7 @@ def export_safetensors(
         )
     shards = split_shards(found, int(max_shard_size))
     stem = out[: -len(".safetensors")]
-    files = (
+    paths = (
         [out]
         if len(shards) == 1
         else [f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
@@ -183,21 +191,25 @@ def export_safetensors(
     index = f"{stem}.safetensors.index.json"
     config_path = os.path.join(os.path.dirname(out), CONFIG)
     model_config: dict[str, Any] | None = None
+    copied: dict[str, str] = {}
     if format == "compressed-tensors":
         model_config = _model_config(config, src)
         model_config["quantization_config"] = ct.quantization_config(layouts, kept)
+        copied = manifest(files)
     replace = overwrite or replace_own
 
-    def plan() -> tuple[bool, list[str], list[str]]:
-        """Whether config.json is written, the files written, and an earlier export's other
-        form to remove; refused here, before the lock and again under it."""
-        write = model_config is not None and not _same_config(config_path, model_config)
-        written = files + ([config_path] if write else [])
+    def plan() -> tuple[bool, list[str], list[str], dict[str, str]]:
+        """Whether config.json is written, the files written, an earlier export's other
+        form to remove, and the model files to copy; refused here, before the lock and again
+        under it."""
+        write = model_config is not None and not _same_config(config_path, model_config, copied)
+        written = paths + ([config_path] if write else [])
         written += [index] if len(shards) > 1 else []
         check_targets(written, replace, marker=last or index)
-        return write, written, other_forms(out, index, written, replace)
+        todo = plan_copies(files, folder, _recorded_files(config_path)) if copied else {}
+        return write, written, other_forms(out, index, written, replace), todo
 
-    last = None if len(shards) > 1 else files[0]  # the file that marks a finished export
+    last = None if len(shards) > 1 else paths[0]  # the file that marks a finished export
     plan()  # refusals before anything is written (the lock file included)
     os.makedirs(folder, exist_ok=True)  # (every command makes DST's missing folders)
     meta = {
@@ -206,9 +218,10 @@ def export_safetensors(
         "qstream_format": format,
     }
     if job is not None:
+        job = job_digest(job)  # (the identity names the source: only its digest is written)
         meta["qstream_job"] = job
     with export_lock(out):  # one export at a time into a folder (see export_lock)
-        write_config, targets, stale = plan()  # (another export may have written meanwhile)
+        write_config, targets, stale, todo = plan()  # (another export may have written meanwhile)
         for f in targets:
             remove_stale_partials(f)
         # the finished marker this export replaces goes first, then the earlier export's other
@@ -219,17 +232,21 @@ def export_safetensors(
             os.unlink(marker)
         for f in stale:  # an earlier export's other form (one file vs shards): never left
             os.unlink(f)
-        for path, shard in zip(files, shards, strict=True):
+        for path, shard in zip(paths, shards, strict=True):
             if path != last:
                 write_safetensors(path, shard, meta)
+        copy_files(todo, folder)
+        targets += [os.path.join(folder, n) for n in todo]
         if write_config and model_config is not None:
             model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
+            if copied:
+                model_config["qstream_export"]["files"] = copied
             write_json(config_path, model_config)
         if last is not None:
             write_safetensors(last, shards[0], meta)
         else:
             weight_map = {
-                e.name: os.path.basename(f) for f, s in zip(files, shards, strict=True) for e in s
+                e.name: os.path.basename(f) for f, s in zip(paths, shards, strict=True) for e in s
             }
             index_meta: dict[str, Any] = {
                 "total_size": sum(e.nbytes for e in found),
@@ -282,16 +299,26 @@ def _export_job(
     return json.dumps({**ident, "config": conf}, sort_keys=True, default=str)
 
 
-def _same_config(path: str, doc: dict[str, Any]) -> bool:
-    """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` (two
-    exports of one model into one folder share it)."""
+def _same_config(path: str, doc: dict[str, Any], copied: dict[str, str]) -> bool:
+    """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` and
+    the same copied model files (two exports of one model into one folder share it)."""
     if kind_of(path) != "file":
         return False
     old = read_json(path)
-    if old is None or "qstream_export" not in old:
+    if old is None or not isinstance(old.get("qstream_export"), dict):
         return False
-    old.pop("qstream_export")
-    return old == doc
+    files = old.pop("qstream_export").get("files") or {}
+    return old == doc and files == copied
+
+
+def _recorded_files(path: str) -> dict[str, str]:
+    """The model files (name -> SHA-256) a config.json qstream wrote says it copied."""
+    if kind_of(path) != "file":
+        return {}
+    old = read_json(path) or {}
+    export = old.get("qstream_export")
+    files = export.get("files") if isinstance(export, dict) else None
+    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
 
 
 def _model_config(
@@ -351,6 +378,8 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     export."""
     path = os.fspath(path)
     if path.endswith(".gguf"):
+        from .gguf import describe  # (loaded when a GGUF file is described)
+
         return describe(path)
     meta = export_metadata(path)
     if meta is None:

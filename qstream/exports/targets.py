@@ -9,6 +9,7 @@ vs shards) is removed, never left beside the new one for a loader to read.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Iterator
@@ -55,10 +56,17 @@ def written_by_qstream(path: str) -> bool:
     return export_metadata(path) is not None
 
 
+def job_digest(job: str) -> str:
+    """What an export records of its identity ``job``: its SHA-256, so that no local path
+    the identity names (the source's, a config's) is written into the export."""
+    return "sha256:" + hashlib.sha256(job.encode()).hexdigest()
+
+
 def finished_export(out: str | os.PathLike[str], job: str) -> list[str] | None:
     """The files of a finished export to ``out`` that recorded the identity ``job`` (its
     last file, the index or the only file, exists and says so), else None."""
     out = os.fspath(out)
+    job = job_digest(job)
     index = out[: -len(".safetensors")] + ".safetensors.index.json"
     if os.path.lexists(index):
         doc = read_json(index)

@@ -1,0 +1,119 @@
+"""The files beside a model's weights that its loaders read (tokenizer, chat template,
+generation and processor configs), copied beside a compressed-tensors export so that the
+folder deploys as it is (``AutoTokenizer.from_pretrained(out)``, ``vllm serve out``).
+
+A copy never replaces a file qstream did not write: a file already at the destination is
+left alone when it holds the same bytes as the source's, replaced when its bytes are the ones
+qstream recorded writing there (``qstream_export.files`` in the export's ``config.json``:
+name -> SHA-256), and refused otherwise, naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Iterable
+
+from ..errors import StoreError
+from ..paths import kind_of
+
+#: the non-weight files a transformers / vLLM loader reads from a model folder
+MODEL_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "tiktoken.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+
+
+def source_folder(checkpoint: str | os.PathLike[str]) -> str | None:
+    """The local folder a checkpoint's model files are in (a folder: itself; a file or an
+    index: the folder beside it), or None for a URL."""
+    path = os.fspath(checkpoint)
+    if "://" in path and not path.startswith("file://"):
+        return None
+    path = os.path.expanduser(path.removeprefix("file://"))
+    return path if os.path.isdir(path) else (os.path.dirname(path) or ".")
+
+
+def find_model_files(checkpoint: str | os.PathLike[str]) -> list[str]:
+    """The paths of the files of :data:`MODEL_FILES` beside the checkpoint (regular files)."""
+    folder = source_folder(checkpoint)
+    if folder is None:
+        return []
+    found = [os.path.join(folder, n) for n in MODEL_FILES]
+    return [f for f in found if kind_of(f) == "file" and not os.path.islink(f)]
+
+
+def digest(path: str) -> str:
+    """The SHA-256 of the file ``path`` (hex)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def plan_copies(
+    files: Iterable[str], folder: str, recorded: dict[str, str] | None
+) -> dict[str, str]:
+    """Which of ``files`` to copy into ``folder`` (name -> source path): absent there, or
+    there as qstream wrote it (its digest in ``recorded``); the same bytes already there are
+    not copied again; anything else is refused with :class:`StoreError`, naming it."""
+    todo: dict[str, str] = {}
+    recorded = recorded or {}
+    for src in files:
+        name = os.path.basename(src)
+        dst = os.path.join(folder, name)
+        if os.path.abspath(dst) == os.path.abspath(src):
+            continue  # (the export is written into its source's folder)
+        kind = kind_of(dst) if not os.path.islink(dst) else "link"
+        if kind is None:
+            todo[name] = src
+            continue
+        mine = kind == "file" and digest(dst)
+        if mine and mine == digest(src):
+            continue
+        if not mine or recorded.get(name) != mine:
+            raise StoreError(
+                f"{dst} exists and qstream did not write it; qstream never replaces what it did"
+                f" not write, and the export copies the source's {name} there: remove it"
+                " yourself, or export elsewhere"
+            )
+        todo[name] = src
+    return todo
+
+
+def copy_files(todo: dict[str, str], folder: str) -> None:
+    """Copy each ``name -> source`` of ``todo`` into ``folder`` (through a partial file,
+    renamed into place)."""
+    for name, src in todo.items():
+        dst = os.path.join(folder, name)
+        tmp = f"{dst}.{os.getpid()}.partial"
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StoreError(f"cannot copy {src} to {dst}: {e.strerror or e}") from None
+
+
+def manifest(files: Iterable[str]) -> dict[str, str]:
+    """``name -> SHA-256`` of the source files an export copies (recorded in its config)."""
+    return {os.path.basename(f): digest(f) for f in sorted(files)}

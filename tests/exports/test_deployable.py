@@ -1,0 +1,115 @@
+"""A compressed-tensors export is a folder a user deploys as it is: checked in fresh
+processes with transformers (``AutoTokenizer`` and ``AutoModelForCausalLM`` on the folder
+alone, ``generate`` with the chat template), never with qstream's own reader."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import qstream as qs
+from cli.main import app
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEPLOY = os.path.join(os.path.dirname(HERE), "support", "hf_deploy.py")
+
+
+def fresh(*args: object) -> dict:
+    """Run the helper in a fresh Python process (qstream never imported there)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run(
+        [sys.executable, DEPLOY, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def build(folder, tied: bool, dtype: str = "float32", hidden: int = 128):
+    pytest.importorskip("transformers")
+    pytest.importorskip("compressed_tensors")
+    fresh("build", folder, hidden, "tied" if tied else "untied", dtype)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def untied(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("untied") / "src", tied=False)
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("tied") / "src", tied=True)
+
+
+def reference(src, tmp_path, recipe=None, tied_to: str | None = None) -> str:
+    """qstream's dequantized values of every quantized tensor (a Zarr conversion of the same
+    source and recipe), as an .npz; ``tied_to``: the embedding lm_head is untied from."""
+    qs.convert_checkpoint(src, tmp_path / "ref.zarr", recipe)
+    root = qs.open_quantized(tmp_path / "ref.zarr")
+    arrays = {n: root[n][...] for n in root if isinstance(root[n], qs.QuantizedArray)}
+    if tied_to is not None and tied_to in arrays:
+        arrays["lm_head.weight"] = arrays[tied_to]
+    np.savez(tmp_path / "ref.npz", **arrays)
+    return str(tmp_path / "ref.npz")
+
+
+def written_text(folder) -> dict[str, str]:
+    """Every file of the folder, read as text (safetensors headers included)."""
+    return {
+        f: open(os.path.join(folder, f), "rb").read().decode("latin-1") for f in os.listdir(folder)
+    }
+
+
+def test_the_export_folder_deploys_as_is_with_tokenizer_chat_template_and_no_local_path(
+    untied, tmp_path
+):
+    out = tmp_path / "deploy" / "model.safetensors"
+    qs.convert_checkpoint(untied, out)
+    folder = out.parent
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                 "generation_config.json"):  # fmt: skip
+        assert (folder / name).read_bytes() == (untied / name).read_bytes(), name
+    for name, text in written_text(folder).items():
+        assert str(tmp_path) not in text and "/tmp" not in text, name
+    got = fresh("load", folder, reference(untied, tmp_path), "float32")
+    assert got["quantized"] > 0 and got["bit_exact"] == got["quantized"], got
+    assert got["logits_equal"] and got["generated"] > 0, got
+
+
+def test_a_model_file_qstream_did_not_write_is_refused_in_the_plan_and_left_alone(untied, tmp_path):
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text('{"mine": true}')
+    with pytest.raises(qs.StoreError, match=r"tokenizer\.json exists and qstream did not write it"):
+        qs.plan_convert(untied, folder / "model.safetensors")
+    r = CliRunner().invoke(app, ["convert", str(untied), str(folder / "model.safetensors")])
+    assert r.exit_code == 2 and "tokenizer.json" in r.output, r.output
+    assert (folder / "tokenizer.json").read_text() == '{"mine": true}'
+    assert sorted(os.listdir(folder)) == ["tokenizer.json"]
+
+
+def test_a_rerun_replaces_the_model_files_qstream_copied_when_the_source_changed(untied, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in os.listdir(untied):
+        (src / f).write_bytes((untied / f).read_bytes())
+    out = tmp_path / "deploy" / "model.safetensors"
+    qs.convert_checkpoint(src, out)
+    doc = json.loads((src / "generation_config.json").read_text())
+    doc["max_new_tokens"] = 7
+    (src / "generation_config.json").write_text(json.dumps(doc))
+    qs.convert_checkpoint(src, out, overwrite=True)
+    copied = json.loads((out.parent / "generation_config.json").read_text())
+    assert copied["max_new_tokens"] == 7
+    plan = qs.plan_convert(src, out, overwrite=True).to_dict()
+    assert "generation_config.json" in plan["copies"]
