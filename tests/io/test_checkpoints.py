@@ -352,8 +352,8 @@ def test_unsupported_and_corrupt_others(tmp_path):
 
 
 def test_dtype_facts_are_right_for_each_dtype_object_and_remembered_within_a_bound():
+    from qstream.io.checkpoints import dtypes as checkpoint_dtypes
     from qstream.io.checkpoints.dtypes import BF16, dtype_facts
-    from qstream.io.checkpoints.open import dtypes as checkpoint_dtypes
 
     assert dtype_facts(np.dtype("<f4")) == (np.dtype("float32"), "float32", True)
     assert dtype_facts(BF16).name == "bfloat16"

@@ -24,6 +24,7 @@ inputs, each read by its own module:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ from typing import Any
 from ...errors import StoreError
 from ...paths import is_inside, kind_of, refuse_special
 from ..storage import location
-from .exported import maybe_dequantizing
+from .ct_formats import read_quantized
+from .export_meta import read_json, source_config
+from .exported import DequantizedTensor, maybe_dequantizing
 from .fp8 import ScaleRule, pair_scales
 from .npy_files import open_npy, open_npz
-from .remote import is_url
+from .remote import RemoteFolder, is_url, split_url
 from .remote_safetensors import open_remote
 from .safetensors_files import checkpoint_roots, open_safetensors, open_safetensors_index
 from .tensor import CheckpointTensor as CheckpointTensor
@@ -67,7 +70,8 @@ def open_checkpoint(
     """
     p = os.fspath(path)
     if is_url(p):
-        return dict(open_remote(p, storage_options, store))
+        tensors = dict(open_remote(p, storage_options, store))
+        return read_quantized(tensors, _remote_config(p, storage_options, store), p)
     kind = kind_of(p)
     if kind is None:
         raise StoreError(f"no such file or directory: {p}")
@@ -79,7 +83,7 @@ def open_checkpoint(
     if low.endswith((".index.json", ".safetensors")):
         # qstream's own exports: their values
         opened = open_safetensors_index(p) if low.endswith(".json") else open_safetensors(p)
-        return maybe_dequantizing(p, opened)
+        return _as_quantized(p, maybe_dequantizing(p, opened))
     if low.endswith(".npy"):
         return dict(open_npy(p))
     if low.endswith(".npz"):
@@ -91,6 +95,35 @@ def open_checkpoint(
     raise StoreError(f"unsupported checkpoint {p}: supported formats are {SUPPORTED_FORMATS}")
 
 
+def _as_quantized(path: str, tensors: dict[str, TensorLike]) -> dict[str, TensorLike]:
+    """``tensors`` read as the quantization the ``config.json`` beside them names (or
+    refused, before any tensor is read); qstream's own exports already read as their values."""
+    if any(isinstance(t, DequantizedTensor) for t in tensors.values()):
+        return tensors
+    cfg = source_config(path)
+    doc = read_json(cfg) if cfg is not None else None
+    if cfg is not None and doc is None:
+        raise StoreError(f"{cfg}: not a readable JSON object (a model config.json)")
+    return read_quantized(tensors, doc, path)
+
+
+def _remote_config(
+    url: str, storage_options: dict[str, Any] | None, store: str | None
+) -> dict[str, Any] | None:
+    """The ``config.json`` beside a checkpoint URL (a folder's, or a file's folder's)."""
+    low = url.lower().rstrip("/")
+    base = split_url(url)[0] if low.endswith((".safetensors", ".json")) else url.rstrip("/")
+    folder = RemoteFolder(base, store, storage_options)
+    size = folder.size("config.json")
+    if size is None:
+        return None
+    try:
+        doc = json.loads(folder.read("config.json", 0, min(size, 100 << 20)))
+    except ValueError:
+        raise StoreError(f"{folder.where('config.json')}: not a JSON object") from None
+    return doc if isinstance(doc, dict) else None
+
+
 def _open_directory(path: str) -> dict[str, TensorLike]:
     """A Zarr group, or a folder of safetensors files (one index, or files without one)."""
     names = os.listdir(path)
@@ -99,11 +132,11 @@ def _open_directory(path: str) -> dict[str, TensorLike]:
     # qstream's own exports: their values
     if "model.safetensors.index.json" in names:
         index = os.path.join(path, "model.safetensors.index.json")
-        return maybe_dequantizing(index, open_safetensors_index(index))
+        return _as_quantized(path, maybe_dequantizing(index, open_safetensors_index(index)))
     indexes = sorted(n for n in names if n.endswith(".safetensors.index.json"))
     if len(indexes) == 1:
         index = os.path.join(path, indexes[0])
-        return maybe_dequantizing(index, open_safetensors_index(index))
+        return _as_quantized(path, maybe_dequantizing(index, open_safetensors_index(index)))
     files = sorted(n for n in names if n.endswith(".safetensors"))
     if not files or indexes:
         raise StoreError(
@@ -122,7 +155,7 @@ def _open_directory(path: str) -> dict[str, TensorLike]:
             if name in out:
                 raise StoreError(f"tensor {name!r} is in two files of the folder {path}")
             out[name] = t
-    return out
+    return _as_quantized(path, out)
 
 
 @dataclass(frozen=True)

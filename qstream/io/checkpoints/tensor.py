@@ -250,3 +250,68 @@ def read_file_run(path: str, first: int, out: np.ndarray, what: str = "tensors")
         if n <= 0:
             raise StoreError(f"{path}: the file ended early ({what})")
         view, first = view[n:], first + n
+
+
+class RowDecoded(Shaped):
+    """A quantized tensor read as its decoded values, rows at a time: ``t[key]`` decodes just
+    the rows ``key`` selects (widened to whole blocks of ``align`` rows, as block scales
+    need) with ``decode(first, stop)``, which returns them as ``dtype``."""
+
+    chunks = None
+    file = None
+
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        dtype: np.dtype[Any],
+        nbytes: int,
+        decode: Callable[[int, int], np.ndarray],
+        align: int = 1,
+    ) -> None:
+        self.name, self.shape, self.dtype, self.nbytes = name, tuple(shape), dtype, nbytes
+        self._decode, self.align = decode, max(1, align)
+
+    def __repr__(self) -> str:
+        return f"RowDecoded({self.name!r}, {self.shape}, {self.dtype.name})"
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        """The region ``key`` (basic indexing) of the decoded values."""
+        fwd, flip = forward_key(expand_key(key, self.shape), self.shape)
+        k0 = fwd[0]
+        if isinstance(k0, slice):
+            start, stop, step = k0.indices(self.shape[0])
+            stop = max(start, stop)
+        else:
+            start, stop, step = k0, k0 + 1, 1
+        lo = start // self.align * self.align
+        hi = min(self.shape[0], -(-stop // self.align) * self.align)
+        rows = self._rows(lo, hi)
+        first: int | slice = (
+            slice(start - lo, stop - lo, step) if isinstance(k0, slice) else k0 - lo
+        )
+        part = rows[(first, *fwd[1:])]
+        if flip:
+            part = np.flip(part, axis=flip)
+        return np.array(part, dtype=self.dtype, order="C", copy=True)
+
+    def _rows(self, lo: int, hi: int) -> np.ndarray:
+        if hi <= lo:
+            return np.empty((0, *self.shape[1:]), self.dtype)
+        out = np.asarray(self._decode(lo, hi))
+        if out.shape != (hi - lo, *self.shape[1:]) or out.dtype != self.dtype:
+            raise StoreError(f"tensor {self.name!r}: rows {lo}:{hi} decoded to {out.shape}")
+        return out
+
+    def read_into(self, key: tuple[slice, ...], out: np.ndarray) -> bool:
+        """The region ``key`` (forward slices of step 1) into ``out`` (``dtype``, the
+        region's shape)."""
+        if out.dtype != self.dtype or len(key) != len(self.shape):
+            return False
+        if any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
+            return False
+        part = self[key]
+        if part.shape != out.shape:
+            return False
+        out[...] = part
+        return True

@@ -1,0 +1,265 @@
+"""Checkpoints quantized already, made by compressed-tensors 0.20's own compressors applied to
+a tiny transformers Llama (sharded, with the quantization_config they write): qstream reads
+each quantized weight as compressed-tensors' own decompressor gives it, bit for bit, row
+ranges included, keeps activation scales as plain tensors, and refuses crafted variants
+before any weight is read."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import qstream as qs
+from qstream.errors import StoreError
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("compressed_tensors")
+from compressed_tensors.compressors import BaseCompressor, ModelCompressor  # noqa: E402
+from compressed_tensors.quantization import (  # noqa: E402
+    QuantizationArgs,
+    QuantizationConfig,
+    QuantizationScheme,
+    apply_quantization_config,
+    preset_name_to_scheme,
+)
+from compressed_tensors.quantization.utils import (  # noqa: E402
+    calculate_qparams,
+    generate_gparam,
+    maybe_pad_tensor_for_block_quant,
+)
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+W4_CHANNEL_ASYM = QuantizationScheme(
+    targets=["Linear"],
+    weights=QuantizationArgs(num_bits=4, type="int", strategy="channel", symmetric=False),
+)
+W4_GROUP_SYM = QuantizationScheme(
+    targets=["Linear"],
+    weights=QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=32),
+)
+W3_GROUP_ASYM = QuantizationScheme(
+    targets=["Linear"],
+    weights=QuantizationArgs(
+        num_bits=3, type="int", strategy="group", group_size=32, symmetric=False
+    ),
+)
+SCHEMES = {
+    "FP8": "FP8",  # float-quantized, per tensor
+    "FP8_DYNAMIC": "FP8_DYNAMIC",  # per channel
+    "FP8_BLOCK": "FP8_BLOCK",  # 128 x 128 blocks
+    "NVFP4": "NVFP4",
+    "MXFP4": "MXFP4",
+    "MXFP8": "MXFP8",
+    "W8A8": "W8A8",  # int-quantized, per channel
+    "W8A16": "W8A16",  # int8 groups of 128
+    "W4A16": "W4A16",  # pack-quantized, groups of 128
+    "W4A16_ASYM": "W4A16_ASYM",  # with zero points
+    "W4_CHANNEL_ASYM": W4_CHANNEL_ASYM,
+    "W4_GROUP_SYM": W4_GROUP_SYM,
+    "W3_GROUP_ASYM": W3_GROUP_ASYM,
+}
+
+
+def _observed(w: torch.Tensor, args: QuantizationArgs):
+    """The min and max llm-compressor's min-max observer hands calculate_qparams."""
+    if args.strategy == "tensor":
+        return torch.aminmax(w)
+    if args.strategy == "channel":
+        return w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    if args.strategy == "block":
+        b = args.block_structure
+        p = maybe_pad_tensor_for_block_quant(w, tuple(b))
+        r = p.reshape(p.shape[0] // b[0], b[0], p.shape[1] // b[1], b[1])
+        return r.amin((1, 3)), r.amax((1, 3))
+    g = w.reshape(w.shape[0], -1, args.group_size)
+    return g.amin(-1), g.amax(-1)
+
+
+def build(folder: str, scheme) -> None:
+    """A tiny Llama quantized by compressed-tensors' own compressors, saved in shards."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        # FP8 blocks of 128: partial edge blocks; groups of 128 divide 384
+        intermediate_size=320 if scheme in ("FP8", "FP8_BLOCK", "FP8_DYNAMIC") else 384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    if isinstance(scheme, str):
+        scheme = preset_name_to_scheme(scheme, ["Linear"])
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"])
+    apply_quantization_config(model, qc)
+    for m in model.modules():
+        s = getattr(m, "quantization_scheme", None)
+        if s is None or s.weights is None:
+            continue
+        w = m.weight.data
+        gs = None
+        if s.weights.strategy == "tensor_group":
+            gs = generate_gparam(*torch.aminmax(w))
+            m.weight_global_scale.data.copy_(gs)
+        scale, zp = calculate_qparams(*_observed(w, s.weights), s.weights, global_scale=gs)
+        m.weight_scale.data = scale.to(m.weight_scale.dtype).reshape(m.weight_scale.shape)
+        if hasattr(m, "weight_zero_point"):
+            m.weight_zero_point.data = zp.to(m.weight_zero_point.dtype).reshape(
+                m.weight_zero_point.shape
+            )
+        if hasattr(m, "input_scale"):
+            m.input_scale.data.fill_(0.25)
+    mc = ModelCompressor.from_pretrained_model(model)
+    mc.compress_model(model)
+    model.save_pretrained(folder, max_shard_size="200KB")
+    mc.update_config(folder)
+
+
+def stored(folder: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        out.update(load_file(f))
+    return out
+
+
+def reference(folder: str) -> dict[str, torch.Tensor]:
+    """Every quantized weight as compressed-tensors' own decompressor gives it."""
+    with open(os.path.join(folder, "config.json")) as f:
+        qc = json.load(f)["quantization_config"]
+    group = qc["config_groups"]["group_0"]
+    scheme = QuantizationScheme(**{k: v for k, v in group.items() if k != "format"})
+    comp = BaseCompressor.get_value_from_registry(group["format"] or qc["format"])
+    sd = stored(folder)
+    bases = {n.rsplit(".", 1)[0] for n in sd if n.endswith(".weight_scale")}
+    out = {}
+    for base in sorted(bases):
+        local = {n[len(base) + 1 :]: t for n, t in sd.items() if n.startswith(base + ".")}
+        out[base + ".weight"] = comp.decompress(local, scheme)["weight"]
+    return out
+
+
+def bits(a) -> np.ndarray:
+    if isinstance(a, torch.Tensor):
+        a = a.contiguous()
+        return a.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[a.element_size()]).numpy()
+    return a.view({1: np.uint8, 2: np.int16, 4: np.int32}[a.dtype.itemsize])
+
+
+@pytest.fixture(scope="module", params=list(SCHEMES))
+def checkpoint(request, tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp(request.param.lower()))
+    build(folder, SCHEMES[request.param])
+    return folder
+
+
+def test_every_weight_equals_compressed_tensors_decompression_bit_for_bit(checkpoint):
+    ref = reference(checkpoint)
+    assert len(ref) == 14
+    got = qs.open_checkpoint(checkpoint)
+    for name, want in ref.items():
+        t = got[name]
+        assert tuple(t.shape) == tuple(want.shape)
+        assert np.array_equal(bits(t[...]), bits(want)), name
+        # a row range (FP8 blocks: not aligned to 128) decodes the same bits
+        assert np.array_equal(bits(t[70:133, 5:77]), bits(want[70:133, 5:77])), name
+
+
+def test_scales_are_consumed_and_activation_scales_stay_plain_tensors(checkpoint):
+    got = qs.open_checkpoint(checkpoint)
+    raw = stored(checkpoint)
+    params = ("weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
+    assert not [n for n in got if n.rsplit(".", 1)[1] in params]
+    assert not [n for n in got if n.endswith("_packed")]
+    for name in [n for n in raw if n.endswith("input_scale")]:
+        assert np.array_equal(bits(got[name][...]), bits(raw[name]))
+    plain = [n for n in raw if n.endswith(("norm.weight", "embed_tokens.weight", "lm_head.weight"))]
+    for name in plain:
+        assert np.array_equal(bits(got[name][...]), bits(raw[name]))
+
+
+def _variant(src: str, dst: str, edit) -> str:
+    """A copy of ``src`` with one tensor of one shard changed by ``edit(tensors)``."""
+    shutil.copytree(src, dst)
+    for f in sorted(glob.glob(os.path.join(dst, "*.safetensors"))):
+        sd = load_file(f)
+        if "model.layers.0.self_attn.q_proj.weight_scale" in sd:
+            edit(sd)
+            save_file(sd, f, metadata={"format": "pt"})
+            index = os.path.join(dst, "model.safetensors.index.json")
+            with open(index) as fi:
+                doc = json.load(fi)
+            doc["weight_map"] = {
+                n: s for n, s in doc["weight_map"].items() if n in sd or s != os.path.basename(f)
+            }
+            with open(index, "w") as fo:
+                json.dump(doc, fo)
+            return dst
+    raise AssertionError("no shard holds the tensor")
+
+
+@pytest.fixture(scope="module")
+def fp8_block(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("fp8_block_v"))
+    build(folder, "FP8_BLOCK")
+    return folder
+
+
+Q = "model.layers.0.self_attn.q_proj.weight_scale"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda sd: sd.update({Q: torch.cat([sd[Q], sd[Q]])}), "matches no strategy"),
+        (lambda sd: sd.update({Q: sd[Q].to(torch.float16)}), "float16"),
+        (lambda sd: sd[Q].view(-1)[0].fill_(float("nan")), "NaN"),
+        (lambda sd: sd[Q].view(-1)[0].fill_(0.0), "zero scales"),
+        (lambda sd: sd[Q].view(-1)[0].fill_(-1.0), "negative scales"),
+        (lambda sd: sd.pop(Q), "half a pair"),
+    ],
+    ids=["shape", "dtype", "nan", "zero", "negative", "missing"],
+)
+def test_crafted_scales_are_refused_when_the_checkpoint_is_opened(
+    fp8_block, tmp_path, edit, message
+):
+    bad = _variant(fp8_block, str(tmp_path / "bad"), edit)
+    with pytest.raises(StoreError, match=message):
+        qs.open_checkpoint(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"quant_method": "gptq"}, "'gptq'"),
+        ({"quant_method": "awq"}, "'awq'"),
+        ({"format": "sparse-24-bitmask", "config_groups": {}}, "sparse-24-bitmask"),
+    ],
+)
+def test_unknown_methods_and_formats_are_refused_by_name(fp8_block, tmp_path, change, message):
+    bad = str(tmp_path / "bad")
+    shutil.copytree(fp8_block, bad)
+    path = os.path.join(bad, "config.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["quantization_config"].update(change)
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(StoreError, match=message):
+        qs.open_checkpoint(bad)
+
+
+def test_a_scaled_fp8_layout_without_its_config_is_refused(fp8_block, tmp_path):
+    bare = str(tmp_path / "bare")
+    shutil.copytree(fp8_block, bare)
+    os.remove(os.path.join(bare, "config.json"))
+    with pytest.raises(StoreError, match="without its scale"):
+        qs.open_checkpoint(bare)
