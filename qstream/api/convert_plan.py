@@ -30,7 +30,7 @@ __all__ = ["ConversionPlan", "plan_convert", "tensor_rows"]
 
 # a source's quantization_config qstream decodes as it reads the checkpoint (DeepSeek's FP8
 # block scales, paired by the recipe's [scales]): replaced in an export's config
-DECODED_METHODS = ("fp8",)
+DECODED_METHODS = ("fp8", "compressed-tensors")
 
 
 @dataclass
@@ -397,6 +397,10 @@ def quantized_source_config(
     if qc is None or "qstream_export" in doc:
         return path if format is not None else None
     method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method == "compressed-tensors":
+        from ..io.checkpoints import check_quant_config
+
+        check_quant_config(qc, path)  # (its formats: refused unless decoded)
     if method not in DECODED_METHODS:
         raise InvalidParameterError(
             f"{path}: the checkpoint is quantized already (quantization_config with quant_method"

@@ -263,3 +263,41 @@ def test_a_scaled_fp8_layout_without_its_config_is_refused(fp8_block, tmp_path):
     os.remove(os.path.join(bare, "config.json"))
     with pytest.raises(StoreError, match="without its scale"):
         qs.open_checkpoint(bare)
+
+
+def test_the_command_line_refuses_an_undecoded_format_with_exit_2_creating_nothing(
+    fp8_block, tmp_path
+):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    bad = str(tmp_path / "bad")
+    shutil.copytree(fp8_block, bad)
+    path = os.path.join(bad, "config.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["quantization_config"]["config_groups"]["group_0"]["format"] = "marlin-24"
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    runner = CliRunner()
+    for extra in (["--dry-run"], []):
+        dst = tmp_path / "out.zarr"
+        r = runner.invoke(app, ["convert", bad, str(dst), *extra])
+        assert r.exit_code == 2, r.output
+        assert "marlin-24" in r.output
+        assert not dst.exists()
+    name = "model.layers.0.mlp.up_proj.weight"
+    r = runner.invoke(app, ["calibrate", bad, "--tensor", name])
+    assert r.exit_code == 2 and "marlin-24" in r.output
+
+
+def test_a_compressed_tensors_source_converts_from_its_decoded_values(fp8_block, tmp_path):
+    dst = str(tmp_path / "out.zarr")
+    qs.convert_checkpoint(fp8_block, dst)
+    ref = reference(fp8_block)
+    name = "model.layers.0.mlp.down_proj.weight"
+    got = qs.open_quantized(f"{dst}/{name}")[...]
+    want = ref[name].float().numpy()
+    err = np.abs(got.astype(np.float32) - want).max()
+    assert err <= np.abs(want).max() / 100  # int8 of the decoded values, not of the codes

@@ -1,5 +1,6 @@
 """Model checkpoints read tensor by tensor, one module per format."""
 
+from .ct_formats import check_quant_config
 from .dtypes import dtype_facts
 from .export_meta import CONFIG, export_metadata, qstream_meta, read_json, source_config
 from .exported import DequantizedTensor
@@ -19,6 +20,7 @@ __all__ = [
     "GGUFHeader",
     "TensorLike",
     "architecture",
+    "check_quant_config",
     "dtype_facts",
     "export_metadata",
     "is_url",

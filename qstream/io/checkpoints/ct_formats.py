@@ -22,9 +22,16 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ...errors import QStreamError, StoreError
+from ...errors import InvalidParameterError, QStreamError, StoreError
 from .dtypes import BF16
 from .tensor import RowDecoded, TensorLike
+
+
+class LayoutRefused(StoreError, InvalidParameterError):
+    """A quantized layout refused before any of its tensors is read: a
+    :class:`~qstream.errors.StoreError` (what opening a checkpoint raises) and an invalid
+    input (the command line's exit 2)."""
+
 
 F32 = np.dtype(np.float32)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -81,7 +88,7 @@ def quant_config(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if qc is None:
         return None
     if not isinstance(qc, dict):
-        raise StoreError("config.json: quantization_config is not an object")
+        raise LayoutRefused("config.json: quantization_config is not an object")
     return qc
 
 
@@ -91,14 +98,14 @@ def check_quant_config(qc: Mapping[str, Any], where: str) -> None:
     if method == "fp8":
         return
     if method != "compressed-tensors":
-        raise StoreError(
+        raise LayoutRefused(
             f"{where}: quantized with quant_method {method!r}, a layout qstream does not decode"
             " (read: compressed-tensors, DeepSeek fp8); its tensors would be read as something"
             " they are not"
         )
     for fmt in sorted(_formats(qc)):
         if fmt not in (*CT_FORMATS, "dense"):
-            raise StoreError(
+            raise LayoutRefused(
                 f"{where}: compressed-tensors format {fmt!r} is not decoded by qstream (read:"
                 f" {', '.join(CT_FORMATS)})"
             )
@@ -148,19 +155,19 @@ def read_quantized(
             if fmt == "naive-quantized" and fmt not in declared and "int-quantized" in declared:
                 fmt = "int-quantized"  # (the same layout)
             if fmt not in declared:
-                raise StoreError(
+                raise LayoutRefused(
                     f"{where}: {name!r} is stored as {fmt}, which the quantization_config does"
                     f" not declare (formats {sorted(_formats(qc))})"
                 )
             out[name.removesuffix("_packed")] = _decoder(tensors, base, fmt, qc, where)
             consumed |= {f"{base}.{p}" for p in _PARAMS}
         elif leaf == "weight_packed" or (leaf == "weight" and np.dtype(t.dtype).itemsize == 1):
-            raise StoreError(f"{where}: {name!r} has no weight_scale beside it (half a pair)")
+            raise LayoutRefused(f"{where}: {name!r} has no weight_scale beside it (half a pair)")
         else:
             out[name] = t
     for name in out:
         if name.rpartition(".")[2] in _PARAMS and name not in consumed:
-            raise StoreError(f"{where}: {name!r} belongs to no quantized weight (half a pair)")
+            raise LayoutRefused(f"{where}: {name!r} belongs to no quantized weight (half a pair)")
     return {n: t for n, t in out.items() if n not in consumed}
 
 
@@ -173,7 +180,7 @@ def _refuse_bare_layouts(tensors: Mapping[str, TensorLike], where: str) -> None:
     for name in tensors:
         for suffix, what in _FOREIGN:
             if name.endswith(suffix):
-                raise StoreError(
+                raise LayoutRefused(
                     f"{where}: tensor {name!r} is {what}, a quantized layout without a"
                     " quantization_config qstream decodes; refused rather than read as plain"
                     " values"
@@ -181,7 +188,7 @@ def _refuse_bare_layouts(tensors: Mapping[str, TensorLike], where: str) -> None:
         if name.endswith(".weight_scale") and name[: -len("_scale")] in tensors:
             w = tensors[name[: -len("_scale")]]
             if np.dtype(w.dtype).itemsize == 1:
-                raise StoreError(
+                raise LayoutRefused(
                     f"{where}: {name[: -len('_scale')]!r} is 8-bit with a weight_scale beside it"
                     " (a compressed-tensors layout) but the checkpoint has no config.json"
                     " quantization_config saying how; refused rather than read without its scale"
@@ -192,7 +199,7 @@ def _layout(tensors: Mapping[str, TensorLike], base: str, leaf: str, where: str)
     """The compressed-tensors format the stored tensors of ``base`` are in."""
     scale = tensors.get(f"{base}.weight_scale")
     if scale is None:
-        raise StoreError(f"{where}: {base}.{leaf!r} has no weight_scale beside it (half a pair)")
+        raise LayoutRefused(f"{where}: {base}.{leaf!r} has no weight_scale beside it (half a pair)")
     w = tensors[f"{base}.{leaf}"]
     wd, sd = np.dtype(w.dtype), np.dtype(scale.dtype)
     if leaf == "weight_packed":
@@ -208,7 +215,7 @@ def _layout(tensors: Mapping[str, TensorLike], base: str, leaf: str, where: str)
         return "float-quantized"
     elif wd == np.int8:
         return "naive-quantized"
-    raise StoreError(
+    raise LayoutRefused(
         f"{where}: {base}.{leaf} ({wd.name}) with a {sd.name} weight_scale is not a layout"
         " qstream decodes"
     )
@@ -226,7 +233,7 @@ def _decoder(
     packed = fmt in ("pack-quantized", "nvfp4-pack-quantized", "mxfp4-pack-quantized")
     w = tensors[name + ("_packed" if packed else "")]
     if len(w.shape) != 2:
-        raise StoreError(f"{at}: a {len(w.shape)}-D weight; qstream decodes 2-D ones")
+        raise LayoutRefused(f"{at}: a {len(w.shape)}-D weight; qstream decodes 2-D ones")
     scale = _read_small(scale_t, at, "weight_scale")
     nbytes = int(w.nbytes) + int(scale_t.nbytes)
     rows = int(w.shape[0])
@@ -240,7 +247,7 @@ def _decoder(
     except QStreamError as e:
         if isinstance(e, StoreError):
             raise
-        raise StoreError(f"{at}: {e}") from None
+        raise LayoutRefused(f"{at}: {e}") from None
 
 
 def _read_small(t: TensorLike, at: str, what: str) -> np.ndarray:
@@ -250,12 +257,12 @@ def _read_small(t: TensorLike, at: str, what: str) -> np.ndarray:
 
 def _check_float_scale(s: np.ndarray, at: str, what: str, allow_zero: bool = False) -> None:
     if s.dtype not in _FLOAT_SCALES and s.dtype != E4M3:
-        raise StoreError(f"{at}: {what} has dtype {s.dtype.name}, not a float scale")
+        raise LayoutRefused(f"{at}: {what} has dtype {s.dtype.name}, not a float scale")
     f = s.astype(F32)
     if not np.isfinite(f).all():
-        raise StoreError(f"{at}: {what} holds NaN or infinite scales")
+        raise LayoutRefused(f"{at}: {what} holds NaN or infinite scales")
     if (f < 0).any() or (not allow_zero and (f == 0).any()):
-        raise StoreError(f"{at}: {what} holds {'negative' if (f < 0).any() else 'zero'} scales")
+        raise LayoutRefused(f"{at}: {what} holds {'negative' if (f < 0).any() else 'zero'} scales")
 
 
 def _fp8(
@@ -264,7 +271,7 @@ def _fp8(
     from ...core.float_formats import fp8_dequantize
 
     if scale.dtype not in (F32, BF16):
-        raise StoreError(f"{at}: weight_scale has dtype {scale.dtype.name} (float32/bfloat16)")
+        raise LayoutRefused(f"{at}: weight_scale has dtype {scale.dtype.name} (float32/bfloat16)")
     _check_float_scale(scale, at, "weight_scale")
     rows, cols = (int(n) for n in w.shape)
     granularity, block = _fp8_strategy(scale.shape, rows, cols, args, at)
@@ -296,7 +303,7 @@ def _fp8_strategy(
         want = (-(-rows // blk[0]), -(-cols // blk[1]))
         if strat in (None, "block") and tuple(sshape) == want and len(blk) == 2:
             return "block", (int(blk[0]), int(blk[1]))
-    raise StoreError(
+    raise LayoutRefused(
         f"{at}: weight_scale of shape {list(sshape)} matches no strategy of the"
         f" quantization_config for a [{rows}, {cols}] weight"
     )
@@ -318,17 +325,19 @@ def _fp4_mx(
     rows, cols = shape
     group = 16 if fmt.startswith("nvfp4") else 32
     if tuple(scale.shape) != (rows, cols // group) or cols % group:
-        raise StoreError(
+        raise LayoutRefused(
             f"{at}: weight_scale of shape {list(scale.shape)}, a [{rows}, {cols}] weight in"
             f" groups of {group} needs [{rows}, {cols // group}]"
         )
     if fmt.startswith("nvfp4"):
         if scale.dtype != E4M3:
-            raise StoreError(f"{at}: weight_scale has dtype {scale.dtype.name}, not float8_e4m3fn")
+            raise LayoutRefused(
+                f"{at}: weight_scale has dtype {scale.dtype.name}, not float8_e4m3fn"
+            )
         _check_float_scale(scale, at, "weight_scale", allow_zero=True)
         gs = _read_small(tensors[f"{base}.weight_global_scale"], at, "weight_global_scale")
         if gs.dtype != F32 or gs.size != 1:
-            raise StoreError(
+            raise LayoutRefused(
                 f"{at}: weight_global_scale must be one float32, got {gs.dtype} {list(gs.shape)}"
             )
         _check_float_scale(gs, at, "weight_global_scale")
@@ -338,9 +347,9 @@ def _fp4_mx(
 
     else:
         if scale.dtype != np.uint8:
-            raise StoreError(f"{at}: weight_scale has dtype {scale.dtype.name}, not uint8 E8M0")
+            raise LayoutRefused(f"{at}: weight_scale has dtype {scale.dtype.name}, not uint8 E8M0")
         if (scale == 255).any():
-            raise StoreError(f"{at}: weight_scale holds E8M0 NaN (255) scales")
+            raise LayoutRefused(f"{at}: weight_scale holds E8M0 NaN (255) scales")
         kind = "mxfp4" if fmt.startswith("mxfp4") else "mxfp8"
 
         def decode(r0: int, r1: int) -> np.ndarray:
@@ -362,16 +371,16 @@ def _int(
     """``int-quantized`` (int8 codes) and ``pack-quantized`` (int32 words): ``(q - zp) *
     scale`` in the scale's dtype, as compressed-tensors' ``_dequantize``."""
     if scale.dtype not in _FLOAT_SCALES:
-        raise StoreError(f"{at}: weight_scale has dtype {scale.dtype.name}, not a float scale")
+        raise LayoutRefused(f"{at}: weight_scale has dtype {scale.dtype.name}, not a float scale")
     _check_float_scale(scale, at, "weight_scale")
     rows = int(w.shape[0])
     if fmt == "pack-quantized":
         shape_t = tensors.get(f"{base}.weight_shape")
         if shape_t is None:
-            raise StoreError(f"{at}: weight_packed has no weight_shape beside it (half a pair)")
+            raise LayoutRefused(f"{at}: weight_packed has no weight_shape beside it (half a pair)")
         ws = _read_small(shape_t, at, "weight_shape").reshape(-1)
         if ws.size != 2 or ws.dtype.kind not in "iu" or int(ws[0]) != rows or ws[1] < 0:
-            raise StoreError(f"{at}: weight_shape {ws.tolist()} does not fit {list(w.shape)}")
+            raise LayoutRefused(f"{at}: weight_shape {ws.tolist()} does not fit {list(w.shape)}")
         cols = int(ws[1])
         bits = _bits(args, cols, int(w.shape[1]), at)
     else:
@@ -385,12 +394,12 @@ def _int(
         if fmt == "pack-quantized" and scale.ndim == 2 and scale.shape[0] == rows:
             zp = _unpack(zp.T, bits, rows, at, "weight_zero_point").T
         if tuple(zp.shape) != tuple(scale.shape):
-            raise StoreError(
+            raise LayoutRefused(
                 f"{at}: weight_zero_point {list(zp.shape)} and weight_scale"
                 f" {list(scale.shape)} differ"
             )
     elif not sym:
-        raise StoreError(f"{at}: asymmetric weights without a weight_zero_point (half a pair)")
+        raise LayoutRefused(f"{at}: asymmetric weights without a weight_zero_point (half a pair)")
     if math.prod(scale.shape) == 1:
         kind = "tensor"
     elif tuple(scale.shape) == (rows, 1):
@@ -398,12 +407,12 @@ def _int(
     elif scale.ndim == 2 and scale.shape[0] == rows and cols % groups == 0:
         kind = "group"
     else:
-        raise StoreError(
+        raise LayoutRefused(
             f"{at}: weight_scale of shape {list(scale.shape)} fits no strategy of a"
             f" [{rows}, {cols}] weight"
         )
     if f"{base}.weight_g_idx" in tensors:
-        raise StoreError(f"{at}: act-order weight_g_idx is not decoded by qstream")
+        raise LayoutRefused(f"{at}: act-order weight_g_idx is not decoded by qstream")
     out_dtype = np.dtype(scale.dtype)
 
     def decode(r0: int, r1: int) -> np.ndarray:
@@ -437,7 +446,7 @@ def _bits(args: list[dict[str, Any]], cols: int, words: int, at: str) -> int:
     fits = [b for b in range(1, 9) if -(-cols * b // 32) == words]
     found = [b for b in fits if b in declared]
     if len(found) != 1:
-        raise StoreError(
+        raise LayoutRefused(
             f"{at}: {words} int32 words a row fit {fits or 'no'} bit width(s) for {cols} values;"
             f" the quantization_config declares {sorted(declared)}"
         )
@@ -448,9 +457,9 @@ def _unpack(words: np.ndarray, bits: int, cols: int, at: str, what: str) -> np.n
     """compressed-tensors' dense int32 packing undone: value ``i`` of a row at bits
     ``[i * bits, (i + 1) * bits)`` of its little-endian words, minus ``2 ** (bits - 1)``."""
     if words.dtype != np.int32:
-        raise StoreError(f"{at}: {what} has dtype {words.dtype.name}, not int32")
+        raise LayoutRefused(f"{at}: {what} has dtype {words.dtype.name}, not int32")
     if words.shape[-1] * 32 < cols * bits:
-        raise StoreError(f"{at}: {what} {list(words.shape)} is too narrow for {cols} values")
+        raise LayoutRefused(f"{at}: {what} {list(words.shape)} is too narrow for {cols} values")
     w = np.ascontiguousarray(words).astype("<i4")
     stream = np.unpackbits(w.view(np.uint8).reshape(w.shape[0], -1), axis=1, bitorder="little")
     vals = stream[:, : cols * bits].reshape(w.shape[0], cols, bits).astype(np.int16)
