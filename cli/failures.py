@@ -7,6 +7,12 @@ plan refused before any work...), 75 another qstream process holds DST (temporar
 later), 130 interrupted (Ctrl-C), 143
 terminated (SIGTERM: a scheduler's timeout, ``kill``), 141 a closed pipe (``| head``: quiet).
 ``--debug`` (anywhere on the line) shows the traceback instead.
+
+With ``--json`` a failure also prints one JSON object on stdout, where the report would have
+been: ``{"error": {"kind", "type", "message", "exit_code", "time"}, "qstream_version"}``
+(``kind``: usage, invalid, refused, busy, failed, io, internal, interrupted, terminated;
+``type``: the exception's class; ``time``: when it failed, ISO 8601 in UTC). A report has a
+``summary``; an error object never has.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ else:
     # exports.
     ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
-state = {"debug": False}
+state = {"debug": False, "json": False}
 
 BUSY = 75  # EX_TEMPFAIL: another qstream process holds DST; the same command succeeds later
 
@@ -154,10 +160,27 @@ def cli_terms(message: str, flags: set[str] | None = None) -> str:
     return message
 
 
-def fail(message: str, code: int) -> NoReturn:
-    """Print ``error: message`` (one line, in command-line terms) and exit with ``code``."""
-    typer.echo(f"error: {cli_terms(message, command_flags())}", err=True)
+def fail(message: str, code: int, kind: str = "failed", error: str | None = None) -> NoReturn:
+    """Print ``error: message`` (one line, in command-line terms) and exit with ``code``;
+    with ``--json`` the same as a JSON error object on stdout too (:func:`json_error`)."""
+    message = cli_terms(message, command_flags())
+    typer.echo(f"error: {message}", err=True)
+    json_error(kind, message, code, error)
     raise typer.Exit(code)
+
+
+def json_error(kind: str, message: str, code: int, error: str | None = None) -> None:
+    """With ``--json`` on the line: the failure as one JSON object on stdout (``kind`` of
+    failure, the exception's class ``error``, the message, the exit code, the time)."""
+    if not state["json"]:
+        return
+    import json
+    from datetime import UTC, datetime
+
+    when = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    body: dict[str, Any] = {"kind": kind, "type": error or kind, "message": message}
+    body.update(exit_code=code, time=when)
+    typer.echo(json.dumps({"error": body, "qstream_version": qs.__version__}))
 
 
 @contextmanager
@@ -169,28 +192,29 @@ def library_errors(refusals: bool = False) -> Iterator[None]:
     except typer.Exit:
         raise
     except typer.BadParameter as e:
-        fail(str(e), 2)
+        fail(str(e), 2, "usage", "BadParameter")
     except Terminated:
-        fail("terminated (SIGTERM); run the same command again to resume", 143)
+        fail("terminated (SIGTERM); run the same command again to resume", 143, "terminated")
     except KeyboardInterrupt:
-        fail("interrupted; run the same command again to resume", 130)
+        fail("interrupted; run the same command again to resume", 130, "interrupted")
     except BrokenPipeError:
         quiet_pipe()
         raise typer.Exit(141) from None
     except Exception as e:
         if state["debug"]:
             traceback.print_exc()
+        name = e.__class__.__name__
         if isinstance(e, (qs.InvalidParameterError, qs.InvalidDTypeError)):
-            fail(str(e), 2)
+            fail(str(e), 2, "invalid", name)
         if isinstance(e, qs.DestinationBusyError):
-            fail(str(e), BUSY)
+            fail(str(e), BUSY, "busy", name)
         if refusals and isinstance(e, qs.QStreamError):
-            fail(str(e), 2)
+            fail(str(e), 2, "refused", name)
         if isinstance(e, qs.QStreamError):
-            fail(str(e), 1)
+            fail(str(e), 1, "failed", name)
         if isinstance(e, OSError):
-            fail(f"{e.__class__.__name__}: {e}", 1)
-        fail(f"internal error: {e.__class__.__name__}: {e} (re-run with --debug for details)", 1)
+            fail(f"{name}: {e}", 1, "io", name)
+        fail(f"internal error: {name}: {e} (re-run with --debug for details)", 1, "internal", name)
 
 
 def _usage_line(e: Any) -> str:
@@ -232,6 +256,7 @@ class Group(typer.core.TyperGroup):
         argv = list(sys.argv[1:] if args is None else args)
         cut = argv.index("--") if "--" in argv else len(argv)
         state["debug"] = "--debug" in argv[:cut]
+        state["json"] = "--json" in argv[:cut]
         if "--version" in argv[:cut]:
             typer.echo(f"qstream {qs.__version__}")
             return _end_with(0, standalone_mode)
@@ -250,10 +275,13 @@ class Group(typer.core.TyperGroup):
             if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # bare ``qstream``
                 typer.echo(ctx.get_help())
             else:
-                typer.echo(_usage_line(e), err=True)
+                line = _usage_line(e)
+                typer.echo(line, err=True)
+                json_error("usage", line.removeprefix("error: "), e.exit_code, type(e).__name__)
             return _end_with(e.exit_code, standalone_mode)
         except typer.Abort:
             typer.echo("error: interrupted", err=True)
+            json_error("interrupted", "interrupted", 130)
             return _end_with(130, standalone_mode)
         return _end_with(rv if isinstance(rv, int) else 0, standalone_mode)
 

@@ -3,7 +3,11 @@
 
 On a terminal: Rich tables. Otherwise (pipes, logs, CI): plain lines, one
 row per line, nothing wrapped. ``--json``: one strict JSON document on stdout (non-finite
-numbers become ``null``; an ``sqnr_db`` of ``null`` means no error at all).
+numbers become ``null``; an ``sqnr_db`` of ``null`` means no error at all), every command's
+in one style: an object whose first keys are ``qstream_version`` and ``summary``
+(:mod:`cli.report_summary`), then the report, written with ``", "`` and ``": "`` between
+items however large it is. A failure with ``--json`` prints ``{"error": {...}, ...}``
+instead (:func:`cli.failures.fail`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import typer
+
+import qstream as qs
+
+from .report_summary import summarize
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -46,9 +54,15 @@ def strict(value: object) -> object:
     return value
 
 
-def emit_json(value: object) -> None:
+def emit_json(value: object, summary: dict[str, Any] | None = None) -> None:
     """Print ``value`` as one strict JSON document, written piece by piece (a per-channel
-    calibration of millions of channels is never held as one string)."""
+    calibration of millions of channels is never held as one string). A report (a dict)
+    comes after ``qstream_version`` and its ``summary`` (default: :func:`summarize`'s)."""
+    if isinstance(value, dict):
+        if summary is None:
+            summary = summarize(value)
+        head = {"qstream_version": qs.__version__, "summary": summary}
+        value = {**head, **{k: v for k, v in value.items() if k not in head}}
     _emit(value, sys.stdout.write)
     sys.stdout.write("\n")
     sys.stdout.flush()
@@ -77,19 +91,21 @@ def _small(value: object, budget: int = _SLAB) -> bool:
 
 
 def _emit(value: object, write: Callable[[str], object]) -> None:
+    """Write ``value`` as JSON in pieces, with json.dumps's own separators (``", "``,
+    ``": "``) between the pieces too: one style whatever the report's size."""
     if isinstance(value, (dict, list, tuple)) and _small(value, 256):
         write(json.dumps(strict(value), allow_nan=False))
     elif isinstance(value, dict):
         write("{")
         for i, (k, v) in enumerate(value.items()):
-            write(("," if i else "") + json.dumps(str(k)) + ":")
+            write((", " if i else "") + json.dumps(str(k)) + ": ")
             _emit(v, write)
         write("}")
     elif isinstance(value, (list, tuple)) and len(value) > _SLAB:
         write("[")
         for i in range(0, len(value), _SLAB):
             part = json.dumps(strict(list(value[i : i + _SLAB])), allow_nan=False)
-            write(("," if i else "") + part[1:-1])
+            write((", " if i else "") + part[1:-1])
         write("]")
     else:
         write(json.dumps(strict(value), allow_nan=False))

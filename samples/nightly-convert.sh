@@ -15,15 +15,20 @@ if [ $# -lt 2 ] || [ $# -gt 3 ]; then
 fi
 ckpt=$1; out=$2; recipe=${3:-$(dirname "$0")/recipe-int8.toml}
 report="${out%/}.report.json"
-log() { echo "$(date '+%Y-%m-%dT%H:%M:%S') nightly-convert: $*" >&2; }
+# Every line on stderr: an ISO 8601 UTC timestamp, the script's name, what happened; the first
+# says "start: ...", the last "end: exit N after S s" (qstream's own error: lines in between).
+log() { echo "$(date -u '+%Y-%m-%dT%H:%M:%SZ') nightly-convert: $*" >&2; }
+started=$SECONDS
+finish() { log "end: exit $1 after $((SECONDS - started)) s"; exit "$1"; }
+log "start: $ckpt -> $out (recipe $recipe)"
 
 if ! command -v qstream >/dev/null 2>&1; then
   log "qstream is not on PATH (pip install -e '.[s3]' from a qstream checkout, or pip install qstream-zarr; or activate its environment)"
-  exit 1
+  finish 1
 fi
 if [[ "$ckpt" != *://* ]] && [ ! -e "$ckpt" ]; then  # (s3://... is read by qstream itself)
   log "checkpoint not found: $ckpt"
-  exit 2
+  finish 2
 fi
 
 # The report goes to a temporary file first: a failed or no-op run keeps the last real report.
@@ -33,7 +38,7 @@ on_term() {  # cron/systemd/Airflow stop the job: pass it on, say so, exit as qs
   log "SIGTERM received: stopping the conversion (re-run to resume)"
   [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child"
   rm -f "$tmp"
-  exit 143
+  finish 143
 }
 trap on_term TERM
 trap 'rm -f "$tmp"' EXIT
@@ -69,4 +74,4 @@ case $status in
        log "conversion failed (exit $status); see the message above"
      fi ;;
 esac
-exit $status
+finish $status
