@@ -10,7 +10,7 @@ import typer
 
 import qstream as qs
 
-from .export import gguf_summary
+from .export import NO_TOKENIZER_NOTE, gguf_summary
 from .failures import library_errors
 from .helptext import examples
 from .options import (
@@ -105,6 +105,12 @@ def convert(
         " blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric 4-bit ->"
         " Q4_1; another spec is refused].",
     ),
+    no_tokenizer: bool = typer.Option(
+        False,
+        "--no-tokenizer",
+        help="With a .gguf DST: write tensors and hyperparameters only, no tokenizer (llama.cpp"
+        " will not load the file) [default: the model's tokenizer, as llama.cpp's converter].",
+    ),
     dtype: str | None = typer.Option(
         None, "--dtype", metavar="TYPE", help="Without --recipe: the quantized type [int8]."
     ),
@@ -151,6 +157,8 @@ def convert(
             raise typer.BadParameter("--format and --config apply to a .safetensors DST only")
         if fmt != "compressed-tensors" and dst.endswith(".gguf"):
             raise typer.BadParameter("--format applies to a .safetensors DST (a .gguf is GGUF)")
+        if no_tokenizer and (not dst.endswith(".gguf") or dry_run):
+            raise typer.BadParameter("--no-tokenizer applies to a .gguf DST, without --dry-run")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
         rec = recipe_of(recipe, flags, include, exclude)
@@ -163,6 +171,19 @@ def convert(
             extra["store"] = store
         if packs is not None:
             extra["packs"] = packs
+    if no_tokenizer:  # (a .gguf of tensors only: export_gguf plans it, refusing up front)
+        with library_errors(refusals=True):
+            report = qs.export_gguf(
+                checkpoint, dst, type=gguf_type, recipe=rec, config=config,
+                overwrite=overwrite, max_memory=parse_size(max_memory, "--max-memory"),
+                tokenizer=False,
+            )  # fmt: skip
+        if as_json:
+            emit_json(report)
+        elif not quiet:
+            typer.echo(gguf_summary(checkpoint, report))
+            typer.echo(NO_TOKENIZER_NOTE)
+        return
     with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
         limit = parse_size(max_memory, "--max-memory")
         plan = qs.plan_convert(

@@ -43,6 +43,12 @@ def export(
         help="GGUF block type for a float checkpoint: Q8_0, Q4_0, Q4_1 (or F16, BF16, F32)"
         " [default: Q8_0].",
     ),
+    no_tokenizer: bool = typer.Option(
+        False,
+        "--no-tokenizer",
+        help="With a .gguf OUT: tensors and hyperparameters only, no tokenizer (llama.cpp will"
+        " not load the file).",
+    ),
     max_shard_size: str = typer.Option(
         "5GB",
         "--max-shard-size",
@@ -79,13 +85,18 @@ def export(
         require_input(src, "SRC")
         if out.endswith(".gguf"):
             result = qs.export_gguf(
-                src, out, type=gguf_type, config=config, overwrite=overwrite, max_memory=limit
-            )
+                src, out, type=gguf_type, config=config, overwrite=overwrite, max_memory=limit,
+                tokenizer=not no_tokenizer,
+            )  # fmt: skip
             if as_json:
                 emit_json(result)
             elif not quiet:
                 typer.echo(gguf_summary(src, result))
+                if no_tokenizer:
+                    typer.echo(NO_TOKENIZER_NOTE)
             return
+        if no_tokenizer:
+            raise typer.BadParameter("--no-tokenizer applies to a .gguf OUT only")
         result = qs.export_safetensors(
             src,
             out,
@@ -111,6 +122,12 @@ def export(
                     " keeps no model config.json): pass --config MODEL/config.json (the"
                     " converted model's) to merge it, or merge it in yourself"
                 )
+
+
+NO_TOKENIZER_NOTE = (
+    "note: --no-tokenizer: the file holds tensors and hyperparameters only; llama.cpp will not"
+    " load it (key not found: tokenizer.ggml.model)"
+)
 
 
 def gguf_summary(src: str, result: dict[str, Any]) -> str:

@@ -41,9 +41,51 @@ _QWEN2_SPLIT = (
 )
 
 
+LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python whose sdist vendors the converter used
+#: the parts of the sdist's vendor/llama.cpp the tests use (the converter and its vocabularies)
+_NEEDED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "qstream-tests" / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
+
+
+def fetch_llama_cpp_source() -> Path | None:
+    """llama.cpp's converter from the llama-cpp-python sdist (``pip download --no-binary``),
+    its ``vendor/llama.cpp`` parts extracted once into the user's cache; None when pip
+    cannot fetch it (offline)."""
+    import subprocess
+    import sys
+    import tarfile
+
+    root = _cache_root()
+    tree = root / "llama.cpp"
+    if (tree / CONVERTER).is_file():
+        return tree
+    root.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+           "--no-binary", ":all:", "--no-deps", "-d", str(root)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+    if done.returncode != 0 or not sdists:
+        return None
+    partial = root / f"llama.cpp.{os.getpid()}.partial"
+    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+    with tarfile.open(sdists[0]) as tar:
+        for m in tar.getmembers():
+            rel = m.name[len(prefix) :] if m.name.startswith(prefix) else ""
+            if rel.startswith(_NEEDED) and (m.isfile() or m.isdir()):
+                m.name = rel
+                tar.extract(m, partial, filter="data")
+    os.replace(partial, tree)
+    return tree
+
+
 def llama_cpp_root() -> Path | None:
     """The llama.cpp source tree holding the converter: under the installed ``llama_cpp``
-    package's ``vendor`` folder, else ``$QSTREAM_LLAMA_CPP_SRC``, else :data:`DEFAULT_SRC`."""
+    package's ``vendor`` folder, else ``$QSTREAM_LLAMA_CPP_SRC``, else :data:`DEFAULT_SRC`,
+    else the sdist fetched into the user's cache (:func:`fetch_llama_cpp_source`)."""
     candidates: list[str] = []
     try:
         import importlib.util
@@ -60,7 +102,9 @@ def llama_cpp_root() -> Path | None:
     for c in candidates:
         if os.path.isfile(os.path.join(c, CONVERTER)):
             return Path(c)
-    return None
+    if os.environ.get("QSTREAM_LLAMA_CPP_SRC"):
+        return None  # (the folder named is used, or nothing)
+    return fetch_llama_cpp_source()
 
 
 def llama_cpp_converter() -> Path:
@@ -70,7 +114,8 @@ def llama_cpp_converter() -> Path:
     if root is None:
         why = (
             f"llama.cpp's {CONVERTER} not found (installed llama_cpp vendor dir,"
-            f" $QSTREAM_LLAMA_CPP_SRC, {DEFAULT_SRC})"
+            f" $QSTREAM_LLAMA_CPP_SRC, {DEFAULT_SRC}, the llama-cpp-python=={LLAMA_CPP_PYTHON}"
+            f" sdist fetched into {_cache_root()})"
         )
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(why)

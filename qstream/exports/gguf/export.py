@@ -15,11 +15,16 @@ Two sources:
   32 or per channel on axis 0, float16-exact scales: ``scale_dtype="float16"``); anything
   else is refused, naming the tensor and why.
 
-With a ``config.json`` of a Llama-style model (``model_type`` llama / mistral), tensor names
-are mapped as llama.cpp's converter maps them (``model.layers.0.self_attn.q_proj.weight`` ->
-``blk.0.attn_q.weight``), the rows of q/k projections permuted as it does, and the
-hyper-parameters written as ``llama.*`` keys; a name llama.cpp would not know is refused.
-The tokenizer is not written: llama.cpp's ``gguf-new-metadata`` / its converter add it.
+With the model's ``config.json`` (llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE,
+Gemma 2, Gemma 3, Phi-3; any other architecture refused, listing these), the file is the one
+llama.cpp's converter writes, so that llama.cpp loads and runs it: tensor names mapped
+(``model.layers.0.self_attn.q_proj.weight`` -> ``blk.0.attn_q.weight``), values transformed
+as it transforms them (q/k rows permuted, Gemma norms + 1), 1-D tensors and norms F32,
+per-expert tensors merged into 3-D ``ffn_{gate,up,down}_exps``, and its ``general.*``,
+architecture and ``tokenizer.*`` keys (the tokenizer beside the model: SentencePiece or
+byte-level BPE, with the chat template); ``tokenizer=False`` writes tensors and
+hyperparameters only (llama.cpp will not load that file). See
+:mod:`qstream.exports.gguf.plan`.
 """
 
 from __future__ import annotations
@@ -35,12 +40,10 @@ from ...paths import kind_of
 from ...spec import QuantSpec, Recipe
 from ..files import SLAB
 from ..targets import export_lock
-from .file import ALIGN, MARK, STR, U32, GGUFTensor, Value, identity, write_gguf
+from .file import MARK, STR, GGUFTensor, Value, identity, write_gguf
 from .plan import GGUFPlan, is_output, plan_gguf, spec_type
-from .tensors import ErrorSums, float_tensor, quantized_tensor
+from .tensors import ErrorSums, experts_tensor, float_tensor, quantized_tensor
 
-#: llama.cpp's ``LlamaFileType`` of a file mostly of each type
-FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "BF16": 32}
 _ERROR_KEYS = ("sqnr_db", "mse", "cosine", "count", "max_abs")  # a tensor's in the report
 _SOURCE_SUFFIXES = (".safetensors", ".json", ".npz", ".npy", ".pt", ".pth", ".bin")
 
@@ -78,6 +81,7 @@ def export_gguf(
     config: str | os.PathLike[str] | dict[str, Any] | None = None,
     overwrite: bool = False,
     max_memory: int | None = None,
+    tokenizer: bool = True,
 ) -> dict[str, Any]:
     """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
     the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
@@ -89,10 +93,13 @@ def export_gguf(
     Q8_0); any other spec is refused, naming the tensor, the nearest type and ``type``.
     ``type`` (Q8_0, Q4_0, Q4_1, F16, BF16, F32) alone picks the type of every tensor the
     recipe quantizes, with its own rule. ``config``: the model's config.json (path or dict);
-    None: the one beside ``src``; its fields are checked before any work.
+    None: the one beside ``src``; its fields are checked before any work. ``tokenizer``:
+    write the model's tokenizer (False: tensors and hyperparameters only, which llama.cpp
+    does not load; a plan warning says so).
 
-    Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type),
-    ``bytes`` (the file's size), ``architecture``, ``plan`` (a row per tensor:
+    Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type; a merged
+    expert tensor's name reads ``experts.*``), ``bytes`` (the file's size), ``architecture``,
+    ``tokenizer`` (whether written), ``plan`` (a row per tensor:
     :meth:`GGUFPlan.rows`) and ``error`` (source name -> ``sqnr_db``, ``mse``, ``cosine``,
     ``count``, ``max_abs``: each quantized tensor's GGUF values against its source values,
     summed as it is written; a qstream output's copied tensors: the error its conversion
@@ -100,7 +107,7 @@ def export_gguf(
     out = os.fspath(out)
     if not out.endswith(".gguf"):
         raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
-    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory)
+    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory, tokenizer=tokenizer)
     for warning in plan.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=2)
     return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
@@ -109,7 +116,8 @@ def export_gguf(
 def _job(plan: GGUFPlan) -> str:
     """The identity a GGUF file of ``plan`` records (a re-run finds it finished)."""
     src, cfg = plan.source, plan.config
-    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg}
+    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg,
+             "tokenizer": plan.tokenizer}  # fmt: skip
     return json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
 
 
@@ -171,28 +179,26 @@ def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str,
     sums: dict[str, ErrorSums] = {}
     errors: dict[str, dict[str, Any]] = {}
     for t in plan.tensors:
-        v = plan.opened[t.name]
-        if t.copied:
+        if not t.kept and not t.copied:
+            sums[t.name] = ErrorSums()
+        if t.parts:
+            parts = [plan.opened[p] for p in t.parts]
+            tensors.append(experts_tensor(t.gguf_name, parts, t.type, budget, sums.get(t.name)))
+        elif t.copied:
+            v = plan.opened[t.name]
             tensors.append(quantized_tensor(t.gguf_name, t.name, v, t.heads))
             recorded = (getattr(v, "report", None) or {}).get("error")
             if isinstance(recorded, dict):  # (its values are the conversion's, exactly)
                 errors[t.name] = {k: recorded.get(k) for k in _ERROR_KEYS}
         else:
-            if not t.kept:
-                sums[t.name] = ErrorSums()
-            g = float_tensor(t.gguf_name, v, t.type, t.heads, budget, sums.get(t.name))
-            tensors.append(g)
+            v = plan.opened[t.name]
+            tensors.append(float_tensor(t.gguf_name, v, t.type, t.heads, budget,
+                                        sums.get(t.name), add=t.add, rows=t.rows))  # fmt: skip
         types[t.name] = t.type
-    kv: dict[str, Value] = {
-        MARK: (STR, job),
-        "general.architecture": (STR, plan.architecture),
-        "general.name": (STR, _text(os.path.basename(out)[: -len(".gguf")])),
-        "general.file_type": (U32, FILE_TYPE.get(_mostly(types), 0)),
-        "general.quantization_version": (U32, 2),
-        "general.alignment": (U32, ALIGN),
-    }
-    if plan.llama:
-        kv.update(plan.llama.keys())
+    kv: dict[str, Value] = {MARK: (STR, job)}
+    for item in plan.meta:
+        kv[item.key] = (item.type, item.value) if item.element is None else (
+            item.type, item.value, item.element)  # fmt: skip
     write_gguf(out, kv, tensors)
     for name, s in sums.items():
         errors[name] = s.summary()
@@ -202,6 +208,7 @@ def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str,
         "tensors": types,
         "bytes": os.path.getsize(out),
         "architecture": plan.architecture,
+        "tokenizer": plan.tokenizer,
         "plan": plan.rows(),
         "error": errors,
     }
@@ -214,18 +221,3 @@ def block_type(name: str, spec: QuantSpec) -> str:
         return spec_type(spec, (0, q.BLOCK))
     except InvalidParameterError as e:
         raise InvalidParameterError(f"{name}: {e}") from None
-
-
-def _text(s: str) -> str:
-    """``s`` as UTF-8 can hold it (a file name's undecodable bytes replaced)."""
-    return s.encode("utf-8", "replace").decode("utf-8")
-
-
-def _mostly(types: dict[str, str]) -> str:
-    """The quantized type most tensors have (else the plain one), naming the file's type."""
-    counts: dict[str, int] = {}
-    for v in types.values():
-        counts[v] = counts.get(v, 0) + 1
-    quantized = {k: n for k, n in counts.items() if k in q.TYPE_SIZE}
-    pool = quantized or counts
-    return max(pool, key=lambda k: pool[k]) if pool else "F32"

@@ -29,8 +29,10 @@ MARK = "qstream.export"  # a key every GGUF qstream writes carries
 # GGUF's value types
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 
-#: a key's (value type, value)
-Value = tuple[int, Any]
+#: a key's (value type, value), or (ARR, items, the items' value type) for an array
+Value = tuple[int, Any] | tuple[int, Any, int]
+_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q",
+            11: "q", 12: "d"}  # fmt: skip
 
 
 class GGUFTensor:
@@ -56,23 +58,34 @@ def _string(s: str) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _value(kind: int, v: Any) -> bytes:
+def _value(kind: int, v: Any, element: int | None = None) -> bytes:
     if kind == STR:
         return _string(v)
-    return struct.pack({U32: "<I", I32: "<i", F32: "<f", BOOL: "<?", U64: "<Q"}[kind], v)
+    if kind == ARR:
+        if element is None or element == ARR:
+            raise StoreError(f"an array of value type {element} is not written")
+        head = struct.pack("<IQ", element, len(v))
+        if element == STR:
+            return head + b"".join(_string(s) for s in v)
+        return head + struct.pack(f"<{len(v)}{_FORMATS[element]}", *v)
+    return struct.pack("<" + _FORMATS[kind], v)
 
 
 def write_gguf(path: str, kv: dict[str, Value], tensors: list[GGUFTensor]) -> None:
-    """Write the GGUF file ``path``: the keys ``kv`` (in order), then ``tensors``."""
-    head = struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))
-    for k, (kind, v) in kv.items():
-        head += _string(k) + struct.pack("<I", kind) + _value(kind, v)
+    """Write the GGUF file ``path``: the keys ``kv`` (in order; arrays of strings and
+    numbers too), then ``tensors``."""
+    parts = [struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))]
+    for k, value in kv.items():
+        kind, v = value[0], value[1]
+        element = value[2] if len(value) > 2 else None  # type: ignore[misc]
+        parts.append(_string(k) + struct.pack("<I", kind) + _value(kind, v, element))
     offset = 0
     for t in tensors:
         dims = t.shape[::-1] or (1,)
-        head += _string(t.name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims)
-        head += struct.pack("<IQ", q.TYPE_ID[t.type], offset)
+        parts.append(_string(t.name) + struct.pack(f"<I{len(dims)}Q", len(dims), *dims))
+        parts.append(struct.pack("<IQ", q.TYPE_ID[t.type], offset))
         offset += t.nbytes + (-t.nbytes % ALIGN)
+    head = b"".join(parts)
     head += b"\0" * (-len(head) % ALIGN)
     remove_stale_partials(path)  # what a killed export of this file left
     tmp = f"{path}.{os.getpid()}.partial"

@@ -19,10 +19,17 @@ GGUF type and ``--gguf-type``:
   (float64 as F32), or in a keep rule's ``dtype``.
 - **A qstream output**: codes and scales a GGUF block type holds exactly are copied (see
   :func:`qstream.exports.gguf.tensors.copy_type`); an explicit ``type`` must be that type.
-- **The model's config.json** (Llama-style: ``model_type`` llama / mistral): every field the
-  writer reads is checked for presence, type and range (:func:`check_config`), and the q/k
-  projections' rows against the head counts; tensor names holding NUL, control characters
-  or lone surrogates are refused, as are two tensors with one GGUF name.
+- **The model** (its config.json: ``architectures[0]``, else ``model_type``): one of the
+  architectures llama.cpp's converter writes as :mod:`qstream.exports.gguf.arch` lists them,
+  any other refused listing the supported ones; every field read is checked (presence, type,
+  range), the q/k projections' rows against the head counts. Tensors are named, transformed
+  (q/k rows permuted, Gemma norms + 1, Gemma 3's embedding cut to the vocabulary) and typed
+  as the converter does (1-D tensors, norms and router gates F32 whatever the source dtype),
+  left out where it leaves them out (a tied lm_head), and per-expert tensors merged into one
+  3-D ``ffn_{gate,up,down}_exps`` a layer; the ``general.*``, architecture and
+  ``tokenizer.*`` keys are computed here (a tokenizer the converter would refuse is refused).
+  Tensor names holding NUL, control characters or lone surrogates are refused, as are two
+  tensors with one GGUF name. Without a config, the checkpoint's own names are kept.
 """
 
 from __future__ import annotations
@@ -31,45 +38,61 @@ import math
 import os
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ...compat import gguf as q
+from ...compat.gguf_names import Transform
+from ...compat.gguf_names import plain_type as converter_type
 from ...errors import InvalidParameterError
 from ...io.checkpoints import source_config
-from ...spec import DEFAULT_SPEC, QuantSpec, Recipe
-from .llama import Llama, check_config, read_config
-from .llama import llama as llama_of
+from ...spec import Recipe
+from .arch import FILE_TYPES
+from .block_types import (
+    RULES,
+    describe,
+    explicit_type,
+    is_default,
+    kept_why,
+    rule_index,
+    rule_where,
+    spec_type,
+)
+from .items import STRING, UINT32, MetaItem
+from .llama import check_config, read_config
+from .model_map import (
+    NO_TOKENIZER,
+    Model,
+    merge_experts,
+    merged_name,
+    metadata_items,
+    model_of,
+    tokenizer_folder,
+    vocab_count,
+)
 from .tensors import copy_type, plain_type
 
-__all__ = ["GGUFPlan", "GGUFTensorPlan", "check_config", "plan_gguf", "read_config"]
+__all__ = ["GGUFPlan", "GGUFTensorPlan", "check_config", "plan_gguf", "read_config",
+           "spec_type"]  # fmt: skip
 
-#: how each GGUF type makes its values (what the plan states for every tensor of that type)
-RULES = {
-    "Q8_0": "gguf-py's Q8_0: blocks of 32 along the last axis, d = absmax / 127 (float32),"
-    " codes round-half-away(x * (1 / d)) in -127..127, d stored as float16",
-    "Q4_0": "gguf-py's Q4_0: blocks of 32 along the last axis, d = m / -8 (m: the value of"
-    " largest magnitude; all 16 levels), nibbles trunc(x * (1 / d) + 8.5) clipped to 0..15,"
-    " d stored as float16",
-    "Q4_1": "gguf-py's Q4_1: blocks of 32 along the last axis, d = (max - min) / 15, m = min,"
-    " nibbles trunc((x - m) * (1 / d) + 0.5) clipped to 0..15, d and m stored as float16",
-    "F32": "float32 values",
-    "F16": "values rounded to float16 (nearest even)",
-    "BF16": "values rounded to bfloat16 (nearest even, as gguf-py)",
-}
 _KEEP_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 _ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+_FORCED = "as llama.cpp's converter writes 1-D tensors, norms and router gates"
 
 
 @dataclass(frozen=True)
 class GGUFTensorPlan:
     """One tensor of a GGUF export: ``name`` in the source, ``gguf_name`` in the file, its
-    ``shape`` and source ``dtype``, the GGUF ``type`` chosen and the ``rule`` its values
-    follow, bytes before (as stored in the source) and after (in the file), whether it is
-    ``kept`` (written in a float type as it is) or copied from a qstream output's codes, and
-    the head count its rows are permuted over (q/k projections of a Llama)."""
+    ``shape`` (as written) and source ``dtype``, the GGUF ``type`` chosen and the ``rule``
+    its values follow, bytes before (as stored in the source) and after (in the file),
+    whether it is ``kept`` (written in a float type) or copied from a qstream output's codes;
+    the converter's transforms: the head count its rows are permuted over (``heads``), a
+    value ``add``-ed (Gemma norms), the first ``rows`` kept (Gemma 3's embedding); ``parts``:
+    the source tensors of a merged expert tensor, in expert order (``name`` then reads
+    ``experts.*``)."""
 
     name: str
     gguf_name: str
@@ -82,6 +105,9 @@ class GGUFTensorPlan:
     kept: bool = False
     copied: bool = False
     heads: int | None = None
+    add: float = 0.0
+    rows: int | None = None
+    parts: tuple[str, ...] = ()
 
     def row(self) -> dict[str, Any]:
         """The tensor as a JSON-ready row (the keys of :func:`qstream.plan_conversion`'s
@@ -101,10 +127,11 @@ class GGUFTensorPlan:
 
 @dataclass(frozen=True)
 class GGUFPlan:
-    """A GGUF export decided: the tensors in file order and what the writer needs besides
-    (the source, whether it is a qstream output, the explicit type, the recipe, the model
-    config and where it was read, the architecture, the Llama naming when there is one) and
-    the recipe's warnings (rules that match nothing; the caller shows them)."""
+    """A GGUF export decided: the tensors in file order, the metadata keys (``meta``: every
+    key but qstream's own), and what the writer needs besides (the source, whether it is a
+    qstream output, the explicit type, the recipe, the model config and where it was read,
+    the architecture, whether a tokenizer is written) and the plan's warnings (recipe rules
+    that match nothing, a file llama.cpp will not load; the caller shows them)."""
 
     source: str
     type: str | None
@@ -112,9 +139,10 @@ class GGUFPlan:
     config: dict[str, Any] | None
     config_path: str | None
     architecture: str
-    llama: Llama | None
     output: bool  # the source is a qstream output (codes copied), not a float checkpoint
     tensors: tuple[GGUFTensorPlan, ...]
+    meta: tuple[MetaItem, ...] = ()
+    tokenizer: bool = False
     warnings: tuple[str, ...] = field(default=())
     #: the opened source tensors by name (a reader's handles: nothing read yet)
     opened: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -140,6 +168,7 @@ def plan_gguf(
     *,
     tensors: Mapping[str, Any] | None = None,
     max_memory: int | None = None,
+    tokenizer: bool = True,
 ) -> GGUFPlan:
     """Decide the GGUF export of ``src`` (a float checkpoint, or a qstream output) before any
     tensor is read (see the module docstring); raise :class:`InvalidParameterError` for what
@@ -151,18 +180,20 @@ def plan_gguf(
     None: the one beside (or in) ``src``. ``tensors``: the float checkpoint's tensors when the
     caller has opened it already (name -> an object with ``shape`` and ``dtype``, FP8 scales
     paired as :func:`qstream.io.checkpoints.fp8.pair_scales` pairs them); None: opened here.
-    ``max_memory``: the memory bound a qstream output's tensors are opened under."""
+    ``max_memory``: the memory bound a qstream output's tensors are opened under.
+    ``tokenizer``: write the model's tokenizer (from the source's folder, else the config's);
+    False: tensors and hyperparameters only (llama.cpp will not load the file)."""
     from ...io.checkpoints import open_checkpoint, pair_scales
     from ...io.outputs import QuantizedArray, QuantizedCheckpoint, open_quantized
 
-    gtype = _explicit_type(type)
+    gtype = explicit_type(type)
     path = config if config is None or isinstance(config, dict) else os.fspath(config)
     if path is None:
         path = source_config(src)
     cfg = read_config(path)
     where = "config" if isinstance(path, dict) else str(path) if path is not None else None
     check_config(cfg, where or "config")
-    llama = llama_of(cfg)
+    model = model_of(cfg, where or "config")
     if not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe) if recipe else Recipe()
     output = tensors is None and is_output(src)
@@ -177,11 +208,12 @@ def plan_gguf(
             else [("weight", opened)]
         )
         for hf, a in items:
-            _check_name(hf)
-            opened_by_name[hf] = a
-            name = llama.name(hf) if llama else hf
-            heads = _heads(llama, hf, tuple(a.shape))
             shape = tuple(int(d) for d in a.shape)
+            placed = _place(model, hf, shape)
+            if placed is None:
+                continue
+            name, how = placed
+            opened_by_name[hf] = a
             if isinstance(a, QuantizedArray):
                 kind = copy_type(hf, a)
                 if gtype is not None and gtype != kind:
@@ -191,16 +223,20 @@ def plan_gguf(
                         f" the type out (or pass {kind}), or export the float checkpoint with"
                         f" --gguf-type {gtype}"
                     )
+                if how.add:
+                    raise InvalidParameterError(
+                        f"{hf}: holds codes, and llama.cpp's converter adds {how.add} to it;"
+                        " export the float checkpoint to .gguf instead"
+                    )
                 before = _stored_bytes(a)
                 rule = f"{a.qtype.name} codes and scales copied exactly into {kind} blocks"
                 plans.append(
                     GGUFTensorPlan(hf, name, shape, a.qtype.name, kind, rule, before,
-                                   _gguf_bytes(shape, kind), copied=True, heads=heads)
+                                   _gguf_bytes(shape, kind), copied=True, heads=how.heads)
                 )  # fmt: skip
             else:
-                kind = plain_type(a, hf)
-                dtype = _dtype_name(a)
-                plans.append(_kept(hf, name, shape, dtype, kind, "kept", heads))
+                kind = converter_type(name, shape, plain_type(a, hf))
+                plans.append(_kept(hf, name, shape, _dtype_name(a), kind, "kept", how))
     else:
         if tensors is None:
             tensors = pair_scales(open_checkpoint(src), recipe.scales)
@@ -209,51 +245,60 @@ def plan_gguf(
         refusals: dict[int, str] = {}
         opened_by_name = dict(tensors)
         for hf, v in tensors.items():
-            _check_name(hf)
             shape = tuple(int(d) for d in v.shape)
-            name = llama.name(hf) if llama else hf
-            heads = _heads(llama, hf, shape)
+            placed = _place(model, hf, shape)
+            if placed is None:
+                continue
+            name, how = placed
             dtype = _dtype_name(v)
             spec = recipe.spec_for(hf, shape, v.dtype)
             if spec is None:
                 keep = recipe.keep_dtype(hf, shape, v.dtype)
                 kind = _KEEP_TYPES[keep] if keep else plain_type(v, hf)
-                why = f"kept ({_kept_why(recipe, hf, shape, v.dtype)})"
-                plans.append(_kept(hf, name, shape, dtype, kind, why, heads))
+                kind = converter_type(name, shape, kind)
+                why = f"kept ({kept_why(recipe, hf, shape, v.dtype)})"
+                plans.append(_kept(hf, name, shape, dtype, kind, why, how))
+                continue
+            if converter_type(name, shape, "?") == "F32":
+                plans.append(_kept(hf, name, shape, dtype, "F32", f"kept ({_FORCED})", how))
                 continue
             if gtype is not None:
                 kind, why = gtype, f"--gguf-type {gtype}"
             else:
-                index = _rule_index(recipe, hf)
+                index = rule_index(recipe, hf)
                 try:
                     kind = spec_type(spec, shape)
                 except InvalidParameterError as e:
-                    refusals.setdefault(index, f"{hf} ({_where(recipe, index)}): {e}")
+                    refusals.setdefault(index, f"{hf} ({rule_where(recipe, index)}): {e}")
                     asked.setdefault(index, []).append(hf)
                     continue
                 why = (
                     "no spec asked: GGUF's default Q8_0"
-                    if _is_default(spec)
-                    else f"{_describe(spec, shape)} ({_where(recipe, index)})"
+                    if is_default(spec)
+                    else f"{describe(spec, shape)} ({rule_where(recipe, index)})"
                 )
             if kind in q.TYPE_SIZE and (not shape or shape[-1] % q.BLOCK):
                 last = shape[-1] if shape else 1
                 why = (
                     f"kept: a last axis of {last} is not whole blocks of {q.BLOCK}, as"
                     " llama.cpp's converter keeps it"
+                    + (" (in F16, its fallback)" if model is not None else "")
                 )
-                plans.append(_kept(hf, name, shape, dtype, plain_type(v, hf), why, heads))
+                kept = converter_type(name, shape, "F16" if model else plain_type(v, hf))
+                plans.append(_kept(hf, name, shape, dtype, kept, why, how))
                 continue
             before = _source_bytes(v, shape)
             plans.append(
                 GGUFTensorPlan(hf, name, shape, dtype, kind, f"{why}: {RULES[kind]}", before,
-                               _gguf_bytes(shape, kind), heads=heads)
+                               _gguf_bytes(shape, kind), heads=how.heads, add=how.add)
             )  # fmt: skip
         if refusals:
             index, first = next(iter(refusals.items()))
             others = sum(len(v) for v in asked.values()) - 1
             more = f" (and {others} other tensor{'s' * (others != 1)})" if others else ""
             raise InvalidParameterError(first + more)
+    if model is not None:
+        plans = merge_experts(plans, lambda p: p.name, _merged)
     seen: dict[str, str] = {}
     for t in plans:
         if t.gguf_name in seen:
@@ -261,144 +306,110 @@ def plan_gguf(
                 f"{seen[t.gguf_name]} and {t.name} map to one GGUF name {t.gguf_name!r}"
             )
         seen[t.gguf_name] = t.name
-    arch = "llama" if llama else str((cfg or {}).get("model_type") or "qstream")
-    return GGUFPlan(
-        source=str(src),
-        type=gtype,
-        recipe=recipe,
-        config=cfg,
-        config_path=where if isinstance(path, str) else None,
-        architecture=arch,
-        llama=llama,
-        output=output,
-        tensors=tuple(plans),
-        warnings=notes,
-        opened=opened_by_name,
-    )
-
-
-def spec_type(spec: QuantSpec, shape: tuple[int, ...]) -> str:
-    """The GGUF block type that holds ``spec`` on a tensor of ``shape`` as asked (module
-    docstring), else :class:`InvalidParameterError` saying what was asked, why no type
-    holds it, the nearest type and ``--gguf-type``."""
-    if _is_default(spec):
-        return "Q8_0"
-    qt = spec.qtype
-    bits = getattr(qt, "bits", 8)
-    integer = qt.name in ("int8", "uint8", "int4", "uint4")
-    nearest = ("Q4_0" if spec.symmetric else "Q4_1") if bits <= 4 else "Q8_0"
-    why: list[str] = []
-    if not integer:
-        why.append(f"GGUF has no block type of {qt.name} codes")
-    elif qt.name in ("int8", "uint8") and not spec.symmetric:
-        why.append("an asymmetric range (Q8_0 is symmetric; Q4_1, asymmetric, is 4-bit)")
-    ndim = len(shape)
-    last = ndim - 1
-    axis = None if spec.axis is None else spec.axis % ndim if ndim else spec.axis
-    if spec.float_offset:
-        why.append("a float offset (GGUF's blocks carry their own scales)")
-    if spec.axis is None:
-        why.append("one scale for the whole tensor (GGUF: one a block of 32 values)")
-    elif not spec.block_size:
-        why.append(f"one scale per channel on axis {spec.axis} (GGUF: one a block of 32 values)")
-    else:
-        if spec.block_size != q.BLOCK:
-            why.append(f"blocks of {spec.block_size} (GGUF's are {q.BLOCK})")
-        if axis != last:
-            why.append(f"blocks along axis {spec.axis} (GGUF's run along the last axis)")
-    if spec.scale is not None or spec.zero_point is not None:
-        why.append("given scales / zero points (GGUF computes each block's own)")
-    elif spec.method not in ("dynamic", "minmax"):
-        why.append(f"method {spec.method} (GGUF takes each block's whole range: dynamic)")
-    if spec.round_mode != QuantSpec.round_mode:
-        why.append(f"round_mode {spec.round_mode} (GGUF's types round their own way)")
-    if spec.symmetric_levels != QuantSpec.symmetric_levels:
-        why.append(f"symmetric_levels {spec.symmetric_levels} (GGUF's types set their levels)")
-    if spec.narrow_range and nearest != "Q8_0":
-        why.append(f"narrow_range ({nearest} uses every code)")
-    if spec.nan_policy != QuantSpec.nan_policy:
-        why.append(f"nan_policy {spec.nan_policy} (GGUF blocks hold no NaN)")
-    if why:
-        raise InvalidParameterError(
-            f"{_describe(spec, shape)} has no GGUF type: {'; '.join(why)}. The nearest type"
-            f" is {nearest} ({_SHAPES[nearest]}): ask for that spec, or pass --gguf-type"
-            f" {nearest} (type='{nearest}') to take GGUF's own rule for every quantized tensor"
+    folder = Path(src if os.path.isdir(src) else os.path.dirname(os.fspath(src)) or ".")
+    name = _text(os.path.basename(os.path.abspath(folder)))
+    types = {t.name: t.type for t in plans}
+    if model is None:
+        arch = str((cfg or {}).get("model_type") or "qstream")
+        meta = (
+            MetaItem("general.architecture", STRING, arch),
+            MetaItem("general.name", STRING, name),
+            MetaItem("general.file_type", UINT32, FILE_TYPES.get(mostly(types), 0)),
+            MetaItem("general.quantization_version", UINT32, 2),
         )
-    return nearest
+        return GGUFPlan(str(src), gtype, recipe, cfg, _path_of(path, where), arch, output,
+                        tuple(plans), meta, False, notes, opened_by_name)  # fmt: skip
+    vocab = None
+    tok_folder = tokenizer_folder(os.fspath(src), _path_of(path, where)) if tokenizer else None
+    if tok_folder is not None:
+        from .vocab import tokenizer_items
 
-
-_SHAPES = {
-    "Q8_0": "int8, symmetric, blocks of 32 along the last axis",
-    "Q4_0": "int4, symmetric, blocks of 32 along the last axis",
-    "Q4_1": "4-bit, asymmetric, blocks of 32 along the last axis",
-}
-
-
-def _explicit_type(type: str | None) -> str | None:
-    if type is None:
-        return None
-    gtype = str(type).upper()
-    if gtype not in q.TYPE_ID:
-        raise InvalidParameterError(
-            f"unknown GGUF type {type!r}; expected one of: {', '.join(q.TYPES)}"
-        )
-    return gtype
-
-
-def _is_default(spec: QuantSpec) -> bool:
-    """Whether ``spec`` is the recipe's default (no spec asked: GGUF's default type)."""
-    return bool(spec.to_dict() == QuantSpec(**DEFAULT_SPEC).to_dict())
-
-
-def _describe(spec: QuantSpec, shape: tuple[int, ...]) -> str:
-    """What ``spec`` asks, in a few words: ``int8 symmetric, blocks of 128 along axis -1,
-    method dynamic``."""
-    if spec.axis is None:
-        grain = "per tensor"
-    elif spec.block_size:
-        grain = f"blocks of {spec.block_size} along axis {spec.axis}"
+        vocab = tokenizer_items(tok_folder, model.arch, model.config)
     else:
-        grain = f"per channel on axis {spec.axis}"
-    sym = "symmetric" if spec.symmetric else "asymmetric"
-    method = "given scales" if spec.scale is not None else f"method {spec.method}"
-    return f"{spec.qtype.name} {sym}, {grain}, {method}"
+        why = "--no-tokenizer" if not tokenizer else "no tokenizer.json or tokenizer.model found"
+        notes += (f"{why}: {NO_TOKENIZER}",)
+    plans = [_trimmed(model, t, vocab_count(vocab)) for t in plans]
+    shapes = [(t.gguf_name, t.shape) for t in plans]
+    ftype = mostly(types)
+    meta = metadata_items(model, shapes, ftype if ftype in FILE_TYPES else "F32", name,
+                          tok_folder or folder, vocab)  # fmt: skip
+    return GGUFPlan(str(src), gtype, recipe, cfg, _path_of(path, where), model.arch, output,
+                    tuple(plans), tuple(meta), vocab is not None, notes,
+                    opened_by_name)  # fmt: skip
 
 
-def _rule_index(recipe: Recipe, name: str) -> int:
-    """The index of the recipe rule that gives ``name`` its spec; -1: the defaults."""
-    import fnmatch
-
-    return next((i for i, r in enumerate(recipe.rules) if fnmatch.fnmatchcase(name, r.pattern)), -1)
+def _path_of(path: Any, where: str | None) -> str | None:
+    return where if isinstance(path, str) else None
 
 
-def _where(recipe: Recipe, index: int) -> str:
-    if index < 0:
-        return "recipe [defaults] / the spec flags"
-    return f"recipe rule {index + 1} ({recipe.rules[index].pattern!r})"
+def _place(model: Model | None, hf: str, shape: tuple[int, ...]) -> tuple[str, Transform] | None:
+    """The GGUF name and transform of ``hf`` (its name checked; its rows against the heads
+    it is permuted over); None: left out."""
+    _check_name(hf)
+    if model is None:
+        return hf, Transform()
+    placed = model.place(hf)
+    if placed is not None:
+        _check_heads(hf, shape, placed[1].heads)
+    return placed
 
 
-def _kept_why(recipe: Recipe, name: str, shape: tuple[int, ...], dtype: Any) -> str:
-    from ...qtypes import is_float_dtype
+def _merged(parts: list[GGUFTensorPlan]) -> GGUFTensorPlan:
+    """One 3-D tensor of a layer's experts ``parts`` (alike in shape, dtype and type)."""
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.shape, p.dtype, p.type, p.kept) != (first.shape, first.dtype, first.type, first.kept):
+            raise InvalidParameterError(
+                f"{p.name}: {p.dtype} {list(p.shape)} as {p.type}, but {first.name} is"
+                f" {first.dtype} {list(first.shape)} as {first.type}; GGUF holds a layer's"
+                " experts as one tensor: give them one spec"
+            )
+        if p.copied:
+            raise InvalidParameterError(
+                f"{p.name}: a qstream output's expert codes are not merged into GGUF's 3-D"
+                " expert tensors yet; export the float checkpoint to .gguf instead"
+            )
+    shape = (len(parts), *first.shape)
+    return replace(
+        first, name=merged_name(first.name), shape=shape,
+        bytes_before=sum(p.bytes_before for p in parts),
+        bytes_after=sum(p.bytes_after for p in parts), parts=tuple(p.name for p in parts),
+    )  # fmt: skip
 
-    if not is_float_dtype(np.dtype(dtype)):
-        return f"{np.dtype(dtype).name} values"
-    if len(shape) < recipe.min_rank:
-        return f"rank {len(shape)} < {recipe.min_rank}"
-    index = _rule_index(recipe, name)
-    if index >= 0:
-        keep = recipe.rules[index].dtype
-        return f"{_where(recipe, index)}" + (f", as {keep}" if keep else "")
-    return "not in the recipe's include patterns"
+
+def _trimmed(model: Model, t: GGUFTensorPlan, n_vocab: int | None) -> GGUFTensorPlan:
+    """Gemma 3's embedding cut to the vocabulary's rows, as the converter cuts it."""
+    if model.arch != "gemma3" or t.name != "model.embed_tokens.weight" or t.copied:
+        return t
+    n = n_vocab or int(model.config.get("vocab_size") or t.shape[0])
+    if n >= t.shape[0]:
+        return t
+    shape = (n, *t.shape[1:])
+    return replace(t, shape=shape, rows=n, bytes_after=_gguf_bytes(shape, t.type))
+
+
+def mostly(types: Mapping[str, str]) -> str:
+    """The quantized type most tensors have (else the plain one), naming the file's type."""
+    counts: dict[str, int] = {}
+    for v in types.values():
+        counts[v] = counts.get(v, 0) + 1
+    quantized = {k: n for k, n in counts.items() if k in q.TYPE_SIZE}
+    pool = quantized or counts
+    return max(pool, key=lambda k: pool[k]) if pool else "F32"
+
+
+def _text(s: str) -> str:
+    """``s`` as UTF-8 can hold it (undecodable bytes replaced)."""
+    return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _kept(
-    hf: str, name: str, shape: tuple[int, ...], dtype: str, kind: str, why: str, heads: int | None
+    hf: str, name: str, shape: tuple[int, ...], dtype: str, kind: str, why: str, how: Transform
 ) -> GGUFTensorPlan:
-    n = math.prod(shape)
-    before = n * _itemsize(dtype)
+    before = math.prod(shape) * _itemsize(dtype)
     return GGUFTensorPlan(
         hf, name, shape, dtype, kind, f"{why}: {RULES[kind]}", before,
-        _gguf_bytes(shape, kind), kept=True, heads=heads,
+        _gguf_bytes(shape, kind), kept=True, heads=how.heads, add=how.add,
     )  # fmt: skip
 
 
@@ -435,9 +446,8 @@ def _gguf_bytes(shape: tuple[int, ...], kind: str) -> int:
     return n * _ELEMENT_BYTES[kind]
 
 
-def _heads(llama: Llama | None, hf: str, shape: tuple[int, ...]) -> int | None:
-    """How many heads the rows of ``hf`` are permuted over, its rows checked against it."""
-    heads = llama.heads_of(hf) if llama else None
+def _check_heads(hf: str, shape: tuple[int, ...], heads: int | None) -> int | None:
+    """``heads`` (the rows of ``hf`` are permuted over them), its rows checked against it."""
     if heads is None:
         return None
     rows = shape[0] if shape else 0

@@ -66,32 +66,100 @@ def float_tensor(
     heads: int | None,
     max_rows_bytes: int,
     errors: ErrorSums | None = None,
+    *,
+    add: float = 0.0,
+    rows: int | None = None,
 ) -> GGUFTensor:
     """A tensor quantized (or converted) from float values read in row slabs (the leading
     axes flattened into rows; a permuted q/k weight one head at a time, the permutation
-    staying within a head). ``errors``: summed from each slab's values as written."""
+    staying within a head). ``errors``: summed from each slab's values as written. The
+    converter's transforms: ``add`` to every value (Gemma norms; in float32, float16 values
+    in float16, as the converter adds), only the first ``rows`` rows (Gemma 3's embedding)."""
     shape = tuple(t.shape)
+    if rows is not None and shape:
+        shape = (min(rows, shape[0]), *shape[1:])
+    return _rows_tensor(name, shape, gtype, _reader(t, shape, heads, add), heads,
+                        max_rows_bytes, errors)  # fmt: skip
+
+
+def experts_tensor(
+    name: str,
+    parts: list[TensorLike],
+    gtype: str,
+    max_rows_bytes: int,
+    errors: ErrorSums | None = None,
+) -> GGUFTensor:
+    """One 3-D tensor of a layer's experts ``parts`` (alike 2-D tensors, in expert order),
+    stacked along a new first axis as llama.cpp's ``ffn_*_exps``: read in row slabs from one
+    expert (or two, across a boundary) at a time, never the layer's experts at once."""
+    inner = tuple(parts[0].shape)
+    per = inner[0]
+    readers = [_reader(p, inner, None, 0.0) for p in parts]
+
+    def values(r0: int, r1: int) -> np.ndarray:
+        pieces = []
+        r = r0
+        while r < r1:
+            e, lo = divmod(r, per)
+            hi = min(per, lo + (r1 - r))
+            pieces.append(readers[e](lo, hi))
+            r += hi - lo
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+    shape = (len(parts), *inner)
+    return _rows_tensor(name, shape, gtype, values, None, max_rows_bytes, errors, unit=1)
+
+
+def _reader(t: TensorLike, shape: tuple[int, ...], heads: int | None, add: float) -> Any:
+    """``values(r0, r1)``: rows ``r0:r1`` of ``t`` (of the written ``shape``; leading axes
+    flattened; rows permuted over ``heads``; ``add`` added)."""
     cols = shape[-1] if shape else 1
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1  # rows per index of axis 0
+    inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1
     order = row_order(shape[0], heads) if heads else None
-    if heads and len(shape) == 2:  # (permuted)
-        step = shape[0] // heads  # one head's rows
-    else:
-        per_slab = max(1, inner * cols * 4)  # one index of axis 0
-        step = inner * max(1, min(shape[0] if shape else 1, max_rows_bytes // per_slab))
+    dtype = np.dtype(t.dtype)
+
+    def plus(x: np.ndarray) -> np.ndarray:
+        if not add:
+            return x
+        if x.dtype == np.float16:
+            return np.asarray(x + np.float16(add))
+        return np.asarray(x, np.float32) + np.float32(add)
 
     def values(r0: int, r1: int) -> np.ndarray:
         if not shape:
-            return np.asarray(t[...], np.float32).reshape(1)
+            return plus(np.asarray(t[...], np.float32).reshape(1))
         if len(shape) == 1:  # a vector: one piece (a q/k bias permuted as its weight's rows)
             x = np.asarray(t[...])
-            return np.asarray(x[order]) if order is not None else x
+            return plus(np.asarray(x[order]) if order is not None else x)
         if order is not None:  # rows r0:r1 are one head's: read them, then reorder
-            x = read_rows(t, (slice(r0, r1),), np.dtype(t.dtype))
-            return np.asarray(x[order[r0:r1] - r0])
-        x = read_rows(t, (slice(r0 // inner, r1 // inner),), np.dtype(t.dtype))
-        return x.reshape(r1 - r0, cols)
+            x = read_rows(t, (slice(r0, r1),), dtype)
+            return plus(np.asarray(x[order[r0:r1] - r0]))
+        x = read_rows(t, (slice(r0 // inner, r1 // inner),), dtype)
+        return plus(x.reshape(r1 - r0, cols))
+
+    return values
+
+
+def _rows_tensor(
+    name: str,
+    shape: tuple[int, ...],
+    gtype: str,
+    values: Any,
+    heads: int | None,
+    max_rows_bytes: int,
+    errors: ErrorSums | None,
+    unit: int | None = None,
+) -> GGUFTensor:
+    """A tensor of ``shape`` whose rows ``values(r0, r1)`` reads, written as ``gtype`` in
+    slabs of whole ``unit`` rows (None: whole indices of axis 0)."""
+    cols = shape[-1] if shape else 1
+    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
+    inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1  # rows per index of axis 0
+    if heads and len(shape) == 2:  # (permuted)
+        step = shape[0] // heads  # one head's rows
+    else:  # whole indices of axis 0 (or any rows: ``unit`` 1), within the budget
+        unit = inner if unit is None else unit
+        step = unit * max(1, min(rows // unit, max_rows_bytes // max(1, unit * cols * 4)))
 
     def read(r0: int, r1: int) -> np.ndarray:
         x = source = values(r0, r1)
@@ -107,7 +175,7 @@ def float_tensor(
         return raw.view(np.uint8)
 
     if len(shape) > 1:
-        return GGUFTensor(name, shape, gtype, rows, read, step)
+        return GGUFTensor(name, shape, gtype, rows, read, max(1, step))
     return GGUFTensor(name, shape, gtype, 1, read, 1)
 
 
