@@ -177,7 +177,9 @@ def plan_convert(
         )
         recipe.check_blocks(plan.prepared.tensors, max_memory)
         if model_files and format == "compressed-tensors":
-            plan.files = _model_files(checkpoint, os.fspath(dst))
+            from ..exports import files_to_copy
+
+            plan.files = files_to_copy(checkpoint, os.fspath(dst))
             if plan.files:
                 names = ", ".join(os.path.basename(f) for f in plan.files)
                 plan.notes.append(f"copies the model's files beside the export: {names}")
@@ -300,8 +302,7 @@ def _plan_safetensors(
         **opts,
     )
     _check_layout(prepared.tensors, recipe, format, dst)
-    if format == "compressed-tensors":
-        _check_tied(prepared.tensors, recipe, model_config)
+    tied = _tied_note(prepared.tensors, recipe, model_config)
     sources = prepared.sources
     for target in (dst, index, work):
         check_separate(sources, target)
@@ -330,7 +331,7 @@ def _plan_safetensors(
                     )
     elif overwrite and any(os.path.lexists(f) for f in (dst, index)):
         action = "replace"
-    notes = []
+    notes = [tied] if tied and format == "compressed-tensors" else []
     if isinstance(model_config, dict):
         notes.append("the source's quantization_config is replaced by the export's")
     return ConversionPlan(
@@ -344,21 +345,6 @@ def _plan_safetensors(
         notes=notes,
         prepared=prepared,
     )
-
-
-def _model_files(checkpoint: PathLike, dst: str) -> list[str]:
-    """The source's model files an export to ``dst`` copies; one at the destination that
-    qstream did not write is refused (see :mod:`qstream.exports.model_files`)."""
-    from ..exports import find_model_files, plan_copies
-    from ..io.checkpoints import CONFIG, read_json
-
-    found = find_model_files(checkpoint)
-    folder = os.path.dirname(dst) or "."
-    doc = read_json(os.path.join(folder, CONFIG)) if found else None
-    export = (doc or {}).get("qstream_export")
-    recorded = export.get("files") if isinstance(export, dict) else None
-    plan_copies(found, folder, recorded if isinstance(recorded, dict) else None)
-    return found
 
 
 def export_job(checkpoint: PathLike, recipe: Recipe, format: str) -> str:
@@ -429,25 +415,27 @@ def _plain_config(path: str) -> str:
     return path
 
 
-def _check_tied(
+def _tied_note(
     tensors: dict[str, Any], recipe: Recipe, config: str | dict[str, Any] | None
-) -> None:
-    """Refuse a quantized embedding the model ties its output layer to: transformers loads
-    the folder, then its first forward fails (lm_head's float input meets int8 codes)."""
+) -> str | None:
+    """What the export does with a quantized embedding the model ties its output layer to:
+    it unties them, as llm-compressor does (``lm_head.weight`` written with the embedding's
+    quantized values, ``tie_word_embeddings: false``); transformers would otherwise run
+    lm_head on the embedding's codes. None when nothing is tied."""
+    from ..exports import compressed_tensors as ct
     from ..io.checkpoints import read_json
 
     doc = read_json(config) if isinstance(config, str) else config
-    if not doc or doc.get("tie_word_embeddings") is not True:
-        return
-    for name, t in tensors.items():
-        if name.endswith("embed_tokens.weight") and recipe.spec_for(name, t.shape, t.dtype):
-            where = config if isinstance(config, str) else "the model config"
-            raise InvalidParameterError(
-                f"{name}: the model ties its output layer to this embedding"
-                f" (tie_word_embeddings in {where}), and transformers fails at the first"
-                " forward on a tied embedding in compressed-tensors; keep it (a keep rule:"
-                " --exclude '*embed_tokens*') or export with format='qstream'"
-            )
+    quantized = [n for n, t in tensors.items() if recipe.spec_for(n, t.shape, t.dtype)]
+    tied = ct.tied_embedding(quantized, list(tensors), doc)
+    if tied is None:
+        return None
+    return (
+        f"{tied} is tied to the output layer (tie_word_embeddings) and quantized: untied as"
+        f" llm-compressor does, {ct.HEAD} written with its quantized values and"
+        " tie_word_embeddings: false (keep the embedding, --exclude '*embed_tokens*', to stay"
+        " tied)"
+    )
 
 
 def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:

@@ -102,6 +102,25 @@ def layout(name: str, shape: Sequence[int], spec: QuantSpec) -> Layout:
     return Layout(name[: -len("weight")], bits, spec.symmetric, strategy, group, not qt.signed)
 
 
+#: the names of input embeddings an output layer is tied to, and of that output layer
+EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+HEAD = "lm_head.weight"
+
+
+def tied_embedding(
+    quantized: Sequence[str], names: Sequence[str], config: dict[str, Any] | None
+) -> str | None:
+    """The quantized input embedding a model ties its output layer to, which an export
+    unties (as llm-compressor's ``untie_word_embeddings`` does before quantizing a tied
+    embedding): the checkpoint holds no ``lm_head.weight`` and the config ties them
+    (``tie_word_embeddings`` true or absent). None when nothing is tied or the embedding is
+    kept (transformers ties a float embedding itself)."""
+    if config is None or config.get("tie_word_embeddings", True) is not True or HEAD in names:
+        return None
+    found = [n for n in quantized if n.endswith(EMBEDDINGS)]
+    return found[0] if len(found) == 1 else None
+
+
 def signed_codes(q: np.ndarray, lay: Layout) -> np.ndarray:
     """Rows of codes as int8 in the signed range of their bits."""
     return (q.astype(np.int16) - lay.offset).astype(np.int8)

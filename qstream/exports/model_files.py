@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Iterable
 
 from ..errors import StoreError
+from ..io.checkpoints import CONFIG, read_json
 from ..paths import kind_of
 
 #: the non-weight files a transformers / vLLM loader reads from a model folder
@@ -97,6 +98,19 @@ def plan_copies(
             )
         todo[name] = src
     return todo
+
+
+def files_to_copy(checkpoint: str | os.PathLike[str], out: str) -> list[str]:
+    """The model files beside ``checkpoint`` an export to ``out`` copies; one in the way
+    that qstream did not write is refused (:func:`plan_copies`, against the files the
+    ``config.json`` beside ``out`` records, when qstream wrote it)."""
+    found = find_model_files(checkpoint)
+    folder = os.path.dirname(out) or "."
+    doc = read_json(os.path.join(folder, CONFIG)) if found else None
+    export = (doc or {}).get("qstream_export")
+    recorded = export.get("files") if isinstance(export, dict) else None
+    plan_copies(found, folder, recorded if isinstance(recorded, dict) else None)
+    return found
 
 
 def copy_files(todo: dict[str, str], folder: str) -> None:

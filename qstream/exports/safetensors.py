@@ -40,6 +40,7 @@ so that wherever an export stops, no index names shards that are not there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -175,6 +176,18 @@ def export_safetensors(
             found += entries(n, t, tensors)
             if len(t.shape) == 2 and n.endswith("weight"):
                 kept.append(n[: -len("weight")])
+    model_config: dict[str, Any] | None = None
+    if format == "compressed-tensors":
+        model_config = _model_config(config, src)
+        tied = ct.tied_embedding(
+            [lay.module + "weight" for lay in layouts], tensors.names(), model_config
+        )
+        if tied is not None:  # lm_head written with the embedding's codes and scales
+            lay = next(x for x in layouts if x.module + "weight" == tied)
+            head = dataclasses.replace(lay, module=ct.HEAD[: -len("weight")])
+            layouts.append(head)
+            found += ct_entries(tied, tensors(tied), head, tensors)
+            model_config["tie_word_embeddings"] = False
     names = [e.name for e in found]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})[:3]
@@ -190,10 +203,8 @@ def export_safetensors(
     )
     index = f"{stem}.safetensors.index.json"
     config_path = os.path.join(os.path.dirname(out), CONFIG)
-    model_config: dict[str, Any] | None = None
     copied: dict[str, str] = {}
-    if format == "compressed-tensors":
-        model_config = _model_config(config, src)
+    if model_config is not None:
         model_config["quantization_config"] = ct.quantization_config(layouts, kept)
         copied = manifest(files)
     replace = overwrite or replace_own

@@ -174,11 +174,6 @@ CATALOGUE = {
         ["{w}/out/model.safetensors", "--config", "{m}/config.json"],
         "already has a quantization_config",
     ),
-    "tied-embedding-quantized": (
-        lambda w, m: _edit_config(m, tie_word_embeddings=True),
-        ["{w}/out/model.safetensors"],
-        "ties its output layer",
-    ),
     "blocks-the-bound-cannot-hold": (
         None,
         ["{w}/out.zarr", "--block-size", "100000", "--axis", "0", "--max-memory", "1MiB"],

@@ -113,3 +113,32 @@ def test_a_rerun_replaces_the_model_files_qstream_copied_when_the_source_changed
     assert copied["max_new_tokens"] == 7
     plan = qs.plan_convert(src, out, overwrite=True).to_dict()
     assert "generation_config.json" in plan["copies"]
+
+
+def test_a_tied_quantized_embedding_is_untied_in_the_plan_and_the_folder_runs(tied, tmp_path):
+    out = tmp_path / "deploy" / "model.safetensors"
+    r = CliRunner().invoke(app, ["convert", str(tied), str(out), "--dry-run"])
+    assert r.exit_code == 0 and "untied as llm-compressor does" in r.output, r.output
+    assert not out.parent.exists()
+    qs.convert_checkpoint(tied, out)
+    config = json.loads((out.parent / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    groups = config["quantization_config"]["config_groups"].values()
+    assert any("lm_head" in t for g in groups for t in g["targets"])
+    npz = reference(tied, tmp_path, tied_to="model.embed_tokens.weight")
+    assert "lm_head.weight" in np.load(npz)
+    got = fresh("load", out.parent, npz, "float32")
+    assert not got["tied"] and got["bit_exact"] == got["quantized"], got
+    assert got["logits_equal"] and got["generated"] > 0, got
+
+
+def test_a_tied_embedding_kept_in_float_stays_tied(tied, tmp_path):
+    out = tmp_path / "deploy" / "model.safetensors"
+    recipe = qs.Recipe.from_dict({"rules": [{"pattern": "*embed_tokens*", "action": "keep"}]})
+    plan = qs.plan_convert(tied, out, recipe)
+    assert not any("untied" in n for n in plan.notes)
+    qs.convert_checkpoint(tied, out, recipe)
+    assert json.loads((out.parent / "config.json").read_text())["tie_word_embeddings"] is True
+    got = fresh("load", out.parent, reference(tied, tmp_path, recipe), "float32")
+    assert got["tied"] and got["bit_exact"] == got["quantized"] > 0, got
+    assert got["logits_equal"] and got["generated"] > 0, got
