@@ -355,3 +355,34 @@ def test_tensor_names_with_nul_control_characters_or_surrogates_are_refused(
         assert "internal error" not in r.output
         assert "tensor name" in r.output and "which a GGUF file cannot hold" in r.output
         assert written(out) == []
+
+
+# --- part 3: architectures ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_an_unsupported_architecture_is_refused_listing_the_supported_ones(
+    model, tmp_path, command
+):
+    (model / "config.json").write_text(
+        json.dumps({**CONFIG, "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"})
+    )
+    r = cli(command, model, tmp_path / "x.gguf")
+    assert r.exit_code == 2, r.output
+    assert "GPTNeoXForCausalLM" in r.output and "Qwen2MoeForCausalLM" in r.output
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_1d_tensors_of_a_bf16_source_are_f32_and_a_tied_lm_head_is_left_out(tmp_path):
+    import ml_dtypes
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in llama_tensors().items()}
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**CONFIG, "tie_word_embeddings": True}))
+    plan = plan_gguf(folder, type="BF16", tokenizer=False)
+    types = {t.gguf_name: t.type for t in plan.tensors}
+    assert "output.weight" not in types and types["token_embd.weight"] == "BF16"
+    assert types["blk.0.attn_norm.weight"] == types["output_norm.weight"] == "F32"
+    assert any("--no-tokenizer" in w for w in plan.warnings)
