@@ -302,7 +302,9 @@ def _plan_safetensors(
         **opts,
     )
     _check_layout(prepared.tensors, recipe, format, dst)
-    tied = _tied_note(prepared.tensors, recipe, model_config)
+    tied = None
+    if format == "compressed-tensors":
+        tied = _tied_note(prepared.tensors, recipe, model_config)
     sources = prepared.sources
     for target in (dst, index, work):
         check_separate(sources, target)
@@ -331,7 +333,7 @@ def _plan_safetensors(
                     )
     elif overwrite and any(os.path.lexists(f) for f in (dst, index)):
         action = "replace"
-    notes = [tied] if tied and format == "compressed-tensors" else []
+    notes = [tied] if tied else []
     if isinstance(model_config, dict):
         notes.append("the source's quantization_config is replaced by the export's")
     return ConversionPlan(
@@ -421,12 +423,14 @@ def _tied_note(
     """What the export does with a quantized embedding the model ties its output layer to:
     it unties them, as llm-compressor does (``lm_head.weight`` written with the embedding's
     quantized values, ``tie_word_embeddings: false``); transformers would otherwise run
-    lm_head on the embedding's codes. None when nothing is tied."""
+    lm_head on the embedding's codes. None when nothing is tied. Quantized MoE experts are
+    refused here (:func:`~qstream.exports.compressed_tensors.refuse_experts`)."""
     from ..exports import compressed_tensors as ct
     from ..io.checkpoints import read_json
 
     doc = read_json(config) if isinstance(config, str) else config
     quantized = [n for n, t in tensors.items() if recipe.spec_for(n, t.shape, t.dtype)]
+    ct.refuse_experts(quantized, doc)
     tied = ct.tied_embedding(quantized, list(tensors), doc)
     if tied is None:
         return None

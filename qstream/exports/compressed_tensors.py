@@ -121,6 +121,27 @@ def tied_embedding(
     return found[0] if len(found) == 1 else None
 
 
+_EXPERT = re.compile(r"\.experts\.\d+\.")
+
+
+def refuse_experts(quantized: Sequence[str], config: dict[str, Any] | None) -> None:
+    """Refuse quantized mixture-of-experts expert weights (``...experts.N....weight``):
+    transformers 5 fuses a layer's experts into 3-D parameters (``experts.gate_up_proj``,
+    ``experts.down_proj``) that compressed-tensors' per-module layout cannot target (even
+    compressed-tensors' own export of a Mixtral fails to load), so such a folder would not
+    load; the refusal names the model type."""
+    expert = next((n for n in quantized if _EXPERT.search(n)), None)
+    if expert is None:
+        return
+    kind = (config or {}).get("model_type") or "a mixture-of-experts model"
+    raise InvalidParameterError(
+        f"{kind}: {expert} is a quantized expert weight, and transformers 5 fuses each layer's"
+        " experts into 3-D parameters (experts.gate_up_proj, experts.down_proj) that"
+        " compressed-tensors' per-module layout cannot target: the folder would not load;"
+        " keep the experts (--exclude '*experts*') or export with format='qstream'"
+    )
+
+
 def signed_codes(q: np.ndarray, lay: Layout) -> np.ndarray:
     """Rows of codes as int8 in the signed range of their bits."""
     return (q.astype(np.int16) - lay.offset).astype(np.int8)

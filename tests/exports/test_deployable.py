@@ -142,3 +142,34 @@ def test_a_tied_embedding_kept_in_float_stays_tied(tied, tmp_path):
     got = fresh("load", out.parent, reference(tied, tmp_path, recipe), "float32")
     assert got["tied"] and got["bit_exact"] == got["quantized"] > 0, got
     assert got["logits_equal"] and got["generated"] > 0, got
+
+
+def _moe(folder, model_type: str, expert: str):
+    """A two-expert MoE layer's tensors (names as the Hub ships them) and its config."""
+    from safetensors.numpy import save_file
+
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    w = {f"model.layers.0.{expert}.{e}.{p}.weight": rng.standard_normal((32, 64), np.float32)
+         for e in range(2) for p in ("gate", "up")}  # fmt: skip
+    w["model.layers.0.self_attn.q_proj.weight"] = rng.standard_normal((64, 64), np.float32)
+    save_file(w, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "model_type,expert",
+    [("mixtral", "block_sparse_moe.experts"), ("qwen3_moe", "mlp.experts")],
+)
+def test_quantized_moe_experts_are_refused_in_the_plan_naming_the_model_type(
+    tmp_path, model_type, expert
+):
+    src = _moe(tmp_path / "src", model_type, expert)
+    out = tmp_path / "out" / "model.safetensors"
+    r = CliRunner().invoke(app, ["convert", str(src), str(out), "--dry-run"])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {model_type}: "), r.output
+    assert "fuses each layer's experts into 3-D parameters" in r.output
+    assert not out.parent.exists()
+    keep = qs.Recipe.from_dict({"rules": [{"pattern": "*experts*", "action": "keep"}]})
+    assert qs.plan_convert(src, out, keep).kind == "safetensors"  # kept experts: loadable
