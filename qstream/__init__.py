@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.convert import open_checkpoint as open_checkpoint
     from .api.convert import plan_conversion as plan_conversion
     from .api.convert import plan_convert as plan_convert
+    from .api.readers import open_quantized as open_quantized
     from .api.store_jobs import calibrate as calibrate
     from .api.store_jobs import dequantize_store as dequantize_store
     from .api.store_jobs import quantize_store as quantize_store
@@ -45,7 +46,6 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .exports.safetensors import export_safetensors as export_safetensors
     from .io.outputs.qarray import QuantizedArray as QuantizedArray
     from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
-    from .io.outputs.qarray import open_quantized as open_quantized
     from .io.outputs.xarrays import open_xarray as open_xarray
     from .io.storage.zarr_ext import register_zarr_types as register_zarr_types
     from .kernels.runtime import on_compile as on_compile
@@ -69,7 +69,7 @@ _EXPORTS = {
     "calibrate": "qstream.api.store_jobs",
     "compare_methods": "qstream.api.views",
     "save_plot": "qstream.api.views",
-    "open_quantized": "qstream.io.outputs.qarray",
+    "open_quantized": "qstream.api.readers",
     "QuantizedArray": "qstream.io.outputs.qarray",
     "QuantizedCheckpoint": "qstream.io.outputs.qarray",
     "open_xarray": "qstream.io.outputs.xarrays",

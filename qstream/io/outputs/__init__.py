@@ -14,7 +14,7 @@ from .existing import Existing, inspect_destination, is_checkpoint
 from .ondisk import FLAT_KEYS, check_writer
 from .pack_layout import ERROR_COLUMNS
 from .progress_log import ProgressLog
-from .qarray import open_quantized
+from .qarray import exported_checkpoint, open_quantized
 from .quantized import QuantizedArray
 from .reader import QuantizedCheckpoint
 from .rootindex import ERROR_KEYS, RootIndex, compact
@@ -42,6 +42,7 @@ __all__ = [
     "coordinates",
     "destination",
     "drop_progress",
+    "exported_checkpoint",
     "inspect_destination",
     "is_checkpoint",
     "is_local_node",

@@ -3,9 +3,10 @@
 A quantized group opens as a :class:`~qstream.io.outputs.quantized.QuantizedArray`, the root of a
 converted checkpoint as a :class:`~qstream.io.outputs.reader.QuantizedCheckpoint`, and a
 ``.safetensors`` file (or index) that qstream exported as a dict of its tensors
-(:mod:`qstream.io.checkpoints.exported`). This module sits above the checkpoint readers for that
-last
-case; whoever reads Zarr outputs only takes :func:`~qstream.io.outputs.reader.open_output`.
+(:mod:`qstream.io.checkpoints.exported`), which the public :func:`qstream.open_quantized`
+(:mod:`qstream.api.readers`) gives as a ``QuantizedCheckpoint`` too (:func:`exported_checkpoint`).
+This module sits above the checkpoint readers for that last case; whoever reads Zarr outputs
+only takes :func:`~qstream.io.outputs.reader.open_output`.
 
 The pieces live in their own modules: the on-disk format in :mod:`qstream.io.outputs.ondisk` (whole
 nodes: :mod:`qstream.io.outputs.publish`), the destination rules in
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import os
 from typing import Any
+
+import numpy as np
 
 from ...errors import StoreError
 from ..checkpoints import DequantizedTensor, open_checkpoint
@@ -53,6 +56,7 @@ __all__ = [  # (and, for the callers that take them here, the names of the modul
     "create_arrays",
     "create_group",
     "data_encoding",
+    "exported_checkpoint",
     "gaps",
     "is_checkpoint",
     "missing_members",
@@ -78,7 +82,9 @@ def open_quantized(
     The root of a converted checkpoint opens as a :class:`QuantizedCheckpoint`, a mapping of
     tensor names to lazy arrays. A ``.safetensors`` file (or index) that qstream exported
     opens as a dict of name -> lazy array of its values (see
-    :mod:`qstream.io.checkpoints.exported`).
+    :mod:`qstream.io.checkpoints.exported`), which the public :func:`qstream.open_quantized`
+    gives as a :class:`QuantizedCheckpoint` (:func:`exported_checkpoint`); the exporters take
+    the dict to refuse an export as a source.
 
     ``max_memory``: the reader's memory bound in bytes (None: the default, 1 GiB, as for
     every command). A quantized array's parameters are read whole when it is opened (a
@@ -102,3 +108,33 @@ def _open_export(path: str) -> dict[str, Any]:
     if not any(isinstance(t, DequantizedTensor) for t in tensors.values()):
         raise StoreError(f"{path} is not a qstream export (no quantized tensors described)")
     return tensors
+
+
+def exported_checkpoint(path: Any, tensors: dict[str, Any]) -> QuantizedCheckpoint:
+    """The export ``path`` (its tensors as :func:`open_quantized` gives them: quantized ones
+    read dequantized) as a :class:`QuantizedCheckpoint` of ``layout`` ``export``, each
+    tensor's row from the file's entries: its shape, the type its values read as, its target
+    (``int8/axis0``, ``int4/axis1:b32``, ``keep``) and the bytes its entries (codes and
+    parameters) take. The file records no error: rows have ``error`` None."""
+    rows: dict[str, dict[str, Any]] = {}
+    formats = set()
+    for pos, (name, t) in enumerate(tensors.items()):
+        row: dict[str, Any] = {"name": name, "pos": pos, "shape": [int(d) for d in t.shape]}
+        if isinstance(t, DequantizedTensor):
+            formats.add(t.fmt)
+            where = "tensor" if t.axis is None else f"axis{t.axis}"
+            where += f":b{t.block}" if t.block else ""
+            parts = [p for p in (t.codes, t.scale_t, t.zp_t) if p is not None]
+            row.update(
+                key=getattr(t.codes, "name", name),
+                dtype=np.dtype(t.dtype).name,
+                target=f"{t.qtype.name}/{where}",
+                kept=False,
+                bytes_after=sum(int(p.nbytes) for p in parts),
+            )
+        else:
+            row.update(key=name, dtype=np.dtype(t.dtype).name, target="keep", kept=True)
+            row.update(bytes_before=int(t.nbytes), bytes_after=int(t.nbytes))
+        rows[name] = {**row, "error": None}
+    meta = {"layout": "export", "format": "/".join(sorted(formats)), "source": None}
+    return QuantizedCheckpoint.from_tensors(path, meta, rows, tensors)

@@ -63,7 +63,12 @@ def open_output(
 class QuantizedCheckpoint(Mapping[str, Any]):
     """A converted checkpoint on disk: tensor name -> :class:`QuantizedArray` (quantized
     tensors) or ``zarr.Array`` (kept tensors, their original values; bfloat16 widened to
-    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in conversion order."""
+    float32, the original dtype in ``attrs["qstream"]["dtype"]``), in conversion order.
+
+    The one type :func:`qstream.open_quantized` returns for a checkpoint of any
+    :attr:`layout`: Zarr groups, packs, or a safetensors export (:meth:`from_tensors`; its
+    tensors read as their dequantized float32 values). All have :attr:`tensors` (name -> row),
+    iteration and ``ck[name]``, :meth:`summary`, :attr:`view`."""
 
     def __init__(
         self,
@@ -72,25 +77,58 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         allow_incomplete: bool,
         storage_options: dict[str, Any] | None,
     ) -> None:
-        self.path = path
-        self.group = group
         meta = group.attrs["qstream_checkpoint"]
         if not isinstance(meta, dict):
             raise StoreError(f"{path}: its metadata is damaged or crafted (not an object)")
-        self.meta: dict[str, Any] = dict(meta)
-        if not self.meta.get("complete") and not allow_incomplete:
+        if not meta.get("complete") and not allow_incomplete:
             raise StoreError(
                 f"{path} is an incomplete checkpoint conversion; re-run the conversion to"
                 " resume it, or pass allow_incomplete=True to read the finished tensors"
             )
         store = group.store_path.store if local_path(path) is None else None
+        rows = RootIndex.open(path, dict(meta), store).rows()
+        self._setup(path, group, dict(meta), rows, storage_options, None)
+
+    def _setup(
+        self,
+        path: Any,
+        group: Any,
+        meta: dict[str, Any],
+        rows: dict[str, dict[str, Any]],
+        storage_options: dict[str, Any] | None,
+        opened: Mapping[str, Any] | None,
+    ) -> None:
+        self.path = path
+        #: the root Zarr group (None: a checkpoint read through another reader, an export)
+        self.group = group
+        self.meta: dict[str, Any] = meta
         #: each tensor's row (see :mod:`qstream.io.outputs.rootindex`), keys checked, in order
-        self.tensors: dict[str, dict[str, Any]] = RootIndex.open(path, self.meta, store).rows()
-        self._keys = {n: t.get("key", n) for n, t in self.tensors.items()}
+        self.tensors: dict[str, dict[str, Any]] = rows
+        self._keys = {n: t.get("key", n) for n, t in rows.items()}
         self._storage_options = storage_options
         self._packs: dict[str, PackReader] = {}
+        self._opened = opened
         #: the memory bound of whoever reads it (None: the default), which packs are held to
         self.max_memory: int | None = None
+
+    @classmethod
+    def from_tensors(
+        cls, path: Any, meta: dict[str, Any], rows: dict[str, dict[str, Any]], tensors: Any
+    ) -> QuantizedCheckpoint:
+        """A checkpoint that another reader opened (an export qstream wrote: ``tensors``,
+        name -> lazy array), described by ``rows`` (name -> the row ``tensors`` has for a
+        Zarr checkpoint: shape, dtype, target, kept, bytes...) and ``meta`` (its
+        ``layout``, ``format``...)."""
+        ck = cls.__new__(cls)
+        ck._setup(path, None, {"complete": True, **meta}, rows, None, tensors)
+        return ck
+
+    @property
+    def layout(self) -> str:
+        """How it is stored: ``groups`` (a Zarr group per tensor), ``packed`` (runs of alike
+        tensors stacked, :mod:`qstream.io.outputs.pack_layout`) or ``export`` (a safetensors
+        file or index qstream exported)."""
+        return str(self.meta.get("layout") or "groups")
 
     def key_of(self, name: str) -> str:
         """The key (path component below the root) the tensor ``name`` is stored under."""
@@ -100,6 +138,8 @@ class QuantizedCheckpoint(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if name not in self.tensors:
             raise KeyError(name)
+        if self._opened is not None:
+            return self._opened[name]
         key = self._keys[name]
         local = local_path(self.path)
         row = self.tensors[name]
@@ -143,10 +183,12 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         return f"QuantizedCheckpoint({self.path!r}, {len(self)} tensors)"
 
     def summary(self) -> dict[str, Any]:
-        """Per tensor: shape, dtype, target, bytes and error summary (JSON-ready)."""
+        """Per tensor: shape, dtype, target, bytes and error summary (JSON-ready), with the
+        checkpoint it came from and its :attr:`layout`."""
         return {
             "checkpoint": self.meta.get("source"),
             "complete": bool(self.meta.get("complete")),
+            "layout": self.layout,
             "tensors": self.tensors,
         }
 

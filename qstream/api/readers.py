@@ -1,0 +1,42 @@
+"""Reading qstream's outputs back: :func:`open_quantized`, one door and one checkpoint type for
+every layout (the readers are in :mod:`qstream.io.outputs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..io.outputs import QuantizedArray, QuantizedCheckpoint, exported_checkpoint
+from ..io.outputs import open_quantized as open_output_or_export
+
+
+def open_quantized(
+    path: Any,
+    *,
+    allow_incomplete: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    max_memory: int | None = None,
+) -> QuantizedArray | QuantizedCheckpoint:
+    """Open a qstream output lazily; ``arr[0:128]`` reads and dequantizes only that slab.
+
+    A quantized group opens as a :class:`~qstream.QuantizedArray`. A converted checkpoint
+    opens as a :class:`~qstream.QuantizedCheckpoint` whatever its layout (``ck.layout``):
+    its Zarr root (one group per tensor, or packs of alike tensors), or a ``.safetensors``
+    file or index that qstream exported (its quantized tensors read as their dequantized
+    float32 values). Each is a mapping of tensor names to lazy arrays, in order, with
+    ``ck.tensors`` (name -> shape, dtype, target, bytes, error where recorded),
+    ``ck.summary()`` (what ``qstream inspect --json`` prints) and ``ck.view``.
+
+    ``max_memory``: the reader's memory bound in bytes (None: the default, 1 GiB, as for
+    every command). A quantized array's parameters are read whole when it is opened (a
+    checkpoint's tensors: each when it is taken): parameters that need more than half of
+    the bound, and packs read whole of more than half of it, are refused before a byte of
+    them is read."""
+    opened = open_output_or_export(
+        path,
+        allow_incomplete=allow_incomplete,
+        storage_options=storage_options,
+        max_memory=max_memory,
+    )
+    if isinstance(opened, dict):  # an export: its tensors by name
+        return exported_checkpoint(path, opened)
+    return opened
