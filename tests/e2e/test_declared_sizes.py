@@ -272,7 +272,7 @@ def test_a_block_the_bound_cannot_hold_is_refused_naming_it(tmp_path):
 
 LAZY = """
 import sys, tracemalloc
-from qstream.engine import pipeline
+from qstream.engine.run import pipeline
 from qstream.budget import plan_blocks
 
 grid = plan_blocks((4096, 4096), (1, 1))  # 16.7M blocks

@@ -128,7 +128,7 @@ CATALOGUE = {
         "is not a qstream export",
     ),
     "quantized-source-zarr": (
-        lambda w, m: _quantized_config(m, "compressed-tensors"),
+        lambda w, m: _quantized_config(m, "bitsandbytes"),
         ["{w}/out.zarr"],
         "quantized already",
     ),

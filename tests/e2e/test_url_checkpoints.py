@@ -257,7 +257,7 @@ def test_a_store_failing_mid_run_leaves_a_resumable_output(px, backend, tmp_path
 def test_dask_workers_read_their_own_ranges(px, backend, tmp_path, monkeypatch):  # noqa: F811
     pytest.importorskip("distributed")
     from qstream.engine.run.dask import local_client
-    from qstream.io.checkpoints.open import remote
+    from qstream.io.checkpoints import remote
 
     tensors = _sharded(tmp_path / "model", seed=3)
     names = [n for n in tensors if not n.endswith("_scale_inv")]
