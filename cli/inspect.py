@@ -13,7 +13,7 @@ import qstream as qs
 from .failures import library_errors
 from .helptext import examples
 from .options import JSON, MAX_MEMORY, parse_size, require_input
-from .output import emit_json, error_table, fmt_bytes, fmt_db, table
+from .output import emit_json, error_table, fmt_bytes, fmt_compression, fmt_db, table
 from .show import show_checkpoint, show_report
 
 EXPORTS = (".safetensors", ".safetensors.index.json", ".gguf")
@@ -92,7 +92,8 @@ def inspect(
         if isinstance(arr, qs.QuantizedCheckpoint):
             checkpoint_table(store, len(arr), summary)
             return
-        rows = [[k, str(summary[k])] for k in FIELDS]
+        shown = {**summary, "compression": fmt_compression(summary["compression"])}
+        rows = [[k, str(shown[k])] for k in FIELDS]
         for name in ("scale", "zero_point"):
             p = summary[name]
             rows.append([name, f"{p['shape']} min {p['min']:.6g} max {p['max']:.6g}"])

@@ -131,6 +131,26 @@ def fmt_db(v: float | str | None) -> str:
     return "inf" if db == math.inf else f"{db:.2f}"
 
 
+def fmt_compression(text: object) -> str:
+    """How chunks are compressed, as a user reads it: ``zstd (level 0: default)`` for the
+    option's ``zstd:0``, ``blosc lz4 (level 5)``, ``none (raw)`` (``--json`` keeps the
+    option's spelling, which ``--compression`` takes back)."""
+    parts = []
+    for codec in str(text).split("+"):
+        name, *args = codec.split(":")
+        if name == "none" and not args:
+            parts.append("none (raw)")
+        elif name == "zstd" and args == ["0"]:
+            parts.append("zstd (level 0: default)")
+        elif name in ("zstd", "gzip") and len(args) == 1:
+            parts.append(f"{name} (level {args[0]})")
+        elif name == "blosc" and len(args) == 2:
+            parts.append(f"blosc {args[0]} (level {args[1]})")
+        else:
+            parts.append(codec)
+    return " + ".join(parts)
+
+
 def fmt_num(v: object) -> str:
     """A float to six significant digits; anything else as it prints."""
     return f"{v:.6g}" if isinstance(v, float) else str(v)
@@ -142,16 +162,19 @@ def fmt_num(v: object) -> str:
 def table(
     title: str | None, columns: list[str], rows: list[list[str]], *, header: bool = True
 ) -> None:
-    """A Rich table on a terminal; plain aligned lines otherwise (never wrapped)."""
+    """A Rich table on a terminal, the names in the first column on one line each (long
+    ones abbreviated to fit: :func:`abbreviate`); plain aligned lines otherwise (never
+    wrapped, full names)."""
     out = console()
     if out.is_terminal:
         from rich.table import Table
 
+        widths = column_widths(out.width, columns, rows)
         t = Table(title=title, show_header=header)
-        for i, c in enumerate(columns):
-            t.add_column(c, overflow="fold" if i == 0 else "ellipsis")
+        for c, w in zip(columns, widths, strict=True):
+            t.add_column(c, no_wrap=True, overflow="ellipsis", width=w)
         for r in rows:
-            t.add_row(*r)
+            t.add_row(abbreviate(r[0], widths[0]), *r[1:])
         out.print(t)
         return
     if title:
@@ -160,6 +183,59 @@ def table(
     widths = [max(len(r[i]) for r in lines) for i in range(len(columns))]
     for r in lines:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+#: a narrow terminal's first (name) column: at least this many characters, or this share of
+#: the width, whichever is more (the other columns give way first, cut with an ellipsis)
+NAME_MIN, NAME_SHARE = 24, 0.4
+
+
+def column_widths(total: int, columns: list[str], rows: list[list[str]]) -> list[int]:
+    """The widths of a terminal table's columns, every row on one line within ``total``
+    characters: each column as wide as its widest cell where that fits; else the first
+    (names) keeps what the others leave of it, but not less than :data:`NAME_MIN` nor
+    :data:`NAME_SHARE` of the width, and the others give up the rest, the widest first."""
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
+    room = total - 3 * len(columns) - 1  # (borders and padding)
+    if sum(widths) <= room or len(widths) == 1:
+        return widths if len(widths) > 1 else [min(widths[0], max(room, 1))]
+    floor = min(widths[0], max(NAME_MIN, int(total * NAME_SHARE)))
+    name = max(min(widths[0], room - sum(widths[1:])), floor)
+    others, left = widths[1:], max(room - name, 3 * len(widths[1:]))
+    level = max(others)
+    while level > 3 and sum(min(w, level) for w in others) > left:
+        level -= 1  # (the widest columns are cut first, to the same width)
+    return [name, *(min(w, level) for w in others)]
+
+
+def abbreviate(name: str, width: int) -> str:
+    """``name`` in ``width`` characters: its longest dotted parts cut first, each to a prefix
+    and "…", numbers never and the last part last (``model.langu….layers.0.block_sp….experts.0
+    .down_proj.weight``); the middle left out where that is not enough."""
+    if len(name) <= width:
+        return name
+    parts = name.split(".")
+    keep = [len(p) for p in parts]
+    over = len(name) - width
+
+    def shown(i: int) -> int:
+        return keep[i] + (keep[i] < len(parts[i]))  # (a cut part ends in "…")
+
+    while over > 0:
+        cuttable = [i for i, p in enumerate(parts) if not p.isdigit() and keep[i] > 1]
+        if len(cuttable) > 1 and cuttable[-1] == len(parts) - 1:
+            cuttable.pop()  # (the last part, weight or bias, last of all)
+        if not cuttable:
+            break
+        i = max(cuttable, key=lambda k: (shown(k), -k))  # longest first; ties: the earlier
+        before = shown(i)
+        keep[i] -= 1 if keep[i] < len(parts[i]) else 2
+        over -= before - shown(i)
+    out = ".".join(p if k == len(p) else p[:k] + "…" for p, k in zip(parts, keep, strict=True))
+    if len(out) <= width:
+        return out
+    head = max((width - 1) // 3, 0)
+    return (name[:head] + "…" + name[len(name) - (width - 1 - head) :])[:width]
 
 
 def error_table(title: str, error: dict[str, Any] | None, *, worst: bool = True) -> None:

@@ -8,6 +8,7 @@ masked to their width, exactly as ``ml_dtypes`` stores them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -113,9 +114,23 @@ def qtype(spec: QType | npt.DTypeLike) -> QType:
         found = _BY_DTYPE.get(np.dtype(spec)) if _is_dtype(spec) else None
     if found is None:
         raise InvalidDTypeError(
-            f"unknown quantized type {spec!r}; expected one of: {', '.join(QTYPES)}"
+            f"unknown quantized type {spec!r}{did_you_mean(spec, QTYPES)}; expected one of:"
+            f" {', '.join(QTYPES)}"
         )
     return found
+
+
+def did_you_mean(given: object, names: Iterable[str]) -> str:
+    """``" (did you mean 'int8'?)"`` for a misspelt ``given`` close to one of ``names``
+    (``in8``, ``unit8``, ``float8``...), else ``""``."""
+    import difflib
+
+    if not isinstance(given, str):
+        return ""
+    near = difflib.get_close_matches(given.lower(), list(names), n=1, cutoff=0.6)
+    if not near:
+        return ""
+    return f" (did you mean {near[0]!r}?)"
 
 
 def is_qtype_dtype(dtype: npt.DTypeLike) -> bool:

@@ -231,6 +231,8 @@ class QuantizedArray:
         from ...spec.views import ReportView
 
         where = str(self.group.store_path).removeprefix("file://")
+        if where.startswith("memory://"):  # (a store's id, not a name): what was quantized
+            where = "from " + source_label(self.meta.get("source"), where)
         title = f"{self.spec.dtype} {list(self.shape)} ({where})"
         return ReportView.from_meta(self.meta, title=title)
 
@@ -320,3 +322,16 @@ class QuantizedArray:
         if self.spec.nan_policy == "fill":
             y[q == self.qtype.dtype.type(self.qtype.qmin)] = np.nan
         return y
+
+
+def source_label(source: object, otherwise: str) -> str:
+    """What an output's recorded ``source`` was, as a title says it: ``numpy array [64, 32]
+    float32``, a store's path; ``otherwise`` where it records none."""
+    if not isinstance(source, dict):
+        return otherwise
+    shape = source.get("shape")
+    what = f"{list(shape)} {source.get('dtype')}" if isinstance(shape, list) else ""
+    if source.get("kind") == "numpy":
+        return f"numpy array {what}".rstrip()
+    path = source.get("path")
+    return str(path) if isinstance(path, str) and path else otherwise

@@ -1,0 +1,126 @@
+"""The small things a new user trips on: a misspelt type gets a suggestion, ``info`` prints
+integer ranges in full, ``inspect`` names its compression in words, tables keep a row a line
+in an 80-column terminal, and a NumPy source is named as one in the notebook view."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from safetensors.numpy import save_file
+from typer.testing import CliRunner
+
+import qstream as qs
+from cli.main import app
+from cli.output import abbreviate, column_widths
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "samples" / "tiny-transformer.safetensors"
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def src(tmp_path):
+    x = np.random.default_rng(0).standard_normal((64, 300)).astype(np.float32)
+    zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, dtype="float32")[...] = x
+    return tmp_path / "x.zarr"
+
+
+def test_a_misspelt_dtype_is_refused_with_the_nearest_type(src, tmp_path):
+    r = run("quantize", src, tmp_path / "q.zarr", "--dtype", "in8")
+    assert r.exit_code == 2 and "did you mean 'int8'?" in r.stderr, r.output
+    r = run("convert", SAMPLE, tmp_path / "c.zarr", "--dtype", "unit8")
+    assert r.exit_code == 2 and "did you mean 'uint8'?" in r.stderr, r.output
+    r = run("quantize", src, tmp_path / "q.zarr", "--dtype", "fp8")  # nothing near: no guess
+    assert r.exit_code == 2 and "did you mean" not in r.stderr and "expected one of" in r.stderr
+    assert not (tmp_path / "q.zarr").exists() and not (tmp_path / "c.zarr").exists()
+
+
+def test_info_prints_integer_ranges_in_full():
+    r = run("info")
+    assert r.exit_code == 0
+    rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines() if ln.strip()}
+    assert rows["int32"][3:5] == [str(np.iinfo(np.int32).min), str(np.iinfo(np.int32).max)]
+    assert rows["uint16"][3:5] == ["0", "65535"] and rows["float8_e4m3fn"][3:5] == ["-448", "448"]
+    assert "e+" not in r.stdout
+
+
+@pytest.mark.parametrize(
+    "option, shown",
+    [
+        ("zstd", "zstd (level 0: default)"),
+        ("gzip:3", "gzip (level 3)"),
+        ("blosc:lz4:5", "blosc lz4 (level 5)"),
+        ("none", "none (raw)"),
+    ],
+)
+def test_inspect_names_the_compression_in_words_and_json_keeps_the_option(
+    src, tmp_path, option, shown
+):
+    q = tmp_path / "q.zarr"
+    assert run("quantize", src, q, "--compression", option, "-q").exit_code == 0
+    r = run("inspect", q)
+    rows = dict(ln.split(None, 1) for ln in r.stdout.splitlines() if ln.startswith("compression"))
+    assert rows["compression"].strip() == shown
+    canonical = option if ":" in option or option == "none" else "zstd:0"
+    assert json.loads(run("inspect", q, "--json").stdout)["compression"] == canonical
+
+
+LONG = "model.language_model.layers.{}.block_sparse_moe.experts.{}.down_proj.weight"
+
+
+def test_long_names_are_abbreviated_apart_keeping_numbers_and_the_last_part():
+    names = [LONG.format(i, j) for i in (3, 11) for j in (0, 117)]
+    for width in (30, 40, 60):
+        short = [abbreviate(n, width) for n in names]
+        assert all(len(s) <= width for s in short) and len(set(short)) == len(names)
+        assert all("…" in s for s in short)
+        assert width < 40 or all(s.endswith(".weight") for s in short)  # (the last cut last)
+        assert all(re.search(rf"\b{i}\b.*\b{j}\b", s) for s, (i, j) in zip(
+            short, [(3, 0), (3, 117), (11, 0), (11, 117)], strict=True))  # fmt: skip
+    assert abbreviate("embed_tokens.weight", 30) == "embed_tokens.weight"
+    widths = column_widths(80, ["tensor", "shape", "SQNR dB"], [[names[0], "[16, 32]", "44.89"]])
+    assert sum(widths) + 3 * 3 + 1 <= 80 and widths[1:] == [8, 7]  # (the others fit whole)
+
+
+def test_tables_in_an_80_column_terminal_keep_a_tensor_a_line(tmp_path):
+    rng = np.random.default_rng(0)
+    names = [LONG.format(i, j) for i in range(2) for j in range(3)]
+    save_file({n: rng.standard_normal((16, 32)).astype(np.float32) for n in names},
+              str(tmp_path / "m.safetensors"))  # fmt: skip
+    assert run("convert", tmp_path / "m.safetensors", tmp_path / "m.zarr", "-q").exit_code == 0
+    env = {**os.environ, "FORCE_COLOR": "1", "NO_COLOR": "1", "COLUMNS": "80"}
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "inspect", str(tmp_path / "m.zarr")],
+        capture_output=True, text=True, env=env, cwd=ROOT, check=True,
+    ).stdout  # fmt: skip
+    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln) for ln in out.splitlines()]
+    assert lines and all(len(ln) <= 80 for ln in lines), lines
+    body = [ln for ln in lines if ln.startswith("│")]
+    assert len(body) == len(names)  # one line each: no name folded over several
+    shown = [ln.split("│")[1].strip() for ln in body]
+    assert len(set(shown)) == len(names) and all("…" in s for s in shown)
+    plain = run("inspect", tmp_path / "m.zarr")  # (not a terminal: full names, for grep)
+    assert all(n in plain.stdout for n in names)
+    assert list(json.loads(run("inspect", tmp_path / "m.zarr", "--json").stdout)["tensors"]) == (
+        names
+    )
+
+
+def test_a_numpy_source_is_named_as_one_in_the_notebook_view():
+    x = np.random.default_rng(1).standard_normal((64, 32)).astype(np.float32)
+    where = f"memory://small-things-{uuid.uuid4().hex}"
+    qs.quantize_store(x, where, qs.QuantSpec(axis=0))
+    view = qs.open_quantized(where).view
+    assert view.title == "int8 [64, 32] (from numpy array [64, 32] float32)"
+    assert "memory://" not in qs.open_quantized(where)._repr_html_()
