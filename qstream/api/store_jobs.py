@@ -168,6 +168,8 @@ def dequantize_store(
     paths = cast("PathLike", src), cast("PathLike", dst)
     if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
         return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
+    if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
+        return _dequantize_gguf(*paths, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
         return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options, max_memory)
     with store_errors(_remote(dst, src)):
@@ -207,6 +209,51 @@ def _dequantize_export(
         src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, format=fmt
     )
     return {**report, "dtype": dtype}
+
+
+def _dequantize_gguf(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """A GGUF file's tensors decoded (under their Hugging Face names where the architecture
+    is known) into a Zarr group, or into ``dst.safetensors`` with a transformers
+    ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads.
+    A ``config.json`` already there that says something else is refused before any work."""
+    import json
+    import os
+
+    from ..errors import InvalidParameterError
+    from ..io.checkpoints import gguf_config
+
+    config = None
+    if str(dst).endswith(".safetensors"):
+        config = gguf_config(os.fspath(src), dtype=dtype)
+        where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
+        if os.path.lexists(where):
+            try:
+                with open(where, encoding="utf-8") as f:
+                    same = json.load(f) == config
+            except (OSError, ValueError):
+                same = False
+            if not same:
+                raise InvalidParameterError(
+                    f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
+                    " not replace a file it did not write: remove it or choose another folder"
+                )
+    report = _dequantize_export(src, dst, dtype, overwrite, max_memory, progress)
+    if config is not None:
+        from ..paths import rename_in, write_new
+
+        folder = os.path.dirname(where)
+        tmp = f"config.json.{os.getpid()}.partial"
+        write_new(os.path.join(folder, tmp), (json.dumps(config, indent=2) + "\n").encode())
+        rename_in(folder, tmp, "config.json")
+        report["config"] = where
+    return report
 
 
 def _dequantize_to_safetensors(

@@ -20,7 +20,7 @@ from gguf import GGUFReader, GGUFWriter, quants  # noqa: E402
 from qstream.compat import gguf as qstream_blocks  # noqa: E402
 from qstream.errors import QStreamWarning, StoreError  # noqa: E402
 from qstream.io.checkpoints import gguf_source  # noqa: E402
-from qstream.io.checkpoints.gguf_config import describe_gguf, gguf_config  # noqa: E402
+from qstream.io.checkpoints.gguf_metadata import describe_gguf, gguf_config  # noqa: E402
 from qstream.io.checkpoints.gguf_source import open_gguf  # noqa: E402
 from tests.support.memory_peak import PREAMBLE, run_child  # noqa: E402
 
@@ -408,3 +408,36 @@ def test_crafted_headers_are_refused_without_allocating(tmp_path):
     growth = int(lines[-1].split()[1])
     print(f"peak growth over {len(paths)} crafted files: {growth / 2**20:.2f} MiB")
     assert growth < 4 << 20
+
+
+def test_dequantize_of_a_gguf_file_gives_a_folder_transformers_loads(converted, tmp_path):
+    """``qstream dequantize model.gguf out/model.safetensors``: the decoded tensors under their
+    Hugging Face names and a config rebuilt from the file's metadata; transformers computes
+    the original model's logits from it (an f32 GGUF holds the model's values exactly), and
+    ``qs.open_checkpoint`` reads a .gguf as the same tensors."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from typer.testing import CliRunner
+
+    import qstream as qs
+    from cli.main import app
+
+    folder, path = converted("llama", "f32")
+    opened = qs.open_checkpoint(str(path))
+    assert set(opened) == set(open_gguf(str(path)))
+    out = tmp_path / "decoded"
+    r = CliRunner().invoke(app, ["dequantize", str(path), str(out / "model.safetensors")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "config.json").read_text()) == gguf_config(str(path))
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    with torch.no_grad():
+        want = transformers.AutoModelForCausalLM.from_pretrained(str(folder))(ids).logits
+        have = transformers.AutoModelForCausalLM.from_pretrained(str(out))(ids).logits
+    assert torch.equal(want, have)
+    # a config.json qstream did not write is never replaced: refused before any work
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    r = CliRunner().invoke(app, ["dequantize", str(path), str(other / "model.safetensors")])
+    assert r.exit_code == 2 and "qstream does not replace a file" in r.output
+    assert sorted(p.name for p in other.iterdir()) == ["config.json"]

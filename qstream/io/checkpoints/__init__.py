@@ -6,6 +6,7 @@ from .export_meta import CONFIG, export_metadata, qstream_meta, read_json, sourc
 from .exported import DequantizedTensor
 from .fp8 import pair_scales
 from .gguf_header import GGUFHeader, read_header
+from .gguf_metadata import describe_gguf, gguf_config
 from .gguf_source import KNOWN, architecture
 from .open import CheckpointSource, open_checkpoint, source_locations
 from .remote import is_url
@@ -21,8 +22,10 @@ __all__ = [
     "TensorLike",
     "architecture",
     "check_quant_config",
+    "describe_gguf",
     "dtype_facts",
     "export_metadata",
+    "gguf_config",
     "is_url",
     "map_file_run",
     "open_checkpoint",

@@ -51,7 +51,7 @@ from .zarr_groups import open_zarr
 
 SUPPORTED_FORMATS = (
     ".safetensors, *.safetensors.index.json, a safetensors directory, .npy, .npz, "
-    "a Zarr group (directory or .zip), torch .pt/.pth/.bin"
+    "a Zarr group (directory or .zip), torch .pt/.pth/.bin, .gguf"
 )
 
 
@@ -92,6 +92,10 @@ def open_checkpoint(
         return dict(open_zarr(p))
     if low.endswith(TORCH_EXTS):
         return dict(open_torch(p))
+    if low.endswith(".gguf"):
+        from .gguf_source import open_gguf
+
+        return open_gguf(p)  # (its tensors under their Hugging Face names where known)
     raise StoreError(f"unsupported checkpoint {p}: supported formats are {SUPPORTED_FORMATS}")
 
 
