@@ -25,7 +25,7 @@ from .options import (
     require_input,
 )
 from .output import done_already, emit_json, fmt_bytes, fmt_db, table
-from .progress import progress
+from .progress import progress, resumed
 from .scheduler import open_executor
 
 
@@ -201,9 +201,12 @@ def convert(
             return
         show = not (quiet or as_json)
         qs.warm_up(rec.specs(), background=True)  # first run: see quantize
+        again = resumed(plan)  # (a re-run after an interruption: what is done already)
+        if again is not None and show:
+            typer.echo(again.line(), err=True)
 
         def on_tensor(ev: qs.TensorEvent) -> None:
-            if ev.result is None:
+            if ev.result is None or (again is not None and ev.name in again.names):
                 return
             r = ev.result
             tag = "kept" if r["kept"] else ev.target
@@ -231,7 +234,7 @@ def convert(
         if done_already(dst, report, as_json, quiet):
             return
         if as_json:
-            emit_json(report)
+            emit_json({**report, "resumed": again.to_dict() if again is not None else None})
             return
         if quiet:
             return

@@ -1,11 +1,13 @@
 """Progress of a command's passes on stderr: a Rich bar per pass on a terminal, plain lines
-every 10% otherwise (pipes, logs, CI), and one line the first time a kernel compiles."""
+every 10% otherwise (pipes, logs, CI), one line the first time a kernel compiles, and, for a
+conversion that resumes, what was done already (:func:`resumed`)."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import qstream as qs
@@ -118,3 +120,39 @@ def compile_notice(err: Console) -> Iterator[None]:
         yield
     finally:
         remove()
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What earlier runs of an interrupted conversion finished: ``done`` of ``total``
+    tensors, by ``names``."""
+
+    done: int
+    total: int
+    names: frozenset[str]
+
+    def line(self) -> str:
+        """The line a re-run prints before its progress."""
+        return f"resuming: {self.done} of {self.total} tensors already done"
+
+    def to_dict(self) -> dict[str, int]:
+        """``resumed`` of a ``--json`` report."""
+        return {"done": self.done, "total": self.total}
+
+
+def resumed(plan: qs.ConversionPlan) -> Resumed | None:
+    """What an interrupted conversion into the Zarr group the ``plan`` resumes finished
+    already, from the group's own index (None: the plan resumes nothing, or the group
+    cannot say)."""
+    if plan.action != "resume" or plan.kind != "zarr":
+        return None
+    try:
+        ck = qs.open_quantized(plan.destination, allow_incomplete=True)
+    except (qs.QStreamError, OSError, ValueError, KeyError):
+        return None
+    if not isinstance(ck, qs.QuantizedCheckpoint):
+        return None
+    total = ck.meta.get("tensors_total")
+    if not isinstance(total, int) or isinstance(total, bool):
+        total = len(plan.tensors)
+    return Resumed(len(ck.tensors), total, frozenset(ck.tensors))

@@ -1,0 +1,69 @@
+"""A conversion re-run after an interruption says so: ``resuming: K of N tensors already done``
+before its progress (and ``resumed`` in ``--json``), and lists only the tensors it converts."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import qstream as qs
+from cli.main import app
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "tiny-transformer.safetensors"
+runner = CliRunner()
+STOP_AFTER = 12
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def interrupted(dst: Path) -> tuple[set[str], int]:
+    """Convert the sample into ``dst`` as the command line does (its default recipe), Ctrl-C
+    after STOP_AFTER tensors; the names the output lists as finished, and the tensor count."""
+    seen: list[str] = []
+
+    def stop(ev: qs.TensorEvent) -> None:
+        if ev.result is not None:
+            seen.append(ev.name)
+            if len(seen) == STOP_AFTER:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        qs.convert_checkpoint(
+            SAMPLE, dst, qs.Recipe.from_dict({"defaults": {}, "rules": []}), on_tensor=stop
+        )
+    ck = qs.open_quantized(dst, allow_incomplete=True)
+    assert not ck.meta["complete"]
+    return set(ck.tensors), len(qs.open_checkpoint(SAMPLE))
+
+
+def test_a_resumed_conversion_says_how_much_was_done_and_lists_the_rest(tmp_path):
+    dst = tmp_path / "out.zarr"
+    done, total = interrupted(dst)
+    assert 0 < len(done) < total
+    r = run("convert", SAMPLE, dst)
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0] == f"resuming: {len(done)} of {total} tensors already done"
+    lines = [ln for ln in r.stdout.splitlines() if re.match(r"\[\s*\d+/\d+\]", ln)]
+    numbers = [int(re.match(r"\[\s*(\d+)/", ln).group(1)) for ln in lines]
+    assert len(lines) == total - len(done) and min(numbers) > 0
+    assert not [ln for ln in lines if ln.split()[1] in done]  # (done ones are not listed again)
+    assert qs.open_quantized(dst).meta["complete"]
+
+
+def test_json_reports_resumed_counts_and_null_for_a_fresh_run(tmp_path):
+    dst = tmp_path / "out.zarr"
+    done, total = interrupted(dst)
+    r = run("convert", SAMPLE, dst, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["resumed"] == {"done": len(done), "total": total}
+    assert report["summary"]["resumed"] == report["resumed"]
+    assert "resuming" not in r.stderr  # (--json: the report says it)
+    fresh = json.loads(run("convert", SAMPLE, tmp_path / "fresh.zarr", "--json").stdout)
+    assert fresh["resumed"] is None and set(fresh["tensors"]) == set(report["tensors"])
+    r = run("convert", SAMPLE, tmp_path / "fresh.zarr")  # finished: nothing resumed
+    assert r.exit_code == 0 and "resuming" not in r.output
