@@ -389,9 +389,13 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     export."""
     path = os.fspath(path)
     if path.endswith(".gguf"):
-        from .gguf import describe  # (loaded when a GGUF file is described)
+        from .gguf import describe, written_by_qstream  # (loaded when a GGUF is described)
 
-        return describe(path)
+        if written_by_qstream(path):
+            return describe(path)
+        from ..io.checkpoints import describe_gguf
+
+        return describe_gguf(path)  # (llama.cpp's or another tool's: what its header says)
     meta = export_metadata(path)
     if meta is None:
         raise StoreError(f"{path} is not a qstream export (no qstream metadata)")

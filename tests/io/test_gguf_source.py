@@ -441,3 +441,18 @@ def test_dequantize_of_a_gguf_file_gives_a_folder_transformers_loads(converted, 
     r = CliRunner().invoke(app, ["dequantize", str(path), str(other / "model.safetensors")])
     assert r.exit_code == 2 and "qstream does not replace a file" in r.output
     assert sorted(p.name for p in other.iterdir()) == ["config.json"]
+
+
+def test_inspect_of_a_gguf_another_tool_wrote_says_what_its_header_holds(converted):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    _, path = converted("llama", "q8_0")
+    r = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output[r.output.index("{") :])
+    got = doc.get("summary", doc) if "architecture" not in doc else doc
+    assert got["architecture"] == "llama" and got["written_by"] == "another tool"
+    assert got["tensors"] == len(GGUFReader(str(path)).tensors)
+    assert got["tokenizer"] == "llama"

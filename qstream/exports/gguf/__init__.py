@@ -3,7 +3,7 @@
 from ...compat.gguf_names import EXPERTS, LAYER_NAMES, expert_of, gguf_name, row_order, skipped
 from .arch import architecture_of
 from .export import destination_action, write_plan
-from .file import describe
+from .file import describe, written_by_qstream
 from .imatrix import read_imatrix, write_imatrix
 from .importance import ImatrixSummary, compute_imatrix
 from .plan import plan_gguf
@@ -25,4 +25,5 @@ __all__ = [
     "skipped",
     "write_imatrix",
     "write_plan",
+    "written_by_qstream",
 ]

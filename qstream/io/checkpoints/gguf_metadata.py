@@ -188,6 +188,7 @@ def describe_gguf(path: str) -> dict[str, Any]:
         types[t.type] = types.get(t.type, 0) + 1
         params += t.rows * t.shape[-1]
     name = header.kv.get("general.name")
+    tokenizer = header.kv.get("tokenizer.ggml.model")
     return {
         "file": path,
         "format": "gguf",
@@ -199,4 +200,6 @@ def describe_gguf(path: str) -> dict[str, Any]:
         "types": dict(sorted(types.items(), key=lambda kv: -kv[1])),
         "parameters": params,
         "bytes": header.size,
+        "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
+        "written_by": "qstream" if "qstream.export" in header.kv else "another tool",
     }
