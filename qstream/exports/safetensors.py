@@ -187,6 +187,8 @@ def export_safetensors(
             head = dataclasses.replace(lay, module=ct.HEAD[: -len("weight")])
             layouts.append(head)
             found += ct_entries(tied, tensors(tied), head, tensors)
+            if tied in described:  # (so that qstream's own reader decodes it too)
+                described[ct.HEAD] = described[tied]
             model_config["tie_word_embeddings"] = False
     names = [e.name for e in found]
     if len(set(names)) != len(names):

@@ -130,6 +130,11 @@ def test_a_tied_quantized_embedding_is_untied_in_the_plan_and_the_folder_runs(ti
     got = fresh("load", out.parent, npz, "float32")
     assert not got["tied"] and got["bit_exact"] == got["quantized"], got
     assert got["logits_equal"] and got["generated"] > 0, got
+    # qstream's own reader decodes the untied lm_head as the embedding's values, not codes
+    ck = qs.open_quantized(out)
+    head, embed = ck["lm_head.weight"], ck["model.embed_tokens.weight"]
+    np.testing.assert_array_equal(np.asarray(head[...]), np.asarray(embed[...]))
+    assert np.asarray(head[...]).dtype.kind == "f"
 
 
 def test_a_tied_embedding_kept_in_float_stays_tied(tied, tmp_path):
