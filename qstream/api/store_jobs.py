@@ -170,6 +170,8 @@ def dequantize_store(
         return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
     if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
         return _dequantize_gguf(*paths, dtype, overwrite, max_memory, progress)
+    if _model_folder(src):  # a model's safetensors folder (quantized ones decoded as read)
+        return _dequantize_model(*paths, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
         return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options, max_memory)
     with store_errors(_remote(dst, src)):
@@ -211,6 +213,17 @@ def _dequantize_export(
     return {**report, "dtype": dtype}
 
 
+def _model_folder(src: object) -> bool:
+    """Whether ``src`` is a local folder of safetensors files (a model as transformers saves
+    it), not a Zarr group."""
+    import os
+
+    if not isinstance(src, str | os.PathLike) or not os.path.isdir(src):
+        return False
+    names = os.listdir(src)
+    return "zarr.json" not in names and any(n.endswith(".safetensors") for n in names)
+
+
 def _dequantize_gguf(
     src: PathLike,
     dst: PathLike,
@@ -221,29 +234,77 @@ def _dequantize_gguf(
 ) -> dict[str, Any]:
     """A GGUF file's tensors decoded (under their Hugging Face names where the architecture
     is known) into a Zarr group, or into ``dst.safetensors`` with a transformers
-    ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads.
-    A ``config.json`` already there that says something else is refused before any work."""
-    import json
+    ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads."""
     import os
 
-    from ..errors import InvalidParameterError
     from ..io.checkpoints import gguf_config
 
     config = None
     if str(dst).endswith(".safetensors"):
         config = gguf_config(os.fspath(src), dtype=dtype)
-        where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
-        if os.path.lexists(where):
-            try:
-                with open(where, encoding="utf-8") as f:
-                    same = json.load(f) == config
-            except (OSError, ValueError):
-                same = False
-            if not same:
-                raise InvalidParameterError(
-                    f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
-                    " not replace a file it did not write: remove it or choose another folder"
-                )
+    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
+
+
+def _dequantize_model(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    progress: Progress | None,
+) -> dict[str, Any]:
+    """A model folder's tensors as read (a quantized checkpoint's decoded as its own format
+    decodes them) into a Zarr group, or into ``dst.safetensors`` with the source's
+    ``config.json`` minus its ``quantization_config`` (``torch_dtype``: ``dtype``) beside it,
+    so that transformers loads it as a plain model."""
+    import json
+    import os
+
+    config = None
+    where = os.path.join(os.fspath(src), "config.json")
+    if str(dst).endswith(".safetensors") and os.path.isfile(where):
+        from ..paths import open_regular
+
+        with open_regular(where, "model config") as f:
+            config = json.loads(f.read())
+        if not isinstance(config, dict):
+            config = None
+        else:
+            config.pop("quantization_config", None)
+            config["torch_dtype"] = dtype
+    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
+
+
+def _decoded_with_config(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    progress: Progress | None,
+    config: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The keep-everything conversion of ``src`` in ``dtype``, then ``config`` written as the
+    ``config.json`` beside a ``.safetensors`` ``dst``; a ``config.json`` already there that
+    says something else is refused before any work (qstream never replaces a file it did
+    not write)."""
+    import json
+    import os
+
+    from ..errors import InvalidParameterError
+
+    where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
+    if config is not None and os.path.lexists(where):
+        try:
+            with open(where, encoding="utf-8") as f:
+                same = json.load(f) == config
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise InvalidParameterError(
+                f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
+                " not replace a file it did not write: remove it or choose another folder"
+            )
     report = _dequantize_export(src, dst, dtype, overwrite, max_memory, progress)
     if config is not None:
         from ..paths import rename_in, write_new

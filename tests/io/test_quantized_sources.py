@@ -301,3 +301,43 @@ def test_a_compressed_tensors_source_converts_from_its_decoded_values(fp8_block,
     want = ref[name].float().numpy()
     err = np.abs(got.astype(np.float32) - want).max()
     assert err <= np.abs(want).max() / 100  # int8 of the decoded values, not of the codes
+
+
+_LOAD = """
+import json, sys, torch, transformers
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.bfloat16)
+print(json.dumps({n: p.detach().view(torch.int16).flatten().tolist()[:4096]
+                  for n, p in m.named_parameters() if n.endswith("proj.weight")}))
+"""
+
+
+def test_dequantize_of_a_quantized_folder_writes_a_plain_model_transformers_loads(
+    fp8_block, tmp_path
+):
+    """``qstream dequantize CT_FOLDER out/model.safetensors --dtype bfloat16``: the values
+    compressed-tensors' decompressor gives, and the source's config without its
+    quantization_config, loaded by transformers (a fresh process) as a plain bf16 model."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    out = tmp_path / "plain"
+    r = CliRunner().invoke(
+        app, ["dequantize", fp8_block, str(out / "model.safetensors"), "--dtype", "bfloat16"]
+    )
+    assert r.exit_code == 0, r.output
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
+    p = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    loaded = json.loads(p.stdout.strip().splitlines()[-1])
+    want = reference(fp8_block)
+    assert loaded and set(loaded) <= set(want)
+    for name, values in loaded.items():
+        w = want[name].to(torch.bfloat16).view(torch.int16).flatten().tolist()[:4096]
+        assert values == w, name
