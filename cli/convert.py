@@ -144,6 +144,14 @@ def convert(
         metavar="PATTERN",
         help="Keep tensors whose names match, unquantized (a glob; repeatable).",
     ),
+    scheme: str | None = typer.Option(
+        None,
+        "--scheme",
+        metavar="NAME",
+        help="With a .safetensors DST: a compressed-tensors preset (W4A16, W8A16, FP8_DYNAMIC,"
+        " FP8_BLOCK, NVFP4A16, MXFP4A16, ...) written straight from the source, codes and"
+        " scales as compressed-tensors computes them; not with --recipe or the spec flags.",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print which tensor gets what, and the sizes; write nothing."
     ),
@@ -161,6 +169,10 @@ def convert(
             raise typer.BadParameter("--no-tokenizer applies to a .gguf DST, without --dry-run")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
+        if scheme is not None and (recipe or flags or include or exclude):
+            raise typer.BadParameter(
+                "--scheme does not mix with --recipe, the spec flags, --include or --exclude"
+            )
         rec = recipe_of(recipe, flags, include, exclude)
         extra: dict[str, Any] = {}  # what only some destinations or flags pass on
         if dst.endswith(".safetensors"):
@@ -171,6 +183,8 @@ def convert(
             extra["store"] = store
         if packs is not None:
             extra["packs"] = packs
+        if scheme is not None:
+            extra["scheme"] = scheme
     if no_tokenizer:  # (a .gguf of tensors only: export_gguf plans it, refusing up front)
         with library_errors(refusals=True):
             report = qs.export_gguf(
@@ -240,6 +254,9 @@ def convert(
             return
         if dst.endswith(".gguf"):
             typer.echo(gguf_summary(checkpoint, report))
+            return
+        if scheme is not None:  # (no per-tensor error is measured: compressed-tensors' values)
+            typer.echo(f"{scheme}: written " + ", ".join(report["files"]))
             return
         print_quantized(report)
 

@@ -43,6 +43,7 @@ def convert_checkpoint(
     packs: bool | None = None,
     plan: ConversionPlan | None = None,
     model_files: bool = True,
+    scheme: str | None = None,
 ) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -88,6 +89,12 @@ def convert_checkpoint(
     ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
     template, generation and processor configs beside it (see :func:`qstream.plan_convert`).
 
+    ``scheme``: a compressed-tensors preset (``W4A16``, ``W8A16``, ``FP8_DYNAMIC``,
+    ``FP8_BLOCK``, ``NVFP4A16``, ``MXFP4A16``, ...) written straight from the source into the
+    folder of the ``.safetensors`` ``dst``, with the codes and scales compressed-tensors'
+    own quantization functions give (scales in the source's dtype); no recipe. Presets that
+    need calibrated activation scales are refused (see :mod:`qstream.exports.scheme_export`).
+
     ``packs``: small tensors alike in shape, dtype and spec (runs of them: a
     mixture-of-experts layer's experts; and alike ones alone between others, gathered: a
     router gate a layer) are stored stacked, a group a pack (``DST/_packs/``, see
@@ -116,6 +123,7 @@ def convert_checkpoint(
                 store=store,
                 packs=packs,
                 model_files=model_files,
+                scheme=scheme,
             )
         return _run(
             plan,
@@ -148,6 +156,11 @@ def _run(
 ) -> dict[str, Any]:
     """Carry out ``plan``."""
     make_parents(plan)
+    if plan.prepared.__class__.__name__ == "SchemeJob":  # convert --scheme NAME
+        from ..exports.scheme_export import run_scheme
+
+        return run_scheme(plan.prepared, overwrite=overwrite, max_shard_size=max_shard_size,
+                          max_memory=kw.get("max_memory"))  # fmt: skip
     if plan.kind == "gguf":
         from ..exports.gguf import write_plan
 

@@ -22,14 +22,14 @@ import numpy as np
 from ..errors import InvalidParameterError, StoreError
 from ..io.storage import compression as compressions
 from ..spec import Recipe
+from .scheme_plan import scheme_plan
 
 if TYPE_CHECKING:
     from .types import ExecutorLike, PathLike, StorageOptions
 
 __all__ = ["ConversionPlan", "plan_convert", "tensor_rows"]
 
-# a source's quantization_config qstream decodes as it reads the checkpoint (DeepSeek's FP8
-# block scales, paired by the recipe's [scales]): replaced in an export's config
+# a source's quantization_config qstream decodes (DeepSeek's FP8 scales): replaced in exports
 DECODED_METHODS = ("fp8", "compressed-tensors")
 
 
@@ -57,8 +57,7 @@ class ConversionPlan:
     # what the run takes from the plan (not part of its JSON)
     prepared: Any = field(default=None, repr=False, compare=False)
     gguf: Any = field(default=None, repr=False, compare=False)
-    # the rows, or what makes them when first asked (a run that only carries the plan out
-    # does not spend ~10 us a tensor on rows it never shows)
+    # the rows, or what makes them when first asked (a run does not make rows it never shows)
     rows: list[dict[str, Any]] | Callable[[], list[dict[str, Any]]] = field(
         default_factory=list, repr=False, compare=False
     )
@@ -150,6 +149,7 @@ def plan_convert(
     store: str | None = None,
     packs: bool | None = None,
     model_files: bool = True,
+    scheme: str | None = None,
 ) -> ConversionPlan:
     """What :func:`qstream.convert_checkpoint` with these arguments would do, decided as it
     decides it and refusing what it refuses (the same exceptions, the same messages), before
@@ -157,7 +157,7 @@ def plan_convert(
     ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion.
     ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
     template, generation and processor configs beside it (:data:`qstream.exports.MODEL_FILES`;
-    one there that qstream did not write is refused here); False: none."""
+    one there that qstream did not write is refused here); False: none. ``scheme``: a preset."""
     from ..io.outputs import check_writable
     from ..io.storage import check_destination_suffix
 
@@ -168,6 +168,8 @@ def plan_convert(
     recipe = recipe or Recipe()
     kind = kind_of_destination(dst)
     check_writable(dst)
+    if scheme is not None:  # a compressed-tensors preset (qstream.exports.scheme_export)
+        return ConversionPlan(**scheme_plan(locals()))
     if kind == "gguf":
         return _plan_gguf(checkpoint, dst, recipe, format, config, overwrite)
     opts: dict[str, Any] = {"storage_options": storage_options or None, "store": store or None}
@@ -281,8 +283,7 @@ def _plan_safetensors(
             " qstream will not write there: move it away"
         )
     resuming = work_root.kind == "checkpoint"
-    # the working group is read once and removed: raw chunks are written and read fastest
-    # (one an earlier version began compressed is resumed as it was begun)
+    # the working group is read once and removed: raw chunks (a compressed one resumes so)
     work_compression = compressions.NONE
     if resuming and not overwrite:
         work_compression = (work_root.meta or {}).get("compression", compressions.AUTO)

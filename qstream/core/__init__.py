@@ -49,6 +49,7 @@ __all__ = [
     "param_dimension_names",
     "param_region",
     "plan_layout",
+    "presets",
     "quantize_call",
     "scratch",
     "step1_slices",

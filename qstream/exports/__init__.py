@@ -16,6 +16,7 @@ __all__ = [
     "finished_export",
     "plan_copies",
     "safetensors",
+    "scheme_export",
     "shard_pattern",
     "source_config",
 ]
