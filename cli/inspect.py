@@ -73,7 +73,7 @@ def inspect(
         limit = parse_size(max_memory, "--max-memory")
         require_input(store, "STORE")
         if store.endswith(EXPORTS):
-            print_export(store, as_json)
+            print_export(store, as_json, plot)
             return
         arr = qs.open_quantized(store, allow_incomplete=True, max_memory=limit)
         assert not isinstance(arr, dict)  # (an export opens as a dict: described above)
@@ -105,15 +105,61 @@ def inspect(
             typer.echo(f"figure written to {plot}")
 
 
-def print_export(path: str, as_json: bool) -> None:
-    """An export (safetensors, GGUF): its format and loader."""
+#: summary keys not printed as a line (the table shows the tensors; types have their line)
+_NOT_LINES = ("quantized", "tensor_list", "types", "hf_names")
+
+
+def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
+    """An export (safetensors, GGUF): its format and loader, the summary of its header
+    (GGUF: architecture, tokenizer, vocabulary, context length, blocks, experts), then a
+    table of its tensors (name, type, shape, size; a safetensors export's quantized target
+    and SQNR where recorded). With ``plot``: a bar chart of the bytes per stored type."""
     summary = qs.describe_export(path)
+    listed: list[dict[str, Any]] = summary.get("tensor_list") or []
+    if plot is not None:
+        plot_export_bytes(listed, path, plot)
     if as_json:
         emit_json(summary)
-    else:
-        for k, v in summary.items():
-            if v is not None and k != "quantized":
-                typer.echo(f"{k:<12} {v}")
+        return
+    for k, v in summary.items():
+        if v is not None and k not in _NOT_LINES:
+            typer.echo(f"{k:<14} {v}")
+    if summary.get("types"):
+        typer.echo(f"{'types':<14} {', '.join(f'{t} {n}' for t, n in summary['types'].items())}")
+    extra = [c for c in ("target", "sqnr_db") if any(t.get(c) is not None for t in listed)]
+    rows = [
+        [t["name"], str(t.get("type") or t.get("dtype")), str(t["shape"]), fmt_bytes(t["bytes"])]
+        + [str(t.get(c) or "") if c == "target" else fmt_db(t.get(c)) for c in extra]
+        for t in listed
+    ]
+    heads = {"target": "target", "sqnr_db": "SQNR dB"}
+    table(f"{len(listed)} tensors", ["tensor", "type", "shape", "size"]
+          + [heads[c] for c in extra], rows)  # fmt: skip
+    if plot is not None:
+        typer.echo(f"figure written to {plot}")
+
+
+def plot_export_bytes(listed: list[dict[str, Any]], path: str, plot: Path) -> None:
+    """Write a bar chart of an export's stored bytes per type (GGML type or safetensors
+    dtype) to ``plot``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per: dict[str, int] = {}
+    for t in listed:
+        kind = str(t.get("type") or t.get("dtype"))
+        per[kind] = per.get(kind, 0) + int(t["bytes"])
+    kinds = sorted(per, key=lambda k: -per[k])
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), layout="constrained")
+    bars = ax.bar(kinds, [per[k] / 2**20 for k in kinds], color="tab:blue")
+    ax.bar_label(bars, labels=[fmt_bytes(per[k]) for k in kinds], padding=2)
+    ax.set_ylabel("MiB stored")
+    ax.set_title(f"{Path(path).name}: bytes per stored type ({len(listed)} tensors)")
+    ax.margins(y=0.15)
+    fig.savefig(plot)
+    plt.close(fig)
 
 
 def checkpoint_table(store: str, tensors: int, summary: dict[str, Any]) -> None:

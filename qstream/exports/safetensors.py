@@ -387,8 +387,12 @@ def own_config(src: str | os.PathLike[str]) -> str | None:
 
 def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a file qstream exported holds and which loader it targets: a ``.safetensors``
-    (or its index) or a ``.gguf``. Raises :class:`StoreError` for a file qstream did not
-    export."""
+    (or its index) or a ``.gguf`` (:func:`qstream.exports.gguf.describe`, or for another
+    tool's GGUF :func:`qstream.io.checkpoints.describe_gguf`). Of a safetensors export,
+    ``tensor_list``: every entry (over all shards, in file order) with its stored ``dtype``,
+    ``shape``, ``bytes``, and for a quantized tensor its ``target`` (the quantized type, then
+    ``axis A``, ``block B`` or ``per tensor``) and ``sqnr_db`` where the metadata records
+    them (else None). Raises :class:`StoreError` for a file qstream did not export."""
     path = os.fspath(path)
     if path.endswith(".gguf"):
         from .gguf import describe, written_by_qstream  # (loaded when a GGUF is described)
@@ -401,25 +405,63 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     meta = export_metadata(path)
     if meta is None:
         raise StoreError(f"{path} is not a qstream export (no qstream metadata)")
+
+    def header_of(file: str) -> dict[str, Any]:
+        try:
+            with open_regular(file) as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                found: dict[str, Any] = json.loads(f.read(min(n, 100 << 20)))
+        except (OSError, struct.error, ValueError) as e:
+            raise StoreError(f"cannot read the safetensors header of {file}: {e}") from None
+        return found
+
     if path.endswith(".json"):
         doc = read_json(path) or {}
-        names = list((doc.get("weight_map") or {}).keys())
+        weight_map = doc.get("weight_map") or {}
         total = (doc.get("metadata") or {}).get("total_size")
+        total = int(total) if isinstance(total, (int, str)) and str(total).isdigit() else None
+        folder = os.path.dirname(path)
+        shards = list(dict.fromkeys(str(v) for v in weight_map.values()))
+        headers = [header_of(os.path.join(folder, s)) for s in shards]
     else:
-        with open_regular(path) as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(min(n, 100 << 20)))
-        names = [k for k in header if k != "__metadata__"]
-        total = max((v["data_offsets"][1] for k, v in header.items() if k in names), default=0)
+        headers = [header_of(path)]
+        total = None
+    entries: list[tuple[str, Any]] = []
+    for h in headers:  # shard after shard, each in file order
+        found = [(k, v) for k, v in h.items() if k != "__metadata__"]
+        entries += sorted(found, key=lambda e: tuple(e[1]["data_offsets"]))
+    if total is None:
+        total = max((v["data_offsets"][1] for _, v in entries), default=0)
     fmt = meta.get("qstream_format", "qstream")
-    quantized = json.loads(meta["qstream"]) if isinstance(meta.get("qstream"), str) else {}
+    quantized: dict[str, Any] = {}  # (each shard's own: an index's metadata says "export")
+    for h in headers:
+        described = (h.get("__metadata__") or {}).get("qstream")
+        try:
+            said = json.loads(described) if isinstance(described, str) else None
+        except ValueError:
+            said = None
+        quantized.update(said if isinstance(said, dict) else {})
+    listed = []
+    for name, v in entries:
+        q = quantized.get(name) if isinstance(quantized.get(name), dict) else None
+        target = sqnr = None
+        if q is not None:
+            axis, block = q.get("axis"), q.get("block_size")
+            where = f"block {block}" if block else f"axis {axis}" if axis is not None else (
+                "per tensor")  # fmt: skip
+            target = f"{q.get('dtype')} {where}"
+            sqnr = q.get("sqnr_db", (q.get("error") or {}).get("sqnr_db"))
+        start, stop = v["data_offsets"]
+        listed.append({"name": name, "dtype": v["dtype"], "shape": list(v["shape"]),
+                       "bytes": stop - start, "target": target, "sqnr_db": sqnr})  # fmt: skip
     config = os.path.join(os.path.dirname(path), CONFIG)
     return {
         "file": path,
         "format": fmt,
         "loader": LOADERS.get(fmt, LOADERS["qstream"]),
-        "tensors": len(names),
+        "tensors": len(listed),
         "quantized": quantized,
         "bytes": total,
         "config": config if fmt == "compressed-tensors" and os.path.isfile(config) else None,
+        "tensor_list": listed,
     }

@@ -138,17 +138,21 @@ def identity(path: str) -> str | None:
 
 
 def describe(path: str) -> dict[str, Any]:
-    """What a GGUF file qstream wrote holds (read with its own header, no gguf-py)."""
+    """What a GGUF file qstream wrote holds: its checked header's summary and tensor list
+    (:func:`qstream.io.checkpoints.describe_gguf`) with the job recorded under :data:`MARK`
+    (the source, and the ``--gguf-type`` asked for: None when the recipe chose the types)."""
     job = identity(path)
     if job is None:
         raise StoreError(f"{path} is not a qstream export (no {MARK} key)")
+    from ...io.checkpoints import describe_gguf  # (a header reader: loaded when described)
+
     ident = json.loads(job)
+    found = describe_gguf(path)
     return {
         "file": path,
         "format": "gguf",
         "loader": "llama.cpp / gguf-py",
         "source": ident.get("source"),
-        "type": ident.get("type") or "from the recipe",
-        "architecture": str((ident.get("config") or {}).get("model_type") or "qstream"),
-        "bytes": os.path.getsize(path),
+        "type": ident.get("type"),
+        **{k: v for k, v in found.items() if k not in ("file", "format")},
     }

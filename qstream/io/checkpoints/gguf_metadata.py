@@ -179,16 +179,32 @@ def _gemma(cfg: dict[str, Any], m: _Meta, arch: str, layers: int, per_head: int)
 def describe_gguf(path: str) -> dict[str, Any]:
     """What any GGUF file holds, from its checked header alone (for ``qstream inspect``):
     its architecture, whether its tensors are named back to Hugging Face names, the tensor
-    count per GGML type, the parameter count and the file's size."""
+    count per GGML type, the parameter count, the file's size, the tokenizer and model
+    summary (tokenizer model, vocabulary size, context length, block count, expert count;
+    None where the file does not say) and ``tensor_list``: every tensor's name, GGML type,
+    shape (NumPy order, slowest axis first: gguf-py's ``shape`` reversed) and stored bytes,
+    in file order."""
     header = read_header(path)
     arch = architecture(header)
     types: dict[str, int] = {}
     params = 0
+    listed = []
     for t in header.tensors:
         types[t.type] = types.get(t.type, 0) + 1
         params += t.rows * t.shape[-1]
-    name = header.kv.get("general.name")
-    tokenizer = header.kv.get("tokenizer.ggml.model")
+        listed.append({"name": t.name, "type": t.type, "shape": list(t.shape), "bytes": t.nbytes})
+    kv = header.kv
+
+    def count(key: str) -> int | None:
+        v = kv.get(f"{arch}.{key}") if arch else None
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    name = kv.get("general.name")
+    tokenizer = kv.get("tokenizer.ggml.model")
+    tokens = kv.get("tokenizer.ggml.tokens")
+    vocab = count("vocab_size")
+    if vocab is None and tokens is not None and not isinstance(tokens, str):
+        vocab = len(tokens)
     return {
         "file": path,
         "format": "gguf",
@@ -197,9 +213,14 @@ def describe_gguf(path: str) -> dict[str, Any]:
         "name": name if isinstance(name, str) else None,
         "hf_names": arch in KNOWN,
         "tensors": len(header.tensors),
-        "types": dict(sorted(types.items(), key=lambda kv: -kv[1])),
+        "types": dict(sorted(types.items(), key=lambda item: -item[1])),
         "parameters": params,
         "bytes": header.size,
         "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
-        "written_by": "qstream" if "qstream.export" in header.kv else "another tool",
+        "vocab_size": vocab,
+        "context_length": count("context_length"),
+        "block_count": count("block_count"),
+        "expert_count": count("expert_count"),
+        "written_by": "qstream" if "qstream.export" in kv else "another tool",
+        "tensor_list": listed,
     }

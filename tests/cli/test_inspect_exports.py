@@ -1,0 +1,165 @@
+"""``qstream inspect`` of exports lists their tensors as the formats' own readers see them:
+qstream's safetensors (single and sharded) against safetensors' ``safe_open``, qstream's GGUF
+and a GGUF gguf-py's ``GGUFWriter`` wrote against gguf-py's ``GGUFReader``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter  # noqa: E402
+from gguf import quants as gguf_quants  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "tiny-transformer.safetensors"
+runner = CliRunner()
+
+
+def run(*args: object) -> Any:
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def inspected(path: Path) -> dict[str, Any]:
+    """``qstream inspect PATH --json``, parsed."""
+    r = run("inspect", path, "--json")
+    assert r.exit_code == 0, r.output
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def safe_open_entries(files: list[Path]) -> dict[str, tuple[str, list[int]]]:
+    """name -> (dtype, shape) as safetensors' own reader reports them."""
+    out = {}
+    for f in files:
+        with safe_open(str(f), "np") as st:
+            for k in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                s = st.get_slice(k)
+                out[k] = (s.get_dtype(), list(s.get_shape()))
+    return out
+
+
+def reader_entries(path: Path) -> list[tuple[str, str, list[int], int]]:
+    """(name, type, shape slowest first, bytes) as gguf-py's reader reports them."""
+    return [
+        (t.name, t.tensor_type.name, [int(d) for d in reversed(t.shape)], int(t.n_bytes))
+        for t in GGUFReader(str(path)).tensors
+    ]
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The bundled sample converted to one safetensors, a sharded one and a GGUF."""
+    d = tmp_path_factory.mktemp("exports")
+    out = {
+        "single": d / "one" / "model.safetensors",
+        "sharded": d / "shards" / "model.safetensors",
+        "gguf": d / "x.gguf",
+    }
+    for args in (
+        [out["single"]],
+        [out["sharded"], "--max-shard-size", "300KB"],
+        [out["gguf"]],
+    ):
+        r = run("convert", SAMPLE, *args)
+        assert r.exit_code == 0, r.output
+    return out
+
+
+def test_safetensors_export_lists_every_entry_as_safe_open_reads_it(exports):
+    doc = inspected(exports["single"])
+    got = {t["name"]: (t["dtype"], t["shape"]) for t in doc["tensor_list"]}
+    assert got == safe_open_entries([exports["single"]])
+    assert doc["tensors"] == len(got)
+    quantized = {t["name"]: t["target"] for t in doc["tensor_list"] if t["target"]}
+    assert quantized and all(v == "int8 axis 0" for v in quantized.values())
+    assert all(got[n][0] == "I8" for n in quantized)  # (the codes are the quantized entries)
+    assert sum(t["bytes"] for t in doc["tensor_list"]) == doc["bytes"]
+
+
+def test_sharded_export_lists_the_entries_of_every_shard(exports):
+    index = exports["sharded"].parent / "model.safetensors.index.json"
+    shards = sorted(index.parent.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1, "the sample must be split for this test"
+    doc = inspected(index)
+    got = {t["name"]: (t["dtype"], t["shape"]) for t in doc["tensor_list"]}
+    assert len(got) == len(doc["tensor_list"])  # (each entry once)
+    assert got == safe_open_entries(shards)
+    assert {t["target"] for t in doc["tensor_list"]} == {"int8 axis 0", None}
+    assert sum(t["bytes"] for t in doc["tensor_list"]) == doc["bytes"]
+
+
+def test_qstream_gguf_lists_tensors_as_gguf_py_reads_them(exports):
+    doc = inspected(exports["gguf"])
+    got = [(t["name"], t["type"], t["shape"], t["bytes"]) for t in doc["tensor_list"]]
+    assert got == reader_entries(exports["gguf"])
+    assert doc["written_by"] == "qstream" and doc["source"] == str(SAMPLE)
+
+
+def _foreign_gguf(path: Path) -> None:
+    """A small llama GGUF written by gguf-py (another tool): tokenizer, model keys, an F32
+    norm, Q8_0 matrices and a 3-D expert tensor."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(4096)
+    w.add_block_count(1)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_expert_count(4)
+    w.add_expert_used_count(2)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(100)])
+    rng = np.random.default_rng(0)
+    w.add_tensor("output_norm.weight", rng.standard_normal(64).astype(np.float32))
+    for name, shape in (("token_embd.weight", (100, 64)), ("blk.0.attn_q.weight", (64, 64)),
+                        ("blk.0.ffn_up_exps.weight", (4, 96, 64))):  # fmt: skip
+        x = rng.standard_normal(shape).astype(np.float32)
+        q8 = gguf_quants.quantize(x, GGMLQuantizationType.Q8_0)
+        w.add_tensor(name, q8, raw_dtype=GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_another_tools_gguf_lists_tensors_and_its_model_summary(tmp_path):
+    path = tmp_path / "other.gguf"
+    _foreign_gguf(path)
+    doc = inspected(path)
+    got = [(t["name"], t["type"], t["shape"], t["bytes"]) for t in doc["tensor_list"]]
+    assert got == reader_entries(path)
+    assert ("blk.0.ffn_up_exps.weight", "Q8_0", [4, 96, 64]) in [g[:3] for g in got]
+    summary = {k: doc[k] for k in ("architecture", "tokenizer", "vocab_size", "context_length",
+                                   "block_count", "expert_count", "written_by")}  # fmt: skip
+    assert summary == {"architecture": "llama", "tokenizer": "gpt2", "vocab_size": 100,
+                       "context_length": 4096, "block_count": 1, "expert_count": 4,
+                       "written_by": "another tool"}  # fmt: skip
+
+
+def test_inspect_prints_the_summary_then_one_row_per_tensor(tmp_path):
+    path = tmp_path / "other.gguf"
+    _foreign_gguf(path)
+    r = run("inspect", path)
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert any(line.split() == ["context_length", "4096"] for line in lines)
+    assert any(line.split() == ["tokenizer", "gpt2"] for line in lines)
+    for name, kind, shape, _ in reader_entries(path):
+        row = [line for line in lines if line.split()[:1] == [name]]
+        assert len(row) == 1 and kind in row[0] and str(shape) in row[0], r.stdout
+
+
+@pytest.mark.parametrize("kind", ["single", "gguf"])
+def test_plot_of_an_export_writes_a_bar_chart(exports, tmp_path, kind):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / f"{kind}.png"
+    r = run("inspect", exports[kind], "--plot", png)
+    assert r.exit_code == 0, r.output
+    assert f"figure written to {png}" in r.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
