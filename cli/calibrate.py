@@ -42,6 +42,7 @@ from .show import show_calibration
     qstream calibrate acts.zarr --compare
     qstream calibrate weights.zarr --axis 0 --compare --json
     qstream calibrate model.safetensors --tensor model.layers.0.mlp.up_proj.weight --axis 0
+    qstream calibrate acts.zarr --imatrix model.imatrix --model model/
     """
 )
 def calibrate(
@@ -76,8 +77,23 @@ def calibrate(
         metavar="NAME",
         help="SRC is a checkpoint (safetensors, .npz, ...): calibrate its tensor NAME.",
     ),
+    imatrix: str | None = typer.Option(
+        None,
+        "--imatrix",
+        metavar="OUT",
+        help="SRC is a Zarr group of Linear inputs (one array per module, tokens x features):"
+        " write their importance matrix for --model to OUT, as llama-imatrix writes it.",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", metavar="MODEL", help="With --imatrix: the Hugging Face model folder."
+    ),
+    chunk_size: int = typer.Option(
+        512, "--chunk-size", metavar="N", help="With --imatrix: tokens per chunk [512]."
+    ),
 ) -> None:
     """Print the scale and zero point a spec gives, and the data's range (writes nothing)."""
+    if imatrix is not None or model is not None:
+        return importance_matrix(src, imatrix, model, chunk_size, max_memory, as_json, quiet)
     with library_errors():
         require_input(src, "SRC")
         source: Any = src if tensor is None else checkpoint_tensor(src, tensor)
@@ -129,6 +145,28 @@ def calibrate(
         )
         if show or compare:
             show_calibration(cal, source)
+
+
+def importance_matrix(
+    src: str, out: str | None, model: str | None, chunk_size: int, max_memory: str | None,
+    as_json: bool, quiet: bool,
+) -> None:  # fmt: skip
+    """``--imatrix OUT --model MODEL``: :func:`qstream.compute_imatrix` of SRC into OUT."""
+    with library_errors(refusals=True):
+        require_input(src, "SRC")
+        if out is None or model is None:
+            raise typer.BadParameter("--imatrix OUT and --model MODEL go together")
+        limit = parse_size(max_memory, "--max-memory")
+        done = qs.compute_imatrix(src, model, out, chunk_size, max_memory=limit)
+    if as_json:
+        emit_json({"file": done.path, "entries": list(done.entries), "tokens": done.tokens,
+                   "chunk_count": done.chunk_count, "chunk_size": done.chunk_size,
+                   "left_out": list(done.left_out)})  # fmt: skip
+    elif not quiet:
+        typer.echo(
+            f"{done.path}: {len(done.entries)} weights from {done.arrays} arrays,"
+            f" {done.tokens} tokens ({done.chunk_count} chunks of {done.chunk_size})"
+        )
 
 
 def checkpoint_tensor(path: str, name: str) -> Any:

@@ -100,10 +100,25 @@ def convert(
         None,
         "--gguf-type",
         metavar="TYPE",
-        help="With a .gguf DST: one type (Q8_0, Q4_0, Q4_1, F16, BF16, F32) for every tensor"
-        " the recipe quantizes, with gguf-py's own rounding rule [default: the spec's, in"
+        help="With a .gguf DST: llama-quantize's mix (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K,"
+        " Q3_K_M, Q2_K, Q4_0, Q4_1, Q8_0) or one type (Q2_K..Q6_K, Q8_0, Q4_0, Q4_1, F16,"
+        " BF16, F32) for the tensors the recipe quantizes [default: the spec's, in"
         " blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric 4-bit ->"
         " Q4_1; another spec is refused].",
+    ),
+    pure: bool = typer.Option(
+        False,
+        "--pure",
+        help="With --gguf-type: that one type for every tensor the recipe quantizes, as"
+        " llama-quantize --pure [default: llama-quantize's mix of that name, e.g. Q4_K_M, or"
+        " Q4_0 with output.weight in Q6_K].",
+    ),
+    imatrix: str | None = typer.Option(
+        None,
+        "--imatrix",
+        metavar="FILE",
+        help="With --gguf-type: an importance matrix (llama-imatrix's or qstream calibrate"
+        " --imatrix's) used as llama-quantize --imatrix uses it.",
     ),
     no_tokenizer: bool = typer.Option(
         False,
@@ -167,6 +182,8 @@ def convert(
             raise typer.BadParameter("--format applies to a .safetensors DST (a .gguf is GGUF)")
         if no_tokenizer and (not dst.endswith(".gguf") or dry_run):
             raise typer.BadParameter("--no-tokenizer applies to a .gguf DST, without --dry-run")
+        if (pure or imatrix) and (gguf_type is None or dry_run):
+            raise typer.BadParameter("--pure and --imatrix apply to --gguf-type, without --dry-run")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
         if scheme is not None and (recipe or flags or include or exclude):
@@ -185,18 +202,19 @@ def convert(
             extra["packs"] = packs
         if scheme is not None:
             extra["scheme"] = scheme
-    if no_tokenizer:  # (a .gguf of tensors only: export_gguf plans it, refusing up front)
+    if no_tokenizer or pure or imatrix:  # (export_gguf plans it, refusing up front)
         with library_errors(refusals=True):
             report = qs.export_gguf(
                 checkpoint, dst, type=gguf_type, recipe=rec, config=config,
                 overwrite=overwrite, max_memory=parse_size(max_memory, "--max-memory"),
-                tokenizer=False,
+                tokenizer=not no_tokenizer, pure=pure, imatrix=imatrix,
             )  # fmt: skip
         if as_json:
             emit_json(report)
         elif not quiet:
             typer.echo(gguf_summary(checkpoint, report))
-            typer.echo(NO_TOKENIZER_NOTE)
+            if no_tokenizer:
+                typer.echo(NO_TOKENIZER_NOTE)
         return
     with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
         limit = parse_size(max_memory, "--max-memory")

@@ -36,15 +36,20 @@ TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 PLAIN: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
 TYPES = tuple(TYPE_ID)
-#: llama.cpp's K-quants (super-blocks of 256 values; :mod:`qstream.compat.gguf_kquants`),
-#: quantized and dequantized here, not yet written to GGUF files by qstream
+#: llama.cpp's K-quants (super-blocks of 256 values; :mod:`qstream.compat.gguf_kquants`)
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: the K types' GGML numbers too (the GGUF writer names them; ``TYPES`` stays the 32-block
+#: and plain types)
+TYPE_ID.update({"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14})
+K_BLOCK = 256
+#: bytes per super-block of 256 values, per K type
+K_TYPE_SIZE = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 __all__ = ["BLOCK", "TYPES", "byte_shape", "dequantize", "quantize"]
 
 
 def _type(qtype: str, k_types: bool = False) -> str:
     name = str(getattr(qtype, "name", qtype)).upper()
-    if name not in TYPE_ID and not (k_types and name in K_TYPES):
+    if name not in TYPES and not (k_types and name in K_TYPES):
         known = (*TYPES, *K_TYPES) if k_types else TYPES
         raise InvalidParameterError(
             f"unknown GGUF type {qtype!r}; expected one of: {', '.join(known)}"

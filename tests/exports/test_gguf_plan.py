@@ -163,10 +163,10 @@ def test_an_explicit_type_alone_picks_type_and_rule(model, tmp_path):
         "--gguf-type", "Q4_0",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert set(qs.export_gguf(model, tmp_path / "m.gguf", type="Q4_0", overwrite=True)
-               ["tensors"].values()) == {"Q4_0", "F32"}  # fmt: skip
-    with pytest.raises(qs.InvalidParameterError, match="unknown GGUF type 'Q5_K'"):
-        plan_gguf(model / "model.safetensors", recipe, "Q5_K")
+    assert set(qs.export_gguf(model, tmp_path / "m.gguf", type="Q4_0", pure=True,
+                              overwrite=True)["tensors"].values()) == {"Q4_0", "F32"}  # fmt: skip
+    with pytest.raises(qs.InvalidParameterError, match="unknown GGUF type 'Q5_0'"):
+        plan_gguf(model / "model.safetensors", recipe, "Q5_0")
 
 
 def test_the_plan_reads_shapes_and_dtypes_only(model):

@@ -4,6 +4,7 @@ type's values follow (:data:`RULES`), and how the plan words a spec and a kept t
 from __future__ import annotations
 
 import fnmatch
+import unicodedata
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,17 @@ RULES = {
     " d stored as float16",
     "Q4_1": "gguf-py's Q4_1: blocks of 32 along the last axis, d = (max - min) / 15, m = min,"
     " nibbles trunc((x - m) * (1 / d) + 0.5) clipped to 0..15, d and m stored as float16",
+    **{
+        k: f"llama.cpp's {k}: super-blocks of 256 along the last axis ({bits}), bit for bit as"
+        " ggml_quantize_chunk writes them (weighted by the importance matrix when given)"
+        for k, bits in (
+            ("Q2_K", "16 blocks of 16, 2-bit codes, 4-bit scales and mins"),
+            ("Q3_K", "16 blocks of 16, 3-bit codes, 6-bit scales"),
+            ("Q4_K", "8 blocks of 32, 4-bit codes, 6-bit scales and mins"),
+            ("Q5_K", "8 blocks of 32, 5-bit codes, 6-bit scales and mins"),
+            ("Q6_K", "16 blocks of 16, 6-bit codes, 8-bit scales"),
+        )
+    },
     "F32": "float32 values",
     "F16": "values rounded to float16 (nearest even)",
     "BF16": "values rounded to bfloat16 (nearest even, as gguf-py)",
@@ -85,12 +97,17 @@ _SHAPES = {
 
 
 def explicit_type(type: str | None) -> str | None:
+    """``type`` upper-cased: a GGUF type (:data:`qstream.compat.gguf.TYPES`, a K type) or one
+    of llama-quantize's mixes (:mod:`qstream.exports.gguf.mixes`); None stays None."""
+    from .mixes import FTYPE
+
     if type is None:
         return None
     gtype = str(type).upper()
-    if gtype not in q.TYPE_ID:
+    known = (*q.TYPES, *q.K_TYPES, *(m for m in FTYPE if m not in q.K_TYPES))
+    if gtype not in known:
         raise InvalidParameterError(
-            f"unknown GGUF type {type!r}; expected one of: {', '.join(q.TYPES)}"
+            f"unknown GGUF type {type!r}; expected one of: {', '.join(known)}"
         )
     return gtype
 
@@ -137,3 +154,33 @@ def kept_why(recipe: Recipe, name: str, shape: tuple[int, ...], dtype: Any) -> s
         keep = recipe.rules[index].dtype
         return f"{rule_where(recipe, index)}" + (f", as {keep}" if keep else "")
     return "not in the recipe's include patterns"
+
+
+def check_heads(hf: str, shape: tuple[int, ...], heads: int | None) -> int | None:
+    """``heads`` (the rows of ``hf`` are permuted over them), its rows checked against it."""
+    if heads is None:
+        return None
+    rows = shape[0] if shape else 0
+    if len(shape) not in (1, 2) or rows % (2 * heads):
+        field = "num_attention_heads" if "q_proj" in hf else "num_key_value_heads"
+        raise InvalidParameterError(
+            f"{hf}: shape {list(shape)} cannot be split into {heads} heads of two rotary halves"
+            f" (its rows must be a multiple of 2 x {heads}); the config's {field} does not"
+            " match the checkpoint"
+        )
+    return heads
+
+
+def check_name(name: Any) -> None:
+    """Refuse a tensor name a GGUF file cannot hold (not UTF-8: lone surrogates) or that
+    llama.cpp would cut (NUL, control characters); no checkpoint writer makes them."""
+    if not isinstance(name, str) or not name:
+        raise InvalidParameterError(f"tensor name {name!r} is empty or not a string")
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None:
+        what = "a lone surrogate" if unicodedata.category(bad) == "Cs" else "a control character"
+        raise InvalidParameterError(
+            f"tensor name {name!r} holds {what}"
+            f" (U+{ord(bad):04X}), which a GGUF file cannot hold; no checkpoint writer makes"
+            " such names: the checkpoint is damaged or crafted"
+        )

@@ -82,6 +82,8 @@ def export_gguf(
     overwrite: bool = False,
     max_memory: int | None = None,
     tokenizer: bool = True,
+    pure: bool = False,
+    imatrix: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
     the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
@@ -95,7 +97,12 @@ def export_gguf(
     recipe quantizes, with its own rule. ``config``: the model's config.json (path or dict);
     None: the one beside ``src``; its fields are checked before any work. ``tokenizer``:
     write the model's tokenizer (False: tensors and hyperparameters only, which llama.cpp
-    does not load; a plan warning says so).
+    does not load; a plan warning says so). ``type`` may also be a K type (Q2_K..Q6_K) or
+    one of llama-quantize's mixes (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K, Q3_K_M, Q2_K,
+    Q4_0, Q4_1, Q8_0): each tensor's type chosen as llama-quantize chooses it (its Q4_0 file
+    has ``output.weight`` in Q6_K), unless ``pure`` (``type`` everywhere); ``imatrix``: an
+    importance-matrix file (llama-imatrix's or :func:`qstream.compute_imatrix`'s) used as
+    ``llama-quantize --imatrix`` uses it.
 
     Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type; a merged
     expert tensor's name reads ``experts.*``), ``bytes`` (the file's size), ``architecture``,
@@ -107,7 +114,8 @@ def export_gguf(
     out = os.fspath(out)
     if not out.endswith(".gguf"):
         raise InvalidParameterError(f"{out}: a GGUF export's name must end in .gguf")
-    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory, tokenizer=tokenizer)
+    plan = plan_gguf(src, recipe, type, config, max_memory=max_memory, tokenizer=tokenizer,
+                     pure=pure, imatrix=imatrix)  # fmt: skip
     for warning in plan.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=2)
     return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
@@ -118,6 +126,8 @@ def _job(plan: GGUFPlan) -> str:
     src, cfg = plan.source, plan.config
     ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg,
              "tokenizer": plan.tokenizer}  # fmt: skip
+    if plan.mix or plan.imatrix:  # (absent before mixes: earlier files stay complete)
+        ident.update(mix=plan.mix, imatrix=plan.imatrix and _source_version(plan.imatrix))
     return json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)
 
 
@@ -183,7 +193,8 @@ def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str,
             sums[t.name] = ErrorSums()
         if t.parts:
             parts = [plan.opened[p] for p in t.parts]
-            tensors.append(experts_tensor(t.gguf_name, parts, t.type, budget, sums.get(t.name)))
+            tensors.append(experts_tensor(t.gguf_name, parts, t.type, budget, sums.get(t.name),
+                                          plan.weights.get(t.gguf_name)))  # fmt: skip
         elif t.copied:
             v = plan.opened[t.name]
             tensors.append(quantized_tensor(t.gguf_name, t.name, v, t.heads))
@@ -193,7 +204,8 @@ def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str,
         else:
             v = plan.opened[t.name]
             tensors.append(float_tensor(t.gguf_name, v, t.type, t.heads, budget,
-                                        sums.get(t.name), add=t.add, rows=t.rows))  # fmt: skip
+                                        sums.get(t.name), add=t.add, rows=t.rows,
+                                        imatrix=plan.weights.get(t.gguf_name)))  # fmt: skip
         types[t.name] = t.type
     kv: dict[str, Value] = {MARK: (STR, job)}
     for item in plan.meta:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -53,6 +52,8 @@ from ...spec import Recipe
 from .arch import FILE_TYPES
 from .block_types import (
     RULES,
+    check_heads,
+    check_name,
     describe,
     explicit_type,
     is_default,
@@ -63,6 +64,7 @@ from .block_types import (
 )
 from .items import STRING, UINT32, MetaItem
 from .llama import check_config, read_config
+from .mixes import facts_of, file_type, mix_name, read_weights, retype
 from .model_map import (
     NO_TOKENIZER,
     Model,
@@ -146,6 +148,10 @@ class GGUFPlan:
     warnings: tuple[str, ...] = field(default=())
     #: the opened source tensors by name (a reader's handles: nothing read yet)
     opened: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: llama-quantize's mix (None: one type), the imatrix file and its weights by GGUF name
+    mix: str | None = None
+    imatrix: str | None = None
+    weights: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every tensor as :meth:`GGUFTensorPlan.row` gives it (for ``--dry-run``)."""
@@ -169,6 +175,8 @@ def plan_gguf(
     tensors: Mapping[str, Any] | None = None,
     max_memory: int | None = None,
     tokenizer: bool = True,
+    pure: bool = False,
+    imatrix: str | os.PathLike[str] | None = None,
 ) -> GGUFPlan:
     """Decide the GGUF export of ``src`` (a float checkpoint, or a qstream output) before any
     tensor is read (see the module docstring); raise :class:`InvalidParameterError` for what
@@ -182,11 +190,15 @@ def plan_gguf(
     paired as :func:`qstream.io.checkpoints.fp8.pair_scales` pairs them); None: opened here.
     ``max_memory``: the memory bound a qstream output's tensors are opened under.
     ``tokenizer``: write the model's tokenizer (from the source's folder, else the config's);
-    False: tensors and hyperparameters only (llama.cpp will not load the file)."""
+    False: tensors and hyperparameters only (llama.cpp will not load the file). ``type`` may be
+    a K type (Q2_K..Q6_K) or llama-quantize's mix (Q4_K_M, ...: :mod:`.mixes`), the mix unless
+    ``pure`` (one type everywhere); ``imatrix``: its file, used as llama-quantize."""
     from ...io.checkpoints import open_checkpoint, pair_scales
     from ...io.outputs import QuantizedArray, QuantizedCheckpoint, open_quantized
 
     gtype = explicit_type(type)
+    base, mix = mix_name(gtype, bool(pure)) if gtype else (None, None)
+    weights = read_weights(imatrix)
     path = config if config is None or isinstance(config, dict) else os.fspath(config)
     if path is None:
         path = source_config(src)
@@ -263,7 +275,7 @@ def plan_gguf(
                 plans.append(_kept(hf, name, shape, dtype, "F32", f"kept ({_FORCED})", how))
                 continue
             if gtype is not None:
-                kind, why = gtype, f"--gguf-type {gtype}"
+                kind, why = base, f"--gguf-type {gtype}"
             else:
                 index = rule_index(recipe, hf)
                 try:
@@ -299,6 +311,13 @@ def plan_gguf(
             raise InvalidParameterError(first + more)
     if model is not None:
         plans = merge_experts(plans, lambda p: p.name, _merged)
+    used: dict[str, Any] = {}
+    if base is not None and not output:
+        plans, used = retype(plans, str(gtype), base, mix, model and facts_of(model.arch,
+                             model.config), weights, _gguf_bytes, RULES)  # fmt: skip
+    elif weights is not None:
+        raise InvalidParameterError("--imatrix applies to --gguf-type of a float checkpoint")
+    extra = dict(mix=mix, imatrix=imatrix and os.fspath(imatrix), weights=used)
     seen: dict[str, str] = {}
     for t in plans:
         if t.gguf_name in seen:
@@ -314,11 +333,11 @@ def plan_gguf(
         meta = (
             MetaItem("general.architecture", STRING, arch),
             MetaItem("general.name", STRING, name),
-            MetaItem("general.file_type", UINT32, FILE_TYPES.get(mostly(types), 0)),
+            MetaItem("general.file_type", UINT32, _file_type(gtype, types)),
             MetaItem("general.quantization_version", UINT32, 2),
         )
         return GGUFPlan(str(src), gtype, recipe, cfg, _path_of(path, where), arch, output,
-                        tuple(plans), meta, False, notes, opened_by_name)  # fmt: skip
+                        tuple(plans), meta, False, notes, opened_by_name, **extra)  # fmt: skip
     vocab = None
     tok_folder = tokenizer_folder(os.fspath(src), _path_of(path, where)) if tokenizer else None
     if tok_folder is not None:
@@ -333,9 +352,18 @@ def plan_gguf(
     ftype = mostly(types)
     meta = metadata_items(model, shapes, ftype if ftype in FILE_TYPES else "F32", name,
                           tok_folder or folder, vocab)  # fmt: skip
+    meta = [replace(m, value=_file_type(gtype, types)) if m.key == "general.file_type" else m
+            for m in meta]  # fmt: skip
     return GGUFPlan(str(src), gtype, recipe, cfg, _path_of(path, where), model.arch, output,
                     tuple(plans), tuple(meta), vocab is not None, notes,
-                    opened_by_name)  # fmt: skip
+                    opened_by_name, **extra)  # fmt: skip
+
+
+def _file_type(asked: str | None, types: Mapping[str, str]) -> int:
+    """``general.file_type``: llama-quantize's for a mix or K type, else the type most
+    tensors have (as the converter writes it)."""
+    ftype = file_type(asked) if asked else None
+    return FILE_TYPES.get(mostly(types), 0) if ftype is None else ftype
 
 
 def _path_of(path: Any, where: str | None) -> str | None:
@@ -345,12 +373,12 @@ def _path_of(path: Any, where: str | None) -> str | None:
 def _place(model: Model | None, hf: str, shape: tuple[int, ...]) -> tuple[str, Transform] | None:
     """The GGUF name and transform of ``hf`` (its name checked; its rows against the heads
     it is permuted over); None: left out."""
-    _check_name(hf)
+    check_name(hf)
     if model is None:
         return hf, Transform()
     placed = model.place(hf)
     if placed is not None:
-        _check_heads(hf, shape, placed[1].heads)
+        check_heads(hf, shape, placed[1].heads)
     return placed
 
 
@@ -443,37 +471,9 @@ def _gguf_bytes(shape: tuple[int, ...], kind: str) -> int:
     n = math.prod(shape)
     if kind in q.TYPE_SIZE:
         return n // q.BLOCK * q.TYPE_SIZE[kind]
+    if kind in q.K_TYPE_SIZE:
+        return n // q.K_BLOCK * q.K_TYPE_SIZE[kind]
     return n * _ELEMENT_BYTES[kind]
-
-
-def _check_heads(hf: str, shape: tuple[int, ...], heads: int | None) -> int | None:
-    """``heads`` (the rows of ``hf`` are permuted over them), its rows checked against it."""
-    if heads is None:
-        return None
-    rows = shape[0] if shape else 0
-    if len(shape) not in (1, 2) or rows % (2 * heads):
-        field = "num_attention_heads" if "q_proj" in hf else "num_key_value_heads"
-        raise InvalidParameterError(
-            f"{hf}: shape {list(shape)} cannot be split into {heads} heads of two rotary halves"
-            f" (its rows must be a multiple of 2 x {heads}); the config's {field} does not"
-            " match the checkpoint"
-        )
-    return heads
-
-
-def _check_name(name: Any) -> None:
-    """Refuse a tensor name a GGUF file cannot hold (not UTF-8: lone surrogates) or that
-    llama.cpp would cut (NUL, control characters); no checkpoint writer makes them."""
-    if not isinstance(name, str) or not name:
-        raise InvalidParameterError(f"tensor name {name!r} is empty or not a string")
-    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cs")), None)
-    if bad is not None:
-        what = "a lone surrogate" if unicodedata.category(bad) == "Cs" else "a control character"
-        raise InvalidParameterError(
-            f"tensor name {name!r} holds {what}"
-            f" (U+{ord(bad):04X}), which a GGUF file cannot hold; no checkpoint writer makes"
-            " such names: the checkpoint is damaged or crafted"
-        )
 
 
 # --- where the source and its config are ---------------------------------------------------

@@ -69,17 +69,19 @@ def float_tensor(
     *,
     add: float = 0.0,
     rows: int | None = None,
+    imatrix: np.ndarray | None = None,
 ) -> GGUFTensor:
     """A tensor quantized (or converted) from float values read in row slabs (the leading
     axes flattened into rows; a permuted q/k weight one head at a time, the permutation
     staying within a head). ``errors``: summed from each slab's values as written. The
     converter's transforms: ``add`` to every value (Gemma norms; in float32, float16 values
-    in float16, as the converter adds), only the first ``rows`` rows (Gemma 3's embedding)."""
+    in float16, as the converter adds), only the first ``rows`` rows (Gemma 3's embedding).
+    ``imatrix``: the importance weights of a K type (one per column)."""
     shape = tuple(t.shape)
     if rows is not None and shape:
         shape = (min(rows, shape[0]), *shape[1:])
     return _rows_tensor(name, shape, gtype, _reader(t, shape, heads, add), heads,
-                        max_rows_bytes, errors)  # fmt: skip
+                        max_rows_bytes, errors, imatrix=imatrix)  # fmt: skip
 
 
 def experts_tensor(
@@ -88,10 +90,12 @@ def experts_tensor(
     gtype: str,
     max_rows_bytes: int,
     errors: ErrorSums | None = None,
+    imatrix: np.ndarray | None = None,
 ) -> GGUFTensor:
     """One 3-D tensor of a layer's experts ``parts`` (alike 2-D tensors, in expert order),
     stacked along a new first axis as llama.cpp's ``ffn_*_exps``: read in row slabs from one
-    expert (or two, across a boundary) at a time, never the layer's experts at once."""
+    expert (or two, across a boundary) at a time, never the layer's experts at once.
+    ``imatrix``: a K type's importance weights, ``[experts, columns]``."""
     inner = tuple(parts[0].shape)
     per = inner[0]
     readers = [_reader(p, inner, None, 0.0) for p in parts]
@@ -107,7 +111,8 @@ def experts_tensor(
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     shape = (len(parts), *inner)
-    return _rows_tensor(name, shape, gtype, values, None, max_rows_bytes, errors, unit=1)
+    return _rows_tensor(name, shape, gtype, values, None, max_rows_bytes, errors, unit=1,
+                        imatrix=imatrix)  # fmt: skip
 
 
 def _reader(t: TensorLike, shape: tuple[int, ...], heads: int | None, add: float) -> Any:
@@ -149,9 +154,11 @@ def _rows_tensor(
     max_rows_bytes: int,
     errors: ErrorSums | None,
     unit: int | None = None,
+    imatrix: np.ndarray | None = None,
 ) -> GGUFTensor:
     """A tensor of ``shape`` whose rows ``values(r0, r1)`` reads, written as ``gtype`` in
-    slabs of whole ``unit`` rows (None: whole indices of axis 0)."""
+    slabs of whole ``unit`` rows (None: whole indices of axis 0), each row quantized with
+    its ``imatrix`` row (``[columns]``, or ``[experts, columns]``: rows of axis 0's index)."""
     cols = shape[-1] if shape else 1
     rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
     inner = math.prod(shape[1:-1]) if len(shape) > 2 else 1  # rows per index of axis 0
@@ -163,13 +170,13 @@ def _rows_tensor(
 
     def read(r0: int, r1: int) -> np.ndarray:
         x = source = values(r0, r1)
-        if gtype in q.TYPE_SIZE:
+        if gtype in q.TYPE_SIZE or gtype in q.K_TYPES:
             x = np.asarray(x, np.float32)
             if not np.isfinite(x).all():
                 raise NonFiniteInputError(
                     f"{name}: holds NaN or infinite values, which GGUF blocks cannot hold"
                 )
-        raw = np.ascontiguousarray(q.quantize(x, gtype))
+        raw = np.ascontiguousarray(_quantize(x, gtype, imatrix, r0, rows // max(1, shape[0])))
         if errors is not None:
             errors.add(np.asarray(source), q.dequantize(raw, gtype))
         return raw.view(np.uint8)
@@ -177,6 +184,20 @@ def _rows_tensor(
     if len(shape) > 1:
         return GGUFTensor(name, shape, gtype, rows, read, max(1, step))
     return GGUFTensor(name, shape, gtype, 1, read, 1)
+
+
+def _quantize(x: Any, gtype: str, w: np.ndarray | None, r0: int, per: int) -> np.ndarray:
+    """``x`` (rows ``r0:``) as ``gtype``, each row with its importance weights in ``w``
+    (``[columns]``; ``[experts, columns]``: ``per`` rows an expert), quantized per expert."""
+    if w is None or w.ndim == 1:
+        return q.quantize(x, gtype, imatrix=w)
+    pieces, r = [], 0
+    while r < len(x):
+        e = (r0 + r) // per
+        n = min(len(x) - r, (e + 1) * per - (r0 + r))
+        pieces.append(q.quantize(x[r : r + n], gtype, imatrix=w[e]))
+        r += n
+    return np.concatenate(pieces)
 
 
 def copy_type(hf: str, arr: QuantizedArray) -> str:

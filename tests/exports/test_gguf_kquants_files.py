@@ -1,0 +1,204 @@
+"""qstream's K-quant GGUF files equal llama-quantize's: a tiny float32 Llama (rows of whole
+super-blocks, 8 layers so that the mixes' layer rules differ between layers) converted by
+llama.cpp's converter to F32 then quantized by ``llama_model_quantize`` with each mix's ftype
+(with and without an importance matrix written by :func:`qstream.compute_imatrix` from
+activation dumps), against ``qstream convert MODEL x.gguf --gguf-type MIX [--imatrix FILE]``:
+the same tensor names, types, shapes and bytes, the same ``general.file_type``, the same
+logits in llama.cpp; ``--pure`` equals ``params.pure``; what qstream cannot write as
+llama.cpp would is refused before anything is written (exit 2)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from qstream.exports.gguf.imatrix import importance_weights, read_imatrix
+from tests.support.gguf_models import read_gguf_keys, run_converter
+
+zarr = pytest.importorskip("zarr")
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+if sys.version_info >= (3, 12):
+    pytest.importorskip("llama_cpp", reason="not in the Python >= 3.12 test extras")
+llama_cpp = pytest.importorskip("llama_cpp")
+
+HIDDEN, INTER, LAYERS = 256, 512, 8
+#: llama.cpp's ``llama_ftype`` of each mix
+FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14,
+         "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # fmt: skip
+TEXT = "Hello world, the quick brown fox 12345!"
+
+
+def cli(*args: Any) -> Any:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _model(folder: Path) -> Path:
+    from tests.support.gguf_models import sentencepiece_tokenizer
+
+    sentencepiece_tokenizer(folder)
+    config = transformers.LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
+        max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+def _dump(model_dir: Path, out: Path) -> None:
+    """Every Linear's input on a few random sequences (forward hooks), one Zarr array each."""
+    model = transformers.LlamaForCausalLM.from_pretrained(str(model_dir)).eval()
+    captured: dict[str, list[np.ndarray]] = {}
+
+    def hook(name: str) -> Any:
+        def grab(_m: Any, inputs: tuple[Any, ...], _out: Any) -> None:
+            x = inputs[0].detach().to(torch.float32)
+            captured.setdefault(name, []).append(x.reshape(-1, x.shape[-1]).numpy())
+
+        return grab
+
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            m.register_forward_hook(hook(name))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for length in (37, 50, 29):
+            model(torch.randint(3, 400, (1, length), generator=gen))
+    group = zarr.open_group(str(out), mode="w")
+    for name, v in captured.items():
+        a = np.concatenate(v)
+        group.create_array(name, data=a, chunks=(32, a.shape[1]))
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("kquant_files")
+    folder = _model(root / "model")
+    _dump(folder, root / "acts.zarr")
+    imx = root / "model.imatrix"
+    r = cli("calibrate", root / "acts.zarr", "--imatrix", imx, "--model", folder)
+    assert r.exit_code == 0, r.output
+    return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf"),
+            "imatrix": imx}  # fmt: skip
+
+
+def _llama_quantize(src: Path, dst: Path, ftype: int, imatrix: Path | None, pure: bool) -> None:
+    """``llama_model_quantize`` with ``params.imatrix`` as llama-quantize builds it from the
+    file (``load_imatrix``: sums / counts per entry)."""
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread, params.pure = ftype, 1, pure
+    keep: list[Any] = []
+    if imatrix is not None:
+        weights = importance_weights(read_imatrix(imatrix))
+        arr = (llama_cpp.llama_model_imatrix_data * (len(weights) + 1))()
+        for i, (name, w) in enumerate(weights.items()):
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            keep += [name.encode(), w]
+            arr[i].name = keep[-2]
+            arr[i].data = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            arr[i].size = w.size
+        params.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(arr)
+    assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) == 0
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    from gguf import GGUFReader
+
+    return {
+        t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape), bytes(t.data.tobytes()))
+        for t in GGUFReader(str(path)).tensors
+    }
+
+
+def _pair(wide: dict[str, Path], mix: str, weighted: bool, pure: bool = False) -> tuple[Path, Path]:
+    tag = f"{mix}-{'imx' if weighted else 'plain'}-{'pure' if pure else 'mix'}"
+    ref, mine = wide["root"] / f"{tag}-ref.gguf", wide["root"] / f"{tag}-qstream.gguf"
+    if not ref.exists():
+        imx = wide["imatrix"] if weighted else None
+        ftype = FTYPE.get(mix, {"Q4_K": 15}.get(mix, 0))
+        _llama_quantize(wide["f32"], ref, ftype, imx, pure)
+    if not mine.exists():
+        extra = (["--imatrix", imx] if weighted else []) + (["--pure"] if pure else [])
+        r = cli("convert", wide["model"], mine, "--gguf-type", mix, "-q", *extra)
+        assert r.exit_code == 0, r.output
+    return ref, mine
+
+
+def _assert_same_tensors(ref: Path, mine: Path) -> dict[str, str]:
+    got, want = _tensors(mine), _tensors(ref)
+    assert sorted(got) == sorted(want)
+    for name, (kind, shape, raw) in want.items():
+        assert got[name][:2] == (kind, shape), name
+        assert got[name][2] == raw, f"{name} ({kind}): bytes differ"
+    key = "general.file_type"
+    assert read_gguf_keys(mine)[key] == read_gguf_keys(ref)[key]
+    return {n: v[0] for n, v in want.items()}
+
+
+MIXES = ["Q4_K_M", "Q6_K", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q8_0"]
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_mix_file_equals_llama_quantize_tensor_for_tensor(wide: dict[str, Path], mix: str) -> None:
+    types = _assert_same_tensors(*_pair(wide, mix, weighted=False))
+    if mix == "Q4_K_M":  # (the layer rules at work: use_more_bits' layers in Q6_K)
+        assert types["blk.0.ffn_down.weight"] == types["blk.7.ffn_down.weight"] == "Q6_K"
+        assert types["blk.1.ffn_down.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
+    if mix == "Q4_0":
+        assert types["output.weight"] == "Q6_K" and types["blk.0.attn_q.weight"] == "Q4_0"
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q6_K", "Q5_K_S", "Q3_K_M", "Q2_K"])
+def test_mix_file_with_imatrix_equals_llama_quantize_with_it(
+    wide: dict[str, Path], mix: str
+) -> None:
+    ref, mine = _pair(wide, mix, weighted=True)
+    _assert_same_tensors(ref, mine)
+    plain = _tensors(_pair(wide, mix, weighted=False)[1])
+    weighted = _tensors(mine)
+    name = "blk.0.ffn_down.weight"
+    assert weighted[name][2] != plain[name][2]  # (the importance matrix changed its bytes)
+
+
+def test_pure_k_type_equals_llama_quantize_pure(wide: dict[str, Path]) -> None:
+    types = _assert_same_tensors(*_pair(wide, "Q4_K", weighted=False, pure=True))
+    assert {t for n, t in types.items() if n.endswith(".weight") and "norm" not in n} == {"Q4_K"}
+
+
+def _logits(path: Path) -> np.ndarray:
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False)
+    tokens = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)])
+
+
+@pytest.mark.parametrize(("mix", "weighted"), [("Q4_K_M", True), ("Q6_K", False)])
+def test_llama_cpp_gives_the_same_logits(wide: dict[str, Path], mix: str, weighted: bool) -> None:
+    ref, mine = _pair(wide, mix, weighted)
+    got, want = _logits(mine), _logits(ref)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_imatrix_with_a_type_whose_weighted_path_is_missing_is_refused(
+    wide: dict[str, Path],
+) -> None:
+    out = wide["root"] / "refused.gguf"
+    r = cli("convert", wide["model"], out, "--gguf-type", "Q4_0", "--imatrix", wide["imatrix"])
+    assert r.exit_code == 2, r.output
+    # (llama.cpp's Q4_0 mix with an imatrix moves the first ffn_down to Q4_1)
+    assert "ggml quantizes Q4_1 with an importance matrix" in r.output and not out.exists()
