@@ -40,12 +40,12 @@ def cli(*args: Any) -> Any:
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def _model(folder: Path) -> Path:
+def _model(folder: Path, inter: int = INTER, layers: int = LAYERS) -> Path:
     from tests.support.gguf_models import sentencepiece_tokenizer
 
     sentencepiece_tokenizer(folder)
     config = transformers.LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN, intermediate_size=inter, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
         max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
     )  # fmt: skip
@@ -149,7 +149,7 @@ def _assert_same_tensors(ref: Path, mine: Path) -> dict[str, str]:
     return {n: v[0] for n, v in want.items()}
 
 
-MIXES = ["Q4_K_M", "Q6_K", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q8_0"]
+MIXES = ["Q4_K_M", "Q6_K", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1", "Q8_0"]
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -202,3 +202,29 @@ def test_imatrix_with_a_type_whose_weighted_path_is_missing_is_refused(
     assert r.exit_code == 2, r.output
     # (llama.cpp's Q4_0 mix with an imatrix moves the first ffn_down to Q4_1)
     assert "ggml quantizes Q4_1 with an importance matrix" in r.output and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def narrow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A model whose ffn_down rows (288 values) are whole blocks of 32, not of 256."""
+    root = tmp_path_factory.mktemp("kquant_fallback")
+    folder = _model(root / "model", inter=288, layers=2)
+    return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf")}
+
+
+@pytest.mark.parametrize(("mix", "down"), [("Q6_K", "Q8_0"), ("Q2_K", "Q4_0")])
+def test_rows_not_whole_super_blocks_fall_back_as_llama_quantize(
+    narrow: dict[str, Path], mix: str, down: str
+) -> None:
+    types = _assert_same_tensors(*_pair(narrow, mix, weighted=False))
+    assert types["blk.0.ffn_down.weight"] == down  # (Q6_K -> Q8_0; Q2_K's Q3_K -> Q4_0)
+    assert types["blk.0.ffn_up.weight"] == mix  # (its rows are whole super-blocks)
+
+
+def test_a_fallback_qstream_does_not_write_is_refused_in_the_plan(
+    narrow: dict[str, Path],
+) -> None:
+    out = narrow["root"] / "q4km.gguf"
+    r = cli("convert", narrow["model"], out, "--gguf-type", "Q4_K_M")
+    assert r.exit_code == 2, r.output
+    assert "blk.0.ffn_down.weight" in r.output and "Q5_0" in r.output and not out.exists()
