@@ -228,3 +228,21 @@ def test_a_fallback_qstream_does_not_write_is_refused_in_the_plan(
     r = cli("convert", narrow["model"], out, "--gguf-type", "Q4_K_M")
     assert r.exit_code == 2, r.output
     assert "blk.0.ffn_down.weight" in r.output and "Q5_0" in r.output and not out.exists()
+
+
+def test_expert_rows_read_across_experts_take_each_experts_importance_weights() -> None:
+    """A merged 3-D expert tensor read in slabs that straddle experts: every row quantized
+    with its own expert's weights, as ``quantize(x, "Q4_K", imatrix=[experts, columns])``."""
+    from qstream.compat.gguf import quantize
+    from qstream.exports.gguf.tensors import experts_tensor
+
+    rng = np.random.default_rng(3)
+    parts = [rng.standard_normal((6, 256)).astype(np.float32) for _ in range(3)]
+    w = rng.random((3, 256)).astype(np.float32) + 0.01
+    t = experts_tensor("blk.0.ffn_down_exps.weight", parts, "Q4_K", 4 * 256 * 4, imatrix=w)
+    assert t.step == 4 and t.rows == 18  # (slabs of 4 rows: 4:8 straddles experts 0 and 1)
+    got = np.concatenate([t.read(r, min(r + t.step, t.rows)) for r in range(0, t.rows, t.step)])
+    want = quantize(np.stack(parts), "Q4_K", imatrix=w).reshape(18, -1)
+    assert got.tobytes() == want.tobytes()
+    unweighted = quantize(np.stack(parts), "Q4_K").reshape(18, -1)
+    assert got.tobytes() != unweighted.tobytes()
