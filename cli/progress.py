@@ -1,11 +1,19 @@
-"""Progress of a command's passes on stderr: a Rich bar per pass on a terminal, plain lines
-every 10% otherwise (pipes, logs, CI), one line the first time a kernel compiles, and, for a
-conversion that resumes, what was done already (:func:`resumed`)."""
+"""Progress of a command's passes on stderr: a Rich bar per pass on a terminal (from the first
+second: a "starting" line that becomes "compiling kernels (first run only)" while Numba
+compiles), plain lines every 10% otherwise (pipes, logs, CI), one line the first time a kernel
+compiles, and, for a conversion that resumes, what was done already (:func:`resumed`).
+
+Ctrl-C acts within a second (:func:`prompt_interrupt`), even while Numba compiles: LLVM's
+optimizer runs in one C call of up to several seconds, during which Python's own handler
+cannot run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,24 +58,44 @@ class Progress:
 
     def stage(self, name: str, total: int, done: int = 0) -> None:
         """A pass ``name`` of ``total`` blocks starts (``done`` of them done already)."""
+        self.started()
         self.name = name if name == self.label else f"{self.label}: {name}"
         self.unit = "channels" if name.startswith("search") else "blocks"
+        if name.endswith("builds"):  # (warm-up: kernel builds)
+            self.unit = "builds"
         self.last = -1
         if self.bar is not None:
             if self.task is not None:
                 self.bar.update(self.task, visible=False)
             self.task = self.bar.add_task(
-                self._title(), total=total, completed=done, unit=self.unit
+                self._title(), total=total, completed=done, count=self._count(done, total)
             )
         else:
             self(done, total)
 
+    def _count(self, done: int, total: int) -> str:
+        return f"{done}/{total} {self.unit}"
+
+    waiting: rich.progress.TaskID | None = None  # the "starting" line, until a pass starts
+
+    def started(self) -> None:
+        """A pass has started: the "starting" / "compiling kernels" line goes."""
+        if self.bar is not None and self.waiting is not None:
+            self.bar.remove_task(self.waiting)
+            self.waiting = None
+
+    def compiling(self) -> None:
+        """Numba compiles a kernel: the "starting" line says so (a pass's bar stays)."""
+        if self.bar is not None and self.waiting is not None:
+            self.bar.update(self.waiting, description=f"{self.label}: {COMPILING}")
+
     def __call__(self, done: int, total: int) -> None:
         """``done`` of the pass's ``total`` blocks have landed."""
+        self.started()
         if self.bar is not None:
             if self.task is None:
-                self.task = self.bar.add_task(self._title(), total=total, unit=self.unit)
-            self.bar.update(self.task, completed=done, total=total)
+                self.task = self.bar.add_task(self._title(), total=total)
+            self.bar.update(self.task, completed=done, total=total, count=self._count(done, total))
             return
         pct = int(100 * done / max(total, 1))
         if self.last < 0 or pct // 10 != self.last // 10 or done == total:
@@ -76,35 +104,49 @@ class Progress:
             print(line, file=sys.stderr, flush=True)
 
 
+COMPILING = "compiling kernels (first run only)"
+
+
 @contextmanager
 def progress(label: str, quiet: bool) -> Iterator[Progress | None]:
     """Yields the progress reporter for a command (None when quiet), and says "compiling
-    kernels (first run only)" while Numba compiles."""
-    if quiet:
-        yield None
-        return
-    err = console(stderr=True)
-    with compile_notice(err):
-        if not err.is_terminal:
-            yield Progress(label)
+    kernels (first run only)" while Numba compiles. On a terminal a live line shows from the
+    start ("LABEL: starting", then "LABEL: compiling kernels (first run only)", with the
+    seconds spent), replaced by a bar per pass. Ctrl-C acts within a second either way."""
+    with prompt_interrupt():
+        if quiet:
+            yield None
             return
-        from rich.progress import BarColumn, TextColumn, TimeRemainingColumn
+        err = console(stderr=True)
+        if not err.is_terminal:
+            with compile_notice(err):
+                yield Progress(label)
+            return
+        from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
         from rich.progress import Progress as Bars
+        from rich.progress import TimeRemainingColumn as Remaining
 
         with Bars(
+            SpinnerColumn(finished_text=" "),
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed}/{task.total} {task.fields[unit]}"),
-            TimeRemainingColumn(),
+            TextColumn("{task.fields[count]}"),
+            TimeElapsedColumn(),
+            Remaining(),
             console=err,
             transient=True,
+            refresh_per_second=8,
         ) as bars:
-            yield Progress(label, bars)
+            reporter = Progress(label, bars)
+            reporter.waiting = bars.add_task(f"{label}: starting", total=None, count="")
+            with compile_notice(err, reporter.compiling):
+                yield reporter
 
 
 @contextmanager
-def compile_notice(err: Console) -> Iterator[None]:
-    """Print one line the first time a kernel compiles in this process."""
+def compile_notice(err: Console, also: Callable[[], None] | None = None) -> Iterator[None]:
+    """Print one line the first time a kernel compiles in this process (and call ``also``,
+    once)."""
     said: list[bool] = []
 
     def notice(_name: str) -> None:
@@ -114,12 +156,99 @@ def compile_notice(err: Console) -> Iterator[None]:
                 "compiling kernels (first run only; later runs load them from the cache;"
                 " 'qstream warm-up' compiles the common ones at once)"
             )
+            if also is not None:
+                also()
 
     remove = qs.on_compile(notice)
     try:
         yield
     finally:
         remove()
+
+
+#: seconds from Ctrl-C to the end of the process, at most
+GRACE = 0.8
+_leaving = threading.Lock()  # (held by whichever ends the command: the main thread or the watcher)
+
+
+@contextmanager
+def prompt_interrupt() -> Iterator[None]:
+    """Make Ctrl-C end the command within a second while the body runs, even while Numba
+    compiles.
+
+    Python raises KeyboardInterrupt in the main thread between bytecodes, but a job's kernels
+    compile in its worker threads (LLVM's optimizer: C calls of seconds), and the main thread,
+    unwinding, waits for them: 5-20 s on a first run. A watcher thread learns of the signal at
+    once (:func:`signal.set_wakeup_fd`); if the body has not ended :data:`GRACE` seconds
+    later, the watcher prints the line Ctrl-C prints (``error: interrupted; ...``, and the
+    JSON error with ``--json``), runs the exit handlers (which end a background warm-up
+    process) for a moment at most and ends the process with exit code 130. What was written
+    stays resumable, as after a kill: outputs are written by renames and the write lock goes
+    with the process. Outside the main thread, or where a wakeup fd is in use already, the
+    body runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:
+        previous = None
+    if previous != -1:  # (not possible here, or someone else's: theirs stays)
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while True:
+            try:
+                got = os.read(r, 64)
+            except OSError:
+                return
+            if not got or done.is_set():
+                return
+            if signal.SIGINT in got and not done.wait(GRACE) and _leaving.acquire(False):
+                _leave_interrupted()
+
+    watcher = threading.Thread(target=watch, name="qstream-ctrl-c", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        with _leaving:  # (the watcher may be ending the process: then this waits for it)
+            done.set()
+        signal.set_wakeup_fd(-1)
+        os.close(w)  # (the watcher reads EOF and ends)
+        watcher.join(1.0)
+        os.close(r)
+
+
+def _leave_interrupted() -> None:
+    """End the process as Ctrl-C does, from the watcher thread (written to the file
+    descriptors: a live display holds ``sys.stderr`` and its lock)."""
+    from .failures import json_error
+
+    message = "interrupted; run the same command again to resume"
+    try:
+        cursor = "\x1b[?25h\n" if os.isatty(2) else ""  # (a live display hid the cursor)
+        os.write(2, f"{cursor}error: {message}\n".encode())
+        json_error("interrupted", message, 130, "KeyboardInterrupt")  # (--json: no display)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        pass
+    import atexit
+
+    handlers = getattr(atexit, "_run_exitfuncs", None)  # (CPython)
+    if handlers is not None:  # (one may wait on the main thread's locks: a moment only)
+        t = threading.Thread(target=handlers, daemon=True)
+        t.start()
+        t.join(0.3)
+    os._exit(130)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from .failures import library_errors
 from .helptext import examples
 from .options import JSON, QUIET
 from .output import emit_json
+from .progress import progress
 
 
 @examples(
@@ -36,7 +37,8 @@ def warm_up(
     with library_errors():
         if not (quiet or as_json):
             typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
-        result = qs.warm_common(processes)
+        with progress("warm-up", quiet or as_json) as cb:  # (a build of a spec at a time)
+            result = qs.warm_common(processes, progress=cb)
         compileall.compile_dir(os.path.dirname(os.path.abspath(__file__)), quiet=2)
         if as_json:
             emit_json(result)

@@ -22,7 +22,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,12 +72,17 @@ COMMON_SPECS: tuple[dict[str, Any], ...] = (
 )
 
 
-def warm_common(processes: int | None = None) -> dict[str, Any]:
+def warm_common(
+    processes: int | None = None, progress: Callable[[int, int], None] | None = None
+) -> dict[str, Any]:
     """Compile every kernel the common job kinds (:data:`COMMON_SPECS`: calibration,
     quantize and report passes, serial and parallel builds, and their dequantize) into
     Numba's on-disk cache, spread over ``processes`` processes (default: the cores), so that
     no later job on this machine compiles them: what a Dockerfile, a cron host or a Dask
     worker image runs once. First it writes qstream's bytecode (:func:`write_bytecode`).
+    ``progress(done, total)`` is called as each spec's serial, then parallel, builds are
+    ready (``total``: twice the specs; ``stage(name, total, done)`` first, if it has one),
+    from this thread. Ctrl-C ends the processes.
     Returns the specs compiled, whether the bytecode was written, and the seconds it took."""
     import time
 
@@ -85,25 +90,67 @@ def warm_common(processes: int | None = None) -> dict[str, Any]:
     bytecode = write_bytecode()  # (first: the processes below start from it)
     n = max(1, min(len(COMMON_SPECS), processes or os.cpu_count() or 1))
     shares = _shares(COMMON_SPECS, n)
+    total = 2 * len(COMMON_SPECS)  # (serial and parallel builds of each)
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage("kernel builds", total, 0)
+    elif progress is not None:
+        progress(0, total)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "qstream.engine.warmup", json.dumps(share), "--full"],
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
         for share in shares
     ]
-    failed = []
-    for p in procs:
-        _, err = p.communicate()
-        if p.returncode:
-            failed.append(err.decode(errors="replace").strip().splitlines()[-1:])
+    try:
+        failed = _wait_reporting(procs, total, progress)
+    finally:
+        for p in procs:
+            _end(p)  # (Ctrl-C: none goes on compiling)
     if failed:
         from ..errors import QStreamError
 
         raise QStreamError(f"warming the kernels failed: {failed[0]}")
     return {"specs": list(COMMON_SPECS), "bytecode": bytecode, "seconds": time.perf_counter() - t0}
+
+
+def _wait_reporting(
+    procs: Sequence[subprocess.Popen[bytes]],
+    total: int,
+    progress: Callable[[int, int], None] | None,
+) -> list[list[str]]:
+    """Wait for warm_common's processes, calling ``progress(done, total)`` as each reports a
+    spec done (a line on its stdout); the last stderr line of each that failed."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for p in procs:
+        assert p.stdout is not None and p.stderr is not None
+        sel.register(p.stdout, selectors.EVENT_READ, p)
+        sel.register(p.stderr, selectors.EVENT_READ, p)
+    errs: dict[int, bytes] = {id(p): b"" for p in procs}
+    done = 0
+    while sel.get_map():
+        for key, _ in sel.select(timeout=0.2):
+            chunk = os.read(key.fd, 65536)
+            p = key.data
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            if key.fileobj is p.stdout:
+                done += chunk.count(b"\n")
+                if progress is not None:
+                    progress(min(done, total), total)
+            else:
+                errs[id(p)] += chunk
+    failed = []
+    for p in procs:
+        if p.wait():
+            failed.append(errs[id(p)].decode(errors="replace").strip().splitlines()[-1:])
+    return failed
 
 
 def write_bytecode() -> bool:
@@ -167,6 +214,7 @@ def _run_full_jobs(specs: Sequence[QuantSpec]) -> None:
                     for name in names:
                         MEMORY_STORES.pop(name, None)
                 _run_fused(spec, x)
+                print(json.dumps(spec.to_dict()), flush=True)  # (a line for warm_common)
     finally:
         runtime.SERIAL_BELOW = before
 

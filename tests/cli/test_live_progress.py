@@ -1,0 +1,164 @@
+"""Live progress on a terminal from the start of a job, and Ctrl-C acting promptly even while
+Numba compiles (first run: an empty ``NUMBA_CACHE_DIR``). The command runs in a subprocess
+under a pseudo-terminal, as a user's shell runs it, and gets a real SIGINT."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from qstream.engine.warmup import _wait_reporting
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "samples" / "tiny-transformer.safetensors"
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="pseudo-terminals: POSIX only")
+
+
+class Terminal:
+    """``qstream ARGS`` in a subprocess whose stdin/stdout/stderr are a pseudo-terminal."""
+
+    def __init__(self, args: list[str], cache: Path) -> None:
+        env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "TERM": "xterm-256color"}
+        env.pop("NO_COLOR", None)
+        env["COLUMNS"] = "120"
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # (the child)
+            os.chdir(ROOT)
+            os.execve(sys.executable, [sys.executable, "-m", "cli.main", *args], env)
+        self.start = time.monotonic()
+        self.out = b""
+        self.status: int | None = None
+
+    def read_until(self, needle: bytes, timeout: float) -> float | None:
+        """Seconds from the start until ``needle`` appeared in the output (None: it did not,
+        within ``timeout`` seconds or before the process ended)."""
+        end = time.monotonic() + timeout
+        while needle not in self.out:
+            if time.monotonic() > end or not self._read(0.05):
+                return None
+        return time.monotonic() - self.start
+
+    def _read(self, wait: float) -> bool:
+        r, _, _ = select.select([self.fd], [], [], wait)
+        if r:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:  # (the child closed the terminal)
+                data = b""
+            if not data:
+                return False
+            self.out += data
+        return True
+
+    def wait(self, timeout: float) -> float:
+        """Seconds until the process ended (reading its output meanwhile); its exit code is
+        ``self.status``. Fails the test past ``timeout``."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                took = time.monotonic() - t0
+                while self._read(0.1):  # (what it wrote last)
+                    pass
+                self.status = os.waitstatus_to_exitcode(status)
+                return took
+            self._read(0.05)
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        pytest.fail(f"still running {timeout} s later; output: {self.text()[-2000:]}")
+
+    def text(self) -> str:
+        return self.out.decode(errors="replace")
+
+
+#: a recipe of many kinds of spec: its first run compiles for 10-20 s on 2 cores, mostly in
+#: the job's worker threads, which Python's Ctrl-C does not reach
+MIXED = """
+[defaults]
+dtype = "int8"
+axis = 0
+method = "percentile"
+percentile = 99.9
+[[rules]]
+pattern = "*q_proj*"
+spec = { dtype = "int4", axis = -1, block_size = 32, method = "dynamic" }
+[[rules]]
+pattern = "*k_proj*"
+spec = { dtype = "uint4", axis = -1, block_size = 32, method = "dynamic", symmetric = false }
+[[rules]]
+pattern = "*v_proj*"
+spec = { dtype = "float8_e4m3fn", axis = 0, method = "minmax" }
+[[rules]]
+pattern = "*o_proj*"
+spec = { dtype = "uint8", symmetric = false }
+[[rules]]
+pattern = "*up_proj*"
+spec = { dtype = "int8", method = "mse" }
+"""
+
+
+def test_ctrl_c_while_kernels_compile_ends_the_command_promptly(tmp_path):
+    recipe = tmp_path / "mixed.toml"
+    recipe.write_text(MIXED)
+    args = ["convert", str(SAMPLE), str(tmp_path / "out.zarr"), "--recipe", str(recipe)]
+    term = Terminal(args, tmp_path / "cold-cache")
+    seen = term.read_until(b"compiling kernels", 60)
+    assert seen is not None, term.text()[-2000:]
+    time.sleep(2.0)  # (compiling in the worker threads by now)
+    assert os.waitpid(term.pid, os.WNOHANG)[0] == 0, "finished before the Ctrl-C"
+    os.kill(term.pid, signal.SIGINT)
+    took = term.wait(30)
+    print(f"compile line after {seen:.2f} s; exit {took:.2f} s after SIGINT")
+    assert term.status == 130
+    assert "error: interrupted; run the same command again to resume" in term.text()
+    assert took < 2, f"Ctrl-C took {took:.1f} s"  # (measured: 0.9 s; before: 2.6-21 s)
+    assert "\x1b[?25h" in term.text()  # (the cursor the live display hid is shown again)
+
+
+def test_a_terminal_shows_a_live_line_from_the_start_then_the_passes(tmp_path):
+    cache = Path(os.environ.get("NUMBA_CACHE_DIR") or tmp_path / "cache")
+    term = Terminal(["convert", str(SAMPLE), str(tmp_path / "out.zarr")], cache)
+    first = term.read_until(b"convert: ", 30)
+    assert first is not None, term.text()[-2000:]
+    print(f"first live line after {first:.2f} s")
+    assert first < 5  # (measured: about 1 s, Python's start and imports included)
+    term.wait(120)
+    assert term.status == 0, term.text()[-2000:]
+    text = term.text()
+    assert "convert: starting" in text or "compiling kernels" in text
+    assert "\x1b[2K" in text  # (a line redrawn in place: Rich's live display)
+    assert re.search(r"\[ *1/\d+\]", text) and "quantized tensors, worst SQNR first" in text
+
+
+def test_warm_up_reports_each_build_as_its_process_finishes_it():
+    code = "import time\nfor i in range({n}):\n    time.sleep(0.05); print(i, flush=True)"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code.format(n=n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in (3, 2)
+    ]
+    seen: list[tuple[int, int]] = []
+    assert _wait_reporting(procs, 5, lambda done, total: seen.append((done, total))) == []
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen) and seen[-1] == (5, 5)
+    assert len(seen) >= 2  # (as they land, not once at the end)
+
+
+def test_warm_up_names_the_failure_of_a_process():
+    bad = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('x', flush=True); sys.exit('no compiler')"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert _wait_reporting([bad], 2, None) == [["no compiler"]]
