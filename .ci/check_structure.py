@@ -35,6 +35,7 @@ MAX_DEPTH = 4  # path parts: qstream/io/outputs/qarray.py
 LAYERS = {
     "": [
         "api",
+        "workflows",
         "viz",
         "exports",
         "engine",

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
-from ..engine.convert import TensorEvent, convert
-from ..io.storage import store_errors
+from ..engine.convert import TensorEvent
 from ..spec import Recipe
-from .convert_plan import ConversionPlan, export_job, make_parents, plan_convert, tensor_rows
+from ..workflows import ConversionPlan, conversion_run, plan_convert, tensor_rows
 
 if TYPE_CHECKING:
     from ..io.checkpoints import TensorLike
-    from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
+    from ..workflows import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
 
 __all__ = [
     "ConversionPlan",
@@ -105,162 +103,26 @@ def convert_checkpoint(
     complete as it was made; ``overwrite`` makes it again by the default);
     ``open_quantized`` reads packed tensors as any other.
     """
-    with store_errors(dst):
-        if not isinstance(recipe, Recipe):  # (read once: the plan and the run share it)
-            recipe = Recipe.load(recipe) if recipe is not None else Recipe()
-        if plan is None:
-            plan = plan_convert(
-                checkpoint,
-                dst,
-                recipe,
-                overwrite=overwrite,
-                max_memory=max_memory,
-                executor=executor,
-                compression=compression,
-                format=format,
-                config=config,
-                storage_options=storage_options,
-                store=store,
-                packs=packs,
-                model_files=model_files,
-                scheme=scheme,
-            )
-        return _run(
-            plan,
-            checkpoint,
-            dst,
-            recipe,
-            max_memory=max_memory,
-            overwrite=overwrite,
-            on_tensor=on_tensor,
-            progress=progress,
-            executor=executor,
-            max_shard_size=max_shard_size,
-            format=format,
-            **({"storage_options": storage_options} if storage_options else {}),
-            **({"store": store} if store else {}),
-            **({"packs": packs} if packs is not None else {}),
-        )
-
-
-def _run(
-    plan: ConversionPlan,
-    checkpoint: PathLike,
-    dst: PathLike,
-    recipe: Recipe,
-    *,
-    overwrite: bool,
-    max_shard_size: int,
-    format: str,
-    **kw: Any,
-) -> dict[str, Any]:
-    """Carry out ``plan``."""
-    make_parents(plan)
-    if plan.prepared.__class__.__name__ == "SchemeJob":  # convert --scheme NAME
-        from ..exports.scheme_export import run_scheme
-
-        return run_scheme(plan.prepared, overwrite=overwrite, max_shard_size=max_shard_size,
-                          max_memory=kw.get("max_memory"))  # fmt: skip
-    if plan.kind == "gguf":
-        from ..exports.gguf import write_plan
-
-        return write_plan(plan.gguf, dst, overwrite=overwrite, max_memory=kw.get("max_memory"))
-    if plan.kind == "safetensors":
-        export = {"max_shard_size": max_shard_size, "format": format, "config": plan.config}
-        export["files"] = plan.files
-        return _to_safetensors(plan, checkpoint, os.fspath(dst), recipe, overwrite, export, kw)
-    return convert(
+    return conversion_run.convert(
         checkpoint,
         dst,
         recipe,
+        max_memory=max_memory,
         overwrite=overwrite,
-        compression=plan.prepared.compression,
-        prepared=plan.prepared,
-        **kw,
+        on_tensor=on_tensor,
+        progress=progress,
+        executor=executor,
+        max_shard_size=max_shard_size,
+        compression=compression,
+        format=format,
+        config=config,
+        storage_options=storage_options,
+        store=store,
+        packs=packs,
+        plan=plan,
+        model_files=model_files,
+        scheme=scheme,
     )
-
-
-def _to_safetensors(
-    plan: ConversionPlan,
-    checkpoint: PathLike,
-    dst: str,
-    recipe: Recipe,
-    overwrite: bool,
-    export: dict[str, Any],
-    kw: dict[str, Any],
-) -> dict[str, Any]:
-    import contextlib
-
-    from ..io.outputs import locked
-
-    work = f"{dst}.qstream-work"
-    if plan.action == "complete":  # a finished run of this conversion: nothing to do
-        from ..exports import finished_export
-
-        return {
-            "checkpoint": str(checkpoint),
-            "destination": dst,
-            "files": finished_export(dst, export_job(checkpoint, recipe, export["format"])),
-            "tensors": {},
-            "already_complete": True,
-            "seconds": 0.0,
-        }
-    # the working group is locked from the conversion to the end of the export, so that a
-    # second run of it waits for this one instead of exporting what this one removes
-    try:
-        with locked(work):
-            return _export_locked(plan, checkpoint, dst, recipe, work, overwrite, export, kw)
-    finally:
-        with contextlib.suppress(OSError):
-            os.rmdir(work)  # (only if nothing is left in it)
-
-
-def _export_locked(
-    plan: ConversionPlan,
-    checkpoint: PathLike,
-    dst: str,
-    recipe: Recipe,
-    work: str,
-    overwrite: bool,
-    export: dict[str, Any],
-    kw: dict[str, Any],
-) -> dict[str, Any]:
-    from ..exports import export_safetensors
-    from ..io.outputs import inspect_destination, remove_output
-
-    job = export_job(checkpoint, recipe, export["format"])
-    resuming = plan.action == "resume"
-    prepared = plan.prepared
-    result = convert(
-        checkpoint,
-        work,
-        recipe,
-        overwrite=overwrite,
-        compression=prepared.compression,
-        prepared=prepared,
-        **kw,
-    )
-    exported = export_safetensors(
-        work,
-        dst,
-        **export,
-        overwrite=overwrite,
-        replace_own=resuming,
-        job=job,
-        max_memory=kw.get("max_memory"),
-    )
-    existing = inspect_destination(work)
-    if existing.kind == "checkpoint":  # only what the conversion wrote; anything else stays
-        remove_output(work, existing)
-    # (a resumed run whose conversion had finished still exported and cleaned up: not a no-op)
-    on_disk = sum(os.path.getsize(f) for f in exported["files"] if os.path.isfile(f))
-    return {
-        **result,
-        "destination": dst,
-        "files": exported["files"],
-        "bytes_after": on_disk,  # the files' sizes, not the working group's
-        "already_complete": False,
-    }
 
 
 def plan_conversion(

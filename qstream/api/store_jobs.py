@@ -11,9 +11,10 @@ from ..engine.jobs import dequantize as dequantize_group
 from ..io.outputs import is_checkpoint
 from ..io.storage import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
+from ..workflows import dequantize_files
 
 if TYPE_CHECKING:
-    from .types import (
+    from ..workflows import (
         ArraySource,
         ExecutorLike,
         Location,
@@ -167,13 +168,17 @@ def dequantize_store(
     # (both go through files: their source and destination are paths)
     paths = cast("PathLike", src), cast("PathLike", dst)
     if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
-        return _dequantize_export(*paths, dtype, overwrite, max_memory, progress)
+        return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress)
     if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
-        return _dequantize_gguf(*paths, dtype, overwrite, max_memory, progress)
-    if _model_folder(src):  # a model's safetensors folder (quantized ones decoded as read)
-        return _dequantize_model(*paths, dtype, overwrite, max_memory, progress)
+        return dequantize_files.decoded_gguf(*paths, dtype, overwrite, max_memory, progress)
+    if dequantize_files.model_folder(
+        src
+    ):  # a model's safetensors folder (quantized ones decoded as read)
+        return dequantize_files.decoded_model(*paths, dtype, overwrite, max_memory, progress)
     if str(dst).endswith(".safetensors"):
-        return _dequantize_to_safetensors(*paths, dtype, overwrite, storage_options, max_memory)
+        return dequantize_files.to_safetensors(
+            *paths, dtype, overwrite, storage_options, max_memory
+        )
     with store_errors(_remote(dst, src)):
         return _dequantize_any(
             with_backend(src, store, storage_options, read_only=True),
@@ -188,176 +193,6 @@ def dequantize_store(
             compression=compression,
             on_tensor=on_tensor,
         )
-
-
-def _dequantize_export(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    max_memory: int | None,
-    progress: Progress | None,
-) -> dict[str, Any]:
-    """A qstream ``.safetensors`` export dequantized: its tensors read as values
-    (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file."""
-    from ..spec import Recipe
-    from .convert import convert_checkpoint
-
-    recipe = Recipe.from_dict(
-        {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
-    )
-    fmt = "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
-    report = convert_checkpoint(
-        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, format=fmt
-    )
-    return {**report, "dtype": dtype}
-
-
-def _model_folder(src: object) -> bool:
-    """Whether ``src`` is a local folder of safetensors files (a model as transformers saves
-    it), not a Zarr group."""
-    import os
-
-    if not isinstance(src, str | os.PathLike) or not os.path.isdir(src):
-        return False
-    names = os.listdir(src)
-    return "zarr.json" not in names and any(n.endswith(".safetensors") for n in names)
-
-
-def _dequantize_gguf(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    max_memory: int | None,
-    progress: Progress | None,
-) -> dict[str, Any]:
-    """A GGUF file's tensors decoded (under their Hugging Face names where the architecture
-    is known) into a Zarr group, or into ``dst.safetensors`` with a transformers
-    ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads."""
-    import os
-
-    from ..io.checkpoints import gguf_config
-
-    config = None
-    if str(dst).endswith(".safetensors"):
-        config = gguf_config(os.fspath(src), dtype=dtype)
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
-
-
-def _dequantize_model(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    max_memory: int | None,
-    progress: Progress | None,
-) -> dict[str, Any]:
-    """A model folder's tensors as read (a quantized checkpoint's decoded as its own format
-    decodes them) into a Zarr group, or into ``dst.safetensors`` with the source's
-    ``config.json`` minus its ``quantization_config`` (``torch_dtype``: ``dtype``) beside it,
-    so that transformers loads it as a plain model."""
-    import json
-    import os
-
-    config = None
-    where = os.path.join(os.fspath(src), "config.json")
-    if str(dst).endswith(".safetensors") and os.path.isfile(where):
-        from ..paths import open_regular
-
-        with open_regular(where, "model config") as f:
-            config = json.loads(f.read())
-        if not isinstance(config, dict):
-            config = None
-        else:
-            config.pop("quantization_config", None)
-            config["torch_dtype"] = dtype
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
-
-
-def _decoded_with_config(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    max_memory: int | None,
-    progress: Progress | None,
-    config: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The keep-everything conversion of ``src`` in ``dtype``, then ``config`` written as the
-    ``config.json`` beside a ``.safetensors`` ``dst``; a ``config.json`` already there that
-    says something else is refused before any work (qstream never replaces a file it did
-    not write)."""
-    import json
-    import os
-
-    from ..errors import InvalidParameterError
-
-    where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
-    if config is not None and os.path.lexists(where):
-        try:
-            with open(where, encoding="utf-8") as f:
-                same = json.load(f) == config
-        except (OSError, ValueError):
-            same = False
-        if not same:
-            raise InvalidParameterError(
-                f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
-                " not replace a file it did not write: remove it or choose another folder"
-            )
-    report = _dequantize_export(src, dst, dtype, overwrite, max_memory, progress)
-    if config is not None:
-        from ..paths import rename_in, write_new
-
-        folder = os.path.dirname(where)
-        tmp = f"config.json.{os.getpid()}.partial"
-        write_new(os.path.join(folder, tmp), (json.dumps(config, indent=2) + "\n").encode())
-        rename_in(folder, tmp, "config.json")
-        report["config"] = where
-    return report
-
-
-def _dequantize_to_safetensors(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    storage_options: StorageOptions | None,
-    max_memory: int | None,
-) -> dict[str, Any]:
-    import json
-    import os
-    import time
-
-    from ..exports import export_safetensors, finished_export
-    from ..io.storage import location
-
-    path = os.fspath(dst)
-    job = json.dumps({"dequantize": location(src) or str(src), "dtype": dtype}, sort_keys=True)
-    done = None if overwrite else finished_export(path, job)
-    if done is not None:
-        return {"destination": path, "files": done, "already_complete": True, "dtype": dtype}
-    t0 = time.perf_counter()
-    with store_errors(src):
-        out = export_safetensors(
-            src,
-            path,
-            format="dequantized",
-            dtype=dtype,
-            overwrite=overwrite,
-            storage_options=storage_options,
-            job=job,
-            max_memory=max_memory,
-        )
-    return {
-        "destination": path,
-        "files": out["files"],
-        "tensors": out["tensors"],
-        "bytes": out["bytes"],
-        "dtype": dtype,
-        "already_complete": False,
-        "seconds": time.perf_counter() - t0,
-    }
 
 
 def _remote(*targets: ArraySource) -> ArraySource:

@@ -12,7 +12,7 @@ from ..spec import Calibration, QuantSpec
 
 if TYPE_CHECKING:
     from ..io.outputs import QuantizedArray, QuantizedCheckpoint
-    from .types import ArraySource, ExecutorLike, PathLike, Progress, StorageOptions
+    from ..workflows import ArraySource, ExecutorLike, PathLike, Progress, StorageOptions
 
 
 def compare_methods(

@@ -1,5 +1,5 @@
 """The plan of ``convert --scheme NAME`` (:mod:`qstream.exports.scheme_export`): the fields
-of its :class:`~qstream.api.convert_plan.ConversionPlan`."""
+of its :class:`~qstream.workflows.conversion_plan.ConversionPlan`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 def scheme_plan(args: dict[str, Any]) -> dict[str, Any]:
     """The plan fields of a conversion under a compressed-tensors preset, from
-    :func:`~qstream.api.convert_plan.plan_convert`'s arguments (``checkpoint``, ``dst``,
+    :func:`~qstream.workflows.conversion_plan.plan_convert`'s arguments (``checkpoint``, ``dst``,
     ``scheme``, ``overwrite``, ``config``, ``model_files``, ``storage_options``, ``store``);
     refusals are raised here, before any tensor byte is read. The run makes missing folders."""
     from ..exports.scheme_export import plan_scheme
