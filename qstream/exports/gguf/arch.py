@@ -123,7 +123,8 @@ class _Keys:
     gguf-py's writer does)."""
 
     def __init__(self, arch: str) -> None:
-        self.arch, self.items = arch, {}  # type: dict[str, MetaItem]
+        self.arch = arch
+        self.items: dict[str, MetaItem] = {}
 
     def add(self, key: str, kind: int, value: Any, element: int | None = None) -> None:
         full = key.format(arch=self.arch)

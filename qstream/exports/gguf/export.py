@@ -124,8 +124,8 @@ def export_gguf(
 def _job(plan: GGUFPlan) -> str:
     """The identity a GGUF file of ``plan`` records (a re-run finds it finished)."""
     src, cfg = plan.source, plan.config
-    ident = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(), "config": cfg,
-             "tokenizer": plan.tokenizer}  # fmt: skip
+    ident: dict[str, Any] = {"source": src, "type": plan.type, "recipe": plan.recipe.to_dict(),
+                             "config": cfg, "tokenizer": plan.tokenizer}  # fmt: skip
     if plan.mix or plan.imatrix:  # (absent before mixes: earlier files stay complete)
         ident.update(mix=plan.mix, imatrix=plan.imatrix and _source_version(plan.imatrix))
     return json.dumps({**ident, "version": _source_version(src)}, sort_keys=True)

@@ -77,7 +77,7 @@ def write_gguf(path: str, kv: dict[str, Value], tensors: list[GGUFTensor]) -> No
     parts = [struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))]
     for k, value in kv.items():
         kind, v = value[0], value[1]
-        element = value[2] if len(value) > 2 else None  # type: ignore[misc]
+        element = value[2] if len(value) > 2 else None
         parts.append(_string(k) + struct.pack("<I", kind) + _value(kind, v, element))
     offset = 0
     for t in tensors:

@@ -275,6 +275,7 @@ def plan_gguf(
                 plans.append(_kept(hf, name, shape, dtype, "F32", f"kept ({_FORCED})", how))
                 continue
             if gtype is not None:
+                assert base is not None  # (a --gguf-type has its base type)
                 kind, why = base, f"--gguf-type {gtype}"
             else:
                 index = rule_index(recipe, hf)
@@ -313,11 +314,11 @@ def plan_gguf(
         plans = merge_experts(plans, lambda p: p.name, _merged)
     used: dict[str, Any] = {}
     if base is not None and not output:
-        plans, used = retype(plans, str(gtype), base, mix, model and facts_of(model.arch,
-                             model.config), weights, _gguf_bytes, RULES)  # fmt: skip
+        plans, used = retype(plans, str(gtype), base, mix, facts_of(model.arch, model.config)
+                             if model else None, weights, _gguf_bytes, RULES)  # fmt: skip
     elif weights is not None:
         raise InvalidParameterError("--imatrix applies to --gguf-type of a float checkpoint")
-    extra = dict(mix=mix, imatrix=imatrix and os.fspath(imatrix), weights=used)
+    extra: dict[str, Any] = dict(mix=mix, imatrix=imatrix and os.fspath(imatrix), weights=used)
     seen: dict[str, str] = {}
     for t in plans:
         if t.gguf_name in seen:
@@ -350,12 +351,12 @@ def plan_gguf(
     plans = [_trimmed(model, t, vocab_count(vocab)) for t in plans]
     shapes = [(t.gguf_name, t.shape) for t in plans]
     ftype = mostly(types)
-    meta = metadata_items(model, shapes, ftype if ftype in FILE_TYPES else "F32", name,
-                          tok_folder or folder, vocab)  # fmt: skip
-    meta = [replace(m, value=_file_type(gtype, types)) if m.key == "general.file_type" else m
-            for m in meta]  # fmt: skip
+    meta_items = metadata_items(model, shapes, ftype if ftype in FILE_TYPES else "F32", name,
+                                tok_folder or folder, vocab)  # fmt: skip
+    meta_items = [replace(m, value=_file_type(gtype, types)) if m.key == "general.file_type" else m
+                  for m in meta_items]  # fmt: skip
     return GGUFPlan(str(src), gtype, recipe, cfg, _path_of(path, where), model.arch, output,
-                    tuple(plans), tuple(meta), vocab is not None, notes,
+                    tuple(plans), tuple(meta_items), vocab is not None, notes,
                     opened_by_name, **extra)  # fmt: skip
 
 
