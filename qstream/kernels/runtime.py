@@ -13,13 +13,16 @@ word of first-run compilation.
   at once. qstream prefers ``omp`` then ``tbb``; if Numba still ends up on ``workqueue``,
   parallel kernel calls are serialised with a lock instead of crashing.
 - :func:`on_compile` lets a front end say "compiling kernels (first run only)" while Numba
-  compiles one (a cache miss), instead of pausing silently.
+  compiles one (a cache miss), instead of pausing silently. In a Jupyter kernel qstream says
+  it itself (:func:`notebook_notice`): one output line, updated in place.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Iterable
 from typing import Any, overload
@@ -178,3 +181,56 @@ def on_compile(listener: Callable[[str], None]) -> Callable[[], None]:
         _registered = True
     _listeners.append(listener)
     return lambda: _listeners.remove(listener) if listener in _listeners else None
+
+
+class _NotebookNotice:
+    """The line a notebook cell shows while qstream's kernels compile: "compiling kernels
+    (first run only): N so far, S s", updated in place through an ``IPython.display``
+    handle (the first compile of each cell's run displays it)."""
+
+    def __init__(self, display: Any, shell: Any) -> None:
+        self.display = display
+        self.shell = shell
+        self.handle: Any = None
+        self.cell: Any = None  # (the execution count of the cell the line is in)
+        self.count = 0
+        self.t0 = 0.0
+        self.lock = threading.Lock()
+
+    def text(self) -> str:
+        took = time.perf_counter() - self.t0
+        return (
+            f"compiling kernels (first run only; later runs load them from the cache):"
+            f" {self.count} so far, {took:.1f} s"
+        )
+
+    def __call__(self, name: str) -> None:
+        with self.lock:
+            cell = getattr(self.shell, "execution_count", None)
+            if self.handle is None or cell != self.cell:
+                self.t0, self.count, self.cell = time.perf_counter(), 1, cell
+                self.handle = self.display({"text/plain": self.text()}, raw=True, display_id=True)
+                return
+            self.count += 1
+            self.handle.update({"text/plain": self.text()}, raw=True)
+
+
+def notebook_notice() -> Callable[[], None] | None:
+    """In a running Jupyter kernel (IPython imported already, its shell attached to a
+    kernel), show qstream's kernel compilations as one line updated in place in the cell's
+    output; elsewhere nothing (None). Returns the function that stops it. Called when this
+    module is imported; IPython is never imported here."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return None
+    try:
+        shell = ipython.get_ipython()
+        from IPython.display import display
+    except Exception:  # (an IPython too old or half-imported: no line)
+        return None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return None  # (a terminal IPython: a line there would be noise in the scrollback)
+    return on_compile(_NotebookNotice(display, shell))
+
+
+notebook_notice()

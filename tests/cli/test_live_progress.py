@@ -162,3 +162,30 @@ def test_warm_up_names_the_failure_of_a_process():
         stderr=subprocess.PIPE,
     )
     assert _wait_reporting([bad], 2, None) == [["no compiler"]]
+
+
+def test_a_notebook_cell_shows_one_compile_line_updated_in_place_on_a_first_run(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    job = (
+        "import numpy as np\n"
+        "import qstream as qs\n"
+        "qs.quantize(np.linspace(-1, 1, 64, dtype=np.float32), 0.01, 0, dtype='int8')\n"
+        "qs.quantize(np.linspace(-1, 1, 64, dtype=np.float64), 0.01, 0, dtype='int8');"
+    )
+    cache = tmp_path / "cold-cache"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(f"import os; os.environ['NUMBA_CACHE_DIR'] = {str(cache)!r}"),
+        nbformat.v4.new_code_cell(job),  # (first run: compiles)
+        nbformat.v4.new_code_cell(job),  # (the same again: compiled, nothing to say)
+    ]
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    shown = [o for o in nb.cells[1].outputs if o["output_type"] == "display_data"]
+    assert len(shown) == 1, nb.cells[1].outputs  # (one line, updated: not one per kernel)
+    text = shown[0]["data"]["text/plain"]
+    assert text.startswith("compiling kernels (first run only")
+    n = int(re.search(r": (\d+) so far", text).group(1))
+    assert n >= 2  # (float32 and float64 builds: the line was updated in place)
+    assert not [o for o in nb.cells[2].outputs if o["output_type"] == "display_data"]
