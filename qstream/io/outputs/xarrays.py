@@ -39,7 +39,14 @@ def open_xarray(
 
     ``max_memory`` (bytes, default 1 GiB) bounds what one Dask task holds: a stored chunk
     (read whole) and a Dask chunk as float32 of more than half of it are refused here, as is
-    a checkpoint's pack (read whole) of more than half of it, before anything is read."""
+    a checkpoint's pack (read whole) of more than half of it, before anything is read.
+
+    An array's variable is named as the source's was (``t2m`` for a source
+    ``era5.zarr/t2m``; ``data`` when the source had no name: a NumPy array, say) and keeps
+    the source's descriptive attributes (``units``, ``long_name``, ...) beside qstream's
+    (``quantized_dtype``, ``granularity``, ``method``, ``sqnr_db``); arrays of the output's
+    group named by its dimensions (1-D, as long as the axis) are its coordinates, with their
+    attributes."""
     try:
         import dask.array  # noqa: F401
         import xarray  # noqa: F401
@@ -59,7 +66,46 @@ def open_xarray(
             {name: _tensor(opened[name], name, chunks, max_memory) for name in opened},
             attrs={"qstream_checkpoint": str(opened.meta.get("source"))},
         )
-    return _quantized(opened, "data", None, chunks, max_memory)
+    out = _quantized(opened, _source_name(opened.meta.get("source")), None, chunks, max_memory)
+    return _with_coords(out, opened)
+
+
+_MEMBERS = {"data", "scale", "zero_point", "offset", "_progress"}  # (an output's own arrays)
+
+
+def _source_name(source: Any) -> str:
+    """The name of the variable a quantized array came from: the last part of a Zarr
+    source's path (``era5.zarr/t2m`` -> ``t2m``), else ``data``."""
+    if not isinstance(source, dict) or source.get("kind") != "zarr":
+        return "data"
+    path = source.get("path")
+    name = str(path).rstrip("/").rsplit("/", 1)[-1] if isinstance(path, str) else ""
+    if not name or name.endswith(".zarr") or not name.isprintable() or len(name) > 255:
+        return "data"  # (a source that is a whole store: no variable name)
+    return name
+
+
+def _with_coords(out: xr.DataArray, arr: QuantizedArray) -> xr.DataArray:
+    """``out`` with the 1-D arrays of ``arr``'s group named by its dimensions (as long as
+    the axis; values read now, attributes kept) as coordinates."""
+    group = getattr(arr, "group", None)
+    if group is None:
+        return out
+    coords = {}
+    for dim, n in zip(out.dims, out.shape, strict=True):
+        if dim in _MEMBERS:
+            continue
+        try:
+            member = group[str(dim)]
+        except (KeyError, TypeError, ValueError):
+            continue
+        if getattr(member, "shape", None) != (n,) or not hasattr(member, "dtype"):
+            continue
+        from .scientific import carried_attrs
+
+        attrs = {k: v for k, v in carried_attrs(dict(member.attrs)).items() if k != "qstream"}
+        coords[dim] = (dim, np.asarray(member[...]), attrs)
+    return out.assign_coords(coords) if coords else out
 
 
 def _check_chunks(lazy: Any, stored: Any, itemsize: int, name: str, max_memory: int | None) -> None:
@@ -106,8 +152,11 @@ def _quantized(
         name=f"qstream-dequantize-{uuid.uuid4().hex}",
     )
     _check_chunks(lazy, arr.data.chunks, np.dtype(arr.data.dtype).itemsize, name, max_memory)
+    from .scientific import carried_attrs
+
     spec = arr.spec
     attrs = {
+        **carried_attrs(dict(arr.data.attrs)),  # the source's units, long_name, ...
         "quantized_dtype": spec.dtype,
         "granularity": spec.granularity,
         "method": "explicit" if spec.scale is not None else spec.method,
