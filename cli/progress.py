@@ -173,8 +173,8 @@ _leaving = threading.Lock()  # (held by whichever ends the command: the main thr
 
 @contextmanager
 def prompt_interrupt() -> Iterator[None]:
-    """Make Ctrl-C end the command within a second while the body runs, even while Numba
-    compiles.
+    """Make Ctrl-C (and SIGTERM) end the command within a second while the body runs, even
+    while Numba compiles.
 
     Python raises KeyboardInterrupt in the main thread between bytecodes, but a job's kernels
     compile in its worker threads (LLVM's optimizer: C calls of seconds), and the main thread,
@@ -212,8 +212,9 @@ def prompt_interrupt() -> Iterator[None]:
                 return
             if not got or done.is_set():
                 return
-            if signal.SIGINT in got and not done.wait(GRACE) and _leaving.acquire(False):
-                _leave_interrupted()
+            stop = signal.SIGINT in got or signal.SIGTERM in got
+            if stop and not done.wait(GRACE) and _leaving.acquire(False):
+                _leave_interrupted(signal.SIGTERM in got and signal.SIGINT not in got)
 
     watcher = threading.Thread(target=watch, name="qstream-ctrl-c", daemon=True)
     watcher.start()
@@ -228,16 +229,21 @@ def prompt_interrupt() -> Iterator[None]:
         os.close(r)
 
 
-def _leave_interrupted() -> None:
-    """End the process as Ctrl-C does, from the watcher thread (written to the file
-    descriptors: a live display holds ``sys.stderr`` and its lock)."""
+def _leave_interrupted(terminated: bool = False) -> None:
+    """End the process as Ctrl-C (or, ``terminated``, SIGTERM) does, from the watcher thread
+    (written to the file descriptors: a live display holds ``sys.stderr`` and its lock)."""
     from .failures import json_error
 
-    message = "interrupted; run the same command again to resume"
+    if terminated:
+        kind, code = "terminated", 143
+        message = "terminated (SIGTERM); run the same command again to resume"
+    else:
+        kind, code = "interrupted", 130
+        message = "interrupted; run the same command again to resume"
     try:
         cursor = "\x1b[?25h\n" if os.isatty(2) else ""  # (a live display hid the cursor)
         os.write(2, f"{cursor}error: {message}\n".encode())
-        json_error("interrupted", message, 130, "KeyboardInterrupt")  # (--json: no display)
+        json_error(kind, message, code)  # (as library_errors words it; --json: no display)
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
@@ -248,7 +254,7 @@ def _leave_interrupted() -> None:
         t = threading.Thread(target=handlers, daemon=True)
         t.start()
         t.join(0.3)
-    os._exit(130)
+    os._exit(code)
 
 
 @dataclass(frozen=True)
