@@ -77,7 +77,12 @@ def test_every_layout_opens_as_a_quantized_checkpoint_with_the_same_values(outpu
     assert summary["layout"] == layout and summary["tensors"] is ck.tensors
     view = ck.view
     assert view.tensors == len(ck) and view.kept == sum(r["kept"] for r in ck.tensors.values())
-    assert view.quantized == sum(not r["kept"] for r in ref.tensors.values())
+    assert view.quantized == sum(not r["kept"] for r in ck.tensors.values())
+    extra = [n for n in ck if n not in ref]  # an untied lm_head: the embedding's values
+    assert view.quantized == sum(not r["kept"] for r in ref.tensors.values()) + len(extra)
+    for name in extra:
+        assert not ck.tensors[name]["kept"]
+        np.testing.assert_array_equal(np.asarray(ck[name][...]), ref["embed_tokens.weight"][...])
 
 
 def test_an_exports_rows_count_every_byte_of_its_entries(outputs):
