@@ -47,7 +47,7 @@ LAYERS = {
         "kernels",
         "base",
     ],
-    "io": ["outputs", "checkpoints", "storage"],
+    "io": ["outputs", "checkpoints", "storage", "zarr_types"],
     "engine": ["base", "convert", "jobs", "blocks", "run"],
 }
 # Module names used twice: one concept at two layers (the kernel and the code that calls it,

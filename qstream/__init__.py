@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .io.outputs.qarray import QuantizedArray as QuantizedArray
     from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
     from .io.outputs.xarrays import open_xarray as open_xarray
-    from .io.storage.zarr_ext import register_zarr_types as register_zarr_types
+    from .io.zarr_types.zarr_ext import register_zarr_types as register_zarr_types
     from .kernels.runtime import on_compile as on_compile
     from .qtypes import QTYPES as QTYPES
     from .qtypes import QType as QType
@@ -104,7 +104,7 @@ _EXPORTS = {
     "on_compile": "qstream.kernels.runtime",
     "warm_up": "qstream.engine.warmup",
     "warm_common": "qstream.engine.warmup",
-    "register_zarr_types": "qstream.io.storage.zarr_ext",
+    "register_zarr_types": "qstream.io.zarr_types.zarr_ext",
 }
 _SUBMODULES = ("compat",)
 

@@ -1,6 +1,6 @@
 """Bit packing of sub-byte values, the layout of zarr-extensions' ``packbits`` codec: element
 ``i`` at bits ``[i*k, (i+1)*k)`` of the byte sequence, least-significant bit first. Used by the
-direct chunk I/O path and by the zarr codec (:mod:`qstream.io.storage.zarr_ext`); one chunk per
+direct chunk I/O path and by the zarr codec (:mod:`qstream.io.zarr_types.zarr_ext`); one chunk per
 call,
 ``nogil`` (worker threads pack and unpack their chunks at once). The loops are written out
 per width (4 and 2 bits) so that LLVM vectorises them."""

@@ -55,7 +55,7 @@ print(sorted(names))
 
 def test_import_qstream_and_its_public_names_under_w_error(tmp_path):
     code = """
-import qstream, cli.main, qstream.io.storage.zarr_ext
+import qstream, cli.main, qstream.io.zarr_types.zarr_ext
 for name in qstream.__all__:
     getattr(qstream, name)
 qstream.register_zarr_types()

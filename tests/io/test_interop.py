@@ -244,7 +244,7 @@ def _oracle_pack(codes: list[int], bits: int) -> bytes:
 @pytest.mark.parametrize("bits, signed", [(4, True), (4, False), (2, True), (2, False)])
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 5, 8, 31, 64, 1001])
 def test_pack_matches_the_bit_by_bit_oracle_and_unpack_inverts_it(bits, signed, n):
-    from qstream.io.storage.packing import packed_nbytes
+    from qstream.io.zarr_types.packing import packed_nbytes
     from qstream.kernels.packing import pack_codes, unpack_codes
 
     rng = np.random.default_rng(n * 7 + bits)
@@ -322,7 +322,7 @@ def test_packed_chunks_read_through_the_direct_path_equal_zarrs_decode(tmp_path)
     import ml_dtypes
 
     from qstream.io.storage.chunks import chunk_files
-    from qstream.io.storage.zarr_ext import PackBits
+    from qstream.io.zarr_types.zarr_ext import PackBits
 
     rng = np.random.default_rng(3)
     codes = rng.integers(-8, 8, (70, 45)).astype(ml_dtypes.int4)

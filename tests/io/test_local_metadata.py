@@ -13,7 +13,7 @@ import zarr
 import qstream as qs
 from qstream.io.outputs import qarray
 from qstream.io.outputs.progress_log import ProgressLog
-from qstream.io.storage.zarr_ext import PackBits
+from qstream.io.zarr_types.zarr_ext import PackBits
 from qstream.qtypes import qtype
 
 MEMBERS = {

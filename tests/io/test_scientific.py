@@ -361,13 +361,14 @@ def test_codec_layout_decodes_without_qstream(field, tmp_path, spec):
     assert got.returncode == 0, got.stderr
     res = json.loads(got.stdout.strip().splitlines()[-1])
     # zarr >= 3.2 loads the data types of every installed package's entry points at its first
-    # open, qstream's among them (qstream.io.storage.zarr_ext): that far only, none of its decoding
-    # code
+    # open, qstream's among them (qstream.io.zarr_types.zarr_ext): that far only (its folder's
+    # face imports nothing), none of its decoding code
     assert set(res.pop("qstream_modules")) <= {
         "qstream",
         "qstream.io",
-        "qstream.io.storage.packing",
-        "qstream.io.storage.zarr_ext",
+        "qstream.io.zarr_types",
+        "qstream.io.zarr_types.packing",
+        "qstream.io.zarr_types.zarr_ext",
     }
     assert res == {
         "zarr": True,

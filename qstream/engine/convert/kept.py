@@ -103,7 +103,7 @@ def store_kept(
         return
     import zarr
 
-    from ...io.storage.zarr_ext import register_zarr_types
+    from ...io.zarr_types.zarr_ext import register_zarr_types
 
     register_zarr_types()  # (bfloat16)
     a = zarr.create_array(path, **kw, attributes=attrs, storage_options=storage_options)

@@ -153,7 +153,7 @@ def dequantized_fingerprint(
 def dequantized_array(arr: QuantizedArray, out_dtype: np.dtype, compression: str) -> dict[str, Any]:
     """The ``create_array`` keywords of the array ``arr`` dequantizes into (bfloat16 as the
     ``bfloat16`` Zarr data type qstream registers; earlier versions stored its uint16 bits)."""
-    from ...io.storage.zarr_ext import register_zarr_types
+    from ...io.zarr_types.zarr_ext import register_zarr_types
 
     register_zarr_types()
     return {

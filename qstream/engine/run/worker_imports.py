@@ -38,7 +38,7 @@ BASE = (
 )
 # zarr-python, and qstream's data types and codec for it (a kept bf16 tensor, sub-byte codes,
 # a store that is not a local folder)
-ZARR = ("zarr", "zarr.core.array", "zarr.storage", "qstream.io.storage.zarr_ext")
+ZARR = ("zarr", "zarr.core.array", "zarr.storage", "qstream.io.zarr_types.zarr_ext")
 # the compressor of qstream's own chunk files
 ZSTD = ("numcodecs",)
 

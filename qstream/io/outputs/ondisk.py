@@ -113,7 +113,7 @@ def array_metadata(kw: dict[str, Any]) -> Any:
     key = repr(sorted(kw.items()))
     meta = _TEMPLATES.get(key)
     if meta is None:
-        from ..storage.zarr_ext import register_zarr_types
+        from ..zarr_types.zarr_ext import register_zarr_types
 
         register_zarr_types()  # sub-byte types: this may be the process's first Zarr write
         meta = zarr.create_array(store=MemoryStore(), **kw).metadata
@@ -130,7 +130,7 @@ def data_encoding(qt: QType) -> tuple[np.dtype[Any], Any]:
     ``int2``, ``uint2``, ``float4_e2m1fn``); float8 types as uint8 bit patterns; the rest
     natively."""
     if qt.bits < 8:  # (the types and codec are registered whenever a store is opened)
-        from ..storage.zarr_ext import PackBits
+        from ..zarr_types.zarr_ext import PackBits
 
         return qt.dtype, PackBits()
     return (np.dtype(np.uint8) if qt.is_float else qt.widened), "auto"

@@ -72,5 +72,4 @@ __all__ = [
     "tensor_key",
     "with_backend",
     "write_doc",
-    "zarr_ext",
 ]

@@ -39,10 +39,10 @@ import numpy as np
 from ...core import ALIGN, scratch
 from ...errors import StoreError
 from ...paths import open_regular, opened
+from ..zarr_types.packing import packed_nbytes
 from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
 from .inplace import map_bytes
-from .packing import packed_nbytes
 
 # POSIX only (mapping and O_DIRECT); elsewhere chunks are read and written with plain calls
 _POSIX = os.name == "posix" and hasattr(mmap, "MAP_PRIVATE")
@@ -321,7 +321,7 @@ def chunk_files(arr: Any) -> ChunkFiles | None:
     if meta.zarr_format == 3:
         from zarr.codecs import BytesCodec
 
-        from .zarr_ext import PackBits
+        from ..zarr_types.zarr_ext import PackBits
 
         ser = arr.serializer
         if isinstance(ser, PackBits):

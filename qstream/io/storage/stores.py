@@ -59,7 +59,7 @@ def open_store(path: Any, *, mode: str, storage_options: dict[str, Any] | None) 
     a store object is returned as it is."""
     import zarr
 
-    from .zarr_ext import register_zarr_types
+    from ..zarr_types.zarr_ext import register_zarr_types
 
     register_zarr_types()  # qstream's sub-byte data types and codec, also without entry points
 
