@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 import qstream as qs
-from qstream.io.storage import zarr_ext
+from qstream.io.zarr_types import zarr_ext
 
 from ..support.kill_hook import KILL_HOOK, SWEEPS, kill_points
 
