@@ -180,10 +180,10 @@ def convert(
             raise typer.BadParameter("--format and --config apply to a .safetensors DST only")
         if fmt != "compressed-tensors" and dst.endswith(".gguf"):
             raise typer.BadParameter("--format applies to a .safetensors DST (a .gguf is GGUF)")
-        if no_tokenizer and (not dst.endswith(".gguf") or dry_run):
-            raise typer.BadParameter("--no-tokenizer applies to a .gguf DST, without --dry-run")
-        if (pure or imatrix) and (gguf_type is None or dry_run):
-            raise typer.BadParameter("--pure and --imatrix apply to --gguf-type, without --dry-run")
+        if no_tokenizer and not dst.endswith(".gguf"):
+            raise typer.BadParameter("--no-tokenizer applies to a .gguf DST")
+        if (pure or imatrix) and gguf_type is None:
+            raise typer.BadParameter("--pure and --imatrix apply to --gguf-type")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
         if scheme is not None and (recipe or flags or include or exclude):
@@ -196,26 +196,13 @@ def convert(
             extra.update(format=fmt, config=config)
         if dst.endswith(".gguf"):
             extra.update(format=gguf_type or "compressed-tensors", config=config)
+            extra.update(tokenizer=not no_tokenizer, pure=pure, imatrix=imatrix)
         if store != "fsspec":
             extra["store"] = store
         if packs is not None:
             extra["packs"] = packs
         if scheme is not None:
             extra["scheme"] = scheme
-    if no_tokenizer or pure or imatrix:  # (export_gguf plans it, refusing up front)
-        with library_errors(refusals=True):
-            report = qs.export_gguf(
-                checkpoint, dst, type=gguf_type, recipe=rec, config=config,
-                overwrite=overwrite, max_memory=parse_size(max_memory, "--max-memory"),
-                tokenizer=not no_tokenizer, pure=pure, imatrix=imatrix,
-            )  # fmt: skip
-        if as_json:
-            emit_json(report)
-        elif not quiet:
-            typer.echo(gguf_summary(checkpoint, report))
-            if no_tokenizer:
-                typer.echo(NO_TOKENIZER_NOTE)
-        return
     with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
         limit = parse_size(max_memory, "--max-memory")
         plan = qs.plan_convert(
@@ -272,6 +259,8 @@ def convert(
             return
         if dst.endswith(".gguf"):
             typer.echo(gguf_summary(checkpoint, report))
+            if no_tokenizer:
+                typer.echo(NO_TOKENIZER_NOTE)
             return
         if scheme is not None:  # (no per-tensor error is measured: compressed-tensors' values)
             typer.echo(f"{scheme}: written " + ", ".join(report["files"]))

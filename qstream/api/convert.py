@@ -42,6 +42,9 @@ def convert_checkpoint(
     plan: ConversionPlan | None = None,
     model_files: bool = True,
     scheme: str | None = None,
+    tokenizer: bool = True,
+    pure: bool = False,
+    imatrix: PathLike | None = None,
 ) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -82,7 +85,9 @@ def convert_checkpoint(
     ``dst`` ending in ``.gguf``: a GGUF file for llama.cpp, written in one streaming pass (see
     :func:`qstream.export_gguf`): the recipe's int8 tensors as Q8_0, symmetric int4 as Q4_0,
     asymmetric 4-bit as Q4_1, bit for bit as gguf-py quantizes; ``format`` may name one GGUF
-    type for all of them.
+    type for all of them, or one of llama-quantize's mixes (``Q4_K_M``, ...), one type
+    everywhere with ``pure``, with the importance matrix file ``imatrix``; ``tokenizer``
+    False: tensors and hyperparameters only (llama.cpp will not load the file).
 
     ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
     template, generation and processor configs beside it (see :func:`qstream.plan_convert`).
@@ -122,6 +127,9 @@ def convert_checkpoint(
         plan=plan,
         model_files=model_files,
         scheme=scheme,
+        tokenizer=tokenizer,
+        pure=pure,
+        imatrix=imatrix,
     )
 
 

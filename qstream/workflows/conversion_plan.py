@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import InvalidParameterError, StoreError
 from ..io.storage import compression as compressions
 from ..spec import Recipe
+from .gguf_job import gguf_plan
 from .scheme_plan import scheme_plan
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ def plan_convert(
     packs: bool | None = None,
     model_files: bool = True,
     scheme: str | None = None,
+    tokenizer: bool = True,
+    pure: bool = False,
+    imatrix: PathLike | None = None,
 ) -> ConversionPlan:
     """What :func:`qstream.convert_checkpoint` with these arguments would do, decided as it
     decides it and refusing what it refuses (the same exceptions, the same messages), before
@@ -157,7 +161,9 @@ def plan_convert(
     ``.gguf`` destination (``compressed-tensors``: from the recipe), as for the conversion.
     ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
     template, generation and processor configs beside it (:data:`qstream.exports.MODEL_FILES`;
-    one there that qstream did not write is refused here); False: none. ``scheme``: a preset."""
+    one there that qstream did not write is refused here); False: none. ``scheme``: a preset.
+    ``tokenizer``, ``pure``, ``imatrix``: a ``.gguf`` destination's (see
+    :func:`qstream.export_gguf`; ``format`` names its type or mix)."""
     from ..io.outputs import check_writable
     from ..io.storage import check_destination_suffix
 
@@ -171,7 +177,10 @@ def plan_convert(
     if scheme is not None:  # a compressed-tensors preset (qstream.exports.scheme_export)
         return ConversionPlan(**scheme_plan(locals()))
     if kind == "gguf":
-        return _plan_gguf(checkpoint, dst, recipe, format, config, overwrite)
+        quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
+        return ConversionPlan(**gguf_plan(locals()), creates=missing_parents(dst))
+    if not tokenizer or pure or imatrix is not None:
+        raise InvalidParameterError("tokenizer, pure and imatrix apply to a .gguf destination")
     opts: dict[str, Any] = {"storage_options": storage_options or None, "store": store or None}
     if kind == "safetensors":
         plan = _plan_safetensors(
@@ -208,35 +217,6 @@ def plan_convert(
         rows=lambda: tensor_rows(prepared.tensors, recipe),
         creates=missing_parents(dst),
         prepared=prepared,
-    )
-
-
-def _plan_gguf(
-    checkpoint: PathLike,
-    dst: PathLike,
-    recipe: Recipe,
-    format: str,
-    config: PathLike | dict[str, Any] | None,
-    overwrite: bool,
-) -> ConversionPlan:
-    from ..exports.gguf import destination_action, plan_gguf
-
-    if "://" in os.fspath(dst):
-        raise InvalidParameterError(
-            f"cannot write {os.fspath(dst)}: a GGUF file is written to a local path"
-        )
-    quantized_source_config(checkpoint, None)  # (refused when qstream cannot decode it)
-    plan = plan_gguf(checkpoint, recipe, None if format == "compressed-tensors" else format, config)
-    return ConversionPlan(
-        checkpoint=str(checkpoint),
-        destination=os.fspath(dst),
-        kind="gguf",
-        action=destination_action(plan, dst, overwrite=overwrite),
-        rows=plan.rows,
-        creates=missing_parents(dst),
-        config=plan.config_path,
-        notes=list(plan.warnings),
-        gguf=plan,
     )
 
 

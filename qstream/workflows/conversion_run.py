@@ -37,6 +37,9 @@ def convert(
     plan: ConversionPlan | None = None,
     model_files: bool = True,
     scheme: str | None = None,
+    tokenizer: bool = True,
+    pure: bool = False,
+    imatrix: PathLike | None = None,
 ) -> dict[str, Any]:
     """:func:`qstream.convert_checkpoint` (documented there)."""
     with store_errors(dst):
@@ -58,6 +61,9 @@ def convert(
                 packs=packs,
                 model_files=model_files,
                 scheme=scheme,
+                tokenizer=tokenizer,
+                pure=pure,
+                imatrix=imatrix,
             )
         return run_conversion(
             plan,

@@ -186,9 +186,15 @@ def _logits(path: Path) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)])
 
 
-@pytest.mark.parametrize(("mix", "weighted"), [("Q4_K_M", True), ("Q6_K", False)])
-def test_llama_cpp_gives_the_same_logits(wide: dict[str, Path], mix: str, weighted: bool) -> None:
-    ref, mine = _pair(wide, mix, weighted)
+@pytest.mark.parametrize(
+    ("mix", "weighted", "pure"),
+    [("Q4_K_M", True, False), ("Q6_K", False, False), ("Q4_0", False, True), ("Q4_1", False, True)],
+)
+def test_llama_cpp_gives_the_same_logits(
+    wide: dict[str, Path], mix: str, weighted: bool, pure: bool
+) -> None:
+    ref, mine = _pair(wide, mix, weighted, pure)
+    _assert_same_tensors(ref, mine)
     got, want = _logits(mine), _logits(ref)
     assert np.isfinite(got).all()
     np.testing.assert_array_equal(got, want)

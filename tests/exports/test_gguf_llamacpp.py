@@ -26,6 +26,13 @@ CASES = [
     ("llama", "llama3", "bfloat16"),
     ("qwen2", "qwen2", "bfloat16"),
     ("mixtral", "sentencepiece", "float32"),
+    ("mistral", "sentencepiece", "bfloat16"),
+    ("qwen3", "gpt2", "float32"),
+    ("gemma2", "sentencepiece", "float32"),
+    ("gemma3", "sentencepiece", "bfloat16"),
+    ("phi3", "sentencepiece", "float32"),
+    ("qwen2moe", "gpt2", "float32"),
+    ("qwen3moe", "gpt2", "bfloat16"),
 ]
 IDS = [f"{a}-{t}-{d}" for a, t, d in CASES]
 TEXT = "Hello world, the quick brown fox 12345!"

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import qstream as qs
 from cli.main import app
 from qstream.exports.gguf.plan import GGUFPlan, plan_gguf
+from tests.support.llama_folder import write_tokenizer
 
 runner = CliRunner()
 HIDDEN, HEADS, KV = 64, 4, 2
@@ -63,6 +64,7 @@ def model(tmp_path):
     folder.mkdir()
     save_file(llama_tensors(), str(folder / "model.safetensors"))
     (folder / "config.json").write_text(json.dumps(CONFIG))
+    write_tokenizer(str(folder))
     return folder
 
 
@@ -386,3 +388,44 @@ def test_1d_tensors_of_a_bf16_source_are_f32_and_a_tied_lm_head_is_left_out(tmp_
     assert "output.weight" not in types and types["token_embd.weight"] == "BF16"
     assert types["blk.0.attn_norm.weight"] == types["output_norm.weight"] == "F32"
     assert any("--no-tokenizer" in w for w in plan.warnings)
+
+
+def test_a_model_without_a_tokenizer_is_refused_up_front_unless_no_tokenizer(model, tmp_path):
+    (model / "tokenizer.model").unlink()
+    out = tmp_path / "x.gguf"
+    for extra in ([], ["--dry-run"]):
+        r = cli("convert", model, out, "--gguf-type", "Q8_0", *extra)
+        assert r.exit_code == 2, r.output
+        assert "no tokenizer.json or tokenizer.model" in r.output
+        assert "--no-tokenizer" in r.output
+    r = cli("convert", model, out, "--gguf-type", "Q8_0", "--no-tokenizer", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "llama.cpp will not load it" in r.output
+    assert not out.exists()
+    r = cli("convert", model, out, "--gguf-type", "Q8_0", "--no-tokenizer")
+    assert r.exit_code == 0, r.output
+    assert "llama.cpp will not load it" in r.output and out.exists()
+
+
+def test_a_tied_qwen2_moe_is_refused_since_llama_cpp_needs_its_output_weight(model, tmp_path):
+    cfg = {**CONFIG, "architectures": ["Qwen2MoeForCausalLM"], "tie_word_embeddings": True}
+    (model / "config.json").write_text(json.dumps(cfg))
+    r = cli("convert", model, tmp_path / "x.gguf", "--dry-run")
+    assert r.exit_code == 2, r.output
+    assert "tie_word_embeddings" in r.output and "output.weight" in r.output
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("flags", [["--pure"], ["--no-tokenizer"], []])
+def test_the_dry_run_of_a_k_quant_file_plans_the_types_the_run_writes(model, tmp_path, flags):
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / "x.gguf"
+    args = ("convert", model, out, "--gguf-type", "Q6_K", *flags)
+    r = cli(*args, "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    planned = {t["gguf_name"]: t["target"] for t in json.loads(r.output)["plan"]}
+    assert not out.exists()
+    r = cli(*args, "-q")
+    assert r.exit_code == 0, r.output
+    written = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(out)).tensors}
+    assert planned == written

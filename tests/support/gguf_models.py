@@ -188,9 +188,14 @@ def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
 # --- tokenizers ---------------------------------------------------------------------------
 
 
-def sentencepiece_tokenizer(folder: Path, vocab_size: int = 400) -> None:
+def sentencepiece_tokenizer(
+    folder: Path, vocab_size: int = 400, *, gemma: bool = False, added: tuple[str, ...] = ()
+) -> int:
     """Train a Llama-2 style SentencePiece BPE (byte fallback; <unk>, <s>, </s>) into
-    ``folder``: ``tokenizer.model``, and transformers' ``tokenizer.json`` and config."""
+    ``folder``: ``tokenizer.model``, and transformers' ``tokenizer.json`` and config.
+    ``gemma``: no space prefix, as Gemma's tokenizers (and llama.cpp's Gemma vocabulary);
+    ``added``: special tokens added after the pieces (Phi-3's ``<|endoftext|>``, ...). Returns
+    the vocabulary's size."""
     import sentencepiece as spm
     from transformers import AutoTokenizer
 
@@ -200,16 +205,20 @@ def sentencepiece_tokenizer(folder: Path, vocab_size: int = 400) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(_CORPUS), model_prefix=str(tmp / "sp"), vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1,
-        eos_id=2, pad_id=-1, minloglevel=2,
+        eos_id=2, pad_id=-1, minloglevel=2, add_dummy_prefix=not gemma,
     )  # fmt: skip
     shutil.copy(tmp / "sp.model", folder / "tokenizer.model")
-    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+    kind = "GemmaTokenizer" if gemma else "LlamaTokenizer"
+    config = {"tokenizer_class": kind, "bos_token": "<s>", "eos_token": "</s>",
               "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     tok = AutoTokenizer.from_pretrained(str(folder))
+    if added:
+        tok.add_special_tokens({"additional_special_tokens": list(added)})
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(folder))
     shutil.rmtree(tmp)
+    return len(tok)
 
 
 def _vocab_file(name: str) -> Path:
@@ -276,6 +285,8 @@ def bpe_tokenizer(folder: Path, kind: str) -> int:
 
 # --- models -------------------------------------------------------------------------------
 
+#: the special tokens Phi-3's vocabulary adds (llama.cpp looks ``<|endoftext|>`` up by name)
+PHI3_ADDED = ("<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>")
 #: architecture -> (transformers config class, its model class, extra config fields)
 _MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
@@ -290,7 +301,8 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4,
                                                          "num_experts_per_tok": 2}),
     "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**_MOE,
-                                                           "shared_expert_intermediate_size": 48}),
+                                                           "shared_expert_intermediate_size": 48,
+                                                           "tie_word_embeddings": False}),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_MOE, "head_dim": 16}),
 }  # fmt: skip
 
@@ -304,8 +316,8 @@ def build_model(
     import transformers
 
     if tokenizer == "sentencepiece":
-        sentencepiece_tokenizer(folder)
-        vocab = 400
+        added = PHI3_ADDED if arch == "phi3" else ()
+        vocab = sentencepiece_tokenizer(folder, gemma=arch.startswith("gemma"), added=added)
     else:
         vocab = bpe_tokenizer(folder, tokenizer)
     conf_name, model_name, extra = ARCHS[arch]

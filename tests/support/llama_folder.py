@@ -1,11 +1,14 @@
-"""A small Llama-shaped model folder as Hugging Face ships one (``model.safetensors`` and
-``config.json``), made with NumPy alone: bf16 by default, an MLP of 704 columns (not a
-multiple of 128), untied embeddings."""
+"""A small Llama-shaped model folder as Hugging Face ships one (``model.safetensors``,
+``config.json`` and a SentencePiece ``tokenizer.model``), made with NumPy and sentencepiece: bf16
+by default, an MLP of 704 columns (not a multiple of 128), untied embeddings."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import ml_dtypes
@@ -36,6 +39,33 @@ def llama_tensors(hidden: int = 256, intermediate: int = 704, layers: int = 2, v
     return shapes
 
 
+@functools.cache
+def _trained_tokenizer() -> str:
+    """A Llama-2 style SentencePiece BPE model of 256 pieces (<unk>, <s>, </s>), trained
+    once per process; its path."""
+    import random
+
+    import sentencepiece as spm
+
+    where = tempfile.mkdtemp(prefix="qstream-sp-")
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choices(letters, k=rng.randint(2, 8))) for _ in range(400)]
+    text = [" ".join(rng.choices(words, k=20)) for _ in range(200)]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_prefix=os.path.join(where, "sp"), vocab_size=256,
+        model_type="bpe", character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        minloglevel=2,
+    )  # fmt: skip
+    return os.path.join(where, "sp.model")
+
+
+def write_tokenizer(folder: str) -> str:
+    """Put the tiny SentencePiece ``tokenizer.model`` into ``folder``; returns its path."""
+    os.makedirs(folder, exist_ok=True)
+    return shutil.copy(_trained_tokenizer(), os.path.join(folder, "tokenizer.model"))
+
+
 def write_llama(
     folder: str,
     *,
@@ -43,9 +73,13 @@ def write_llama(
     hidden: int = 256,
     intermediate: int = 704,
     config: dict[str, Any] | None = None,
+    tokenizer: bool = True,
 ) -> str:
-    """Write the model into ``folder`` (made if absent); returns ``folder``."""
+    """Write the model into ``folder`` (made if absent), with its tokenizer unless not
+    ``tokenizer``; returns ``folder``."""
     os.makedirs(folder, exist_ok=True)
+    if tokenizer:
+        write_tokenizer(folder)
     rng = np.random.default_rng(0)
     arrays = {
         name: (rng.standard_normal(shape) * 0.05).astype(dtype)

@@ -39,6 +39,8 @@ MODEL_TYPES = {
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
 }
+#: architectures whose llama.cpp loader needs output.weight (no fallback to the embedding)
+NEEDS_OUTPUT = frozenset({"qwen2moe"})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 NO_TOKENIZER = (
     "the file holds tensors and hyperparameters only, no tokenizer: llama.cpp will not load"
@@ -90,6 +92,11 @@ def model_of(cfg: dict[str, Any] | None, where: str) -> Model | None:
     if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
         raise InvalidParameterError(f"{where}: num_key_value_heads must be an integer >= 1")
     tied = bool(cfg.get("tie_word_embeddings", False))
+    if tied and arch in NEEDS_OUTPUT:
+        raise InvalidParameterError(
+            f"{where}: ties lm_head to the embedding (tie_word_embeddings), but llama.cpp's"
+            f" {arch} needs its own output.weight: llama.cpp would not load the file"
+        )
     return Model(arch, named, where, heads, kv, tied)
 
 

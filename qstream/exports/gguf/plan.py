@@ -345,9 +345,14 @@ def plan_gguf(
         from .vocab import tokenizer_items
 
         vocab = tokenizer_items(tok_folder, model.arch, model.config)
+    elif tokenizer:
+        raise InvalidParameterError(
+            f"{os.fspath(src)}: no tokenizer.json or tokenizer.model beside the checkpoint or"
+            " its config.json, and llama.cpp loads no GGUF without a tokenizer (as its converter,"
+            " qstream refuses); pass --no-tokenizer to write tensors and hyperparameters only"
+        )
     else:
-        why = "--no-tokenizer" if not tokenizer else "no tokenizer.json or tokenizer.model found"
-        notes += (f"{why}: {NO_TOKENIZER}",)
+        notes += (f"--no-tokenizer: {NO_TOKENIZER}",)
     plans = [_trimmed(model, t, vocab_count(vocab)) for t in plans]
     shapes = [(t.gguf_name, t.shape) for t in plans]
     ftype = mostly(types)
