@@ -55,6 +55,7 @@ def fetch_llama_cpp_source() -> Path | None:
     """llama.cpp's converter from the llama-cpp-python sdist (``pip download --no-binary``),
     its ``vendor/llama.cpp`` parts extracted once into the user's cache; None when pip
     cannot fetch it (offline)."""
+    import fcntl
     import subprocess
     import sys
     import tarfile
@@ -64,21 +65,27 @@ def fetch_llama_cpp_source() -> Path | None:
     if (tree / CONVERTER).is_file():
         return tree
     root.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
-           "--no-binary", ":all:", "--no-deps", "-d", str(root)]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
-    if done.returncode != 0 or not sdists:
-        return None
-    partial = root / f"llama.cpp.{os.getpid()}.partial"
-    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
-    with tarfile.open(sdists[0]) as tar:
-        for m in tar.getmembers():
-            rel = m.name[len(prefix) :] if m.name.startswith(prefix) else ""
-            if rel.startswith(_NEEDED) and (m.isfile() or m.isdir()):
-                m.name = rel
-                tar.extract(m, partial, filter="data")
-    os.replace(partial, tree)
+    with open(root / ".lock", "w") as lock:  # (xdist workers: one fetches, the others wait)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (tree / CONVERTER).is_file():
+            return tree
+        cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
+               "--no-binary", ":all:", "--no-deps", "-d", str(root)]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        sdists = sorted(root.glob("llama_cpp_python-*.tar.gz"))
+        if done.returncode != 0 or not sdists:
+            return None
+        partial = root / f"llama.cpp.{os.getpid()}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+        with tarfile.open(sdists[0]) as tar:
+            for m in tar.getmembers():
+                rel = m.name[len(prefix) :] if m.name.startswith(prefix) else ""
+                if rel.startswith(_NEEDED) and (m.isfile() or m.isdir()):
+                    m.name = rel
+                    tar.extract(m, partial, filter="data")
+        shutil.rmtree(tree, ignore_errors=True)  # (an extraction cut short earlier)
+        os.replace(partial, tree)
     return tree
 
 
