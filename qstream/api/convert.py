@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine.convert import TensorEvent
 from ..spec import Recipe
+from ..viz import reporting
 from ..workflows import ConversionPlan, conversion_run, plan_convert, tensor_rows
 
 if TYPE_CHECKING:
@@ -108,29 +109,30 @@ def convert_checkpoint(
     complete as it was made; ``overwrite`` makes it again by the default);
     ``open_quantized`` reads packed tensors as any other.
     """
-    return conversion_run.convert(
-        checkpoint,
-        dst,
-        recipe,
-        max_memory=max_memory,
-        overwrite=overwrite,
-        on_tensor=on_tensor,
-        progress=progress,
-        executor=executor,
-        max_shard_size=max_shard_size,
-        compression=compression,
-        format=format,
-        config=config,
-        storage_options=storage_options,
-        store=store,
-        packs=packs,
-        plan=plan,
-        model_files=model_files,
-        scheme=scheme,
-        tokenizer=tokenizer,
-        pure=pure,
-        imatrix=imatrix,
-    )
+    with reporting(progress, "convert") as shown:
+        return conversion_run.convert(
+            checkpoint,
+            dst,
+            recipe,
+            max_memory=max_memory,
+            overwrite=overwrite,
+            on_tensor=on_tensor,
+            progress=shown,
+            executor=executor,
+            max_shard_size=max_shard_size,
+            compression=compression,
+            format=format,
+            config=config,
+            storage_options=storage_options,
+            store=store,
+            packs=packs,
+            plan=plan,
+            model_files=model_files,
+            scheme=scheme,
+            tokenizer=tokenizer,
+            pure=pure,
+            imatrix=imatrix,
+        )
 
 
 def plan_conversion(

@@ -11,6 +11,7 @@ from ..engine.jobs import dequantize as dequantize_group
 from ..io.outputs import is_checkpoint
 from ..io.storage import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
+from ..viz import reporting
 from ..workflows import dequantize_files
 
 if TYPE_CHECKING:
@@ -46,7 +47,8 @@ def calibrate(
             executor=executor,
         )
         try:
-            return job.calibration(progress)
+            with reporting(progress, "calibrate") as shown:
+                return job.calibration(shown)
         finally:
             job.close()
 
@@ -130,7 +132,8 @@ def quantize_store(
             chunks=chunks,
         )
         target = with_backend(dst, store, storage_options, read_only=False)
-        return job.run(target, progress=progress, overwrite=overwrite, resume=resume)
+        with reporting(progress, "quantize") as shown:
+            return job.run(target, progress=shown, overwrite=overwrite, resume=resume)
 
 
 def dequantize_store(
@@ -165,34 +168,35 @@ def dequantize_store(
     from ..io.storage import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
-    # (both go through files: their source and destination are paths)
-    paths = cast("PathLike", src), cast("PathLike", dst)
-    if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
-        return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress)
-    if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
-        return dequantize_files.decoded_gguf(*paths, dtype, overwrite, max_memory, progress)
-    if dequantize_files.model_folder(
-        src
-    ):  # a model's safetensors folder (quantized ones decoded as read)
-        return dequantize_files.decoded_model(*paths, dtype, overwrite, max_memory, progress)
-    if str(dst).endswith(".safetensors"):
-        return dequantize_files.to_safetensors(
-            *paths, dtype, overwrite, storage_options, max_memory
-        )
-    with store_errors(_remote(dst, src)):
-        return _dequantize_any(
-            with_backend(src, store, storage_options, read_only=True),
-            dst,
-            storage_options=storage_options,
-            store=store,
-            dtype=dtype,
-            max_memory=max_memory,
-            progress=progress,
-            overwrite=overwrite,
-            executor=executor,
-            compression=compression,
-            on_tensor=on_tensor,
-        )
+    with reporting(progress, "dequantize") as progress:
+        # (both go through files: their source and destination are paths)
+        paths = cast("PathLike", src), cast("PathLike", dst)
+        if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
+            return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress)
+        if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
+            return dequantize_files.decoded_gguf(*paths, dtype, overwrite, max_memory, progress)
+        if dequantize_files.model_folder(
+            src
+        ):  # a model's safetensors folder (quantized ones decoded as read)
+            return dequantize_files.decoded_model(*paths, dtype, overwrite, max_memory, progress)
+        if str(dst).endswith(".safetensors"):
+            return dequantize_files.to_safetensors(
+                *paths, dtype, overwrite, storage_options, max_memory
+            )
+        with store_errors(_remote(dst, src)):
+            return _dequantize_any(
+                with_backend(src, store, storage_options, read_only=True),
+                dst,
+                storage_options=storage_options,
+                store=store,
+                dtype=dtype,
+                max_memory=max_memory,
+                progress=progress,
+                overwrite=overwrite,
+                executor=executor,
+                compression=compression,
+                on_tensor=on_tensor,
+            )
 
 
 def _remote(*targets: ArraySource) -> ArraySource:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..spec.views import CheckpointView, Drawing, ReportView, register
 from .html import checkpoint_html, view_html
 from .mpl import plot_checkpoint, plot_view
+from .cell_progress import NotebookProgress, notebook_progress, reporting
 
 register(ReportView, Drawing(html=view_html, plot=plot_view))
 register(CheckpointView, Drawing(html=checkpoint_html, plot=plot_checkpoint))
@@ -20,5 +21,8 @@ register(CheckpointView, Drawing(html=checkpoint_html, plot=plot_checkpoint))
 
 # the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
+    "NotebookProgress",
     "mpl",
+    "notebook_progress",
+    "reporting",
 ]
