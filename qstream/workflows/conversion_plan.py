@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["ConversionPlan", "plan_convert", "tensor_rows"]
 
 # a source's quantization_config qstream decodes (DeepSeek's FP8 scales): replaced in exports
-DECODED_METHODS = ("fp8", "compressed-tensors")
+DECODED_METHODS = ("fp8", "compressed-tensors", "mxfp4")
 
 
 @dataclass

@@ -8,9 +8,10 @@ read as the values compressed-tensors 0.20's decompressors give, bit for bit, in
 (the scale's; bfloat16 for NVFP4 and MX), row by row. Activation parameters (``input_scale``
 and friends) stay plain tensors. DeepSeek's ``fp8`` block scales are paired later
 (:mod:`qstream.io.checkpoints.fp8`). Every other quantized layout (GPTQ, AWQ, bitsandbytes,
-gpt-oss MXFP4, a compressed-tensors format not listed) is refused by name, as are scales of
+a compressed-tensors format not listed) is refused by name, as are scales of
 the wrong shape or dtype, non-finite, zero or negative scales and half pairs: the scales are
-read here (they are small), the weights only when asked.
+read here (they are small), the weights only when asked. gpt-oss's ``mxfp4`` experts are read
+by :mod:`qstream.io.checkpoints.gpt_oss_mxfp4`.
 """
 
 from __future__ import annotations
@@ -95,13 +96,13 @@ def quant_config(doc: Mapping[str, Any] | None) -> dict[str, Any] | None:
 def check_quant_config(qc: Mapping[str, Any], where: str) -> None:
     """Refuse a ``quantization_config`` whose method or format is not decoded here."""
     method = qc.get("quant_method")
-    if method == "fp8":
+    if method in ("fp8", "mxfp4"):
         return
     if method != "compressed-tensors":
         raise LayoutRefused(
             f"{where}: quantized with quant_method {method!r}, a layout qstream does not decode"
-            " (read: compressed-tensors, DeepSeek fp8); its tensors would be read as something"
-            " they are not"
+            " (read: compressed-tensors, DeepSeek fp8, gpt-oss mxfp4); its tensors would be"
+            " read as something they are not"
         )
     for fmt in sorted(_formats(qc)):
         if fmt not in (*CT_FORMATS, "dense"):
@@ -146,6 +147,10 @@ def read_quantized(
     check_quant_config(qc, where)
     if qc.get("quant_method") == "fp8":
         return dict(tensors)
+    if qc.get("quant_method") == "mxfp4":
+        from .gpt_oss_mxfp4 import read_gpt_oss
+
+        return read_gpt_oss(tensors, where, LayoutRefused)
     out: dict[str, TensorLike] = {}
     consumed: set[str] = set()
     for name, t in tensors.items():
