@@ -24,6 +24,7 @@ from numba import njit, prange
 from .kquants_search import (
     GROUP_MAX_EPS,
     QK_K,
+    QX_WORK,
     fp16_bits,
     fp16_value,
     half_at,
@@ -149,7 +150,7 @@ def _q2_k(x, qw, has_w, out, L, Laux, wts, scales, mins, sw, Ls, Lm):
 
 
 @njit(**_OPTS)
-def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8):
+def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8, work):
     """One Q3_K super-block (110 bytes: high-bit mask, 2-bit codes, 12 scale bytes, d)."""
     s = out[96:108]
     for j in range(12):
@@ -180,8 +181,8 @@ def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8):
             for i in range(16):
                 total += wts[i]
             sw[j] = total
-            scales[j] = qx_scale(16, 4, xs, L8[16 * j :], wts)
-        d_block = qx_scale(16, 32, scales, Ls8, sw)
+            scales[j] = qx_scale(16, 4, xs, L8[16 * j :], wts, work)
+        d_block = qx_scale(16, 32, scales, Ls8, sw, work)
         for j in range(16):
             pack_k3(s, j, np.int32(Ls8[j]))
         dbits = fp16_bits(d_block)
@@ -312,18 +313,18 @@ def _q45_k(x, qw, has_w, out, nmax, L, Laux, wts, scales, mins, sw, Ls, Lm):
 
 
 @njit(**_OPTS)
-def _q6_k(x, qw, has_w, out, L8, wts, scales):
+def _q6_k(x, qw, has_w, out, L8, wts, scales, work):
     """One Q6_K super-block (210 bytes: low 4 bits, high 2 bits, 16 int8 scales, d)."""
     mx_s = _F0
     amax = _F0
     for j in range(16):
         xs = x[16 * j : 16 * j + 16]
         if has_w:
-            sc = qx_scale(16, 32, xs, L8[16 * j :], qw[16 * j :])
+            sc = qx_scale(16, 32, xs, L8[16 * j :], qw[16 * j :], work)
         else:
             for i in range(16):
                 wts[i] = xs[i] * xs[i]
-            sc = qx_scale(16, 32, xs, L8[16 * j :], wts)
+            sc = qx_scale(16, 32, xs, L8[16 * j :], wts, work)
         scales[j] = sc
         if np.abs(sc) > amax:
             amax = np.abs(sc)
@@ -373,6 +374,7 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
         Ls = np.zeros(16, np.uint8)
         Lm = np.zeros(16, np.uint8)
         Ls8 = np.zeros(16, np.int8)
+        work = np.zeros(QX_WORK, np.float32)
         for b in range(part * RUN, min(nblocks, part * RUN + RUN)):
             xb = x[b * QK_K : b * QK_K + QK_K]
             col = (b % per_row) * QK_K
@@ -381,13 +383,13 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
             if kind == Q2_K:
                 _q2_k(xb, wb, has_w, ob, L, Laux, wts, scales, mins, sw, Ls, Lm)
             elif kind == Q3_K:
-                _q3_k(xb, wb, has_w, ob, L8, wts, scales, sw, Ls8)
+                _q3_k(xb, wb, has_w, ob, L8, wts, scales, sw, Ls8, work)
             elif kind == Q4_K:
                 _q45_k(xb, wb, has_w, ob, 15, L, Laux, wts, scales, mins, sw, Ls, Lm)
             elif kind == Q5_K:
                 _q45_k(xb, wb, has_w, ob, 31, L, Laux, wts, scales, mins, sw, Ls, Lm)
             else:
-                _q6_k(xb, wb, has_w, ob, L8, wts, scales)
+                _q6_k(xb, wb, has_w, ob, L8, wts, scales, work)
 
 
 @njit(**_OPTS)

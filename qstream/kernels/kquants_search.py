@@ -91,10 +91,23 @@ def fp16_value(h):
     return from_bits32(sign | ((e + np.int32(112)) << 23) | (m << 13))
 
 
+#: make_qx_quants' 19 trial scales (the first guess, then steps -9..-1, 1..9), padded to whole
+#: vectors: :func:`qx_scale` evaluates them side by side
+QX_TRIALS = 24
+#: the float32 scratch :func:`qx_scale` needs for 16 values
+QX_WORK = (16 + 3) * QX_TRIALS
+
+
 @njit(**_OPTS)
-def qx_scale(n, nmax, x, L, w):
+def qx_scale(n, nmax, x, L, w, work):
     """``make_qx_quants(n, nmax, x, L, 1, qw)``: codes ``L`` (0..2*nmax-1, int8) and the scale
-    for the weights ``w`` (ggml's weights without ``qw`` are ``x * x``: pass those)."""
+    for the weights ``w`` (ggml's weights without ``qw`` are ``x * x``: pass those).
+    ``work``: float32 scratch of ``(n + 3) * QX_TRIALS`` values.
+
+    The C code tries its 19 inverse scales one after another; here each trial's sums are
+    accumulated in a lane of their own (the lanes side by side, so the loop vectorises), every
+    lane adding its terms in the C order, so each trial's sums are the C's bits; the choice
+    among them is then made in the C order."""
     mx = _F0
     amax = _F0
     for i in range(n):
@@ -106,35 +119,45 @@ def qx_scale(n, nmax, x, L, w):
         for i in range(n):
             L[i] = 0
         return _F0
+    T = QX_TRIALS
+    inv = work[0:T]
+    sx = work[T : 2 * T]
+    s2 = work[2 * T : 3 * T]
+    codes = work[3 * T : 3 * T + n * T]
     fmax = np.float32(nmax)
-    iscale = np.float32(-nmax) / mx
-    sumlx = _F0
-    suml2 = _F0
+    inv[0] = np.float32(-nmax) / mx
+    for t in range(1, 19):
+        step = t - 10 if t < 10 else t - 9  # trials 1..18 are C's is = -9..-1, 1..9
+        inv[t] = -(fmax + _TENTH * np.float32(step)) / mx
+    for t in range(19, T):
+        inv[t] = _F0
+    for t in range(T):
+        sx[t] = _F0
+        s2[t] = _F0
+    lo = np.int32(-nmax)
+    hi = np.int32(nmax - 1)
     for i in range(n):
-        lv = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-        L[i] = lv + nmax
+        xi = x[i]
         wi = w[i]
-        fl = np.float32(lv)
-        sumlx += wi * x[i] * fl
-        suml2 += wi * fl * fl
+        wx = wi * xi
+        row = codes[i * T : i * T + T]
+        for t in range(T):
+            fl = np.float32(min(max(nearest_int(inv[t] * xi), lo), hi))
+            row[t] = fl
+            sx[t] += wx * fl
+            s2[t] += wi * fl * fl
+    sumlx = sx[0]
+    suml2 = s2[0]
     scale = sumlx / suml2 if suml2 != _F0 else _F0
     best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        iscale = -(fmax + _TENTH * np.float32(step)) / mx
-        sumlx = _F0
-        suml2 = _F0
-        for i in range(n):
-            fl = np.float32(min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1))
-            wi = w[i]
-            sumlx += wi * x[i] * fl
-            suml2 += wi * fl * fl
-        if suml2 > _F0 and sumlx * sumlx > best * suml2:
-            for i in range(n):
-                L[i] = nmax + min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-            scale = sumlx / suml2
-            best = scale * sumlx
+    pick = 0
+    for t in range(1, 19):
+        if s2[t] > _F0 and sx[t] * sx[t] > best * s2[t]:
+            pick = t
+            scale = sx[t] / s2[t]
+            best = scale * sx[t]
+    for i in range(n):
+        L[i] = np.int32(codes[i * T + pick]) + nmax
     return scale
 
 
