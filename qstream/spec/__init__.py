@@ -21,12 +21,13 @@ from .quantspec import (
     SYMMETRIC_LEVELS,
     QuantSpec,
 )
-from .recipe import DEFAULT_SPEC, DEFAULT_SUFFIXES, Recipe, ScaleRule
+from .recipe import ACTIVATION_PARAMS, DEFAULT_SPEC, DEFAULT_SUFFIXES, Recipe, ScaleRule
 from .reports import Calibration, QuantParams, QuantReport
 from .stats import ErrorStats, MergedStats, RangeStats, error_metrics, merge_into
 
 # the names the folders above may use
 __all__ = [
+    "ACTIVATION_PARAMS",
     "DEFAULT_SPEC",
     "DEFAULT_SUFFIXES",
     "HISTOGRAM_METHODS",

@@ -57,6 +57,19 @@ KEEP_DTYPES = ("float32", "bfloat16", "float16")  # what a keep rule may round k
 DEFAULT_SUFFIXES = ("_scale_inv",)  # the scale of W is W + suffix
 
 
+# a quantized checkpoint's activation / attention parameters: plain values, never quantized
+ACTIVATION_PARAMS = (
+    "input_scale",
+    "input_zero_point",
+    "input_global_scale",
+    "output_scale",
+    "output_zero_point",
+    "q_scale",
+    "k_scale",
+    "v_scale",
+)
+
+
 @dataclass(frozen=True)
 class ScaleRule:
     """How FP8 weights pair with their scale tensors: the scale of ``W`` is ``W + suffix``
@@ -158,8 +171,11 @@ class Recipe:
         return None
 
     def spec_for(self, name: str, shape: Sequence[int], dtype: npt.DTypeLike) -> QuantSpec | None:
-        """The spec for a tensor, or None to keep it."""
+        """The spec for a tensor, or None to keep it (a quantized source's activation
+        parameters, :data:`ACTIVATION_PARAMS`, always)."""
         if not is_float_dtype(np.dtype(dtype)) or len(shape) < self.min_rank:
+            return None
+        if name.rpartition(".")[2] in ACTIVATION_PARAMS:
             return None
         if self.include and not any(fnmatch.fnmatchcase(name, p) for p in self.include):
             return None

@@ -20,20 +20,50 @@ def decoded(
     overwrite: bool,
     max_memory: int | None,
     progress: Progress | None,
+    plain_model: bool = False,
 ) -> dict[str, Any]:
     """A qstream ``.safetensors`` export dequantized: its tensors read as values
-    (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file."""
+    (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file.
+    ``plain_model``: a quantized model decoded into a ``.safetensors`` plain model, which
+    leaves out the activation parameters (``input_scale``, ``k_scale``, ...) that only the
+    quantized model uses."""
     from ..spec import Recipe
+    from .conversion_plan import plan_convert
     from .conversion_run import convert
 
     recipe = Recipe.from_dict(
         {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
     )
     fmt = "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
+    plan = None
+    if plain_model and fmt == "qstream":
+        plan = plan_convert(
+            src, dst, recipe, overwrite=overwrite, max_memory=max_memory, format=fmt
+        )
+        _leave_out_activation_params(plan)
     report = convert(
-        src, dst, recipe, overwrite=overwrite, max_memory=max_memory, progress=progress, format=fmt
+        src,
+        dst,
+        recipe,
+        overwrite=overwrite,
+        max_memory=max_memory,
+        progress=progress,
+        format=fmt,
+        plan=plan,
     )
     return {**report, "dtype": dtype}
+
+
+def _leave_out_activation_params(plan: Any) -> None:
+    """The plan's tensors without the source's activation parameters (a plain model has
+    none: transformers would find them unexpected)."""
+    from ..io.checkpoints import is_activation_param
+
+    prepared = plan.prepared
+    for name in [n for n in prepared.tensors if is_activation_param(n)]:
+        del prepared.tensors[name]
+        prepared.keys.pop(name, None)
+    plan.rows = [r for r in plan.tensors if not is_activation_param(r["name"])]
 
 
 def model_folder(src: object) -> bool:
@@ -83,7 +113,7 @@ def decoded_model(
     import json
     import os
 
-    config = None
+    config, quantized = None, False
     where = os.path.join(os.fspath(src), "config.json")
     if str(dst).endswith(".safetensors") and os.path.isfile(where):
         from ..paths import open_regular
@@ -93,9 +123,9 @@ def decoded_model(
         if not isinstance(config, dict):
             config = None
         else:
-            config.pop("quantization_config", None)
+            quantized = config.pop("quantization_config", None) is not None
             config["torch_dtype"] = dtype
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
+    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config, quantized)
 
 
 def _decoded_with_config(
@@ -106,8 +136,10 @@ def _decoded_with_config(
     max_memory: int | None,
     progress: Progress | None,
     config: dict[str, Any] | None,
+    quantized: bool = False,
 ) -> dict[str, Any]:
-    """The keep-everything conversion of ``src`` in ``dtype``, then ``config`` written as the
+    """The keep-everything conversion of ``src`` in ``dtype`` (``quantized``: a quantized
+    model's, its activation parameters left out), then ``config`` written as the
     ``config.json`` beside a ``.safetensors`` ``dst``; a ``config.json`` already there that
     says something else is refused before any work (qstream never replaces a file it did
     not write)."""
@@ -128,7 +160,8 @@ def _decoded_with_config(
                 f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
                 " not replace a file it did not write: remove it or choose another folder"
             )
-    report = decoded(src, dst, dtype, overwrite, max_memory, progress)
+    plain_model = config is not None and quantized
+    report = decoded(src, dst, dtype, overwrite, max_memory, progress, plain_model)
     if config is not None:
         from ..paths import rename_in, write_new
 

@@ -341,3 +341,47 @@ def test_dequantize_of_a_quantized_folder_writes_a_plain_model_transformers_load
     for name, values in loaded.items():
         w = want[name].to(torch.bfloat16).view(torch.int16).flatten().tolist()[:4096]
         assert values == w, name
+
+
+@pytest.fixture(scope="module")
+def fp8_static(tmp_path_factory):
+    """FP8 per tensor with static activation scales (``input_scale`` beside each weight)."""
+    folder = str(tmp_path_factory.mktemp("fp8_static"))
+    build(folder, "FP8")
+    return folder
+
+
+def test_activation_scales_stay_plain_in_zarr_and_are_left_out_of_a_decoded_model(
+    fp8_static, tmp_path
+):
+    """``input_scale`` is a plain tensor of the source (and of a Zarr conversion, bit for
+    bit, never quantized); ``qstream dequantize SRC out/model.safetensors`` leaves it out:
+    transformers loads the plain model without an unexpected key."""
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    raw = stored(fp8_static)
+    scales = [n for n in raw if n.endswith(".input_scale")]
+    assert len(scales) == 14
+    dst = str(tmp_path / "out.zarr")
+    every = qs.Recipe.from_dict({"min_rank": 0, "rules": [{"pattern": "*", "spec": {}}]})
+    plan = qs.plan_convert(fp8_static, dst, every)  # (a recipe quantizing every tensor)
+    targets = {r["name"]: r["target"] for r in plan.tensors}
+    assert {n: targets[n] for n in scales} == dict.fromkeys(scales, "keep")
+    assert targets["model.norm.weight"] != "keep"
+    qs.convert_checkpoint(fp8_static, dst, every)
+    group = qs.open_checkpoint(dst)  # (kept tensors: plain Zarr arrays)
+    for name in scales:
+        assert np.array_equal(bits(group[name][...]), bits(raw[name])), name
+    out = tmp_path / "plain"
+    r = CliRunner().invoke(app, ["dequantize", fp8_static, str(out / "model.safetensors")])
+    assert r.exit_code == 0, r.output
+    written = load_file(str(out / "model.safetensors"))
+    assert not [n for n in written if "scale" in n]
+    assert set(written) == set(reference(fp8_static)) | {
+        n for n in raw if n.endswith(("norm.weight", "embed_tokens.weight", "lm_head.weight"))
+    }
+    _, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]

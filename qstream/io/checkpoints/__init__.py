@@ -1,6 +1,6 @@
 """Model checkpoints read tensor by tensor, one module per format."""
 
-from .ct_formats import check_quant_config
+from .ct_formats import check_quant_config, is_activation_param
 from .dtypes import dtype_facts
 from .export_meta import CONFIG, export_metadata, qstream_meta, read_json, source_config
 from .exported import DequantizedTensor
@@ -26,6 +26,7 @@ __all__ = [
     "dtype_facts",
     "export_metadata",
     "gguf_config",
+    "is_activation_param",
     "is_url",
     "map_file_run",
     "open_checkpoint",

@@ -24,6 +24,7 @@ import ml_dtypes
 import numpy as np
 
 from ...errors import InvalidParameterError, QStreamError, StoreError
+from ...spec import ACTIVATION_PARAMS
 from .dtypes import BF16
 from .tensor import RowDecoded, TensorLike
 
@@ -54,16 +55,16 @@ _PARAMS = (
     "weight_shape",
     "weight_g_idx",
 )
-# activation / attention parameters: plain tensors, never weights to decode
-ACTIVATION_SUFFIXES = (
-    "input_scale",
-    "input_zero_point",
-    "input_global_scale",
-    "output_scale",
-    "output_zero_point",
-    "k_scale",
-    "v_scale",
-)
+# activation / attention parameters: plain tensors, never weights to decode nor to quantize
+ACTIVATION_SUFFIXES = ACTIVATION_PARAMS
+
+
+def is_activation_param(name: str) -> bool:
+    """Whether ``name`` is an activation / attention parameter of a quantized checkpoint
+    (``input_scale``, ``k_scale``, ...): a plain tensor, no weight, left out of decoded models."""
+    return name.rpartition(".")[2] in ACTIVATION_SUFFIXES
+
+
 # layouts of other libraries, recognised by name: (suffix, the format it marks)
 _FOREIGN = (
     (".qweight", "GPTQ/AWQ packed int4 (qweight/qzeros/scales)"),
