@@ -130,7 +130,7 @@ class Calibration:
     def plot(self, ax: Any = None) -> Any:
         """Draw the histogram with the chosen (and compared) thresholds on ``ax`` (a
         matplotlib axes; a new figure when None) with matplotlib (``pip install
-        'qstream-zarr[plot]'``); returns the axes."""
+        'qstream-zarr[plot]'``); returns the figure."""
         return display.plot(ReportView.from_calibration(self), ax=ax)
 
 
@@ -173,5 +173,5 @@ class QuantReport:
     def plot(self, ax: Any = None) -> Any:
         """Draw the calibration histogram with its thresholds (per tensor) or the per-channel
         SQNR distribution (per channel) on ``ax`` (a matplotlib axes; a new figure when None)
-        with matplotlib (``pip install 'qstream-zarr[plot]'``); returns the axes."""
+        with matplotlib (``pip install 'qstream-zarr[plot]'``); returns the figure."""
         return display.plot(ReportView.from_report(self), ax=ax)

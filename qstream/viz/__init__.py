@@ -11,9 +11,9 @@ reports, quantized outputs) draw themselves without importing this package.
 from __future__ import annotations
 
 from ..spec.views import CheckpointView, Drawing, ReportView, register
+from .cell_progress import NotebookProgress, notebook_progress, reporting
 from .html import checkpoint_html, view_html
 from .mpl import plot_checkpoint, plot_view
-from .cell_progress import NotebookProgress, notebook_progress, reporting
 
 register(ReportView, Drawing(html=view_html, plot=plot_view))
 register(CheckpointView, Drawing(html=checkpoint_html, plot=plot_checkpoint))

@@ -253,20 +253,25 @@ def _png_size(path):
     return struct.unpack(">II", raw[16:24])
 
 
-def test_plot_draws_the_thresholds_and_returns_the_axes(acts):
+def test_plot_draws_the_thresholds_and_returns_the_figure(acts):
     pytest.importorskip("matplotlib")
     import matplotlib
+    from matplotlib.figure import Figure
 
     matplotlib.use("Agg")
     cal = qs.compare_methods(acts, qs.QuantSpec(method="entropy"))
-    ax = cal.plot()
+    fig = cal.plot()
+    assert isinstance(fig, Figure)
+    (ax,) = fig.axes
     xs = sorted(ln.get_xdata()[0] for ln in ax.get_lines())
     assert xs == pytest.approx(sorted(x for _, x in cal.view.markers()))
     assert len(ax.patches) == VIEW_BINS
     report = qs.quantize_store(acts, "memory://views-plot", qs.QuantSpec(axis=1), overwrite=True)
     fig = matplotlib.figure.Figure()
-    ax = report.plot(ax=fig.add_subplot())
+    ax = fig.add_subplot()
+    assert report.plot(ax=ax) is fig  # (drawn on the axes given)
     assert ax.get_xlabel() == "SQNR dB" and len(ax.patches) == 24
+    assert ax.get_yscale() == "log"  # (per-channel SQNR: log counts, the worst channels show)
 
 
 def test_figure_files_are_valid_images_of_the_page_size(tmp_path, acts):

@@ -25,6 +25,7 @@ from .ondisk import data_encoding
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from ...spec.views import ReportView
 
@@ -241,14 +242,15 @@ class QuantizedArray:
 
         return display.html(self.view)
 
-    def plot(self, ax: Axes | None = None) -> Axes:
+    def plot(self, ax: Axes | None = None) -> Figure:
         """Draw the stored calibration histogram with its thresholds (per tensor), the
-        per-channel SQNR (per channel) or the per-group SQNR (group-wise) on ``ax`` with
-        matplotlib (``pip install 'qstream-zarr[plot]'``); returns the axes."""
+        per-channel SQNR (per channel) or the per-group SQNR (group-wise) on ``ax`` (a new
+        figure when None) with matplotlib (``pip install 'qstream-zarr[plot]'``); returns the
+        figure."""
         from ...spec.views import display
 
-        axes: Axes = display.plot(self.view, ax=ax)
-        return axes
+        figure: Figure = display.plot(self.view, ax=ax)
+        return figure
 
     def quantized(self, key: Any = ...) -> np.ndarray[Any, Any]:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""

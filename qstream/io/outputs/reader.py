@@ -25,6 +25,7 @@ from .rootindex import RootIndex
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from ...spec.views import CheckpointView
 
@@ -209,12 +210,12 @@ class QuantizedCheckpoint(Mapping[str, Any]):
 
         return display.html(self.view)
 
-    def plot(self, ax: Axes | None = None) -> Axes:
-        """Draw the SQNR over the quantized tensors (one count per tensor, the median and the
-        worst marked) on ``ax`` (a new figure when None) with matplotlib (``pip install
-        'qstream-zarr[plot]'``); returns the axes. The whole page (the worst tensors and
-        the sizes too) as a file: ``qstream.save_plot(ck, "page.png")``."""
+    def plot(self, ax: Axes | None = None) -> Figure:
+        """Draw the SQNR over the quantized tensors (one count per tensor, log scale above 20
+        a bin, the median and the worst marked) on ``ax`` (a new figure when None) with matplotlib
+        (``pip install 'qstream-zarr[plot]'``); returns the figure. The whole page (the worst
+        tensors and the sizes too) as a file: ``qstream.save_plot(ck, "page.png")``."""
         from ...spec.views import display
 
-        axes: Axes = display.plot(self.view, ax=ax)
-        return axes
+        figure: Figure = display.plot(self.view, ax=ax)
+        return figure

@@ -54,5 +54,5 @@ def html(view: object) -> str:
 
 def plot(view: object, ax: Any = None) -> Any:
     """Draw ``view``'s main chart on ``ax`` (a matplotlib axes; a new figure when None) with
-    matplotlib; returns the axes."""
-    return drawing(view).plot(view, ax=ax)
+    matplotlib; returns the figure (``ax.figure``)."""
+    return drawing(view).plot(view, ax=ax).figure

@@ -9,6 +9,7 @@ install without it).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,34 @@ def require_matplotlib() -> ModuleType:
     return matplotlib
 
 
+def new_axes(figsize: tuple[float, float] = (8, 3.5)) -> Axes:
+    """The axes of a new figure for a ``.plot()``: through pyplot (``plt.show()`` shows it),
+    except in a Jupyter kernel, where a plain ``Figure`` is made: the cell shows the figure
+    ``.plot()`` returns once, where pyplot's inline backend would show it a second time."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and getattr(shell, "kernel", None) is not None:
+        from matplotlib.figure import Figure
+
+        return Figure(figsize=figsize).add_subplot()
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)[1]
+
+
+#: the largest count from which a count axis is drawn log scale (below, linear reads better)
+LOG_FROM = 20
+
+
+def log_counts(ax: Axes) -> None:
+    """A log count axis labelled with plain numbers (1, 10, 100, ...; not 6x10^0)."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_histogram(
     ax: Axes,
     hist: Histogram,
@@ -48,14 +77,17 @@ def plot_histogram(
     log: bool = True,
     xlabel: str | None = None,
 ) -> Axes:
-    """Bars of ``hist`` (log count scale), bins beyond ``clip`` in red, a dashed line per
+    """Bars of ``hist`` (log count scale when ``log`` and a bin holds more than
+    :data:`LOG_FROM`), bins beyond ``clip`` in red, a dashed line per
     ``(method, x)`` marker; returns ``ax``."""
     edges = hist.edges
     widths = edges[1:] - edges[:-1]
     colors = [CLIPPED if c else BAR for c in hist.clipped(clip)]
     ax.bar(edges[:-1], hist.counts, width=widths, align="edge", color=colors, linewidth=0)
-    if log and hist.counts.max(initial=0) > 0:
-        ax.set_yscale("log")
+    if log and hist.counts.max(initial=0) > LOG_FROM:
+        log_counts(ax)
+    else:
+        log = False
     seen = set()
     for name, x in markers:
         ax.axvline(
@@ -83,8 +115,8 @@ def plot_channels(ax: Axes, ch: ChannelSummary, title: str | None = None) -> Axe
     markers = []
     if ch.quantiles:
         markers = [("median", ch.quantiles["median"]), ("worst", ch.quantiles["min"])]
-    plot_histogram(ax, ch.histogram, markers, log=False, xlabel="SQNR dB")
-    ax.set_ylabel("channels")
+    plot_histogram(ax, ch.histogram, markers, xlabel="SQNR dB")  # (log: the worst show)
+    ax.set_ylabel("channels (log)" if ax.get_yscale() == "log" else "channels")
     ax.set_title(title or f"per-channel SQNR ({ch.channels} channels)", fontsize=10)
     return ax
 
@@ -139,9 +171,9 @@ def plot_tail(ax: Axes, hist: Histogram, markers: Sequence[tuple[str, float]] = 
     for name, x in markers:
         k = min(hist.nbins, max(0, int(np.searchsorted(edges, x, side="right")) - 1))
         ax.axvline(x, color=color(name), linestyle="--", linewidth=1.0)
-        if beyond[k] > 0:
+        if beyond[k] > 0:  # (the threshold: the exact share clipped is in the summary)
             ax.annotate(
-                f"{name} {100 * beyond[k]:.3g} %",
+                f"{name} {fmt(x)}",
                 (x, beyond[k]),
                 fontsize=7,
                 color=color(name),
@@ -191,7 +223,7 @@ def plot_scales(ax: Axes, scales: npt.ArrayLike) -> int:
     s = s[np.isfinite(s) & (s > 0)]
     if s.size:
         ax.hist(np.log10(s), bins=min(100, max(10, s.size // 20)), color=BAR)
-        ax.set_yscale("log")
+        log_counts(ax)
         ax.set_xlabel("log10 scale of a group")
         ax.set_ylabel("groups")
     return int(s.size)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...spec.views import CheckpointView
 from ..svg import AFTER, BAR, BEFORE, CLIPPED, color, fmt_bytes, fmt_size
-from .charts import DPI, PAGE, plot_histogram, require_matplotlib
+from .charts import DPI, PAGE, new_axes, plot_histogram, require_matplotlib
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -24,16 +24,14 @@ def plot_checkpoint(view: CheckpointView, ax: Axes | None = None) -> Axes:
     and worst tensor marked, on ``ax`` (a new figure when None); returns the axes."""
     require_matplotlib()
     if ax is None:
-        import matplotlib.pyplot as plt
-
-        _, ax = plt.subplots(figsize=(8, 3.5))
+        ax = new_axes()
     ch = view.sqnr
     if ch is None or ch.histogram is None:
         ax.text(0.5, 0.5, "no quantized tensor with an SQNR", ha="center", va="center")
         ax.set_axis_off()
         return ax
-    plot_histogram(ax, ch.histogram, view.markers(), log=False, xlabel="SQNR dB of a tensor")
-    ax.set_ylabel("tensors")
+    plot_histogram(ax, ch.histogram, view.markers(), xlabel="SQNR dB of a tensor")
+    ax.set_ylabel("tensors (log)" if ax.get_yscale() == "log" else "tensors")
     exact = f"; {ch.exact} exact" if ch.exact else ""
     ax.set_title(f"SQNR per tensor ({ch.channels} quantized tensors{exact})", fontsize=10)
     return ax
@@ -112,11 +110,9 @@ def _checkpoint_lines(view: CheckpointView) -> list[str]:
             lines.append(f"  {t['target']}: {t['tensors']}, {fmt_bytes(t['bytes_after'])}")
     if view.largest:
         lines.append("largest tensors (before -> after):")
-        for r in view.largest[:5]:
-            lines.append(
-                f"  {_short(r['name'], 30)}: {fmt_bytes(r['bytes_before'])} ->"
-                f" {fmt_bytes(r['bytes_after'])}"
-            )
+        for r in view.largest[:5]:  # (two lines each: the panel is ~50 characters wide)
+            lines.append(f"  {_short(r['name'], 46)}")
+            lines.append(f"    {fmt_bytes(r['bytes_before'])} -> {fmt_bytes(r['bytes_after'])}")
     return lines
 
 

@@ -19,6 +19,7 @@ from ..svg import fmt
 from .charts import (
     DPI,
     PAGE,
+    new_axes,
     plot_channels,
     plot_groups,
     plot_histogram,
@@ -40,9 +41,7 @@ def plot_view(view: ReportView, ax: Axes | None = None) -> Axes:
     thresholds per tensor, else the per-channel SQNR; returns the axes."""
     require_matplotlib()
     if ax is None:
-        import matplotlib.pyplot as plt
-
-        _, ax = plt.subplots(figsize=(8, 3.5))
+        ax = new_axes()
     cal = view.calibration
     ch = _channels(view)
     if cal is not None and cal.histogram is not None:
