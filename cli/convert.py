@@ -101,10 +101,10 @@ def convert(
         "--gguf-type",
         metavar="TYPE",
         help="With a .gguf DST: llama-quantize's mix (Q4_K_M, Q4_K_S, Q5_K_M, Q5_K_S, Q6_K,"
-        " Q3_K_M, Q2_K, Q4_0, Q4_1, Q8_0) or one type (Q2_K..Q6_K, Q8_0, Q4_0, Q4_1, F16,"
-        " BF16, F32) for the tensors the recipe quantizes [default: the spec's, in"
-        " blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric 4-bit ->"
-        " Q4_1; another spec is refused].",
+        " Q3_K_M, Q2_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) or one type (Q2_K..Q6_K, Q8_0, Q4_0,"
+        " Q4_1, Q5_0, Q5_1, F16, BF16, F32) for the tensors the recipe quantizes [default: the"
+        " spec's, in blocks of 32 along the last axis: int8 -> Q8_0, int4 -> Q4_0, asymmetric"
+        " 4-bit -> Q4_1; another spec is refused].",
     ),
     pure: bool = typer.Option(
         False,

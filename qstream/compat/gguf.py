@@ -1,5 +1,6 @@
 """GGUF block types as gguf-py 0.19 (``gguf.quants``) quantizes and dequantizes them, bit for
-bit: Q8_0, Q4_0, Q4_1, and the plain F32, F16 and BF16.
+bit: Q8_0, Q4_0, Q4_1, and the plain F32, F16 and BF16 (and, as llama.cpp writes them, the
+K-quants, Q5_0 / Q5_1, and Q4_0 / Q4_1 with an importance matrix: see :func:`quantize`).
 
 Blocks are runs of 32 values along the last axis; every operation is float32, in gguf-py's
 order (which matches ggml's reference C for these types):
@@ -31,9 +32,12 @@ from ..errors import InvalidDTypeError, InvalidParameterError
 
 BLOCK = 32
 #: bytes per block of 32 values, per quantized type
-TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+TYPE_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
 #: GGML type numbers (``gguf.GGMLQuantizationType``)
-TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+TYPE_ID = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "BF16": 30}
+#: the types llama.cpp quantizes differently with an importance matrix (the 32-block ones:
+#: :mod:`qstream.compat.gguf_legacy`; Q5_0 / Q5_1 always written there)
+_LEGACY = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")
 PLAIN: dict[str, np.dtype] = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16)}
 TYPES = tuple(TYPE_ID)
 #: llama.cpp's K-quants (super-blocks of 256 values; :mod:`qstream.compat.gguf_kquants`)
@@ -79,18 +83,24 @@ def byte_shape(shape: Sequence[int], qtype: str) -> tuple[int, ...]:
 
 def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None) -> np.ndarray:
     """``gguf.quants.quantize(x, qtype)``: uint8 blocks for Q8_0/Q4_0/Q4_1/BF16 (shaped
-    :func:`byte_shape`), float32/float16 values for F32/F16; the K-quants (Q2_K..Q6_K) as
-    llama.cpp's ``ggml_quantize_chunk`` writes them, with ``imatrix`` (one importance weight
-    per column of the last axis, or one row of them per leading index) as llama-quantize's
-    ``--imatrix`` uses it."""
+    :func:`byte_shape`), float32/float16 values for F32/F16; the K-quants (Q2_K..Q6_K), Q5_0
+    and Q5_1, and Q4_0/Q4_1 given ``imatrix``, as llama.cpp's ``ggml_quantize_chunk`` writes
+    them, with ``imatrix`` (one importance weight per column of the last axis, or one row of
+    them per leading index) as llama-quantize's ``--imatrix`` uses it
+    (:mod:`qstream.compat.gguf_kquants`, :mod:`qstream.compat.gguf_legacy`)."""
     qtype = _type(qtype, k_types=True)
     if qtype in K_TYPES:
         from . import gguf_kquants
 
         return gguf_kquants.quantize(x, qtype, imatrix)
+    if qtype in _LEGACY and (imatrix is not None or qtype in ("Q5_0", "Q5_1")):
+        from . import gguf_legacy
+
+        return gguf_legacy.quantize(x, qtype, imatrix)
     if imatrix is not None:
         raise InvalidParameterError(
-            f"an importance matrix is used by the K-quants ({', '.join(K_TYPES)}), not {qtype}"
+            f"an importance matrix is used by the K-quants ({', '.join(K_TYPES)}) and by"
+            f" {', '.join(_LEGACY)}, not {qtype}"
         )
     x = np.asarray(x)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
@@ -117,6 +127,10 @@ def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = Non
         from . import gguf_kquants
 
         return gguf_kquants.dequantize(raw, qtype, shape)
+    if qtype in ("Q5_0", "Q5_1"):
+        from . import gguf_legacy
+
+        return gguf_legacy.dequantize(raw, qtype, shape)
     values = _dequantize(raw, qtype)
     if shape is not None:
         if math.prod(shape) != values.size:

@@ -34,7 +34,16 @@ TYPE_ID = {"Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 #: bytes per super-block of 256 values
 TYPE_SIZE = {name: kquants.BLOCK_BYTES[i] for name, i in TYPE_ID.items()}
 TYPES = tuple(TYPE_ID)
-__all__ = ["BLOCK", "TYPES", "TYPE_ID", "TYPE_SIZE", "byte_shape", "dequantize", "quantize"]
+__all__ = [
+    "BLOCK",
+    "TYPES",
+    "TYPE_ID",
+    "TYPE_SIZE",
+    "byte_shape",
+    "dequantize",
+    "importance_rows",
+    "quantize",
+]
 
 
 def _type(qtype: object) -> str:
@@ -58,8 +67,10 @@ def byte_shape(shape: Sequence[int], qtype: str) -> tuple[int, ...]:
     return (*shape[:-1], shape[-1] // BLOCK * TYPE_SIZE[qtype])
 
 
-def _weights(imatrix: npt.ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
-    """The importance matrix as float32 ``[groups, n]``, checked against the tensor's shape."""
+def importance_rows(imatrix: npt.ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
+    """The importance matrix ``imatrix`` as float32 ``[groups, n]`` (``[n]``: one group; or one
+    row per index of ``shape[:-2]``), checked against the tensor's ``shape`` and for
+    non-finite values."""
     w = np.asarray(imatrix)
     if w.dtype.kind not in "fiu":
         raise InvalidDTypeError(f"an importance matrix must be numeric, got {w.dtype}")
@@ -90,7 +101,7 @@ def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None)
     if x.dtype.kind != "f" and x.dtype.name != "bfloat16":
         raise InvalidDTypeError(f"{qtype} quantize needs a floating array, got {x.dtype}")
     out_shape = byte_shape(x.shape, qtype)
-    weights = None if imatrix is None else _weights(imatrix, x.shape)
+    weights = None if imatrix is None else importance_rows(imatrix, x.shape)
     x = np.ascontiguousarray(x, dtype=np.float32)
     if not np.isfinite(x).all():
         raise NonFiniteInputError(f"{qtype} cannot quantize NaN or infinite values")

@@ -1,5 +1,15 @@
-"""Decoding of the GGUF block types :mod:`qstream.compat.gguf` does not cover: Q5_0, Q5_1
-and MXFP4, bit for bit as gguf-py 0.19's ``gguf.quants.dequantize`` (float32, in its order).
+"""The GGUF block types Q5_0 and Q5_1, and Q4_0 / Q4_1 with an importance matrix, as
+llama.cpp's ``ggml_quantize_chunk`` writes them (:func:`quantize`); Q5_0, Q5_1 and MXFP4 as
+gguf-py 0.19's ``gguf.quants.dequantize`` reads them (:func:`dequantize`: float32, in its
+order). The kernels are :mod:`qstream.kernels.legacy_quants`.
+
+``imatrix`` is llama.cpp's ``quant_weights``: one importance weight per column, ``[n]`` for
+all rows or ``[*x.shape[:-2], n]`` for one vector per leading index (a MoE tensor's experts),
+as in :mod:`qstream.compat.gguf_kquants`. With it ggml quantizes every block by a weighted
+scale search (``make_qx_quants`` for Q4_0 / Q5_0, ``make_qkx3_quants`` for Q4_1 / Q5_1);
+without it, Q5_0 / Q5_1 by their reference rule (Q4_0 / Q4_1 without one are gguf-py's
+rule, which is ggml's: :mod:`qstream.compat.gguf` writes them). Non-finite values are refused
+before any work.
 
 - **Q5_0** (22 bytes per 32 values): ``f16 d``, 4 bytes of high bits (bit ``j`` of the
   little-endian word: value ``j``), 16 bytes of low nibbles (byte ``j``: value ``j`` low,
@@ -19,15 +29,21 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError
+from ..kernels import legacy_quants as lq
+from ..kernels.runtime import run
+from .gguf_kquants import importance_rows
 
 BLOCK = 32
 #: bytes per block of 32 values
 TYPE_SIZE = {"Q5_0": 22, "Q5_1": 24, "MXFP4": 17}
 TYPES = tuple(TYPE_SIZE)
+#: the types :func:`quantize` writes, and their GGML type numbers
+QUANTIZED = {"Q4_0": lq.Q4_0, "Q4_1": lq.Q4_1, "Q5_0": lq.Q5_0, "Q5_1": lq.Q5_1}
+_SIZE = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}
 # the E2M1 values, doubled, of nibbles 0..15
 _KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
-__all__ = ["BLOCK", "TYPES", "TYPE_SIZE", "dequantize"]
+__all__ = ["BLOCK", "QUANTIZED", "TYPES", "TYPE_SIZE", "dequantize", "quantize"]
 
 
 def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = None) -> np.ndarray:
@@ -42,7 +58,12 @@ def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = Non
     if raw.ndim == 0 or raw.shape[-1] % size:
         raise InvalidParameterError(f"{name} rows must be whole blocks of {size} bytes")
     blocks = raw.reshape(-1, size)
-    x = _mxfp4(blocks) if name == "MXFP4" else _q5(blocks, with_min=name == "Q5_1")
+    if name == "MXFP4":
+        x = _mxfp4(blocks)
+    else:
+        x = np.empty(blocks.shape[0] * BLOCK, np.float32)
+        if x.size:
+            run(lq.dequantize_blocks, blocks.reshape(-1), QUANTIZED[name], x)
     out_shape = (*raw.shape[:-1], raw.shape[-1] // size * BLOCK)
     if shape is not None:
         if int(np.prod(shape, dtype=np.int64)) != x.size:
@@ -53,26 +74,10 @@ def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = Non
     return x.reshape(out_shape)
 
 
-def _half(b: np.ndarray) -> np.ndarray:
-    """Two bytes per row as float16 values, widened to float32 (``[n, 2]`` -> ``[n, 1]``)."""
-    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
-
-
 def _low_high(qs: np.ndarray) -> np.ndarray:
     """``[n, 16]`` packed bytes -> ``[n, 32]`` nibbles: byte j's low nibble is value j, its
     high nibble value j + 16."""
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)
-
-
-def _q5(blocks: np.ndarray, with_min: bool) -> np.ndarray:
-    d = _half(blocks[:, 0:2])
-    at = 4 if with_min else 2
-    word = np.ascontiguousarray(blocks[:, at : at + 4]).view("<u4")  # [n, 1]
-    high = ((word >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
-    q = _low_high(blocks[:, at + 4 :]) | (high << np.uint8(4))
-    if with_min:
-        return (d * q.astype(np.float32)) + _half(blocks[:, 2:4])
-    return d * (q.astype(np.int8) - np.int8(16)).astype(np.float32)
 
 
 def _mxfp4(blocks: np.ndarray) -> np.ndarray:
@@ -83,3 +88,45 @@ def _mxfp4(blocks: np.ndarray) -> np.ndarray:
     d = bits.view(np.float32)
     with np.errstate(over="ignore"):  # (exponent 255: inf, as gguf-py gives)
         return d * _KVALUES[_low_high(blocks[:, 1:])]
+
+
+def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None) -> np.ndarray:
+    """``ggml_quantize_chunk(qtype, x, ..., imatrix)`` for Q4_0, Q4_1, Q5_0 and Q5_1: the
+    uint8 blocks of the float tensor ``x`` (the last axis ``n / 32 * type size`` bytes), with
+    ``imatrix`` as its importance weights (``[n]``, or ``[*x.shape[:-2], n]`` per leading
+    index) or, for Q5_0 / Q5_1, without any."""
+    name = str(getattr(qtype, "name", qtype)).upper()
+    if name not in QUANTIZED:
+        raise InvalidParameterError(
+            f"unknown GGUF type {qtype!r} here; expected one of {tuple(QUANTIZED)}"
+        )
+    arr = np.asarray(x)
+    if arr.dtype.kind != "f" and arr.dtype.name != "bfloat16":
+        raise InvalidDTypeError(f"{name} quantize needs a floating array, got {arr.dtype}")
+    shape = tuple(int(d) for d in arr.shape)
+    if not shape or shape[-1] % BLOCK:
+        raise InvalidParameterError(
+            f"{name} needs a last axis that is a multiple of {BLOCK}, got shape {list(shape)}"
+        )
+    if imatrix is None and name in ("Q4_0", "Q4_1"):
+        raise InvalidParameterError(
+            f"{name} without an importance matrix is gguf-py's rule (ggml's reference):"
+            " qstream.compat.gguf.quantize writes it"
+        )
+    weights = None if imatrix is None else importance_rows(imatrix, shape)
+    flat = np.ascontiguousarray(arr, dtype=np.float32)
+    if not np.isfinite(flat).all():
+        raise NonFiniteInputError(f"{name} cannot quantize NaN or infinite values")
+    out = np.empty((*shape[:-1], shape[-1] // BLOCK * _SIZE[name]), np.uint8)
+    if flat.size == 0:
+        return out
+    kind = QUANTIZED[name]
+    if weights is None:
+        run(lq.quantize_blocks, flat.reshape(-1), kind, out.reshape(-1))
+        return out
+    groups = weights.shape[0]
+    xs = flat.reshape(groups, -1)
+    outs = out.reshape(groups, -1)
+    for g in range(groups):
+        run(lq.quantize_rows_weighted, xs[g], weights[g], shape[-1], kind, outs[g])
+    return out

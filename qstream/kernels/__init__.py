@@ -8,6 +8,7 @@ __all__ = [
     "error_stats",
     "imatrix_sums",
     "kquants",
+    "legacy_quants",
     "offset",
     "packing",
     "runtime",

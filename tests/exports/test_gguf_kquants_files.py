@@ -4,8 +4,8 @@ llama.cpp's converter to F32 then quantized by ``llama_model_quantize`` with eac
 (with and without an importance matrix written by :func:`qstream.compute_imatrix` from
 activation dumps), against ``qstream convert MODEL x.gguf --gguf-type MIX [--imatrix FILE]``:
 the same tensor names, types, shapes and bytes, the same ``general.file_type``, the same
-logits in llama.cpp; ``--pure`` equals ``params.pure``; what qstream cannot write as
-llama.cpp would is refused before anything is written (exit 2)."""
+logits in llama.cpp; ``--pure`` equals ``params.pure``; rows that are not whole super-blocks
+fall back to Q5_0 / Q5_1 / Q8_0 / Q4_0 as in llama.cpp."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ llama_cpp = pytest.importorskip("llama_cpp")
 
 HIDDEN, INTER, LAYERS = 256, 512, 8
 #: llama.cpp's ``llama_ftype`` of each mix
-FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14,
-         "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # fmt: skip
+FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12,
+         "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # fmt: skip
 TEXT = "Hello world, the quick brown fox 12345!"
 
 
@@ -149,7 +149,8 @@ def _assert_same_tensors(ref: Path, mine: Path) -> dict[str, str]:
     return {n: v[0] for n, v in want.items()}
 
 
-MIXES = ["Q4_K_M", "Q6_K", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1", "Q8_0"]
+MIXES = ["Q4_K_M", "Q6_K", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1", "Q8_0",
+         "Q5_0", "Q5_1"]  # fmt: skip
 
 
 @pytest.mark.parametrize("mix", MIXES)
@@ -158,11 +159,13 @@ def test_mix_file_equals_llama_quantize_tensor_for_tensor(wide: dict[str, Path],
     if mix == "Q4_K_M":  # (the layer rules at work: use_more_bits' layers in Q6_K)
         assert types["blk.0.ffn_down.weight"] == types["blk.7.ffn_down.weight"] == "Q6_K"
         assert types["blk.1.ffn_down.weight"] == "Q4_K" and types["output.weight"] == "Q6_K"
-    if mix == "Q4_0":
-        assert types["output.weight"] == "Q6_K" and types["blk.0.attn_q.weight"] == "Q4_0"
+    if mix in ("Q4_0", "Q5_0", "Q5_1"):
+        assert types["output.weight"] == "Q6_K" and types["blk.0.attn_q.weight"] == mix
 
 
-@pytest.mark.parametrize("mix", ["Q4_K_M", "Q6_K", "Q5_K_S", "Q3_K_M", "Q2_K"])
+@pytest.mark.parametrize(
+    "mix", ["Q4_K_M", "Q6_K", "Q5_K_S", "Q3_K_M", "Q2_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]
+)
 def test_mix_file_with_imatrix_equals_llama_quantize_with_it(
     wide: dict[str, Path], mix: str
 ) -> None:
@@ -186,10 +189,11 @@ def _logits(path: Path) -> np.ndarray:
     return np.array(llm.scores[: len(tokens)])
 
 
-@pytest.mark.parametrize(
-    ("mix", "weighted", "pure"),
-    [("Q4_K_M", True, False), ("Q6_K", False, False), ("Q4_0", False, True), ("Q4_1", False, True)],
-)
+LOGITS = [("Q4_K_M", True, False), ("Q6_K", False, False), ("Q4_0", False, True),
+          ("Q4_1", False, True), ("Q5_0", True, False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mix", "weighted", "pure"), LOGITS)
 def test_llama_cpp_gives_the_same_logits(
     wide: dict[str, Path], mix: str, weighted: bool, pure: bool
 ) -> None:
@@ -200,14 +204,18 @@ def test_llama_cpp_gives_the_same_logits(
     np.testing.assert_array_equal(got, want)
 
 
-def test_imatrix_with_a_type_whose_weighted_path_is_missing_is_refused(
-    wide: dict[str, Path],
+@pytest.mark.parametrize(("mix", "up"), [("Q4_0", "Q4_1"), ("Q5_0", "Q5_1")])
+def test_q4_0_and_q5_0_mixes_with_imatrix_equal_llama_quantize_with_it(
+    wide: dict[str, Path], mix: str, up: str
 ) -> None:
-    out = wide["root"] / "refused.gguf"
-    r = cli("convert", wide["model"], out, "--gguf-type", "Q4_0", "--imatrix", wide["imatrix"])
-    assert r.exit_code == 2, r.output
-    # (llama.cpp's Q4_0 mix with an imatrix moves the first ffn_down to Q4_1)
-    assert "ggml quantizes Q4_1 with an importance matrix" in r.output and not out.exists()
+    # (with an imatrix llama.cpp moves the first eighth of ffn_down to Q4_1 / Q5_1, and
+    # quantizes every Q4_0 / Q4_1 / Q5_0 / Q5_1 tensor by its weighted search)
+    types = _assert_same_tensors(*_pair(wide, mix, weighted=True))
+    assert types["blk.0.ffn_down.weight"] == up and types["blk.1.ffn_down.weight"] == mix
+    plain = _tensors(_pair(wide, mix, weighted=False)[1])
+    weighted = _tensors(_pair(wide, mix, weighted=True)[1])
+    name = "blk.1.ffn_down.weight"
+    assert weighted[name][2] != plain[name][2]  # (the same type, other bytes)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +223,12 @@ def narrow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A model whose ffn_down rows (288 values) are whole blocks of 32, not of 256."""
     root = tmp_path_factory.mktemp("kquant_fallback")
     folder = _model(root / "model", inter=288, layers=2)
-    return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf")}
+    _dump(folder, root / "acts.zarr")
+    imx = root / "model.imatrix"
+    r = cli("calibrate", root / "acts.zarr", "--imatrix", imx, "--model", folder)
+    assert r.exit_code == 0, r.output
+    return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf"),
+            "imatrix": imx}  # fmt: skip
 
 
 @pytest.mark.parametrize(("mix", "down"), [("Q6_K", "Q8_0"), ("Q2_K", "Q4_0")])
@@ -227,13 +240,14 @@ def test_rows_not_whole_super_blocks_fall_back_as_llama_quantize(
     assert types["blk.0.ffn_up.weight"] == mix  # (its rows are whole super-blocks)
 
 
-def test_a_fallback_qstream_does_not_write_is_refused_in_the_plan(
-    narrow: dict[str, Path],
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize(("mix", "down"), [("Q4_K_M", "Q5_0"), ("Q5_K_M", "Q5_1")])
+def test_q5_fallbacks_equal_llama_quantize_tensor_for_tensor(
+    narrow: dict[str, Path], mix: str, down: str, weighted: bool
 ) -> None:
-    out = narrow["root"] / "q4km.gguf"
-    r = cli("convert", narrow["model"], out, "--gguf-type", "Q4_K_M")
-    assert r.exit_code == 2, r.output
-    assert "blk.0.ffn_down.weight" in r.output and "Q5_0" in r.output and not out.exists()
+    # (Q4_K -> Q5_0, Q5_K -> Q5_1 for rows of 288; layer 1's ffn_down is Q6_K -> Q8_0)
+    types = _assert_same_tensors(*_pair(narrow, mix, weighted=weighted))
+    assert types["blk.0.ffn_down.weight"] == down and types["blk.1.ffn_down.weight"] == "Q8_0"
 
 
 def test_expert_rows_read_across_experts_take_each_experts_importance_weights() -> None:

@@ -167,8 +167,8 @@ def test_an_explicit_type_alone_picks_type_and_rule(model, tmp_path):
     assert r.exit_code == 0, r.output
     assert set(qs.export_gguf(model, tmp_path / "m.gguf", type="Q4_0", pure=True,
                               overwrite=True)["tensors"].values()) == {"Q4_0", "F32"}  # fmt: skip
-    with pytest.raises(qs.InvalidParameterError, match="unknown GGUF type 'Q5_0'"):
-        plan_gguf(model / "model.safetensors", recipe, "Q5_0")
+    with pytest.raises(qs.InvalidParameterError, match="unknown GGUF type 'IQ4_NL'"):
+        plan_gguf(model / "model.safetensors", recipe, "IQ4_NL")
 
 
 def test_the_plan_reads_shapes_and_dtypes_only(model):

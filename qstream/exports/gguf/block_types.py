@@ -19,9 +19,17 @@ RULES = {
     " codes round-half-away(x * (1 / d)) in -127..127, d stored as float16",
     "Q4_0": "gguf-py's Q4_0: blocks of 32 along the last axis, d = m / -8 (m: the value of"
     " largest magnitude; all 16 levels), nibbles trunc(x * (1 / d) + 8.5) clipped to 0..15,"
-    " d stored as float16",
+    " d stored as float16 (with an importance matrix: ggml's weighted scale search)",
     "Q4_1": "gguf-py's Q4_1: blocks of 32 along the last axis, d = (max - min) / 15, m = min,"
-    " nibbles trunc((x - m) * (1 / d) + 0.5) clipped to 0..15, d and m stored as float16",
+    " nibbles trunc((x - m) * (1 / d) + 0.5) clipped to 0..15, d and m stored as float16"
+    " (with an importance matrix: ggml's weighted scale and min search)",
+    "Q5_0": "llama.cpp's Q5_0: blocks of 32 along the last axis, d = m / -16 (m: the value of"
+    " largest magnitude), 5-bit codes trunc(x * (1 / d) + 16.5) up to 31, d stored as"
+    " float16, bit for bit as ggml_quantize_chunk writes them (weighted by the importance"
+    " matrix when given)",
+    "Q5_1": "llama.cpp's Q5_1: blocks of 32 along the last axis, d = (max - min) / 31, m ="
+    " min, 5-bit codes trunc((x - m) * (1 / d) + 0.5), d and m stored as float16, bit for bit"
+    " as ggml_quantize_chunk writes them (weighted by the importance matrix when given)",
     **{
         k: f"llama.cpp's {k}: super-blocks of 256 along the last axis ({bits}), bit for bit as"
         " ggml_quantize_chunk writes them (weighted by the importance matrix when given)"
@@ -104,7 +112,7 @@ def explicit_type(type: str | None) -> str | None:
     if type is None:
         return None
     gtype = str(type).upper()
-    known = (*q.TYPES, *q.K_TYPES, *(m for m in FTYPE if m not in q.K_TYPES))
+    known = tuple(dict.fromkeys((*q.TYPES, *q.K_TYPES, *FTYPE)))
     if gtype not in known:
         raise InvalidParameterError(
             f"unknown GGUF type {type!r}; expected one of: {', '.join(known)}"

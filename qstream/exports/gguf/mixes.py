@@ -26,9 +26,10 @@ import numpy as np
 from ...errors import InvalidParameterError
 
 #: llama.cpp's ``llama_ftype`` of each mix (``general.file_type``), and its default type
-FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_S": 14,
-         "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # fmt: skip
-DEFAULT = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K_M": "Q3_K",
+FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_M": 12,
+         "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17, "Q6_K": 18}  # fmt: skip
+DEFAULT = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q8_0": "Q8_0", "Q5_0": "Q5_0", "Q5_1": "Q5_1",
+           "Q2_K": "Q2_K", "Q3_K_M": "Q3_K",
            "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K",
            "Q6_K": "Q6_K"}  # fmt: skip
 #: one K type everywhere (``--gguf-type Q4_K``): the file type llama-quantize writes for it
@@ -39,10 +40,9 @@ BLOCK = {**{k: 256 for k in K_TYPES}, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1"
          "Q8_0": 32}  # fmt: skip
 #: ``tensor_type_fallback``: the type of a row that is not whole super-blocks
 FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-#: the types an importance matrix changes in ggml and qstream quantizes with one
-WEIGHTED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-#: the types ggml quantizes by a weighted search with an importance matrix, not implemented
-UNWEIGHTED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1")
+#: the types an importance matrix changes in ggml (``ggml_quantize_chunk`` with
+#: ``quant_weights``), all quantized with it by qstream too (Q8_0 ignores it)
+WEIGHTED = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 #: ``tensor_get_category``: (category, test) in llama.cpp's order
 _CATEGORIES = (
@@ -210,8 +210,8 @@ def _rule(
             new = "Q6_K"
         elif mix == "Q4_K_S" and i < n_layer // 8:
             new = "Q5_K"
-        elif mix == "Q4_0" and has_imatrix and i < n_layer // 8:
-            new = "Q4_1"
+        elif mix in ("Q4_0", "Q5_0") and has_imatrix and i < n_layer // 8:
+            new = "Q4_1" if mix == "Q4_0" else "Q5_1"
         counters["ffn_down"] += 1
         return new
     if cat == "attn_output":
@@ -249,8 +249,7 @@ def retype(
     plan quantizes as ``base``), and the importance weights each is quantized with (GGUF name
     -> the ``imatrix=`` argument; ``weights``: :func:`~qstream.exports.gguf.imatrix.
     importance_weights` of the file). Refused (one line): a mix or an importance matrix
-    without the model's config, a type qstream does not write (Q5_0 / Q5_1 fallbacks), an
-    importance matrix on a type whose weighted path is not implemented, or of another size."""
+    without the model's config, or an importance matrix of another size."""
     if facts is None and (mix is not None or weights is not None):
         what = f"mix {mix}" if mix is not None else "an importance matrix"
         raise InvalidParameterError(
@@ -268,25 +267,12 @@ def retype(
             out.append(t)
             continue
         how = f"llama-quantize's {mix}" if mix is not None else f"--pure {base}"
-        where = f"{t.name} ({t.gguf_name}, {list(t.shape)})"
-        if kind in ("Q5_0", "Q5_1"):
-            raise InvalidParameterError(
-                f"{where}: a row of {t.shape[-1]} values is not whole super-blocks of 256, and"
-                f" llama.cpp then writes {kind} ({how}), which qstream does not write yet;"
-                " pick Q6_K, Q3_K or Q2_K (their fallbacks are written) or a 32-block type"
-            )
         if kind == "F16":
             why = f"kept: a last axis of {t.shape[-1]} is not whole blocks of 32 (F16, as {how})"
             out.append(replace(t, type="F16", kept=True, rule=f"{why}: {rules['F16']}",
                                bytes_after=sized(t.shape, "F16")))  # fmt: skip
             continue
         w = _weights(weights, t.gguf_name, t.shape) if weights is not None else None
-        if w is not None and kind in UNWEIGHTED:
-            raise InvalidParameterError(
-                f"{where}: ggml quantizes {kind} with an importance matrix by a weighted search"
-                " qstream does not implement yet; leave out --imatrix, or pick a K mix whose"
-                " tensors are all K types"
-            )
         if w is not None and kind in WEIGHTED:
             used[t.gguf_name] = w
         why = f"--gguf-type {asked}" + (f" ({how}: {kind})" if kind != asked else "")
