@@ -72,7 +72,7 @@ def inspect(
             check_plot(plot)  # (usage first)
         limit = parse_size(max_memory, "--max-memory")
         require_input(store, "STORE")
-        if store.endswith(EXPORTS):
+        if store.endswith(EXPORTS) or model_folder(store):
             print_export(store, as_json, plot)
             return
         arr = qs.open_quantized(store, allow_incomplete=True, max_memory=limit)
@@ -106,15 +106,30 @@ def inspect(
 
 
 #: summary keys not printed as a line (the table shows the tensors; types have their line)
-_NOT_LINES = ("quantized", "tensor_list", "types", "hf_names")
+_NOT_LINES = ("quantized", "tensor_list", "types", "hf_names", "refused")
+
+
+def model_folder(path: str) -> bool:
+    """Whether ``path`` is a folder of safetensors files (a model as saved), not a Zarr group."""
+    p = Path(path)
+    if not p.is_dir() or any((p / n).exists() for n in ("zarr.json", ".zgroup", ".zarray")):
+        return False
+    return any(p.glob("*.safetensors"))
 
 
 def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
-    """An export (safetensors, GGUF): its format and loader, the summary of its header
+    """An export (safetensors, GGUF) or a model checkpoint (a folder, a file or an index of
+    safetensors: its quantized format named, and whether qstream decodes it): its format and
+    loader, the summary of its header
     (GGUF: architecture, tokenizer, vocabulary, context length, blocks, experts), then a
     table of its tensors (name, type, shape, size; a safetensors export's quantized target
     and SQNR where recorded). With ``plot``: a bar chart of the bytes per stored type."""
-    summary = qs.describe_export(path)
+    if path.endswith(".gguf"):  # (qstream's, or another tool's: its file type named)
+        summary = qs.describe_export(path)
+    else:  # a model checkpoint: its format named; qstream's own exports: their targets
+        summary = qs.describe_checkpoint(path)
+        if summary.get("written_by") == "qstream":
+            summary = qs.describe_export(path)
     listed: list[dict[str, Any]] = summary.get("tensor_list") or []
     if plot is not None:
         plot_export_bytes(listed, path, plot)

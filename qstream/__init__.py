@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .spec import QuantReport as QuantReport
     from .spec import QuantSpec as QuantSpec
     from .spec.recipe import Recipe as Recipe
+    from .workflows.source_description import describe_checkpoint as describe_checkpoint
 
 __version__ = "0.1.0"
 
@@ -78,6 +79,7 @@ _EXPORTS = {
     "compute_imatrix": "qstream.exports.gguf.importance",
     "ImatrixSummary": "qstream.exports.gguf.importance",
     "describe_export": "qstream.exports.safetensors",
+    "describe_checkpoint": "qstream.workflows.source_description",
     "convert_checkpoint": "qstream.api.convert",
     "open_checkpoint": "qstream.api.convert",
     "plan_conversion": "qstream.api.convert",

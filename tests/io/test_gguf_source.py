@@ -456,3 +456,29 @@ def test_inspect_of_a_gguf_another_tool_wrote_says_what_its_header_holds(convert
     assert got["architecture"] == "llama" and got["written_by"] == "another tool"
     assert got["tensors"] == len(GGUFReader(str(path)).tensors)
     assert got["tokenizer"] == "llama"
+    assert got["quantization"] == "GGUF Q8_0"
+
+
+FT = gguf.LlamaFileType
+
+
+@pytest.mark.parametrize(
+    "file_type", [FT.MOSTLY_Q4_K_M, FT.MOSTLY_IQ2_XS, FT.MOSTLY_MXFP4_MOE, None]
+)
+def test_inspect_names_a_gguf_quantization_as_gguf_py_names_its_file_type(tmp_path, file_type):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    a = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    kv = {} if file_type is None else {"general.file_type": int(file_type)}
+    h = a.astype(np.float16)
+    path = _write(tmp_path / "m.gguf", {"a": (a, "F32"), "b": (h, "F16"), "c": (h, "F16")}, kv=kv)
+    r = CliRunner().invoke(app, ["inspect", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output[r.output.index("{") :])
+    got = got.get("summary", got) if "quantization" not in got else got
+    if file_type is None:
+        assert got["quantization"] == "GGUF F16 (most tensors)"
+    else:
+        assert got["quantization"] == "GGUF " + file_type.name.removeprefix("MOSTLY_")

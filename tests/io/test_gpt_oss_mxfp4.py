@@ -193,3 +193,15 @@ def test_crafted_variants_are_refused_before_any_block_is_read(
         r = CliRunner().invoke(app, ["convert", bad, str(dst), *extra])
         assert r.exit_code == 2, r.output
         assert not dst.exists()
+
+
+def test_inspect_names_the_gpt_oss_format(gpt_oss):
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["inspect", gpt_oss[0]])
+    assert r.exit_code == 0, r.output
+    assert "gpt-oss MXFP4 experts" in r.output
+    got = qs.describe_checkpoint(gpt_oss[0])
+    assert got["decoded"] is True and got["types"]["uint8"] == 8

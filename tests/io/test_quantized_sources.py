@@ -385,3 +385,76 @@ def test_activation_scales_stay_plain_in_zarr_and_are_left_out_of_a_decoded_mode
     }
     _, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
     assert not info["unexpected_keys"] and not info["missing_keys"]
+
+
+NAMES = {
+    "FP8": "compressed-tensors float-quantized (FP8, per tensor)",
+    "FP8_DYNAMIC": "compressed-tensors float-quantized (FP8, per channel)",
+    "FP8_BLOCK": "compressed-tensors float-quantized (FP8, blocks 128x128)",
+    "NVFP4": "compressed-tensors nvfp4-pack-quantized (NVFP4)",
+    "MXFP4": "compressed-tensors mxfp4-pack-quantized (MXFP4)",
+    "MXFP8": "compressed-tensors mxfp8-quantized (MXFP8)",
+    "W8A8": "compressed-tensors int-quantized (INT8, per channel)",
+    "W8A16": "compressed-tensors pack-quantized (INT8, groups of 128)",
+    "W4A16": "compressed-tensors pack-quantized (INT4, groups of 128)",
+    "W4A16_ASYM": "compressed-tensors pack-quantized (INT4, groups of 128, zero points)",
+    "W4_CHANNEL_ASYM": "compressed-tensors pack-quantized (INT4, per channel, zero points)",
+    "W4_GROUP_SYM": "compressed-tensors pack-quantized (INT4, groups of 32)",
+    "W3_GROUP_ASYM": "compressed-tensors pack-quantized (INT3, groups of 32, zero points)",
+}
+
+
+def _inspect_json(path: str) -> dict:
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    r = CliRunner().invoke(app, ["inspect", path, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output[r.output.index("{") :])
+
+
+def test_inspect_names_the_format_of_a_quantized_folder_file_and_index(checkpoint, request):
+    """``qstream inspect`` of a compressed-tensors checkpoint (folder, index or one shard)
+    names its format and scheme as the quantization_config compressed-tensors wrote says."""
+    want = NAMES[request.node.callspec.params["checkpoint"]]
+    raw = stored(checkpoint)
+    for path in (
+        checkpoint,
+        os.path.join(checkpoint, "model.safetensors.index.json"),
+        sorted(glob.glob(os.path.join(checkpoint, "*.safetensors")))[0],
+    ):
+        got = _inspect_json(path)
+        assert got["quantization"] == want and got["decoded"] is True, path
+    got = _inspect_json(checkpoint)
+    assert got["tensors"] == len(raw)
+    assert {t["name"]: t["shape"] for t in got["tensor_list"]} == {
+        n: list(t.shape) for n, t in raw.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "name", "decoded"),
+    [
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]},
+         "DeepSeek fp8 blocks 128x128", True),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True},
+         "GPTQ 4-bit, groups of 128, act-order", False),
+        ({"quant_method": "awq", "bits": 4, "group_size": 64}, "AWQ 4-bit, groups of 64", False),
+    ],
+)  # fmt: skip
+def test_inspect_names_other_quantization_methods_and_says_which_are_refused(
+    tmp_path, config, name, decoded
+):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    w = torch.ones(256, 128).to(torch.float8_e4m3fn)
+    save_file(
+        {"a.weight": w, "a.weight_scale_inv": torch.ones(2, 1)}, str(folder / "m.safetensors")
+    )
+    (folder / "config.json").write_text(json.dumps({"quantization_config": config}))
+    got = _inspect_json(str(folder))
+    assert got["quantization"] == name and got["decoded"] is decoded
+    assert (got["refused"] is None) is decoded
+    if not decoded:
+        assert repr(config["quant_method"]) in got["refused"]

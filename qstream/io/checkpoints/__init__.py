@@ -8,7 +8,7 @@ from .fp8 import pair_scales
 from .gguf_header import GGUFHeader, read_header
 from .gguf_metadata import describe_gguf, gguf_config
 from .gguf_source import KNOWN, architecture
-from .open import CheckpointSource, open_checkpoint, source_locations
+from .open import CheckpointSource, describe_stored, open_checkpoint, source_locations
 from .remote import is_url
 from .tensor import TensorLike, map_file_run, read_file_run, read_rows
 
@@ -23,6 +23,7 @@ __all__ = [
     "architecture",
     "check_quant_config",
     "describe_gguf",
+    "describe_stored",
     "dtype_facts",
     "export_metadata",
     "gguf_config",

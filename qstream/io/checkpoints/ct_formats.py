@@ -66,7 +66,7 @@ def is_activation_param(name: str) -> bool:
 
 
 # layouts of other libraries, recognised by name: (suffix, the format it marks)
-_FOREIGN = (
+FOREIGN = (
     (".qweight", "GPTQ/AWQ packed int4 (qweight/qzeros/scales)"),
     (".qzeros", "GPTQ/AWQ packed int4 (qweight/qzeros/scales)"),
     (".g_idx", "GPTQ act-order (g_idx)"),
@@ -184,7 +184,7 @@ def _has_params(tensors: Mapping[str, TensorLike], base: str) -> bool:
 def _refuse_bare_layouts(tensors: Mapping[str, TensorLike], where: str) -> None:
     """A quantized layout without a quantization_config naming it: refused."""
     for name in tensors:
-        for suffix, what in _FOREIGN:
+        for suffix, what in FOREIGN:
             if name.endswith(suffix):
                 raise LayoutRefused(
                     f"{where}: tensor {name!r} is {what}, a quantized layout without a"

@@ -222,5 +222,24 @@ def describe_gguf(path: str) -> dict[str, Any]:
         "block_count": count("block_count"),
         "expert_count": count("expert_count"),
         "written_by": "qstream" if "qstream.export" in kv else "another tool",
+        "quantization": gguf_quantization(kv.get("general.file_type"), types),
         "tensor_list": listed,
     }
+
+
+# llama.cpp's ``general.file_type`` (enum llama_ftype) -> its name
+_FILE_TYPES = dict(enumerate([
+    "F32", "F16", "Q4_0", "Q4_1", "-", "-", "-", "Q8_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K_S",
+    "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ2_XXS", "IQ2_XS",
+    "Q2_K_S", "IQ3_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ3_M", "IQ2_S", "IQ2_M",
+    "IQ4_XS", "IQ1_M", "BF16", "-", "-", "-", "TQ1_0", "TQ2_0", "MXFP4_MOE", "NVFP4", "Q1_0",
+]))  # fmt: skip
+
+
+def gguf_quantization(file_type: Any, types: dict[str, int]) -> str:
+    """The GGUF file's quantization as llama.cpp names it (``GGUF Q4_K_M``: its
+    ``general.file_type``), else its most common tensor type."""
+    name = _FILE_TYPES.get(file_type) if isinstance(file_type, int) else None
+    if name and name != "-":
+        return f"GGUF {name}"
+    return f"GGUF {max(types, key=lambda t: types[t])} (most tensors)" if types else "GGUF"

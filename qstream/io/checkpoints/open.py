@@ -19,6 +19,11 @@ inputs, each read by its own module:
 - torch ``.pt`` / ``.pth`` / ``.bin`` state dicts (``torch.load(..., mmap=True)``;
   :mod:`~qstream.io.checkpoints.torch_files`).
 
+:func:`describe_stored` says what quantized format a safetensors model checkpoint is stored in
+(``compressed-tensors float-quantized (FP8, per channel)``, ``DeepSeek fp8 blocks 128x128``,
+``gpt-oss MXFP4 experts``, ``GPTQ 4-bit, groups of 128``, ...) from its ``config.json`` and
+headers alone, and whether qstream decodes it.
+
 :class:`CheckpointSource` is how any process (a Dask worker too) opens one for a conversion.
 """
 
@@ -30,10 +35,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ...errors import StoreError
 from ...paths import is_inside, kind_of, refuse_special
 from ..storage import location
-from .ct_formats import read_quantized
+from .ct_formats import (
+    CT_FORMATS,
+    FOREIGN,
+    LayoutRefused,
+    check_quant_config,
+    quant_config,
+    read_quantized,
+)
 from .export_meta import read_json, source_config
 from .exported import DequantizedTensor, maybe_dequantizing
 from .fp8 import ScaleRule, pair_scales
@@ -194,3 +208,125 @@ def source_locations(path: str | os.PathLike[str], tensors: Mapping[str, TensorL
     assert own is not None  # (a path or a URL always has one)
     files = {f[0] for t in tensors.values() if (f := getattr(t, "file", None)) is not None}
     return sorted({own} | {os.path.realpath(f) for f in files})
+
+
+# -- what a model checkpoint is stored as (qstream inspect) ------------------------------
+
+_CT_KIND = {
+    "nvfp4-pack-quantized": "NVFP4",
+    "mxfp4-pack-quantized": "MXFP4",
+    "mxfp8-quantized": "MXFP8",
+}
+
+
+def describe_stored(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A safetensors model checkpoint (a folder, a ``.safetensors`` file or an index) as
+    stored: ``quantization`` names its format (``not quantized`` for plain values),
+    ``decoded`` says whether qstream reads it as values (else ``refused``: why), then the
+    tensor count per stored dtype, the stored bytes and ``tensor_list`` (every tensor's name,
+    stored dtype, shape and bytes, as stored). Reads the headers and ``config.json`` only."""
+    p = os.fspath(path)
+    tensors = _stored_tensors(p)
+    cfg = source_config(p)
+    doc = read_json(cfg) if cfg is not None else None
+    quantization, refused = name_format(tensors, doc, p)
+    types: dict[str, int] = {}
+    listed = []
+    for name, t in tensors.items():
+        dt = np.dtype(t.dtype).name
+        types[dt] = types.get(dt, 0) + 1
+        listed.append({"name": name, "dtype": dt, "shape": list(t.shape), "bytes": int(t.nbytes)})
+    return {
+        "file": p,
+        "format": "safetensors",
+        "quantization": quantization,
+        "decoded": refused is None,
+        "refused": refused,
+        "tensors": len(tensors),
+        "types": dict(sorted(types.items(), key=lambda item: -item[1])),
+        "bytes": sum(int(t.nbytes) for t in tensors.values()),
+        "tensor_list": listed,
+    }
+
+
+def _stored_tensors(p: str) -> dict[str, TensorLike]:
+    """The tensors of a safetensors checkpoint as stored (no decoding)."""
+    if os.path.isdir(p):
+        names = sorted(os.listdir(p))
+        indexes = [n for n in names if n.endswith(".safetensors.index.json")]
+        if len(indexes) == 1:
+            return dict(open_safetensors_index(os.path.join(p, indexes[0])))
+        files = [n for n in names if n.endswith(".safetensors")]
+        if indexes or not files:
+            raise StoreError(f"{p} is not a safetensors checkpoint with one index")
+        out: dict[str, TensorLike] = {}
+        for f in files:
+            out.update(open_safetensors(os.path.join(p, f)))
+        return out
+    if p.endswith(".json"):
+        return dict(open_safetensors_index(p))
+    return dict(open_safetensors(p))
+
+
+def name_format(
+    tensors: Mapping[str, TensorLike], doc: Mapping[str, Any] | None, where: str
+) -> tuple[str, str | None]:
+    """``(the format's name, None)`` for a layout qstream decodes, ``(name, why refused)``
+    for one it refuses."""
+    try:
+        qc = quant_config(doc)
+    except LayoutRefused as e:
+        return "unreadable quantization_config", str(e)
+    if qc is None:
+        for name in tensors:
+            for suffix, what in FOREIGN:
+                if name.endswith(suffix):
+                    return what, "no quantization_config names the layout"
+        return "not quantized", None
+    method = str(qc.get("quant_method"))
+    try:
+        check_quant_config(qc, where)
+        refused = None
+    except LayoutRefused as e:
+        refused = str(e)
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        shape = "x".join(str(b) for b in block) if isinstance(block, list) else None
+        return (f"DeepSeek fp8 blocks {shape}" if shape else "fp8 (per tensor)"), refused
+    if method == "mxfp4":
+        return "gpt-oss MXFP4 experts (*_blocks + *_scales)", refused
+    if method != "compressed-tensors":
+        bits, group = (
+            qc.get("bits") or qc.get("w_bit"),
+            qc.get("group_size") or qc.get("q_group_size"),
+        )
+        parts = [f"{bits}-bit" if bits else None, f"groups of {group}" if group else None]
+        if qc.get("desc_act"):
+            parts.append("act-order")
+        detail = ", ".join(p for p in parts if p)
+        return f"{method.upper()}{f' {detail}' if detail else ''}", refused
+    groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+    names = [_ct_group(g, qc.get("format")) for g in groups] or [f"{qc.get('format')}"]
+    return "compressed-tensors " + "; ".join(dict.fromkeys(names)), refused
+
+
+def _ct_group(group: Mapping[str, Any], top: Any) -> str:
+    fmt = str(group.get("format") or top)
+    w = group.get("weights") or {}
+    if fmt in _CT_KIND:
+        kind = _CT_KIND[fmt]
+    elif fmt == "float-quantized":
+        kind = f"FP{w.get('num_bits', 8)}"
+    elif fmt in CT_FORMATS:
+        kind = f"INT{w.get('num_bits', 8)}"
+    else:
+        return fmt
+    strategy = w.get("strategy")
+    how = {"tensor": "per tensor", "channel": "per channel"}.get(str(strategy))
+    if strategy == "block" and w.get("block_structure"):
+        how = "blocks " + "x".join(str(b) for b in w["block_structure"])
+    elif strategy in ("group", "tensor_group") and w.get("group_size"):
+        how = f"groups of {w['group_size']}"
+    if w.get("symmetric") is False:
+        how = f"{how}, zero points" if how else "zero points"
+    return f"{fmt} ({kind}{f', {how}' if how and fmt not in _CT_KIND else ''})"
