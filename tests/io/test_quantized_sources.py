@@ -458,3 +458,28 @@ def test_inspect_names_other_quantization_methods_and_says_which_are_refused(
     assert (got["refused"] is None) is decoded
     if not decoded:
         assert repr(config["quant_method"]) in got["refused"]
+
+
+def test_requantizing_reports_its_error_against_the_decoded_source(fp8_block, tmp_path):
+    """The SQNR ``convert`` reports of a quantized source is that of the new values against
+    the source's decoded values (compressed-tensors' decompression: what the user has), not
+    against its stored codes."""
+    from typer.testing import CliRunner
+
+    from cli.main import app
+
+    dst = str(tmp_path / "out.zarr")
+    r = CliRunner().invoke(app, ["convert", fp8_block, dst, "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output[r.output.index("{") :])
+    ref, raw = reference(fp8_block), stored(fp8_block)
+    assert len(ref) == 14
+    for name, want in ref.items():
+        row = report["tensors"][name]
+        got = np.asarray(qs.open_quantized(f"{dst}/{name}")[...], np.float64)
+        x = want.double().numpy()
+        sqnr = 10 * np.log10((x**2).sum() / ((x - got) ** 2).sum())
+        assert row["error"]["sqnr_db"] == pytest.approx(sqnr, rel=1e-9), name
+        codes = raw[name].double().numpy()
+        wrong = 10 * np.log10((codes**2).sum() / ((codes - got) ** 2).sum())
+        assert abs(wrong - sqnr) > 10, name  # (the codes are not the values)
