@@ -141,6 +141,8 @@ def affine_dequantize(
         y = q.astype(F32) * layout.expand(scale)
         out[...] = y.astype(out_dtype)
         return out
+    if not integer_difference and q.size <= NUMPY_BELOW:
+        return _dequantize_small(q, scale, zero_point, layout, qt, out, scale_dtype, zp_dtype)
     from ..kernels import runtime
     from ..kernels.affine import dequantize_affine, dequantize_affine_int
 
@@ -165,6 +167,36 @@ def affine_dequantize(
     runtime.run(kernel, layout.view(qk), sk, zk, layout.cblock, layout.iblock, layout.view(target))
     if target is not out:
         out[...] = target.astype(out_dtype)
+    return out
+
+
+#: regions of at most this many values are dequantized with NumPy, the same operations in
+#: the same types as the kernel (``dequantize_affine``), so that a first read of a few values
+#: loads no kernel (Numba's first call costs ~0.5-1.5 s; a 4x8 slice then takes milliseconds)
+NUMPY_BELOW = 1 << 16
+
+
+def _dequantize_small(
+    q: np.ndarray,
+    scale: np.ndarray,
+    zero_point: np.ndarray | None,
+    layout: Layout,
+    qt: QType,
+    out: np.ndarray,
+    scale_dtype: np.dtype | None,
+    zp_dtype: np.dtype | None,
+) -> np.ndarray:
+    """:func:`affine_dequantize`'s default rule in NumPy: ``(float32(q) - z) * s`` with ``z``
+    and ``s`` in the kernel's types, each step rounded as the kernel rounds it (NumPy's
+    promotion of arrays is Numba's), stored in the kernel's target type, then ``out``'s."""
+    compute = F64 if (out.dtype == F64 or qt.bits > 16) else F32
+    z = layout.expand(_zeros_like(zero_point, scale).astype(zp_dtype or compute))
+    compute = np.dtype(scale_dtype or compute)
+    s = layout.expand(scale.astype(compute))
+    y = (q.astype(F32) - z) * s
+    direct = out.dtype in (F32, F64) and (out.dtype == compute or scale_dtype is not None)
+    target = y.astype(out.dtype if direct else compute, copy=False)
+    out[...] = target if direct else target.astype(out.dtype)
     return out
 
 
