@@ -80,6 +80,7 @@ class Conversion:
         self.max_memory, self.overwrite, self.compression = max_memory, overwrite, compression
         self.checkpoint = checkpoint  # a CheckpointSource (workers open it themselves)
         self.results: dict[str, dict] = index.rows()
+        self.resumed = bool(self.results)  # (then the index is settled once all are listed)
         self.pending: list[dict] = []
         self.keep_dtypes: dict[str, str | None] = {}
         self.positions = {n: i for i, n in enumerate(tensors)}
@@ -147,6 +148,8 @@ class Conversion:
                 self.index.append(self.pending)
             raise
         self.index.append(self.pending)
+        if self.resumed:  # the index's batches as an uninterrupted run writes them
+            self.index.settle(list(self.results.values()), ROWS_PER_BATCH)
 
     def _needs_zarr(self, todo: list[Todo]) -> bool:
         """Whether block work may reach zarr-python: sub-byte codes (qstream's data types),

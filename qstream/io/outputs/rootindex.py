@@ -9,7 +9,9 @@ grows by appending.
       b000000/zarr.json      attributes hold {"rows": [row, ...]} (or the same rows as
                              {"columns": {key: [value, ...]}}, a column of the error
       b000001/zarr.json      figures' floats as float64 bytes), written once, never again
-                             (new batches are linked into place: none is ever replaced)
+                             (new batches are linked into place; a resumed run, before it
+                             marks the root complete, rewrites the batches as its
+                             uninterrupted run writes them: :meth:`RootIndex.settle`)
     DST/<key>/               each tensor's own group (quantized, with its full report) or
                              array (kept)
     DST/_packs/<pack>/       or, for runs of small alike tensors, their pack (its row names
@@ -158,6 +160,99 @@ class RootIndex:
         self.meta = {}
         self.set_meta(**meta, version=VERSION, index=INDEX)
 
+    def settle(self, rows: list[dict[str, Any]], per_batch: int) -> None:
+        """Rewrite the index as an uninterrupted run writes it, so that a resumed run's output
+        has the same bytes: ``rows``, every tensor's row, listed in checkpoint order (a pack's
+        rows together, where its first one is, as the run converts them), in batches of
+        ``per_batch`` rows, a pack's rows a batch of their own. A batch that already holds
+        exactly a wanted batch's rows keeps its bytes (moved to its number); each document is
+        replaced atomically, in order, then the batches past the last are removed: a reader
+        (or a run killed meanwhile) always finds every row in some batch (at worst twice:
+        rows are read by name)."""
+        existing = {}  # the names a batch lists -> its document's bytes
+        for name in self._batch_names():
+            raw = self._raw(name)
+            if raw is not None:
+                names = tuple(r.get("name") for r in self._read_batch(name))
+                existing[names] = raw
+        wanted = [
+            existing.get(tuple(r["name"] for r in batch)) or group_doc(_batch(batch, pack))
+            for batch, pack in _settled(_listed_order(rows), per_batch)
+        ]
+        try:
+            for i, doc in enumerate(wanted):
+                if self._raw(f"b{i:06d}") != doc:
+                    self._put_raw(f"{INDEX}/b{i:06d}", doc)
+            for name in reversed(self._batch_folders()):
+                if int(name[1:]) >= len(wanted):
+                    self._remove(name)
+        except OSError as e:
+            raise StoreError(f"cannot write the index of {self.root}: {e}") from None
+        self._batches = len(wanted)
+
+    def _raw(self, name: str) -> bytes | None:
+        """The bytes of batch ``name``'s document (None: none)."""
+        local = local_path(self.root)
+        if local is not None:
+            try:
+                path = walk_below(local, [INDEX, name, "zarr.json"], WHAT)
+                with open_regular(path, "index document", follow=False) as f:
+                    return bytes(f.read(64 << 20))
+            except FileNotFoundError:
+                return None
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        raw = sync(self.store.get(f"{INDEX}/{name}/zarr.json", default_buffer_prototype()))
+        return None if raw is None else bytes(raw.to_bytes())
+
+    def _put_raw(self, rel: str, doc: bytes) -> None:
+        local = local_path(self.root)
+        if local is not None:
+            write_doc(
+                os.path.dirname(walk_below(local, [*rel.split("/"), "zarr.json"], WHAT)),
+                doc,
+                new=False,
+            )
+            return
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        sync(self.store.set(f"{rel}/zarr.json", default_buffer_prototype().buffer.from_bytes(doc)))
+
+    def _batch_folders(self) -> list[str]:
+        """Every batch's name, its document written or not (a local root's folders)."""
+        local = local_path(self.root)
+        if local is None:
+            return self._batch_names()
+        try:
+            entries = os.scandir(walk_below(local, [INDEX], WHAT))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        with entries:
+            names = [
+                e.name for e in entries if not e.is_symlink() and e.is_dir(follow_symlinks=False)
+            ]
+        return sorted(n for n in names if n.startswith("b") and n[1:].isdigit())
+
+    def _remove(self, name: str) -> None:
+        """Remove batch ``name`` (its document first, then its folder and what a killed
+        writer left in it)."""
+        local = local_path(self.root)
+        if local is None:
+            from zarr.core.sync import sync
+
+            sync(self.store.delete(f"{INDEX}/{name}/zarr.json"))
+            return
+        folder = walk_below(local, [INDEX, name], WHAT)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, "zarr.json"))
+        with contextlib.suppress(FileNotFoundError):
+            for e in os.scandir(folder):
+                if e.name.endswith(".partial") and e.is_file(follow_symlinks=False):
+                    os.unlink(e.path)
+            os.rmdir(folder)
+
     # ---- reading
 
     def _batch_names(self) -> list[str]:
@@ -243,14 +338,55 @@ class RootIndex:
         return cls(root, meta, store)
 
 
-def _batch(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _listed_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` (compacted) by position, each pack's rows moved to its first one's place."""
+    ordered = sorted((compact(r) for r in rows), key=lambda r: (r.get("pos", 0), r.get("slot", 0)))
+    packs: dict[Any, list[dict[str, Any]]] = {}
+    for r in ordered:
+        if r.get("pack") is not None:
+            packs.setdefault(r["pack"], []).append(r)
+    out: list[dict[str, Any]] = []
+    for r in ordered:
+        if r.get("pack") is None:
+            out.append(r)
+        elif r["pack"] in packs:
+            out.extend(sorted(packs.pop(r["pack"]), key=lambda r: r.get("slot", 0)))
+    return out
+
+
+def _settled(rows: list[dict[str, Any]], per_batch: int) -> list[tuple[list[dict], bool]]:
+    """``rows`` cut into batches as a run lists them (with whether each is a pack's): a
+    pack's rows a batch of their own, the others ``per_batch`` at a time between packs."""
+    out: list[tuple[list[dict], bool]] = []
+    pending: list[dict[str, Any]] = []
+    for row in rows:
+        pack = row.get("pack")
+        if pack is None:
+            pending.append(row)
+            if len(pending) >= per_batch:
+                out.append((pending, False))
+                pending = []
+            continue
+        if pending:
+            out.append((pending, False))
+            pending = []
+        if out and out[-1][1] and out[-1][0][-1].get("pack") == pack:
+            out[-1][0].append(row)
+        else:
+            out.append(([row], True))
+    if pending:
+        out.append((pending, False))
+    return out
+
+
+def _batch(rows: list[dict[str, Any]], pack: bool = False) -> dict[str, Any]:
     """A batch document's attributes: ``{"columns": {key: [value per row]}}`` when every row
-    has the same keys (a pack's tensors: a few times smaller and faster to write than a list
-    of objects), ``error`` split into ``error.<figure>`` columns when every row's has the
-    same figures (a column of floats as float64 bytes,
+    has the same keys (a pack's tensors, always, ``pack``: a few times smaller and faster to
+    write than a list of objects), ``error`` split into ``error.<figure>`` columns when every
+    row's has the same figures (a column of floats as float64 bytes,
     :func:`~qstream.io.storage.columns.listed_floats`); else ``{"rows": rows}``."""
     keys = list(rows[0])
-    if len(rows) < 2 or any(list(r) != keys for r in rows):
+    if (len(rows) < 2 and not pack) or any(list(r) != keys for r in rows):
         return {"rows": rows}
     columns: dict[str, Any] = {k: [r[k] for r in rows] for k in keys}
     errors = columns.get("error")
