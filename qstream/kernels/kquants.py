@@ -24,6 +24,7 @@ from numba import njit, prange
 from .kquants_search import (
     GROUP_MAX_EPS,
     QK_K,
+    QKX_WORK,
     QX_WORK,
     fp16_bits,
     fp16_value,
@@ -64,7 +65,7 @@ def _sum_squares(x):
 
 
 @njit(**_OPTS)
-def _q2_k(x, qw, has_w, out, L, Laux, wts, scales, mins, sw, Ls, Lm):
+def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
     """One Q2_K super-block (84 bytes: 16 scale/min bytes, 64 code bytes, d, dmin)."""
     sb = out[0:16]
     if not has_w:
@@ -80,7 +81,7 @@ def _q2_k(x, qw, has_w, out, L, Laux, wts, scales, mins, sw, Ls, Lm):
                 xs,
                 wts,
                 L[16 * j :],
-                Laux,
+                kwork,
                 np.float32(-0.5),
                 np.float32(0.1),
                 15,
@@ -122,7 +123,7 @@ def _q2_k(x, qw, has_w, out, L, Laux, wts, scales, mins, sw, Ls, Lm):
                 xs,
                 wts,
                 L[16 * j :],
-                Laux,
+                kwork,
                 np.float32(-0.9),
                 np.float32(0.05),
                 36,
@@ -205,7 +206,7 @@ def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8, work):
 
 
 @njit(**_OPTS)
-def _q45_k(x, qw, has_w, out, nmax, L, Laux, wts, scales, mins, sw, Ls, Lm):
+def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
     """One Q4_K (``nmax`` 15, 144 bytes) or Q5_K (``nmax`` 31, 176 bytes) super-block: d,
     dmin, 12 scale/min bytes, then (Q5_K) the high bits and the 4-bit codes."""
     s = out[4:16]
@@ -224,7 +225,7 @@ def _q45_k(x, qw, has_w, out, nmax, L, Laux, wts, scales, mins, sw, Ls, Lm):
             for i in range(32):
                 wts[i] = av_x + np.abs(xs[i])
             sc, mn = qkx_scale_min(
-                32, nmax, xs, wts, L[32 * j :], Laux, rmin, _D01, nstep, False, False
+                32, nmax, xs, wts, L[32 * j :], kwork, rmin, _D01, nstep, False, False
             )
             scales[j] = sc
             mins[j] = mn
@@ -256,7 +257,7 @@ def _q45_k(x, qw, has_w, out, nmax, L, Laux, wts, scales, mins, sw, Ls, Lm):
                 xs,
                 wts,
                 L[32 * j :],
-                Laux,
+                kwork,
                 _M09,
                 _D005,
                 36,
@@ -366,7 +367,7 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
     for part in prange((nblocks + RUN - 1) // RUN):
         L = np.zeros(QK_K, np.uint8)
         L8 = np.zeros(QK_K, np.int8)
-        Laux = np.zeros(32, np.uint8)
+        kwork = np.zeros(QKX_WORK, np.float32)
         wts = np.zeros(32, np.float32)
         scales = np.zeros(16, np.float32)
         mins = np.zeros(16, np.float32)
@@ -381,13 +382,13 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
             wb = qw[col : col + QK_K] if has_w else qw[0:0]
             ob = out[b * size : b * size + size]
             if kind == Q2_K:
-                _q2_k(xb, wb, has_w, ob, L, Laux, wts, scales, mins, sw, Ls, Lm)
+                _q2_k(xb, wb, has_w, ob, L, kwork, wts, scales, mins, sw, Ls, Lm)
             elif kind == Q3_K:
                 _q3_k(xb, wb, has_w, ob, L8, wts, scales, sw, Ls8, work)
             elif kind == Q4_K:
-                _q45_k(xb, wb, has_w, ob, 15, L, Laux, wts, scales, mins, sw, Ls, Lm)
+                _q45_k(xb, wb, has_w, ob, 15, L, kwork, wts, scales, mins, sw, Ls, Lm)
             elif kind == Q5_K:
-                _q45_k(xb, wb, has_w, ob, 31, L, Laux, wts, scales, mins, sw, Ls, Lm)
+                _q45_k(xb, wb, has_w, ob, 31, L, kwork, wts, scales, mins, sw, Ls, Lm)
             else:
                 _q6_k(xb, wb, has_w, ob, L8, wts, scales, work)
 
