@@ -1,4 +1,4 @@
-"""qstream's GGUF Q8_0 export against llama.cpp's own converter, side by side in one run.
+"""qstream's GGUF exports against llama.cpp's converter (Q8_0) or quantizer (K-quant mixes).
 
 Two synthetic checkpoints (random float32 weights, sharded safetensors with an index, a
 config.json and a tiny SentencePiece tokenizer from ``tests/support/gguf_models.py``):
@@ -14,6 +14,17 @@ RSS, printed with qstream/llama.cpp ratios. A failed conversion is reported with
 error line, not hidden. Run by hand::
 
     NUMBA_CACHE_DIR=/tmp/numba python benchmarks/bench_gguf_moe.py --work /tmp/bench_moe
+
+With ``--gguf-type MIX`` for a K-quant mix (``Q4_K_M``, ``Q3_K_M``, ...; ``--imatrix FILE``
+optional), llama.cpp's side is its quantizer, as a user runs ``llama-quantize``: an F32 GGUF
+is made once by its converter (not timed), then ``llama_model_quantize`` (llama-cpp-python)
+writes the mix with ``nthread`` = ``--threads``; qstream's side is ``qstream convert SRC
+x.gguf --gguf-type MIX`` from the checkpoint with ``NUMBA_NUM_THREADS`` = ``--threads``. The
+two alternate ``--rounds`` times, each run a fresh process whose own peak is its VmHWM
+(``tests/support/memory_peak.py``); medians are reported, and the two files' tensors are
+compared (names, types, bytes)::
+
+    python benchmarks/bench_gguf_moe.py --gguf-type Q4_K_M --rounds 3 --dense-gib 0.25
 """
 
 from __future__ import annotations
@@ -164,6 +175,110 @@ def compare(src: Path, work: Path) -> dict:
     return out
 
 
+# llama.cpp's llama_ftype of each mix (llama.h)
+FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10, "Q3_K_S": 11,
+         "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16, "Q5_K_M": 17,
+         "Q6_K": 18}  # fmt: skip
+
+# llama_model_quantize in a child: argv = f32.gguf out.gguf ftype threads [imatrix]
+_QUANTIZE = """
+import ctypes, numpy as np, llama_cpp
+src, dst, ftype, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+params = llama_cpp.llama_model_quantize_default_params()
+params.ftype, params.nthread = ftype, threads
+keep = []
+if len(sys.argv) > 5:
+    from qstream.exports.gguf.imatrix import importance_weights, read_imatrix
+    weights = importance_weights(read_imatrix(sys.argv[5]))
+    arr = (llama_cpp.llama_model_imatrix_data * (len(weights) + 1))()
+    for i, (name, w) in enumerate(weights.items()):
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        keep += [name.encode(), w]
+        arr[i].name, arr[i].size = keep[-2], w.size
+        arr[i].data = w.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    params.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+sys.exit(llama_cpp.llama_model_quantize(src.encode(), dst.encode(), params))
+"""
+
+
+def _child(args: list, code: str, env: dict[str, str]) -> dict:
+    """Run a child (tests/support/memory_peak.py): exit code, wall seconds, own peak (MiB)."""
+    from tests.support.memory_peak import PREAMBLE, run_child
+
+    t0 = time.perf_counter()
+    r = run_child(args, code=PREAMBLE + code, env=env, timeout=3600)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return {"rc": r.returncode, "seconds": round(time.perf_counter() - t0, 2),
+            "peak_mib": round(r.peak / 2**20, 1),
+            "error": None if r.returncode == 0 else (lines[-1] if lines else "")[:300]}  # fmt: skip
+
+
+def _same_tensors(a: Path, b: Path) -> str:
+    """``"n/n"``: how many tensors of ``b`` ``a`` holds with the same type, shape and bytes."""
+    from gguf import GGUFReader
+
+    ta = {t.name: t for t in GGUFReader(str(a)).tensors}
+    tb = GGUFReader(str(b)).tensors
+    same = sum(
+        1
+        for t in tb
+        if t.name in ta
+        and ta[t.name].tensor_type == t.tensor_type
+        and list(ta[t.name].shape) == list(t.shape)
+        and np.array_equal(ta[t.name].data.view(np.uint8), t.data.view(np.uint8))
+    )
+    return f"{same}/{len(tb)}"
+
+
+def _median(runs: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in runs]))
+
+
+def compare_kquant(src: Path, work: Path, mix: str, threads: int, rounds: int,
+                   imatrix: Path | None) -> dict:  # fmt: skip
+    """``qstream convert SRC --gguf-type MIX`` against ``llama_model_quantize`` of an F32
+    GGUF of SRC (made once), alternated ``rounds`` times; medians and ratios."""
+    from tests.support.gguf_models import run_converter
+
+    f32 = work / f"{src.name}-f32.gguf"
+    if not f32.exists():
+        t0 = time.perf_counter()
+        run_converter(src, f32)
+        print(f"made {f32} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    qs_out, ll_out = work / f"{src.name}-{mix}-qstream.gguf", work / f"{src.name}-{mix}-ll.gguf"
+    env = {"NUMBA_NUM_THREADS": str(threads), "QSTREAM_PROGRESS_EVERY": "0"}
+    cli = "from cli.main import main\nsys.argv[0] = 'qstream'\nmain()\n"
+    ours_args = ["convert", str(src), str(qs_out), "--gguf-type", mix, "--overwrite", "-q"]
+    theirs_args = [str(f32), str(ll_out), str(FTYPE[mix]), str(threads)]
+    if imatrix is not None:
+        ours_args += ["--imatrix", str(imatrix)]
+        theirs_args.append(str(imatrix))
+    ours: list[dict] = []
+    theirs: list[dict] = []
+    for k in range(rounds):
+        for side in ("q", "l") if k % 2 == 0 else ("l", "q"):
+            if side == "q":
+                qs_out.unlink(missing_ok=True)
+                ours.append(_child(ours_args, cli, env))
+            else:
+                ll_out.unlink(missing_ok=True)
+                theirs.append(_child(theirs_args, _QUANTIZE, env))
+        print(f"round {k + 1}: qstream {ours[-1]}, llama.cpp {theirs[-1]}", file=sys.stderr)
+    out: dict = {"mix": mix, "threads": threads, "imatrix": imatrix is not None,
+                 "source_bytes": sum(f.stat().st_size for f in src.glob("*.safetensors")),
+                 "qstream": ours, "llama.cpp": theirs}  # fmt: skip
+    if all(r["rc"] == 0 for r in ours + theirs):
+        for key in ("seconds", "peak_mib"):
+            out[f"median_{key}"] = {
+                "qstream": _median(ours, key),
+                "llama.cpp": _median(theirs, key),
+            }
+        out["time_ratio"] = round(_median(ours, "seconds") / _median(theirs, "seconds"), 2)
+        out["rss_ratio"] = round(_median(ours, "peak_mib") / _median(theirs, "peak_mib"), 2)
+        out["same_tensors"] = _same_tensors(qs_out, ll_out)
+    return out
+
+
 def main() -> None:
     """Build the checkpoints (once) and print the side-by-side results as JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -171,9 +286,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=8192)
     ap.add_argument("--dense-gib", type=float, default=1.0, help="0: skip the dense model")
+    ap.add_argument("--moe", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--gguf-type", default="Q8_0", help="Q8_0 (converter) or a K-quant mix")
+    ap.add_argument("--imatrix", type=Path, default=None, help="K-quant mixes: an imatrix file")
+    ap.add_argument("--threads", type=int, default=2, help="K-quant mixes: threads of each side")
+    ap.add_argument("--rounds", type=int, default=3, help="K-quant mixes: alternated runs")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    cases = {"moe": args.work / f"moe-{args.layers}x{args.experts}"}
+    cases = {"moe": args.work / f"moe-{args.layers}x{args.experts}"} if args.moe else {}
     if args.dense_gib > 0:
         cases["dense"] = args.work / f"dense-{args.dense_gib}gib"
     results = {"git": git_state()}
@@ -185,7 +305,11 @@ def main() -> None:
             else:
                 build_dense(src, args.dense_gib)
             print(f"built {src} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        results[kind] = compare(src, args.work)
+        if args.gguf_type == "Q8_0":
+            results[kind] = compare(src, args.work)
+        else:
+            results[kind] = compare_kquant(src, args.work, args.gguf_type, args.threads,
+                                           args.rounds, args.imatrix)  # fmt: skip
         print(kind, json.dumps(results[kind]), file=sys.stderr)
     print(json.dumps(results, indent=1))
 

@@ -9,6 +9,13 @@ differ). Printed: seconds, and qstream's time over ggml's (below 1: qstream is f
 
 The ggml library is llama-cpp-python's ``lib/libggml-base.so``, else ``QSTREAM_GGML_LIB``.
 Run ``python benchmarks/bench_kquants.py --help``.
+
+``--imatrix-gib G`` instead times importance-matrix collection: a dump of about ``G`` GiB of
+float32 activations (a Zarr group, one uncompressed array per Linear input of a Llama-style
+model of ``--imatrix-layers`` layers, hidden 1024, chunks of 1024 tokens; built once under
+``--work``) read by ``qs.compute_imatrix(dump, model, out)`` and by a plain read of the same
+arrays (zarr, chunk by chunk, nothing computed), each in a fresh process, alternated
+``--rounds`` times (the dump stays in the page cache for both); medians, and the ratio.
 """
 
 from __future__ import annotations
@@ -64,15 +71,110 @@ def best_of(repeat: int, fn) -> float:
     return min(times)
 
 
+# the children of the imatrix benchmark: argv = dump model [out]
+_COLLECT = """
+import qstream as qs
+qs.compute_imatrix(sys.argv[1], sys.argv[2], sys.argv[3])
+"""
+_PLAIN_READ = """
+import zarr
+g = zarr.open_group(sys.argv[1], mode="r")
+for name, a in g.arrays():
+    step = a.chunks[0]
+    for r in range(0, a.shape[0], step):
+        a[r : r + step]
+"""
+_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+def build_dump(folder: Path, gib: float, layers: int, hidden: int = 1024) -> tuple[Path, Path]:
+    """A Llama-style model folder (config and float32 safetensors) and a Zarr dump of about
+    ``gib`` GiB of activations of its Linear inputs (tokens x in_features, 1024-token chunks)."""
+    import zarr
+    from safetensors.numpy import save_file
+
+    inter = hidden * 11 // 4
+    model, dump = folder / "model", folder / "acts.zarr"
+    if (dump / "zarr.json").exists():
+        return model, dump
+    model.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    t = {"model.embed_tokens.weight": np.zeros((256, hidden), np.float32),
+         "model.norm.weight": np.ones(hidden, np.float32),
+         "lm_head.weight": np.zeros((256, hidden), np.float32)}  # fmt: skip
+    widths = {}
+    for i in range(layers):
+        for name in _LINEARS:
+            in_f = inter if name == "mlp.down_proj" else hidden
+            out_f = inter if name in ("mlp.gate_proj", "mlp.up_proj") else hidden
+            t[f"model.layers.{i}.{name}.weight"] = np.zeros((out_f, in_f), np.float32)
+            widths[f"model.layers.{i}.{name}"] = in_f
+    save_file(t, str(model / "model.safetensors"), metadata={"format": "pt"})
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+              "num_attention_heads": 8, "num_key_value_heads": 8, "vocab_size": 256,
+              "rms_norm_eps": 1e-5, "tie_word_embeddings": False}  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config))
+    tokens = max(1024, int(gib * 2**30 / 4 / sum(widths.values())) // 1024 * 1024)
+    g = zarr.open_group(str(dump), mode="w")
+    for name, width in widths.items():
+        a = g.create_array(name, shape=(tokens, width), chunks=(1024, width), dtype="float32",
+                           compressors=None)  # fmt: skip
+        for r in range(0, tokens, 8192):
+            n = min(8192, tokens - r)
+            a[r : r + n] = rng.standard_normal((n, width), np.float32)
+    return model, dump
+
+
+def imatrix_bench(args: argparse.Namespace) -> int:
+    """Time ``qs.compute_imatrix`` against a plain read of the same dump, alternated."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.memory_peak import PREAMBLE, run_child
+
+    model, dump = build_dump(args.work / f"imatrix-{args.imatrix_gib}gib", args.imatrix_gib,
+                             args.imatrix_layers)  # fmt: skip
+    size = sum(f.stat().st_size for f in dump.rglob("*") if f.is_file())
+    out = args.work / "bench.imatrix"
+    times: dict[str, list[float]] = {"compute_imatrix": [], "plain read": []}
+    peaks: dict[str, list[int]] = {"compute_imatrix": [], "plain read": []}
+    for k in range(args.rounds):
+        order = ["plain read", "compute_imatrix"]
+        for side in order if k % 2 == 0 else order[::-1]:
+            code, argv = (_COLLECT, [dump, model, out]) if side == "compute_imatrix" else (
+                _PLAIN_READ, [dump])  # fmt: skip
+            t = time.perf_counter()
+            r = run_child(argv, code=PREAMBLE + code, timeout=3600)
+            times[side].append(time.perf_counter() - t)
+            peaks[side].append(r.peak)
+            if r.returncode:
+                sys.exit(f"{side} failed: {r.stderr[-2000:]}")
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    result = {"git": git_state(), "dump_bytes": size, "rounds": args.rounds, "seconds": times,
+              "median_seconds": med, "peak_mib": {k: [p >> 20 for p in v] for k, v in
+                                                  peaks.items()},
+              "ratio": round(med["compute_imatrix"] / med["plain read"], 2)}  # fmt: skip
+    print(f"dump {size / 2**30:.2f} GiB: compute_imatrix {med['compute_imatrix']:.2f} s, "
+          f"plain read {med['plain read']:.2f} s, ratio {result['ratio']:.2f}")  # fmt: skip
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     """Run the comparison; print a table (and JSON with ``--json``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--imatrix-gib", type=float, default=0, help="time imatrix collection")
+    ap.add_argument("--imatrix-layers", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/bench_kquants"))
+    ap.add_argument("--rounds", type=int, default=3, help="imatrix: alternated runs")
     ap.add_argument("--mib", type=float, default=64, help="MiB of float32 rows (default 64)")
     ap.add_argument("--cols", type=int, default=4096, help="columns per row (default 4096)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each, best kept (default 2)")
     ap.add_argument("--types", default="Q2_K,Q3_K,Q4_K,Q5_K,Q6_K")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args()
+    if args.imatrix_gib > 0:
+        return imatrix_bench(args)
 
     import numba
 
