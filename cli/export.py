@@ -146,15 +146,26 @@ def gguf_summary(src: str, result: dict[str, Any]) -> str:
         return float(v) if v is not None else float("inf")
 
     if errors:
+        # (with an imatrix: the importance-weighted SQNR, what llama.cpp's search raises, and
+        # both figures for the tensor quantized without it: what the imatrix bought)
+        imx = any("without_imatrix" in e for e in errors.values())
+        extra = ["SQNR w/o imx", "wSQNR dB", "wSQNR w/o imx"] if imx else []
+
+        def compared(e: dict[str, Any]) -> list[str]:
+            plain = e.get("without_imatrix") or {}
+            return [fmt_db(plain.get("sqnr_db")), fmt_db(e.get("weighted_sqnr_db")),
+                    fmt_db(plain.get("weighted_sqnr_db"))]  # fmt: skip
+
         table(
             "quantized tensors, worst SQNR first",
-            ["tensor", "shape", "type", "SQNR dB", "max err"],
+            ["tensor", "shape", "type", "SQNR dB", *extra, "max err"],
             [
                 [
                     name,
                     str(plan.get(name, {}).get("shape", "")),
                     str(result["tensors"].get(name, "")),
                     fmt_db(errors[name].get("sqnr_db")),
+                    *(compared(errors[name]) if imx else []),
                     "-"
                     if errors[name].get("max_abs") is None
                     else f"{errors[name]['max_abs']:.3g}",

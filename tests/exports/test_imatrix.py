@@ -5,6 +5,7 @@ the file byte-equal to ggml's GGUF writer, read by llama.cpp's own loader and us
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from pathlib import Path
@@ -388,3 +389,66 @@ def test_reads_stay_under_the_memory_bound(tmp_path):
     np.testing.assert_allclose(sums, np.sum(x * x, axis=0), rtol=4096 * 2.0**-53)
     with pytest.raises(InvalidParameterError, match="over a quarter of the memory bound"):
         square_sums(arr, 512 << 10)
+
+
+def test_a_weighted_file_reports_what_the_imatrix_bought(tiny, tmp_path):
+    """``convert --imatrix`` reports, per tensor, the SQNR and the importance-weighted SQNR
+    with the imatrix and for the same tensor quantized without it (recomputed here from
+    qstream.compat.gguf's unweighted quantization and the file's weights)."""
+    from safetensors.numpy import load_file
+    from typer.testing import CliRunner
+
+    from cli.main import app
+    from qstream.compat.gguf import dequantize, quantize
+
+    imx = tmp_path / "m.imatrix"
+    compute_imatrix(tiny["acts_path"], tiny["model"], imx)
+    out = tmp_path / "m.gguf"
+    r = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            str(tiny["model"]),
+            str(out),
+            "--gguf-type",
+            "Q4_K_M",
+            "--imatrix",
+            str(imx),
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    errors = json.loads(r.output)["error"]
+    weights = importance_weights(read_imatrix(imx))
+    source = load_file(str(tiny["model"] / "model.safetensors"))
+    name, gguf_name = "model.layers.1.mlp.down_proj.weight", "blk.1.ffn_down.weight"
+    e = errors[name]
+    x = source[name].astype(np.float32)
+    kind = json.loads(r.output)["tensors"][name]
+    plain = dequantize(quantize(x, kind), kind, x.shape).astype(np.float64)
+    w = weights[gguf_name].astype(np.float64)
+    xd = x.astype(np.float64)
+    assert e["without_imatrix"]["sqnr_db"] == pytest.approx(
+        10 * np.log10(float((xd * xd).sum()) / float(((xd - plain) ** 2).sum())), rel=1e-12
+    )
+    assert e["without_imatrix"]["weighted_sqnr_db"] == pytest.approx(
+        10 * np.log10(float((w * xd * xd).sum()) / float((w * (xd - plain) ** 2).sum())), rel=1e-12
+    )
+    weighted = [v for v in errors.values() if "without_imatrix" in v]
+    # (every layer weight; the embedding and lm_head have no imatrix entry, as llama.cpp's)
+    assert len(weighted) == len([n for n in errors if ".layers." in n])
+    better = [v["weighted_sqnr_db"] > v["without_imatrix"]["weighted_sqnr_db"] for v in weighted]
+    assert sum(better) >= 0.8 * len(better)  # (what llama.cpp's weighted search raises)
+    r = CliRunner().invoke(
+        app,
+        [
+            "convert",
+            str(tiny["model"]),
+            str(tmp_path / "t.gguf"),
+            "--gguf-type",
+            "Q4_K_M",
+            "--imatrix",
+            str(imx),
+        ],
+    )
+    assert r.exit_code == 0 and "wSQNR w/o imx" in r.output, r.output

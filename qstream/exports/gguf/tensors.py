@@ -24,17 +24,22 @@ _PLAIN = {"float32": "F32", "float64": "F32", "float16": "F16", "bfloat16": "BF1
 class ErrorSums:
     """The error of a tensor's GGUF values against its source values, summed as the slabs
     are written (float64; per row, then rows added in file order: the same sums whatever
-    the slab size)."""
+    the slab size). With importance weights (an imatrix), also the weighted sums (what
+    llama.cpp's weighted search minimises) and, in :attr:`plain`, the same sums for the
+    tensor quantized without the imatrix: what the imatrix bought."""
 
     ROWS = 1 << 16  # values a step of the sums takes at most (its float64 temporaries)
 
     def __init__(self) -> None:
         self.count = 0
         self.sums = np.zeros(4)  # x^2, (x - y)^2, x * y, y^2
+        self.weighted = np.zeros(2)  # w x^2, w (x - y)^2
         self.max_abs = 0.0
+        self.plain: ErrorSums | None = None
 
-    def add(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis)."""
+    def add(self, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
+        """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis);
+        ``w``: the importance weights of the rows (``[rows or 1, columns]``)."""
         cols = x.shape[-1] if x.ndim else 1
         x, y = x.reshape(-1, cols), y.reshape(-1, cols)
         step = max(1, self.ROWS // max(1, cols))
@@ -45,18 +50,37 @@ class ErrorSums:
             rows = np.stack(
                 [(a * a).sum(axis=1), (e * e).sum(axis=1), (a * b).sum(axis=1), (b * b).sum(axis=1)]
             )  # [4, rows]
-            self.sums = np.cumsum(np.concatenate([self.sums[:, None], rows], axis=1), axis=1)[:, -1]
+            self.sums = _added(self.sums, rows)
+            if w is not None:
+                wr = (w if w.shape[0] == 1 else w[r : r + step]).astype(np.float64)
+                self.weighted = _added(
+                    self.weighted, np.stack([(wr * a * a).sum(axis=1), (wr * e * e).sum(axis=1)])
+                )
             if e.size:
                 self.max_abs = max(self.max_abs, float(np.abs(e).max()))
             self.count += a.size
 
     def summary(self) -> dict[str, Any]:
-        """SQNR (dB), MSE, cosine similarity, count and the largest absolute error."""
+        """SQNR (dB), MSE, cosine similarity, count and the largest absolute error; with
+        importance weights ``weighted_sqnr_db`` too, and ``without_imatrix``: the same
+        figures for the tensor quantized without them."""
         from ...spec import error_metrics
 
         out = error_metrics(self.count, *(float(v) for v in self.sums))
         out["max_abs"] = self.max_abs
+        if self.weighted.any():
+            signal, noise = (float(v) for v in self.weighted)
+            out["weighted_sqnr_db"] = (
+                float("inf") if noise == 0 else 10 * math.log10(signal / noise) if signal else None
+            )
+        if self.plain is not None:
+            out["without_imatrix"] = self.plain.summary()
         return out
+
+
+def _added(total: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``total`` plus the columns of ``rows`` added one at a time, in order."""
+    return np.cumsum(np.concatenate([total[:, None], rows], axis=1), axis=1)[:, -1]
 
 
 def float_tensor(
@@ -176,14 +200,28 @@ def _rows_tensor(
                 raise NonFiniteInputError(
                     f"{name}: holds NaN or infinite values, which GGUF blocks cannot hold"
                 )
-        raw = np.ascontiguousarray(_quantize(x, gtype, imatrix, r0, rows // max(1, shape[0])))
+        per = rows // max(1, shape[0])
+        raw = np.ascontiguousarray(_quantize(x, gtype, imatrix, r0, per))
         if errors is not None:
-            errors.add(np.asarray(source), q.dequantize(raw, gtype))
+            w = None if imatrix is None else _row_weights(imatrix, r0, len(x), per)
+            errors.add(np.asarray(source), q.dequantize(raw, gtype), w)
+            if w is not None:  # (the same rows without the imatrix: what it bought)
+                errors.plain = errors.plain or ErrorSums()
+                plain = np.ascontiguousarray(_quantize(x, gtype, None, r0, per))
+                errors.plain.add(np.asarray(source), q.dequantize(plain, gtype), w)
         return raw.view(np.uint8)
 
     if len(shape) > 1:
         return GGUFTensor(name, shape, gtype, rows, read, max(1, step))
     return GGUFTensor(name, shape, gtype, 1, read, 1)
+
+
+def _row_weights(w: np.ndarray, r0: int, n: int, per: int) -> np.ndarray:
+    """The importance weights of rows ``r0:r0 + n``: ``[1, columns]`` for one vector,
+    ``[n, columns]`` for one an expert (``per`` rows an expert)."""
+    if w.ndim == 1:
+        return w.reshape(1, -1)
+    return w[(r0 + np.arange(n)) // per]
 
 
 def _quantize(x: Any, gtype: str, w: np.ndarray | None, r0: int, per: int) -> np.ndarray:
