@@ -393,29 +393,39 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
                 _q6_k(xb, wb, has_w, ob, L8, wts, scales, work)
 
 
+# The dequantize kernels: one sub-block at a time, its scale (and min) multiplied out once,
+# then each value ``(d * scale) * q - dmin * min`` (gguf-py's order) from its bits.
+
+
 @njit(**_OPTS)
 def _dq2_k(raw, y):
     df = half_at(raw, 80)
     mf = half_at(raw, 82)
-    for v in range(QK_K):
-        half, rest = divmod(v, 128)
-        shift, lane = divmod(rest, 32)
-        q = (np.int32(raw[16 + 32 * half + lane]) >> (2 * shift)) & 3
-        sc = np.int32(raw[v // 16])
-        y[v] = (df * np.float32(sc & 0xF)) * np.float32(q) - mf * np.float32(sc >> 4)
+    for j in range(16):  # values 16j.. are bits 2*shift of bytes 16 + 32 * half + lane
+        sc = np.int32(raw[j])
+        d = df * np.float32(sc & 0xF)
+        m = mf * np.float32(sc >> 4)
+        src = 16 + 32 * (j >> 3) + 16 * (j & 1)
+        shift = 2 * ((j & 7) >> 1)
+        for i in range(16):
+            q = (np.int32(raw[src + i]) >> shift) & 3
+            y[16 * j + i] = d * np.float32(q) - m
 
 
 @njit(**_OPTS)
 def _dq3_k(raw, y):
     df = half_at(raw, 108)
     s = raw[96:108]
-    for v in range(QK_K):
-        half, rest = divmod(v, 128)
-        shift, lane = divmod(rest, 32)
-        lo = (np.int32(raw[32 + 32 * half + lane]) >> (2 * shift)) & 3
-        hi = (np.int32(raw[lane]) >> (4 * half + shift)) & 1
-        q = lo - 4 * (1 - hi)
-        y[v] = (df * np.float32(scale_k3(s, v // 16))) * np.float32(q)
+    for j in range(16):
+        d = df * np.float32(scale_k3(s, j))
+        half = j >> 3
+        shift = (j & 7) >> 1
+        lane0 = 16 * (j & 1)
+        for i in range(16):
+            lane = lane0 + i
+            lo = (np.int32(raw[32 + 32 * half + lane]) >> (2 * shift)) & 3
+            hi = (np.int32(raw[lane]) >> (4 * half + shift)) & 1
+            y[16 * j + i] = d * np.float32(lo - 4 * (1 - hi))
 
 
 @njit(**_OPTS)
@@ -424,25 +434,32 @@ def _dq45_k(raw, y, five):
     mf = half_at(raw, 2)
     s = raw[4:16]
     base = 48 if five else 16
-    for v in range(QK_K):
-        sub, lane = divmod(v, 32)
-        q = (np.int32(raw[base + 32 * (sub // 2) + lane]) >> (4 * (sub % 2))) & 0xF
-        if five:
-            q |= ((np.int32(raw[16 + lane]) >> sub) & 1) << 4
+    for sub in range(8):
         sc, m = scale_min_k4(s, sub)
-        y[v] = (df * np.float32(sc)) * np.float32(q) - mf * np.float32(m)
+        d = df * np.float32(sc)
+        dm = mf * np.float32(m)
+        src = base + 32 * (sub // 2)
+        shift = 4 * (sub % 2)
+        for lane in range(32):
+            q = (np.int32(raw[src + lane]) >> shift) & 0xF
+            if five:
+                q |= ((np.int32(raw[16 + lane]) >> sub) & 1) << 4
+            y[32 * sub + lane] = d * np.float32(q) - dm
 
 
 @njit(**_OPTS)
 def _dq6_k(raw, y):
     df = half_at(raw, 208)
-    for v in range(QK_K):
-        half, rest = divmod(v, 128)
-        k, lane = divmod(rest, 32)
-        lo = (np.int32(raw[64 * half + 32 * (k % 2) + lane]) >> (4 * (k // 2))) & 0xF
-        hi = (np.int32(raw[128 + 32 * half + lane]) >> (2 * k)) & 3
-        q = (lo | (hi << 4)) - 32
-        y[v] = (df * np.float32(np.int8(raw[192 + v // 16]))) * np.float32(q)
+    for j in range(16):
+        d = df * np.float32(np.int8(raw[192 + j]))
+        half = j >> 3
+        k = (j & 7) >> 1
+        lane0 = 16 * (j & 1)
+        for i in range(16):
+            lane = lane0 + i
+            lo = (np.int32(raw[64 * half + 32 * (k % 2) + lane]) >> (4 * (k // 2))) & 0xF
+            hi = (np.int32(raw[128 + 32 * half + lane]) >> (2 * k)) & 3
+            y[16 * j + i] = d * np.float32((lo | (hi << 4)) - 32)
 
 
 @parallel_kernel
