@@ -175,8 +175,9 @@ S = "model.layers.0.mlp.experts.down_proj_scales"
         (lambda sd: sd.update({S: sd[S][:, :, :1].contiguous()}), None, "scales"),
         (lambda sd: sd.update({S: sd[S].to(torch.float32)}), None, "uint8"),
         (None, lambda doc: doc.pop("quantization_config"), "gpt-oss MXFP4"),
+        (lambda sd: sd.update({"model.norm.weight": sd[S][0].clone()}), None, "stored as uint8"),
     ],
-    ids=["no-scales", "no-blocks", "nan-scale", "scale-shape", "scale-dtype", "no-config"],
+    ids=["no-scales", "no-blocks", "nan-scale", "scale-shape", "scale-dtype", "no-config", "stray"],
 )
 def test_crafted_variants_are_refused_before_any_block_is_read(
     gpt_oss, tmp_path, edit, config, message

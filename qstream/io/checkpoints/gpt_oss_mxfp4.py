@@ -45,6 +45,11 @@ def read_gpt_oss(
         elif name.endswith(SCALES) and np.dtype(t.dtype) == np.uint8:
             pair = name.removesuffix(SCALES) + BLOCKS
             raise refused(f"{where}: {name!r} has no {pair!r} beside it (half a pair)")
+        elif np.dtype(t.dtype).kind in "iub" or np.dtype(t.dtype).itemsize == 1:
+            raise refused(
+                f"{where}: {name!r} is stored as {np.dtype(t.dtype).name} in an mxfp4 checkpoint,"
+                " not a pair of *_blocks and *_scales; refused rather than read as plain values"
+            )
         else:
             out[name] = t
     return out
