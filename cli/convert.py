@@ -171,7 +171,11 @@ def convert(
         False, "--dry-run", help="Print which tensor gets what, and the sizes; write nothing."
     ),
 ) -> None:
-    """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says."""
+    """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says.
+
+    Sizes: "after" is every byte the output holds for a tensor, uncompressed: its codes and
+    its parameters (scales, zero points unless all 0); the same in --dry-run, the table,
+    --json and inspect."""
     with library_errors():
         require_input(checkpoint, "CHECKPOINT")
         if gguf_type is not None and not dst.endswith(".gguf"):

@@ -66,7 +66,10 @@ def inspect(
     ),
     max_memory: str | None = MAX_MEMORY,
 ) -> None:
-    """Show a quantized array's spec, parameters, calibration and error report."""
+    """Show a quantized array's spec, parameters, calibration and error report.
+
+    Sizes: "after" is every byte the output holds for a tensor, uncompressed: its codes and
+    its parameters (scales, zero points unless all 0), as convert reports it."""
     with library_errors():
         if plot is not None:
             check_plot(plot)  # (usage first)

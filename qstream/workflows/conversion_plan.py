@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InvalidParameterError, StoreError
+from ..io.outputs import qarray
 from ..io.storage import compression as compressions
 from ..spec import Recipe
 from .gguf_job import gguf_plan
@@ -441,7 +442,7 @@ def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str
 
 def tensor_rows(tensors: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]:
     """A row per tensor: its name, shape, stored dtype, target (the spec, or ``keep``) and
-    bytes before and after (codes and parameters)."""
+    bytes before and after (codes and parameters: ``qarray.quantized_nbytes``)."""
     from ..engine.convert import describe_target
 
     rows = []
@@ -455,17 +456,7 @@ def tensor_rows(tensors: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]
             after = n * (np.dtype(keep).itemsize if keep else np.dtype(t.dtype).itemsize)
             target = f"keep/{keep}" if keep else "keep"
         else:
-            qt = spec.qtype
-            params = 1
-            if spec.axis is not None:
-                axis = spec.axis % len(shape)
-                params = (
-                    shape[axis]
-                    if not spec.block_size
-                    else n // shape[axis] * math.ceil(shape[axis] / spec.block_size)
-                )
-            per_param = (2 if spec.half_scales else 4) + (0 if spec.symmetric else qt.bits / 8)
-            after = int(math.ceil(n * qt.bits / 8) + params * per_param)
+            after = qarray.quantized_nbytes(shape, spec)
             target = describe_target(spec)
         rows.append(
             {

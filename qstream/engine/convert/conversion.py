@@ -297,7 +297,7 @@ class Conversion:
         return {
             "kept": False,
             "error": report.error,
-            "bytes_after": int(qarray.stored_nbytes(t.shape, spec.qtype)),
+            "bytes_after": qarray.quantized_nbytes(t.shape, spec),  # (codes and parameters)
             "passes": report.passes,
             "params": bool(params),
         }

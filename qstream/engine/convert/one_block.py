@@ -160,7 +160,7 @@ def _result(job: QuantizeJob, report: dict) -> dict[str, Any]:
     return {
         "kept": False,
         "error": report.get("error"),
-        "bytes_after": int(qarray.stored_nbytes(job.plan.shape, job.plan.qt)),
+        "bytes_after": qarray.quantized_nbytes(job.plan.shape, job.spec),  # (with parameters)
         "passes": report.get("passes"),
         "params": bool(params),
     }

@@ -372,9 +372,7 @@ class PackResult:
 def results(meta: dict, n: int) -> PackResult:
     """The :class:`PackResult` of the pack ``meta`` of ``n`` tensors (ValueError, KeyError
     or TypeError: the document is damaged)."""
-    from ...qtypes import qtype
-
-    nbytes = int(qarray.stored_nbytes(meta["shape"], qtype(meta["dtype"])))
+    nbytes = qarray.quantized_nbytes(meta["shape"], QuantSpec.from_dict(meta["spec"]))
     cols = packs.decoded_columns({k: meta["tensors"]["error"][k] for k in ERROR_COLUMNS})
     if not all(isinstance(v, list) and len(v) == n for v in cols.values()):
         raise ValueError(f"pack {meta['name']}: its error columns do not list {n} tensors")

@@ -149,6 +149,31 @@ def stored_nbytes(shape: Sequence[int], qt: QType) -> int:
     return -(-n * qt.bits // 8) if qt.bits < 8 else n * max(1, qt.dtype.itemsize)
 
 
+def quantized_nbytes(shape: Sequence[int], spec: Any) -> int:
+    """The size of a tensor of ``shape`` quantized under ``spec`` (a ``QuantSpec``): every
+    byte its output holds for it, uncompressed. That is its codes as stored
+    (:func:`stored_nbytes`) and its parameters, one set per tensor, channel or block: a
+    scale (float32; float16 with ``scale_dtype="float16"``), a zero point (in the codes'
+    widened type) unless every one is 0 by construction (signed integer types symmetric,
+    float types: zarr stores no chunk of zeros), an offset (float64) for a float offset.
+    The one definition of "after" of ``convert --dry-run``, ``convert``, ``inspect`` and
+    the conversion's reports."""
+    qt = spec.qtype
+    shape = [int(d) for d in shape]
+    params = 1
+    if spec.axis is not None and shape:
+        axis = spec.axis % len(shape)
+        params = shape[axis]
+        if spec.block_size:
+            params = math.prod(shape) // max(1, shape[axis]) * -(-shape[axis] // spec.block_size)
+    each = 2 if spec.half_scales else 4
+    if spec.float_offset:
+        each += 8
+    elif not qt.is_float and (not spec.symmetric or not qt.signed):
+        each += qt.widened.itemsize
+    return stored_nbytes(shape, qt) + params * each
+
+
 def set_meta(group: Any, meta: dict[str, Any], key: str = "qstream") -> None:
     """Replace the group's ``key`` attributes (one atomic metadata write)."""
     try:
