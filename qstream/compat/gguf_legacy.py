@@ -30,16 +30,15 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError
-from ..kernels import legacy_quants as lq
-from ..kernels.runtime import run
-from .gguf_kquants import importance_rows
 
 BLOCK = 32
 #: bytes per block of 32 values
 TYPE_SIZE = {"Q5_0": 22, "Q5_1": 24, "MXFP4": 17}
 TYPES = tuple(TYPE_SIZE)
 #: the types :func:`quantize` writes, and their GGML type numbers
-QUANTIZED = {"Q4_0": lq.Q4_0, "Q4_1": lq.Q4_1, "Q5_0": lq.Q5_0, "Q5_1": lq.Q5_1}
+#: (ggml's numbers, as the kernels know them; the kernels are imported when first used, so
+#: that reading a GGUF header or a Zarr output loads no Numba)
+QUANTIZED = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7}
 _SIZE = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24}
 # the E2M1 values, doubled, of nibbles 0..15
 _KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
@@ -63,6 +62,9 @@ def dequantize(raw: npt.ArrayLike, qtype: str, shape: Sequence[int] | None = Non
     else:
         x = np.empty(blocks.shape[0] * BLOCK, np.float32)
         if x.size:
+            from ..kernels import legacy_quants as lq
+            from ..kernels.runtime import run
+
             run(lq.dequantize_blocks, blocks.reshape(-1), QUANTIZED[name], x)
     out_shape = (*raw.shape[:-1], raw.shape[-1] // size * BLOCK)
     if shape is not None:
@@ -113,6 +115,8 @@ def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None)
             f"{name} without an importance matrix is gguf-py's rule (ggml's reference):"
             " qstream.compat.gguf.quantize writes it"
         )
+    from .gguf_kquants import importance_rows  # (its kernels: loaded when first used)
+
     weights = None if imatrix is None else importance_rows(imatrix, shape)
     flat = np.ascontiguousarray(arr, dtype=np.float32)
     if not np.isfinite(flat).all():
@@ -120,6 +124,9 @@ def quantize(x: npt.ArrayLike, qtype: str, imatrix: npt.ArrayLike | None = None)
     out = np.empty((*shape[:-1], shape[-1] // BLOCK * _SIZE[name]), np.uint8)
     if flat.size == 0:
         return out
+    from ..kernels import legacy_quants as lq
+    from ..kernels.runtime import run
+
     kind = QUANTIZED[name]
     if weights is None:
         run(lq.quantize_blocks, flat.reshape(-1), kind, out.reshape(-1))

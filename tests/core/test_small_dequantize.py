@@ -1,0 +1,88 @@
+"""A small region is dequantized with NumPy (no kernel loaded): the same bytes as the
+kernel gives, for every integer type, layout (per tensor, per axis, blocks with a short last
+block), zero point type, scale type and output type."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qstream.core import affine
+from qstream.core.layout import plan_layout
+from qstream.qtypes import QTYPES
+
+INTS = ["int8", "uint8", "int16", "uint16", "int32", "int4", "uint4", "int2"]
+OUTS = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
+
+
+@st.composite
+def cases(draw):
+    qt = QTYPES[draw(st.sampled_from(INTS))]
+    shape = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
+    axis = draw(st.one_of(st.none(), st.integers(0, len(shape) - 1)))
+    block = None
+    if axis is not None and draw(st.booleans()):
+        block = draw(st.integers(1, max(1, shape[axis])))
+    if axis is None:
+        pshape: tuple[int, ...] = ()
+    else:
+        pshape = list(shape)
+        pshape[axis] = -(-shape[axis] // block) if block else shape[axis]
+        pshape = tuple(pshape) if block else (shape[axis],)
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    lo, hi = qt.qrange(False)
+    q = rng.integers(lo, hi, size=shape, endpoint=True).astype(qt.dtype)
+    mags = np.array([1e-30, 1e-8, 3e-3, 0.1, 7.0, 1e20])
+    scale = (rng.choice(mags, pshape) * rng.uniform(0.5, 2.0, pshape)).astype(np.float32)
+    zp = None
+    if draw(st.booleans()):
+        zp = rng.integers(lo, hi, size=pshape, endpoint=True).astype(qt.dtype)
+    out = np.dtype(draw(st.sampled_from(OUTS)))
+    scale_dtype = draw(st.sampled_from([None, np.dtype(np.float64)]))
+    zp_dtype = draw(st.sampled_from([None, np.dtype(np.float64), np.dtype(np.float32)]))
+    return q, scale, zp, plan_layout(shape, pshape, axis, block), qt, out, scale_dtype, zp_dtype
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_numpy_path_gives_the_kernels_bytes(case):
+    q, scale, zp, layout, qt, out, scale_dtype, zp_dtype = case
+    kw = {"scale_dtype": scale_dtype, "zp_dtype": zp_dtype}
+    old = affine.NUMPY_BELOW
+    with np.errstate(all="ignore"):  # (float16 outputs overflow to inf: both paths alike)
+        small = affine.affine_dequantize(q, scale, zp, layout, qt, out, **kw)
+        affine.NUMPY_BELOW = -1  # (the kernel)
+        try:
+            kernel = affine.affine_dequantize(q, scale, zp, layout, qt, out, **kw)
+        finally:
+            affine.NUMPY_BELOW = old
+    assert small.dtype == kernel.dtype
+    assert small.tobytes() == kernel.tobytes()
+
+
+def test_a_first_small_read_of_an_int8_output_loads_no_kernel(tmp_path):
+    import subprocess
+    import sys
+
+    import qstream as qs
+
+    x = np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32)
+    qs.quantize_store(x, tmp_path / "q.zarr")
+    want = qs.open_quantized(tmp_path / "q.zarr")[100:104, 0:8]
+    code = (
+        "import sys, numpy as np, qstream as qs\n"
+        f"a = qs.open_quantized({str(tmp_path / 'q.zarr')!r})\n"
+        "v = a[100:104, 0:8]\n"
+        "print('numba' in sys.modules)\n"
+        "sys.stdout.buffer.write(np.ascontiguousarray(v).tobytes())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    flag, raw = done.stdout.split(b"\n", 1)
+    assert raw == want.tobytes()
+    if flag != b"False":
+        pytest.fail("the first 4x8 read of an int8 per-tensor output imported numba")
