@@ -42,8 +42,12 @@ _QWEN2_SPLIT = (
 
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python whose sdist vendors the converter used
-#: the parts of the sdist's vendor/llama.cpp the tests use (the converter and its vocabularies)
-_NEEDED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-")
+#: the parts of the sdist's vendor/llama.cpp the tests use (the converter and its vocabularies,
+#: the imatrix loader with ggml's headers: tests/support/llama_imatrix.py)
+_NEEDED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "models/ggml-vocab-",
+           "common/imatrix-loader.", "ggml/include/")  # fmt: skip
+#: a file of each kind the tree must hold (an extraction of fewer parts is made again)
+_MARKERS = (CONVERTER, "common/imatrix-loader.cpp", "ggml/include/ggml.h")
 
 
 def _cache_root() -> Path:
@@ -62,12 +66,12 @@ def fetch_llama_cpp_source() -> Path | None:
 
     root = _cache_root()
     tree = root / "llama.cpp"
-    if (tree / CONVERTER).is_file():
+    if all((tree / m).is_file() for m in _MARKERS):
         return tree
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "w") as lock:  # (xdist workers: one fetches, the others wait)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (tree / CONVERTER).is_file():
+        if all((tree / m).is_file() for m in _MARKERS):
             return tree
         cmd = [sys.executable, "-m", "pip", "download", f"llama-cpp-python=={LLAMA_CPP_PYTHON}",
                "--no-binary", ":all:", "--no-deps", "-d", str(root)]  # fmt: skip
@@ -107,7 +111,7 @@ def llama_cpp_root() -> Path | None:
         candidates.append(os.environ["QSTREAM_LLAMA_CPP_SRC"])
     candidates.append(DEFAULT_SRC)
     for c in candidates:
-        if os.path.isfile(os.path.join(c, CONVERTER)):
+        if all(os.path.isfile(os.path.join(c, m)) for m in _MARKERS):
             return Path(c)
     if os.environ.get("QSTREAM_LLAMA_CPP_SRC"):
         return None  # (the folder named is used, or nothing)

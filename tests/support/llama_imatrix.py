@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-SRC = Path("/tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp")
-
 # (common.h and log.h stand in for the two things the loader takes from them)
 _COMMON_H = """#pragma once
 #include <string>
@@ -78,19 +76,24 @@ def _need(what: str, ok: bool) -> None:
 
 def build_loader(work: Path) -> ctypes.CDLL:
     """Compile llama.cpp's ``common/imatrix-loader.cpp`` (unchanged) with a C entry point."""
-    src = SRC / "common" / "imatrix-loader.cpp"
+    from .gguf_models import llama_cpp_root
+
+    root = llama_cpp_root()  # (the installed vendor tree, $QSTREAM_LLAMA_CPP_SRC, or the sdist's)
+    _need("llama.cpp's source not found (see tests/support/gguf_models.py)", root is not None)
+    assert root is not None
+    src = root / "common" / "imatrix-loader.cpp"
     _need(f"llama.cpp source {src} not found", src.is_file())
     _need("no C++ compiler (g++)", shutil.which("g++") is not None)
     work.mkdir(parents=True, exist_ok=True)
     for name in ("imatrix-loader.cpp", "imatrix-loader.h"):
-        shutil.copy(SRC / "common" / name, work / name)
+        shutil.copy(root / "common" / name, work / name)
     (work / "common.h").write_text(_COMMON_H)
     (work / "log.h").write_text(_LOG_H)
     (work / "exports.cpp").write_text(_EXPORTS)
     out = work / "libimatrix_loader.so"
     libs = lib_dir()
     cmd = ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{work}",
-           f"-I{SRC / 'ggml' / 'include'}", str(work / "imatrix-loader.cpp"),
+           f"-I{root / 'ggml' / 'include'}", str(work / "imatrix-loader.cpp"),
            str(work / "exports.cpp"), f"-L{libs}", "-l:libggml-base.so",
            f"-Wl,-rpath,{libs}", "-o", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
