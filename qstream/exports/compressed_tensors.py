@@ -122,23 +122,75 @@ def tied_embedding(
 
 
 _EXPERT = re.compile(r"\.experts\.\d+\.")
+#: MoE model types measured with transformers 5.24 + compressed-tensors 0.20: it fuses their
+#: experts into 3-D ``experts.gate_up_proj`` / ``experts.down_proj`` and, loading a
+#: compressed-tensors folder, dequantizes the per-expert tensors before the merge
+MOE_MEASURED = ("mixtral", "qwen2_moe", "qwen3_moe")
+#: the presets whose per-expert weights that load gives exactly (compressed-tensors' own export
+#: and qstream's load alike, logits equal)
+EXPERT_PRESETS = ("W8A16", "W4A16", "FP8_DYNAMIC")
+_PRESET_WHY = {
+    "FP8_BLOCK": "it folds an FP8 expert's scale into its weight by broadcasting, which 128x128"
+    " block scales do not fit (compressed-tensors' own FP8_BLOCK export fails to load: a"
+    " CONVERSION error on experts.gate_up_proj)",
+    "NVFP4A16": "it dequantizes a packed expert without its weight_global_scale"
+    " (compressed-tensors' own NVFP4A16 export gives non-finite logits in bfloat16)",
+    "MXFP4A16": "its expert dequantization of MXFP4 is not measured exact (compressed-tensors'"
+    " own MXFP4A16 export fails in float32: a bfloat16/float32 matmul mismatch)",
+    "MXFP8A16": "it dequantizes experts only from weight_packed or FP8 codes (compressed-tensors'"
+    " own MXFP8A16 export fails to load: a CONVERSION error on experts.gate_up_proj)",
+}
 
 
-def refuse_experts(quantized: Sequence[str], config: dict[str, Any] | None) -> None:
-    """Refuse quantized mixture-of-experts expert weights (``...experts.N....weight``):
-    transformers 5 fuses a layer's experts into 3-D parameters (``experts.gate_up_proj``,
-    ``experts.down_proj``) that compressed-tensors' per-module layout cannot target (even
-    compressed-tensors' own export of a Mixtral fails to load), so such a folder would not
-    load; the refusal names the model type."""
+def refuse_experts(
+    quantized: Sequence[str],
+    config: dict[str, Any] | None,
+    scheme: str | None = None,
+    names: Sequence[str] = (),
+) -> None:
+    """Refuse, naming the model type and the measured reason, a compressed-tensors export of
+    a mixture-of-experts checkpoint (per-expert ``...experts.N....weight`` tensors) that
+    transformers 5.24 would not load exactly. ``scheme``: the ``--scheme`` preset (None: a
+    qstream recipe); ``names``: every tensor of the checkpoint (kept experts are checked too).
+
+    Measured on tiny Mixtral, Qwen2-MoE and Qwen3-MoE models: transformers fuses the experts
+    into 3-D parameters and dequantizes the per-expert tensors of a compressed-tensors folder
+    while merging them, for the ``EXPERT_PRESETS`` (qstream's folder and compressed-tensors'
+    own give the same bytes, weights and logits); float experts in a folder with an integer
+    scheme go through the same dequantization and fail (compressed-tensors' own W4A16 export
+    with the experts ignored fails too; only FP8 schemes pass float experts through)."""
     expert = next((n for n in quantized if _EXPERT.search(n)), None)
-    if expert is None:
+    kept = next((n for n in names if _EXPERT.search(n) and n not in set(quantized)), None)
+    if expert is None and kept is None:
         return
     kind = (config or {}).get("model_type") or "a mixture-of-experts model"
+    fuses = f"transformers 5.24 fuses {kind}'s experts into 3-D experts.gate_up_proj/down_proj"
+    if kind not in MOE_MEASURED:
+        why = (
+            f"{fuses}; loading per-expert compressed tensors is measured for"
+            f" {', '.join(MOE_MEASURED)} only"
+        )
+    elif scheme is None and expert is not None:
+        why = (
+            f"{fuses} and dequantizes per-expert weights only from packed or FP8 tensors:"
+            " qstream's recipe layout (int8 int-quantized experts fail even from"
+            " compressed-tensors' own export: a CONVERSION error) is not measured to load"
+        )
+    elif scheme is None:
+        expert = kept
+        why = (
+            f"{fuses} and sends kept float experts through compressed-tensors' dequantization,"
+            " which for an integer scheme yields nothing (compressed-tensors' own W4A16 export"
+            " with its experts ignored fails to load too: a CONVERSION error)"
+        )
+    elif scheme in EXPERT_PRESETS:
+        return
+    else:
+        why = f"{fuses}, and with {scheme} experts {_PRESET_WHY.get(scheme, 'are not measured')}"
     raise InvalidParameterError(
-        f"{kind}: {expert} is a quantized expert weight, and transformers 5 fuses each layer's"
-        " experts into 3-D parameters (experts.gate_up_proj, experts.down_proj) that"
-        " compressed-tensors' per-module layout cannot target: the folder would not load;"
-        " keep the experts (--exclude '*experts*') or export with format='qstream'"
+        f"{kind}: {expert} is an expert weight of a compressed-tensors folder, and {why}:"
+        f" the folder would not load; use --scheme {'/'.join(EXPERT_PRESETS)} or export"
+        " with format='qstream'"
     )
 
 

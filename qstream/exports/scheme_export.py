@@ -8,8 +8,9 @@ Every 2-D ``*.weight`` of a Linear layer is quantized; embeddings, ``lm_head`` a
 gates are kept (as llm-compressor's recipes ignore them), so a tied embedding stays tied.
 Refused in the plan, before any tensor byte is read: presets needing calibrated activation
 scales (``preset.refusal``), weights the preset cannot write (float16 sources, groups that do
-not divide), quantized MoE experts, a source that is quantized already. Each weight is read
-through :func:`qstream.io.checkpoints.open_checkpoint` one at a time, in row slabs within
+not divide), MoE experts under a preset transformers does not load them with
+(:func:`~.compressed_tensors.refuse_experts`), a source that is quantized already. Each weight
+is read through :func:`qstream.io.checkpoints.open_checkpoint` one at a time, in row slabs within
 ``max_memory``.
 """
 
@@ -135,7 +136,7 @@ def plan_scheme(
         )
     if not quantized:
         raise InvalidParameterError(f"{checkpoint}: no Linear weight for {p.name} to quantize")
-    ct.refuse_experts(quantized, model)
+    ct.refuse_experts(quantized, model, p.name, list(tensors))
     model["quantization_config"] = quantization_config(p, quantized, kept)
     job = _job(checkpoint, p)
     done = None if overwrite else finished_export(out, job)

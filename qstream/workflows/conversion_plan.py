@@ -412,7 +412,7 @@ def _tied_note(
 
     doc = read_json(config) if isinstance(config, str) else config
     quantized = [n for n, t in tensors.items() if recipe.spec_for(n, t.shape, t.dtype)]
-    ct.refuse_experts(quantized, doc)
+    ct.refuse_experts(quantized, doc, names=list(tensors))
     tied = ct.tied_embedding(quantized, list(tensors), doc)
     if tied is None:
         return None

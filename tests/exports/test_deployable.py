@@ -165,16 +165,23 @@ def _moe(folder, model_type: str, expert: str):
 
 @pytest.mark.parametrize(
     "model_type,expert",
-    [("mixtral", "block_sparse_moe.experts"), ("qwen3_moe", "mlp.experts")],
+    [
+        ("mixtral", "block_sparse_moe.experts"),
+        ("qwen3_moe", "mlp.experts"),
+        ("deepseek_v3", "mlp.experts"),
+    ],
 )
-def test_quantized_moe_experts_are_refused_in_the_plan_naming_the_model_type(
+def test_moe_experts_in_a_recipe_export_are_refused_in_the_plan_naming_the_model_type(
     tmp_path, model_type, expert
 ):
+    # (the measurements behind these refusals: tests/exports/test_moe_exports.py)
     src = _moe(tmp_path / "src", model_type, expert)
     out = tmp_path / "out" / "model.safetensors"
     r = CliRunner().invoke(app, ["convert", str(src), str(out), "--dry-run"])
     assert r.exit_code == 2 and r.output.startswith(f"error: {model_type}: "), r.output
-    assert "fuses each layer's experts into 3-D parameters" in r.output
+    assert f"fuses {model_type}'s experts into 3-D" in r.output
     assert not out.parent.exists()
     keep = qs.Recipe.from_dict({"rules": [{"pattern": "*experts*", "action": "keep"}]})
-    assert qs.plan_convert(src, out, keep).kind == "safetensors"  # kept experts: loadable
+    with pytest.raises(qs.InvalidParameterError, match=f"^{model_type}: .*experts"):
+        qs.plan_convert(src, out, keep)  # kept float experts do not load either
+    assert not out.parent.exists()

@@ -27,13 +27,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "core"))
 from test_float_formats import _oracle  # noqa: E402
 
 DEPLOY = os.path.join(os.path.dirname(HERE), "support", "hf_deploy.py")
+CT_EXPORT = os.path.join(os.path.dirname(HERE), "support", "ct_reference.py")
 BF16 = np.dtype(ml_dtypes.bfloat16)
 SCHEMES = ["FP8_DYNAMIC", "FP8_BLOCK", "W4A16", "W8A16", "NVFP4A16", "MXFP4A16"]
 
 
-def fresh(*args: object) -> dict:
+def fresh(*args: object, script: str = DEPLOY) -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([sys.executable, DEPLOY, *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True,
                        text=True, env=env, timeout=600)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -99,6 +100,28 @@ def test_scheme_export_equals_compressed_tensors_and_loads_bit_exact(source, sch
     assert got["quantized"] == len(quantized)
     assert got["bit_exact"] == got["quantized"], got["differ"]
     assert got["generated"] > 0
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8_BLOCK"])
+def test_fp8_export_logits_equal_compressed_tensors_own_export(source, scheme, tmp_path):
+    # activations are quantized at run time: compared export with export, both loaded by
+    # transformers in fresh processes in the model's own dtype
+    out = tmp_path / "qs" / "model.safetensors"
+    qs.convert_checkpoint(source, out, scheme=scheme)
+    fresh("export", source, tmp_path / "ct", scheme, script=CT_EXPORT)
+    theirs = _written(tmp_path / "ct")
+    ours = _written(out.parent)
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(_raw(ours[k]), _raw(theirs[k])) for k in ours)
+    dtype = "bfloat16" if any(v.dtype == torch.bfloat16 for v in ours.values()) else "float32"
+    a = fresh("run", out.parent, tmp_path / "qs.pt", dtype)
+    b = fresh("run", tmp_path / "ct", tmp_path / "ct.pt", dtype)
+    assert a["loads"] and b["loads"] and a["dtype"] == f"torch.{dtype}", (a, b)
+    got, want = torch.load(tmp_path / "qs.pt"), torch.load(tmp_path / "ct.pt")
+    assert sorted(got["state"]) == sorted(want["state"])
+    assert all(torch.equal(_raw(got["state"][k]), _raw(want["state"][k])) for k in got["state"])
+    assert torch.equal(got["logits"], want["logits"]) and bool(got["logits"].isfinite().all())
+    assert a["generated"] > 0
 
 
 def test_scheme_scales_are_in_the_source_dtype(source, tmp_path):

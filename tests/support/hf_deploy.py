@@ -23,14 +23,10 @@ TEXT = [
 ]
 
 
-def build(folder: str, hidden: int, tied: bool, dtype: str) -> None:
+def tokenizer(folder: str):
+    """A byte-level BPE tokenizer trained on ``TEXT``, with a chat template, saved in ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (
-        GenerationConfig,
-        LlamaConfig,
-        LlamaForCausalLM,
-        PreTrainedTokenizerFast,
-    )
+    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -45,23 +41,74 @@ def build(folder: str, hidden: int, tied: bool, dtype: str) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.chat_template = TEMPLATE
     fast.save_pretrained(folder)
+    return fast
+
+
+#: MoE model types: (config class, model class, config fields beside the common ones)
+MOE = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {
+        "num_experts": 4, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+        "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {
+        "num_experts": 4, "moe_intermediate_size": 128, "head_dim": 32,
+        "decoder_sparse_step": 1, "mlp_only_layers": []}),
+}  # fmt: skip
+
+
+def build(folder: str, hidden: int, tied: bool, dtype: str, arch: str = "llama") -> None:
+    import transformers
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    fast = tokenizer(folder)
     torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(fast),
-        tie_word_embeddings=tied,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-    )
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    fields = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": len(fast),
+        "tie_word_embeddings": tied,
+        "bos_token_id": fast.bos_token_id,
+        "eos_token_id": fast.eos_token_id,
+    }
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**fields))
+    else:  # a MoE: two experts of four routed a token
+        conf, cls, extra = MOE[arch]
+        config = getattr(transformers, conf)(**fields, **extra, num_experts_per_tok=2)
+        model = getattr(transformers, cls)(config)
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(folder)
     GenerationConfig(
         max_new_tokens=4, do_sample=False, eos_token_id=fast.eos_token_id
     ).save_pretrained(folder)
+
+
+def run(folder: str, dump: str, dtype: str) -> dict:
+    """Load ``folder`` as a user deploys it, run a forward and ``generate``; save the effective
+    state dict (after the first forward decompresses) and the logits to ``dump`` (a torch
+    file); report the error instead when it does not load or run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+        ids = tok(TEXT[0], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            logits = model(ids).logits
+            generated = model.generate(ids, max_new_tokens=4, do_sample=False)
+    except Exception as e:  # the measurement: what a user sees
+        return {"loads": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save({"state": state, "logits": logits}, dump)
+    return {
+        "loads": True,
+        "generated": int(generated.shape[1] - ids.shape[1]),
+        "dtype": str(next(model.parameters()).dtype),
+        "finite": bool(torch.isfinite(logits).all()),
+    }
 
 
 def _bits(t: torch.Tensor) -> np.ndarray:
@@ -110,7 +157,10 @@ def load(folder: str, expected: str, dtype: str) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1] == "build":
-        build(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "tied", sys.argv[5])
+        arch = sys.argv[6] if len(sys.argv) > 6 else "llama"
+        build(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "tied", sys.argv[5], arch)
         print(json.dumps({"built": sys.argv[2]}))
+    elif sys.argv[1] == "run":
+        print(json.dumps(run(sys.argv[2], sys.argv[3], sys.argv[4])))
     else:
         print(json.dumps(load(sys.argv[2], sys.argv[3], sys.argv[4])))

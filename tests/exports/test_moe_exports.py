@@ -1,0 +1,122 @@
+"""Mixture-of-experts compressed-tensors folders, per model type (Mixtral, Qwen2-MoE,
+Qwen3-MoE, tiny models built with transformers 5.24), checked against compressed-tensors'
+own export of the same checkpoint (its ``ModelCompressor`` on per-expert ``nn.Linear``
+modules, ``tests/support/ct_reference.py``), both loaded in fresh processes by
+``AutoModelForCausalLM.from_pretrained``: where compressed-tensors' own export loads,
+qstream's writes the same bytes and loads to the same weights and logits; where it does not,
+qstream refuses in the plan, naming the model type and the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import qstream as qs
+from cli.main import app
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("compressed_tensors")
+
+SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
+
+
+def fresh(script: str, *args: object) -> dict:
+    """Run a support script in a fresh Python process (qstream never imported there)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, os.path.join(SUPPORT, script), *map(str, args)],
+                       capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=MOE)
+def moe(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param) / "src"
+    fresh("hf_deploy.py", "build", folder, 128, "untied", "float32", request.param)
+    return request.param, folder
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    """The names whose tensors differ (dtype, shape or bytes) or exist in one dict only."""
+    out = sorted(set(a) ^ set(b))
+    for k in set(a) & set(b):
+        x, y = a[k], b[k]
+        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_raw(x), _raw(y)):
+            out.append(k)
+    return out
+
+
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "FP8_DYNAMIC"])
+def test_moe_scheme_export_loads_like_compressed_tensors_own_export(moe, scheme, tmp_path):
+    from safetensors.torch import load_file
+
+    _, src = moe
+    ref = tmp_path / "ct"
+    made = fresh("ct_reference.py", "export", src, ref, scheme)
+    out = tmp_path / "qs" / "model.safetensors"
+    plan = qs.plan_convert(src, out, scheme=scheme)
+    assert not any("expert" in n and "refus" in n for n in plan.notes)
+    report = qs.convert_checkpoint(src, out, scheme=scheme, max_memory=1 << 16)
+    experts = [n for n in report["tensors"] if ".experts." in n]
+    assert experts and all(not report["tensors"][n]["kept"] for n in experts)
+    ours, theirs = load_file(out), load_file(ref / "model.safetensors")
+    assert len(theirs) == made["tensors"] and _same(ours, theirs) == []
+    ct_run = fresh("hf_deploy.py", "run", ref, tmp_path / "ct.pt", "float32")
+    qs_run = fresh("hf_deploy.py", "run", out.parent, tmp_path / "qs.pt", "float32")
+    assert ct_run["loads"] and qs_run["loads"], (ct_run, qs_run)
+    assert qs_run["generated"] > 0 and qs_run["finite"]
+    a, b = torch.load(tmp_path / "qs.pt"), torch.load(tmp_path / "ct.pt")
+    fused = [k for k in a["state"] if k.endswith("experts.gate_up_proj")]
+    assert len(fused) == 2, sorted(a["state"])[:20]  # transformers' 3-D experts, a layer each
+    assert _same(a["state"], b["state"]) == []
+    assert torch.equal(a["logits"], b["logits"])
+    # the experts hold the dequantized weights (not a fresh initialisation): near the source
+    w = load_file(src / "model.safetensors")
+    first = next(n for n in sorted(w) if "layers.0." in n and ".experts.0." in n
+                 and n.endswith(("w1.weight", "gate_proj.weight")))  # fmt: skip
+    got = a["state"]["model.layers.0.mlp.experts.gate_up_proj"][0, : w[first].shape[0]]
+    assert (got - w[first]).abs().max() < 0.1 * w[first].abs().max()
+
+
+@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "MXFP8A16"])
+def test_moe_scheme_export_refused_where_compressed_tensors_own_export_fails(moe, scheme, tmp_path):
+    kind, src = moe
+    out = tmp_path / "qs" / "model.safetensors"
+    r = CliRunner().invoke(app, ["convert", str(src), str(out), "--scheme", scheme, "--dry-run"])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {kind}: "), r.output
+    assert scheme in r.output and "3-D experts.gate_up_proj" in r.output
+    assert not out.parent.exists()
+    if kind == "mixtral":  # the measurement behind the refusal (its experts span 2 blocks)
+        fresh("ct_reference.py", "export", src, tmp_path / "ct", scheme)
+        got = fresh("hf_deploy.py", "run", tmp_path / "ct", tmp_path / "ct.pt", "float32")
+        assert not got["loads"] and "conversion" in got["error"].lower(), got
+
+
+def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_own_fails(
+    moe, tmp_path
+):
+    kind, src = moe
+    out = tmp_path / "qs" / "model.safetensors"
+    r = CliRunner().invoke(app, ["convert", str(src), str(out), "--exclude", "*experts*"])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {kind}: "), r.output
+    assert "kept float experts" in r.output and not out.parent.exists()
+    r = CliRunner().invoke(app, ["convert", str(src), str(out), "--dry-run"])
+    assert r.exit_code == 2 and "qstream's recipe layout" in r.output, r.output
+    # compressed-tensors' own integer export with its experts ignored fails the same way;
+    # an FP8 scheme passes float experts through
+    fresh("ct_reference.py", "export", src, tmp_path / "w4", "W4A16", "keep-experts")
+    got = fresh("hf_deploy.py", "run", tmp_path / "w4", tmp_path / "w4.pt", "float32")
+    assert not got["loads"] and "conversion" in got["error"].lower(), got
+    fresh("ct_reference.py", "export", src, tmp_path / "f8", "FP8_DYNAMIC", "keep-experts")
+    assert fresh("hf_deploy.py", "run", tmp_path / "f8", tmp_path / "f8.pt", "float32")["loads"]
