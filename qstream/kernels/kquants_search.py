@@ -276,12 +276,53 @@ def _qkx_trials(n, nmax, x, w, first, nstep, rmin, rdelta, mx, mn, sum_w, sum_x,
 
 
 @njit(**_OPTS)
-def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le):
+def _qkx_in_turn(n, nmax, x, w, L, Laux, rmin, rdelta, nstep, use_mad, mx, mn, sum_w, sum_x,
+                 scale, best):  # fmt: skip
+    """The trials of :func:`qkx_scale_min` one after another, as the C code runs them
+    (``Laux``: float32 scratch of ``n``); ``(scale, min)``."""
+    fmax = np.float32(nmax)
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * np.float32(step) + fmax) / (mx - mn)
+        sum_l = _F0
+        sum_l2 = _F0
+        sum_xl = _F0
+        for i in range(n):
+            lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
+            fl = np.float32(lv)
+            Laux[i] = fl
+            sum_l += w[i] * fl
+            sum_l2 += w[i] * fl * fl
+            sum_xl += w[i] * fl * x[i]
+        det = sum_w * sum_l2 - sum_l * sum_l
+        if det > _F0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            if this_min > _F0:
+                this_min = _F0
+                this_scale = sum_xl / sum_l2
+            err = _F0
+            for i in range(n):
+                diff = this_scale * Laux[i] + this_min - x[i]
+                diff = np.abs(diff) if use_mad else diff * diff
+                err += w[i] * diff
+            if err < best:
+                for i in range(n):
+                    L[i] = np.int32(Laux[i])
+                best = err
+                scale = this_scale
+                mn = this_min
+    return scale, mn
+
+
+@njit(**_OPTS)
+def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le, side_by_side):
     """``make_qkx2_quants`` (``empty_le`` False) / ``make_qkx3_quants`` with weights (True):
     codes ``L`` (0..nmax, uint8), and ``(scale, the_min)`` where values are ``scale * L -
     the_min``. Trial inverse scales ``(rmin + rdelta * is + nmax) / (max - min)``, is = 0..nstep,
     each fitted by weighted least squares; the lowest weighted error (absolute when
     ``use_mad``, else squared) wins. ``work``: float32 scratch of :data:`QKX_WORK` values.
+    ``side_by_side`` False: the trials in turn (faster where nearly every win moves the min:
+    Q4_K/Q5_K without an imatrix).
 
     The C code tries the scales one after another, and a trial that wins moves ``min``, which
     the later trials use. Here the next :data:`QKX_TRIALS` trials are evaluated side by side
@@ -316,6 +357,10 @@ def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le
         diff = np.abs(diff) if use_mad else diff * diff
         best += w[i] * diff
     if nstep < 1:
+        return scale, -mn
+    if not side_by_side:
+        scale, mn = _qkx_in_turn(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, mx, mn,
+                                 sum_w, sum_x, scale, best)  # fmt: skip
         return scale, -mn
     T = QKX_TRIALS
     first = 0
