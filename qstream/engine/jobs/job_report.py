@@ -69,10 +69,13 @@ def finished(
         resumed_blocks=resumed,
         missing_chunks=job.source.missing_chunks(),
     )
-    from ...io.outputs import coordinates, source_attrs
+    from ...io.outputs import codes_attrs, coordinates, source_attrs
 
-    # the source's descriptive attributes; the parameters as coordinates (xarray)
+    # the source's descriptive attributes; the parameters as coordinates (xarray); codes
+    # that xarray does not decode flagged as such
     attrs = {**source_attrs(job.source), "coordinates": coordinates(offset is not None)}
+    if job.layout == "group":
+        attrs.update(codes_attrs(qt.name, plan.axis, spec.block_size, offset is not None))
     if plan.axis is None and not qt.is_float and job.layout == "group":
         s, z = float(np.asarray(scale).reshape(())), float(np.asarray(zero_point).reshape(()))
         if offset is not None:  # exact: see qstream.core.offsets
@@ -117,6 +120,9 @@ def finish(
         zero_point,
         offset,
     )
+    from ...io.outputs import copy_coords
+
+    copy_coords(job.source, group, job.dims, plan.shape)  # (lat, lon, time, ...: xarray's)
     check_landed(group, job.token, dst)  # (before data's attributes: it may be gone)
     if attrs:
         try:

@@ -18,7 +18,15 @@ from .qarray import exported_checkpoint, open_quantized
 from .quantized import QuantizedArray
 from .reader import QuantizedCheckpoint
 from .rootindex import ERROR_KEYS, RootIndex, compact
-from .scientific import carried_attrs, coordinates, drop_progress, source_attrs, source_dims
+from .scientific import (
+    carried_attrs,
+    codes_attrs,
+    coordinates,
+    copy_coords,
+    drop_progress,
+    source_attrs,
+    source_dims,
+)
 
 # the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
@@ -38,8 +46,10 @@ __all__ = [
     "check_writable",
     "check_writer",
     "codec",
+    "codes_attrs",
     "compact",
     "coordinates",
+    "copy_coords",
     "destination",
     "drop_progress",
     "exported_checkpoint",

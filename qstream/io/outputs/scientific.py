@@ -4,8 +4,14 @@
   ``_ARRAY_DIMENSIONS``) and its descriptive attributes (units, long_name, ...) are carried to
   ``data`` (:func:`source_dims`, :func:`source_attrs`);
 - the parameters are coordinates of ``data`` (a CF ``coordinates`` attribute), so
-  ``xr.open_zarr`` shows one data variable; ``_progress`` (the resume snapshot) is removed once
-  the output is complete (:func:`drop_progress`);
+  ``xr.open_zarr`` shows one data variable; when that variable is codes that xarray's CF
+  decoding does not turn into values (per channel, blockwise, float types), ``data``'s
+  attributes say so and how to decode them (:func:`codes_attrs`); ``_progress`` (the resume
+  snapshot) is removed once the output is complete (:func:`drop_progress`);
+- the source's coordinates (the 1-D arrays beside a Zarr source named by its dimensions, as
+  long as the axis: ``lat``, ``lon``, ``time``), values and attributes, are copied into the
+  output's group, where xarray finds them as the dimensions' coordinates
+  (:func:`copy_coords`);
 - the lock file exists only while a job writes (see :func:`qstream.io.outputs.destination.locked`).
 """
 
@@ -16,7 +22,8 @@ import os
 import re
 from typing import Any
 
-from ...paths import local_path
+from ...errors import StoreError
+from ...paths import local_path, walk_below
 from ..storage import (
     ARRAY_KEY,
     delete_keys,
@@ -84,11 +91,12 @@ def source_attrs(source: Any) -> dict[str, Any]:
 
 
 def carried_attrs(attrs: dict[Any, Any]) -> dict[str, Any]:
-    """The descriptive ones of ``attrs`` (see :func:`source_attrs`)."""
+    """The descriptive ones of ``attrs`` (see :func:`source_attrs`; never the
+    :func:`codes_attrs` of a quantized ``data``: what is carried are values)."""
     out = {
         k: v
         for k, v in attrs.items()
-        if isinstance(k, str) and k not in _ENCODING_ATTRS and not k.startswith("_")
+        if isinstance(k, str) and k not in _ENCODING_ATTRS and not k.startswith(("_", CODES_PREFIX))
     }
     try:
         if len(json.dumps(out, allow_nan=False)) > MAX_ATTRS_BYTES:
@@ -110,9 +118,121 @@ def param_names(dims: list[str], axis: int | None, block_size: int | None) -> li
     return names
 
 
+CODES_PREFIX = "qstream_"  # (the attributes :func:`codes_attrs` writes)
+
+
+def codes_attrs(
+    qtype: str, axis: int | None, block_size: int | None, offset: bool
+) -> dict[str, Any]:
+    """The attributes of a quantized ``data`` that tell a plain ``xr.open_zarr`` (or zarr)
+    reader it holds codes, not values, and how to decode them: ``qstream_codes: true``, the
+    names of the parameter arrays (``qstream_scale``, ``qstream_zero_point`` or
+    ``qstream_offset``), the axis and block size, and ``qstream_decode`` (the formula, and
+    ``qs.open_xarray``, which decodes lazily to float32). None for a per-tensor integer
+    output: its CF ``scale_factor``/``add_offset`` make xarray decode it."""
+    floats = qtype.startswith("float")
+    if axis is None and not floats:
+        return {}
+    where = (
+        "one value per tensor"
+        if axis is None
+        else f"one per index of axis {axis}"
+        if not block_size
+        else f"one per block of {block_size} along axis {axis}"
+    )
+    how = "data * scale + offset" if offset else "(data - zero_point) * scale"
+    if floats:
+        how = f"data (uint8 bit patterns of {qtype}) * scale" if "8" in qtype else "data * scale"
+    out: dict[str, Any] = {
+        "qstream_codes": True,
+        "qstream_dtype": qtype,
+        "qstream_scale": "scale",
+        **({"qstream_offset": "offset"} if offset else {"qstream_zero_point": "zero_point"}),
+        "qstream_axis": axis,
+        "qstream_decode": (
+            f"these are quantized {qtype} codes, not values: values = {how}, parameters"
+            f" {where}; qstream.open_xarray(path) gives the values (lazy, float32)"
+        ),
+    }
+    if block_size:
+        out["qstream_block_size"] = block_size
+    return out
+
+
 def coordinates(offset: bool) -> str:
     """The CF ``coordinates`` attribute of ``data``: its parameters."""
     return "scale zero_point offset" if offset else "scale zero_point"
+
+
+MEMBERS = {"data", "scale", "zero_point", "offset", "_progress"}  # (an output's own arrays)
+MAX_COORD_BYTES = 64 << 20  # a coordinate array larger than this is not copied
+
+
+def source_coords(source: Any, dims: list[str] | None, shape: Any) -> dict[str, Any]:
+    """The coordinates of a Zarr ``source`` (of dimensions ``dims`` and ``shape``): each 1-D
+    array of its group named by one of its dimensions and as long as that axis, as
+    ``(values, attributes)`` (the attributes as :func:`carried_attrs` keeps them: ``units``,
+    ``calendar``, ``long_name``, ...). None where there is nothing to copy."""
+    arr: Any = getattr(source, "array", None)
+    if getattr(source, "description", {}).get("kind") != "zarr" or arr is None or not dims:
+        return {}
+    import zarr
+
+    try:
+        path = str(arr.store_path.path).strip("/")
+        if path:  # (the source's group is in its store)
+            parent = path.rsplit("/", 1)[0] if "/" in path else ""
+            group = zarr.open_group(store=arr.store_path.store, path=parent, mode="r")
+        else:  # (a store rooted at the array: its folder's, when local)
+            local = local_path(source.description.get("path"))
+            if local is None:
+                return {}
+            group = zarr.open_group(os.path.dirname(os.path.abspath(local)), mode="r")
+    except Exception:  # (no group above the source: nothing to copy)
+        return {}
+    out = {}
+    for dim, n in zip(dims, shape, strict=True):
+        if dim in MEMBERS or not _NAME.fullmatch(dim) or dim.startswith("_"):
+            continue
+        try:
+            member = group[dim]
+        except Exception:
+            continue
+        if not isinstance(member, zarr.Array) or tuple(member.shape) != (int(n),):
+            continue
+        if int(n) * member.dtype.itemsize > MAX_COORD_BYTES:
+            continue
+        try:
+            values = member[...]
+        except Exception:  # (a type this zarr cannot read: left behind)
+            continue
+        out[dim] = (values, carried_attrs(dict(member.attrs)))
+    return out
+
+
+def copy_coords(source: Any, group: Any, dims: list[str] | None, shape: Any) -> None:
+    """Copy :func:`source_coords` into the output ``group`` (a ``zarr.Group``), each a 1-D
+    array named by its dimension (replacing one there: a resumed run writes the same; a link
+    in its place, in a local output, is refused naming it, never written through)."""
+    root = getattr(group.store_path.store, "root", None)  # (a local store's folder)
+    for dim, (values, attrs) in source_coords(source, dims, shape).items():
+        if root is not None:
+            parts = [p for p in str(group.store_path.path).split("/") if p]
+            walk_below(os.fspath(root), [*parts, dim, "zarr.json"])
+        try:
+            a = group.create_array(
+                dim,
+                shape=values.shape,
+                dtype=values.dtype,
+                dimension_names=[dim],
+                attributes=attrs,
+                overwrite=True,
+            )
+            a[...] = values
+        except OSError as e:
+            raise StoreError(
+                f"cannot write the coordinate {dim} of {group.store_path}: {e}"
+            ) from None
 
 
 def drop_progress(dst: object, group: Any, storage_options: dict[str, Any] | None = None) -> None:
