@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 
 from cli.main import app
 from qstream.exports.gguf.imatrix import importance_weights, read_imatrix
+from tests.support.activations import dump_activations, tiny_llama
 from tests.support.gguf_models import read_gguf_keys, run_converter
 
 zarr = pytest.importorskip("zarr")
@@ -41,46 +42,11 @@ def cli(*args: Any) -> Any:
 
 
 def _model(folder: Path, inter: int = INTER, layers: int = LAYERS) -> Path:
-    from tests.support.gguf_models import sentencepiece_tokenizer
-
-    sentencepiece_tokenizer(folder)
-    config = transformers.LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=inter, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
-        max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.05)
-    model.save_pretrained(str(folder))
-    return folder
+    return tiny_llama(folder, hidden=HIDDEN, inter=inter, layers=layers)
 
 
 def _dump(model_dir: Path, out: Path) -> None:
-    """Every Linear's input on a few random sequences (forward hooks), one Zarr array each."""
-    model = transformers.LlamaForCausalLM.from_pretrained(str(model_dir)).eval()
-    captured: dict[str, list[np.ndarray]] = {}
-
-    def hook(name: str) -> Any:
-        def grab(_m: Any, inputs: tuple[Any, ...], _out: Any) -> None:
-            x = inputs[0].detach().to(torch.float32)
-            captured.setdefault(name, []).append(x.reshape(-1, x.shape[-1]).numpy())
-
-        return grab
-
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            m.register_forward_hook(hook(name))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for length in (37, 50, 29):
-            model(torch.randint(3, 400, (1, length), generator=gen))
-    group = zarr.open_group(str(out), mode="w")
-    for name, v in captured.items():
-        a = np.concatenate(v)
-        group.create_array(name, data=a, chunks=(32, a.shape[1]))
+    dump_activations(model_dir, out, lengths=(37, 50, 29), chunk_rows=32)
 
 
 @pytest.fixture(scope="module")

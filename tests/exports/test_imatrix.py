@@ -18,6 +18,7 @@ from qstream.errors import InvalidParameterError, NonFiniteInputError
 from qstream.exports.gguf.imatrix import importance_weights, read_imatrix, weights_for
 from qstream.exports.gguf.importance import compute_imatrix, square_sums
 from tests.support import llama_imatrix as llama
+from tests.support.activations import dump_activations, tiny_llama
 
 zarr = pytest.importorskip("zarr")
 torch = pytest.importorskip("torch")
@@ -26,58 +27,11 @@ transformers = pytest.importorskip("transformers")
 HIDDEN, INTER, LAYERS = 256, 512, 2
 
 
-def _model(folder: Path) -> Path:
-    """A tiny float32 Llama (rows of whole K-quant super-blocks) with a SentencePiece
-    tokenizer, so that llama.cpp's converter takes it."""
-    from tests.support.gguf_models import sentencepiece_tokenizer
-
-    sentencepiece_tokenizer(folder)
-    config = transformers.LlamaConfig(
-        hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=400,
-        max_position_embeddings=256, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.05)
-    model.save_pretrained(str(folder))
-    return folder
-
-
-def _dump(model_dir: Path, out: Path, chunk_rows: int) -> dict[str, np.ndarray]:
-    """Run the model on a few random sequences, capture every Linear's input with forward
-    hooks and store them in the Zarr group ``out`` (one array per module); return them."""
-    model = transformers.LlamaForCausalLM.from_pretrained(str(model_dir)).eval()
-    captured: dict[str, list[np.ndarray]] = {}
-
-    def hook(name: str) -> Any:
-        def grab(_m: Any, inputs: tuple[Any, ...], _out: Any) -> None:
-            x = inputs[0].detach().to(torch.float32)
-            captured.setdefault(name, []).append(x.reshape(-1, x.shape[-1]).numpy())
-
-        return grab
-
-    for name, m in model.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            m.register_forward_hook(hook(name))
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for length in (37, 50, 29, 44):
-            model(torch.randint(3, 400, (1, length), generator=gen))
-    acts = {k: np.concatenate(v) for k, v in captured.items()}
-    group = zarr.open_group(str(out), mode="w")
-    for name, a in acts.items():
-        group.create_array(name, data=a, chunks=(chunk_rows, a.shape[1]))
-    return acts
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("imatrix")
-    model = _model(root / "model")
-    acts = _dump(model, root / "acts.zarr", 16)
+    model = tiny_llama(root / "model", hidden=HIDDEN, inter=INTER, layers=LAYERS)
+    acts = dump_activations(model, root / "acts.zarr", lengths=(37, 50, 29, 44), chunk_rows=16)
     return {"root": root, "model": model, "acts_path": root / "acts.zarr", "acts": acts}
 
 
