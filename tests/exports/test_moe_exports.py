@@ -57,11 +57,28 @@ def _same(a: dict, b: dict) -> list[str]:
     return out
 
 
+@pytest.fixture(scope="module")
+def mixtral_bf16(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mixtral_bf16") / "src"
+    fresh("hf_deploy.py", "build", folder, 128, "untied", "bfloat16", "mixtral")
+    return folder
+
+
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "FP8_DYNAMIC"])
 def test_moe_scheme_export_loads_like_compressed_tensors_own_export(moe, scheme, tmp_path):
+    _check_like_ct(moe[1], scheme, tmp_path, "float32")
+
+
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "FP8_DYNAMIC"])
+def test_bf16_mixtral_scheme_export_loads_like_compressed_tensors_own_export_in_bf16(
+    mixtral_bf16, scheme, tmp_path
+):
+    _check_like_ct(mixtral_bf16, scheme, tmp_path, "bfloat16")
+
+
+def _check_like_ct(src, scheme: str, tmp_path, dtype: str) -> None:
     from safetensors.torch import load_file
 
-    _, src = moe
     ref = tmp_path / "ct"
     made = fresh("ct_reference.py", "export", src, ref, scheme)
     out = tmp_path / "qs" / "model.safetensors"
@@ -72,9 +89,10 @@ def test_moe_scheme_export_loads_like_compressed_tensors_own_export(moe, scheme,
     assert experts and all(not report["tensors"][n]["kept"] for n in experts)
     ours, theirs = load_file(out), load_file(ref / "model.safetensors")
     assert len(theirs) == made["tensors"] and _same(ours, theirs) == []
-    ct_run = fresh("hf_deploy.py", "run", ref, tmp_path / "ct.pt", "float32")
-    qs_run = fresh("hf_deploy.py", "run", out.parent, tmp_path / "qs.pt", "float32")
+    ct_run = fresh("hf_deploy.py", "run", ref, tmp_path / "ct.pt", dtype)
+    qs_run = fresh("hf_deploy.py", "run", out.parent, tmp_path / "qs.pt", dtype)
     assert ct_run["loads"] and qs_run["loads"], (ct_run, qs_run)
+    assert qs_run["dtype"] == f"torch.{dtype}"
     assert qs_run["generated"] > 0 and qs_run["finite"]
     a, b = torch.load(tmp_path / "qs.pt"), torch.load(tmp_path / "ct.pt")
     fused = [k for k in a["state"] if k.endswith("experts.gate_up_proj")]
@@ -86,7 +104,8 @@ def test_moe_scheme_export_loads_like_compressed_tensors_own_export(moe, scheme,
     first = next(n for n in sorted(w) if "layers.0." in n and ".experts.0." in n
                  and n.endswith(("w1.weight", "gate_proj.weight")))  # fmt: skip
     got = a["state"]["model.layers.0.mlp.experts.gate_up_proj"][0, : w[first].shape[0]]
-    assert (got - w[first]).abs().max() < 0.1 * w[first].abs().max()
+    assert got.dtype == w[first].dtype
+    assert (got - w[first]).float().abs().max() < 0.1 * w[first].float().abs().max()
 
 
 @pytest.mark.parametrize("scheme", ["FP8_BLOCK", "MXFP8A16"])
