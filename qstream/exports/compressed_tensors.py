@@ -142,11 +142,31 @@ _PRESET_WHY = {
 }
 
 
+def expert_layouts(tensors: dict[str, Any], recipe: Any, quantized: Sequence[str]) -> list[Layout]:
+    """The layouts of the quantized expert weights among ``quantized`` (``recipe.spec_for``
+    on each tensor's shape and dtype)."""
+    out = []
+    for n in quantized:
+        if _EXPERT.search(n):
+            t = tensors[n]
+            out.append(layout(n, t.shape, recipe.spec_for(n, t.shape, t.dtype)))
+    return out
+
+
+def refuse_recipe_experts(
+    tensors: dict[str, Any], recipe: Any, quantized: Sequence[str], config: dict[str, Any] | None
+) -> None:
+    """:func:`refuse_experts` for a qstream recipe's export of ``tensors``."""
+    layouts = expert_layouts(tensors, recipe, quantized)
+    refuse_experts(quantized, config, None, list(tensors), layouts)
+
+
 def refuse_experts(
     quantized: Sequence[str],
     config: dict[str, Any] | None,
     scheme: str | None = None,
     names: Sequence[str] = (),
+    layouts: Sequence[Layout] = (),
 ) -> None:
     """Refuse, naming the model type and the measured reason, a compressed-tensors export of
     a mixture-of-experts checkpoint (per-expert ``...experts.N....weight`` tensors) that
@@ -158,7 +178,9 @@ def refuse_experts(
     while merging them, for the ``EXPERT_PRESETS`` (qstream's folder and compressed-tensors'
     own give the same bytes, weights and logits); float experts in a folder with an integer
     scheme go through the same dequantization and fail (compressed-tensors' own W4A16 export
-    with the experts ignored fails too; only FP8 schemes pass float experts through)."""
+    with the experts ignored fails too; only FP8 schemes pass float experts through). A
+    recipe's experts load when ``layouts`` (theirs, :func:`expert_layouts`) are one symmetric
+    4-bit layout: packed, as W4A16's (measured bit-exact for Mixtral and Qwen3-MoE)."""
     expert = next((n for n in quantized if _EXPERT.search(n)), None)
     kept = next((n for n in names if _EXPERT.search(n) and n not in set(quantized)), None)
     if expert is None and kept is None:
@@ -170,11 +192,14 @@ def refuse_experts(
             f"{fuses}; loading per-expert compressed tensors is measured for"
             f" {', '.join(MOE_MEASURED)} only"
         )
+    elif scheme is None and kept is None and _packed_alike(layouts):
+        return  # (one symmetric 4-bit layout: pack-quantized experts, loaded like W4A16's)
     elif scheme is None and expert is not None:
         why = (
-            f"{fuses} and dequantizes per-expert weights only from packed or FP8 tensors:"
-            " qstream's recipe layout (int8 int-quantized experts fail even from"
-            " compressed-tensors' own export: a CONVERSION error) is not measured to load"
+            f"{fuses} and dequantizes per-expert weights only from packed or FP8 tensors,"
+            " without zero points: a recipe's experts load only as one symmetric 4-bit layout"
+            " (int8 int-quantized experts fail even from compressed-tensors' own export: a"
+            " CONVERSION error)"
         )
     elif scheme is None:
         expert = kept
@@ -191,6 +216,14 @@ def refuse_experts(
         f"{kind}: {expert} is an expert weight of a compressed-tensors folder, and {why}:"
         f" the folder would not load; use --scheme {'/'.join(EXPERT_PRESETS)} or export"
         " with format='qstream'"
+    )
+
+
+def _packed_alike(layouts: Sequence[Layout]) -> bool:
+    """Whether the experts' layouts are one symmetric 4-bit (pack-quantized) config group."""
+    keys = {lay.group_key() for lay in layouts}
+    return len(keys) == 1 and all(
+        lay.bits == 4 and lay.symmetric and not lay.unsigned for lay in layouts
     )
 
 

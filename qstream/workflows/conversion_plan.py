@@ -406,13 +406,13 @@ def _tied_note(
     it unties them, as llm-compressor does (``lm_head.weight`` written with the embedding's
     quantized values, ``tie_word_embeddings: false``); transformers would otherwise run
     lm_head on the embedding's codes. None when nothing is tied. Quantized MoE experts are
-    refused here (:func:`~qstream.exports.compressed_tensors.refuse_experts`)."""
+    refused here (:func:`~qstream.exports.compressed_tensors.refuse_recipe_experts`)."""
     from ..exports import compressed_tensors as ct
     from ..io.checkpoints import read_json
 
     doc = read_json(config) if isinstance(config, str) else config
     quantized = [n for n, t in tensors.items() if recipe.spec_for(n, t.shape, t.dtype)]
-    ct.refuse_experts(quantized, doc, names=list(tensors))
+    ct.refuse_recipe_experts(tensors, recipe, quantized, doc)
     tied = ct.tied_embedding(quantized, list(tensors), doc)
     if tied is None:
         return None

@@ -131,7 +131,7 @@ def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_ow
     assert r.exit_code == 2 and r.output.startswith(f"error: {kind}: "), r.output
     assert "kept float experts" in r.output and not out.parent.exists()
     r = CliRunner().invoke(app, ["convert", str(src), str(out), "--dry-run"])
-    assert r.exit_code == 2 and "qstream's recipe layout" in r.output, r.output
+    assert r.exit_code == 2 and "one symmetric 4-bit layout" in r.output, r.output
     # compressed-tensors' own integer export with its experts ignored fails the same way;
     # an FP8 scheme passes float experts through
     fresh("ct_reference.py", "export", src, tmp_path / "w4", "W4A16", "keep-experts")
@@ -139,3 +139,38 @@ def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_ow
     assert not got["loads"] and "conversion" in got["error"].lower(), got
     fresh("ct_reference.py", "export", src, tmp_path / "f8", "FP8_DYNAMIC", "keep-experts")
     assert fresh("hf_deploy.py", "run", tmp_path / "f8", tmp_path / "f8.pt", "float32")["loads"]
+
+
+def test_moe_recipe_export_with_symmetric_int4_experts_loads_bit_exact(moe, tmp_path):
+    import numpy as np
+
+    kind, src = moe
+    out = tmp_path / "qs" / "model.safetensors"
+    args = ["convert", str(src), str(out), "--dtype", "int4", "--block-size", "128",
+            "--exclude", "*embed*", "--exclude", "*gate.weight"]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    asym = CliRunner().invoke(app, [*args[:3], "--overwrite", "--asymmetric", *args[3:]])
+    assert asym.exit_code == 2 and f"error: {kind}: " in asym.output, asym.output
+    got = fresh("hf_deploy.py", "run", out.parent, tmp_path / "qs.pt", "float32")
+    assert got["loads"] and got["finite"] and got["generated"] > 0, got
+    state = torch.load(tmp_path / "qs.pt")["state"]
+    ck = qs.open_quantized(out)
+    mlp = "block_sparse_moe.experts.{}." if kind == "mixtral" else "mlp.experts.{}."
+    parts = ("w1", "w3", "w2") if kind == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+    names = [mlp + p for p in parts]
+    compared = 0
+    for layer in range(2):
+        fused = state[f"model.layers.{layer}.mlp.experts.gate_up_proj"].numpy()
+        down = state[f"model.layers.{layer}.mlp.experts.down_proj"].numpy()
+        for e in range(4):
+            g, u, d = (
+                np.asarray(ck[f"model.layers.{layer}.{n.format(e)}.weight"][...], np.float32)
+                for n in names
+            )
+            np.testing.assert_array_equal(
+                fused[e].view(np.uint32), np.concatenate([g, u]).view(np.uint32)
+            )
+            np.testing.assert_array_equal(down[e].view(np.uint32), d.view(np.uint32))
+            compared += 1
+    assert compared == 8
