@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
+from .kquants_layout import pack_2bit, pack_k3, pack_k4, scale_k3, scale_min_k4
 from .kquants_search import (
     GROUP_MAX_EPS,
     QK_K,
@@ -30,16 +31,11 @@ from .kquants_search import (
     fp16_value,
     half_at,
     nearest_int,
-    pack_2bit,
-    pack_k3,
-    pack_k4,
     put_half,
     q3_scale,
     qkx_scale_min,
     qp_scale,
     qx_scale,
-    scale_k3,
-    scale_min_k4,
 )
 from .runtime import parallel_kernel
 
