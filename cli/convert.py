@@ -295,16 +295,22 @@ def recipe_of(
     return qs.Recipe.from_dict(d)
 
 
-def print_plan(plan: qs.ConversionPlan, as_json: bool) -> None:
+def print_plan(
+    plan: qs.ConversionPlan,
+    as_json: bool,
+    title: str = "conversion plan (nothing written)",
+    counted: tuple[str, str] = ("quantized", "kept"),
+) -> None:
     """``--dry-run``: what the run would do with DST, which tensor gets what (GGUF: its type
-    and rule), and the sizes."""
+    and rule), and the sizes (``counted``: what the tensors that are not kept, and the kept
+    ones, are called)."""
     if as_json:
         emit_json(plan.to_dict())
         return
     rows = plan.tensors
     rules = any("rule" in r for r in rows)
     table(
-        "conversion plan (nothing written)",
+        title,
         ["tensor", "shape", "dtype", "target", *(["rule"] if rules else []), "before", "after"],
         [
             [r["name"], str(r["shape"]), r["dtype"], r["target"],
@@ -321,7 +327,7 @@ def print_plan(plan: qs.ConversionPlan, as_json: bool) -> None:
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
     typer.echo(
-        f"{quantized} quantized, {len(rows) - quantized} kept;"
+        f"{quantized} {counted[0]}, {len(rows) - quantized} {counted[1]};"
         f" {fmt_bytes(before)} -> {fmt_bytes(after)}"
     )
 

@@ -7,6 +7,7 @@ import typer
 
 import qstream as qs
 
+from .convert import print_plan
 from .failures import library_errors
 from .helptext import examples
 from .options import (
@@ -194,12 +195,24 @@ def dequantize(
     scheduler: str | None = SCHEDULER,
     store: str = STORE,
     compression: str = compression_option("those of SRC's codes"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print what would be decoded and written; write nothing."
+    ),
 ) -> None:
     """Dequantize a quantized group into a plain Zarr array."""
     with library_errors():
         require_input(src, "SRC")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
+    with library_errors():  # (every refusal: here, before any tensor is read; exit 1 as ever)
+        plan = qs.plan_dequantize(
+            src, dst, dtype=dtype, max_memory=parse_size(max_memory, "--max-memory"),
+            overwrite=overwrite, store=store, compression=compression,
+        )  # fmt: skip
+    if dry_run:
+        print_plan(plan, as_json, "dequantization plan (nothing written)", ("decoded", "kept"))
+        return
+    with library_errors():
         show = not (quiet or as_json)
         with open_executor(scheduler) as ex, progress("dequantize", not show) as cb:
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.readers import open_quantized as open_quantized
     from .api.store_jobs import calibrate as calibrate
     from .api.store_jobs import dequantize_store as dequantize_store
+    from .api.store_jobs import plan_dequantize as plan_dequantize
     from .api.store_jobs import quantize_store as quantize_store
     from .api.views import compare_methods as compare_methods
     from .api.views import save_plot as save_plot
@@ -67,6 +68,7 @@ _EXPORTS = {
     "GroupQuantized": "qstream.api.arrays",
     "quantize_store": "qstream.api.store_jobs",
     "dequantize_store": "qstream.api.store_jobs",
+    "plan_dequantize": "qstream.api.store_jobs",
     "calibrate": "qstream.api.store_jobs",
     "compare_methods": "qstream.api.views",
     "save_plot": "qstream.api.views",

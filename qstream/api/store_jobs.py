@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from ..engine.convert import restore
-from ..engine.jobs import QuantizeJob
+from ..engine.convert import look_restore, restore
+from ..engine.jobs import QuantizeJob, look_dequantize
 from ..engine.jobs import dequantize as dequantize_group
 from ..io.outputs import is_checkpoint
 from ..io.storage import store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 from ..viz import reporting
-from ..workflows import dequantize_files
+from ..workflows import ConversionPlan, dequantize_files
 
 if TYPE_CHECKING:
     from ..workflows import (
@@ -197,6 +197,82 @@ def dequantize_store(
                 compression=compression,
                 on_tensor=on_tensor,
             )
+
+
+def plan_dequantize(
+    src: Location,
+    dst: Location,
+    *,
+    dtype: str = "float32",
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
+    compression: str | None = "auto",
+) -> ConversionPlan:
+    """What :func:`dequantize_store` with these arguments would do, decided as it decides
+    it and refusing what it refuses (the same exceptions and messages), writing nothing:
+    what happens to ``dst`` (``create``, ``resume``, ``complete``, ``replace``) and a row per
+    tensor (its stored type, the target dtype or ``keep``, bytes before and after; a model
+    folder's or GGUF file's decoding: the rows of its conversion plan). ``qstream dequantize
+    --dry-run`` prints it."""
+    from ..io.outputs import open_quantized as open_output
+    from ..io.storage import check_destination_suffix
+    from ..qtypes import float_dtype
+    from ..workflows import missing_parents
+
+    check_destination_suffix(dst, (".safetensors",), "a dequantization")
+    float_dtype(dtype)  # (refused as the run refuses it)
+    paths = cast("PathLike", src), cast("PathLike", dst)
+    s = str(src)
+    if s.endswith((".safetensors", ".safetensors.index.json")):
+        return cast(
+            "ConversionPlan", dequantize_files.decoded_plan(*paths, dtype, overwrite, max_memory)
+        )
+    if s.lower().endswith(".gguf") or dequantize_files.model_folder(src):
+        config, quantized = dequantize_files.config_for(*paths, dtype)
+        where = dequantize_files.check_config(*paths, config)
+        plan = dequantize_files.decoded_plan(
+            *paths, dtype, overwrite, max_memory, config is not None and quantized
+        )
+        if config is not None:
+            plan.notes.append(f"writes {where}: the model's config (no quantization_config)")
+        return cast("ConversionPlan", plan)
+    kind = "safetensors" if str(dst).endswith(".safetensors") else "zarr"
+    with store_errors(_remote(dst, src)):
+        if kind == "safetensors":
+            out = dequantize_files.to_safetensors(
+                *paths, dtype, overwrite, storage_options, max_memory, dry_run=True
+            )
+            action = "complete" if out.get("already_complete") else "create"
+            opened = open_output(src, storage_options=storage_options, max_memory=max_memory)
+            index = getattr(opened, "tensors", {})  # (a checkpoint's rows: what is stored)
+            rows = []
+            for e in out.get("entries", []):
+                r = index.get(e["name"], {})
+                kept = bool(r.get("kept", False))
+                rows.append({"name": e["name"], "shape": e["shape"], "kept": kept,
+                             "dtype": str(r.get("dtype" if kept else "target", e["dtype"])),
+                             "target": "keep" if kept else dtype,
+                             "bytes_before": int(r.get("bytes_after", e["bytes"])),
+                             "bytes_after": e["bytes"]})  # fmt: skip
+        else:
+            source = with_backend(src, store, storage_options, read_only=True)
+            target = with_backend(dst, store, storage_options, read_only=False)
+            if is_checkpoint(source, storage_options):
+                action, rows = look_restore(
+                    source, target, dtype=dtype, max_memory=max_memory, overwrite=overwrite,
+                    compression=compression,
+                )  # fmt: skip
+            else:
+                action, rows = look_dequantize(
+                    source, target, dtype=dtype, max_memory=max_memory, overwrite=overwrite,
+                    storage_options=storage_options, compression=compression,
+                )  # fmt: skip
+    return ConversionPlan(
+        checkpoint=str(src), destination=str(dst), kind=kind, action=action,
+        creates=missing_parents(cast("PathLike", dst)), rows=rows,
+    )  # fmt: skip
 
 
 def _remote(*targets: ArraySource) -> ArraySource:

@@ -91,6 +91,7 @@ def export_safetensors(
     dtype: str = "float32",
     max_memory: int | None = None,
     files: Sequence[str] = (),
+    dry_run: bool = False,
 ) -> dict[str, Any]:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -117,7 +118,9 @@ def export_safetensors(
     writes), kept tensors as stored.
 
     ``max_memory``: the memory bound (bytes; None: the default, 1 GiB) ``src`` is opened
-    under (see :func:`qstream.open_quantized`).
+    under (see :func:`qstream.open_quantized`). ``dry_run``: everything decided and refused
+    as for the export, nothing written; returns the files it would write and its ``entries``
+    (name, safetensors dtype, shape, bytes).
 
     ``files`` (compressed-tensors only): the model's non-weight files (tokenizer, chat
     template, generation config; :func:`qstream.exports.find_model_files` finds them
@@ -223,7 +226,13 @@ def export_safetensors(
         return write, written, other_forms(out, index, written, replace), todo
 
     last = None if len(shards) > 1 else paths[0]  # the file that marks a finished export
-    plan()  # refusals before anything is written (the lock file included)
+    _, written, _, _ = plan()  # refusals before anything is written (the lock file included)
+    if dry_run:  # (decided and checked as the export is; nothing written)
+        return {"files": written, "already_complete": False, "format": format,
+                "loader": LOADERS[format], "tensors": names,
+                "entries": [{"name": e.name, "dtype": e.tag, "shape": list(e.shape),
+                             "bytes": e.nbytes} for e in found],
+                "bytes": sum(e.nbytes for e in found)}  # fmt: skip
     os.makedirs(folder, exist_ok=True)  # (every command makes DST's missing folders)
     meta = {
         "format": "pt",

@@ -2,7 +2,7 @@
 (Zarr group, GGUF file, compressed-tensors folder, preset), and decoding to files."""
 
 from . import conversion_run, dequantize_files
-from .conversion_plan import ConversionPlan, plan_convert, tensor_rows
+from .conversion_plan import ConversionPlan, missing_parents, plan_convert, tensor_rows
 from .types import (
     ArraySource,
     ExecutorLike,
@@ -25,6 +25,7 @@ __all__ = [
     "StorageOptions",
     "conversion_run",
     "dequantize_files",
+    "missing_parents",
     "plan_convert",
     "tensor_rows",
 ]

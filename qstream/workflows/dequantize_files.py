@@ -27,20 +27,10 @@ def decoded(
     ``plain_model``: a quantized model decoded into a ``.safetensors`` plain model, which
     leaves out the activation parameters (``input_scale``, ``k_scale``, ...) that only the
     quantized model uses."""
-    from ..spec import Recipe
-    from .conversion_plan import plan_convert
     from .conversion_run import convert
 
-    recipe = Recipe.from_dict(
-        {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
-    )
-    fmt = "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
-    plan = None
-    if plain_model and fmt == "qstream":
-        plan = plan_convert(
-            src, dst, recipe, overwrite=overwrite, max_memory=max_memory, format=fmt
-        )
-        _leave_out_activation_params(plan)
+    plan = decoded_plan(src, dst, dtype, overwrite, max_memory, plain_model)
+    recipe, fmt = _decoding(dst, dtype)
     report = convert(
         src,
         dst,
@@ -52,6 +42,35 @@ def decoded(
         plan=plan,
     )
     return {**report, "dtype": dtype}
+
+
+def _decoding(dst: PathLike, dtype: str) -> tuple[Any, str]:
+    """The recipe (every tensor kept, in ``dtype``) and the layout of a decoding."""
+    from ..spec import Recipe
+
+    recipe = Recipe.from_dict(
+        {"min_rank": 0, "rules": [{"pattern": "*", "action": "keep", "dtype": dtype}]}
+    )
+    return recipe, "qstream" if str(dst).endswith(".safetensors") else "compressed-tensors"
+
+
+def decoded_plan(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    overwrite: bool,
+    max_memory: int | None,
+    plain_model: bool = False,
+) -> Any:
+    """The plan (:class:`~qstream.workflows.conversion_plan.ConversionPlan`) of
+    :func:`decoded` with these arguments, refusing what it refuses, nothing written."""
+    from .conversion_plan import plan_convert
+
+    recipe, fmt = _decoding(dst, dtype)
+    plan = plan_convert(src, dst, recipe, overwrite=overwrite, max_memory=max_memory, format=fmt)
+    if plain_model and fmt == "qstream":
+        _leave_out_activation_params(plan)
+    return plan
 
 
 def _leave_out_activation_params(plan: Any) -> None:
@@ -88,14 +107,60 @@ def decoded_gguf(
     """A GGUF file's tensors decoded (under their Hugging Face names where the architecture
     is known) into a Zarr group, or into ``dst.safetensors`` with a transformers
     ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads."""
+    config, _ = config_for(src, dst, dtype)
+    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
+
+
+def config_for(src: PathLike, dst: PathLike, dtype: str) -> tuple[dict[str, Any] | None, bool]:
+    """The ``config.json`` a decoding of a GGUF file or a model folder writes beside a
+    ``.safetensors`` ``dst`` (None: none), and whether the source was quantized (its
+    ``quantization_config`` removed): a GGUF file's rebuilt from its metadata, a folder's
+    its own (``torch_dtype``: ``dtype``)."""
+    import json
     import os
 
-    from ..io.checkpoints import gguf_config
+    if not str(dst).endswith(".safetensors"):
+        return None, False
+    if str(src).lower().endswith(".gguf"):
+        from ..io.checkpoints import gguf_config
 
-    config = None
-    if str(dst).endswith(".safetensors"):
-        config = gguf_config(os.fspath(src), dtype=dtype)
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
+        return gguf_config(os.fspath(src), dtype=dtype), False
+    where = os.path.join(os.fspath(src), "config.json")
+    if not os.path.isfile(where):
+        return None, False
+    from ..paths import open_regular
+
+    with open_regular(where, "model config") as f:
+        config = json.loads(f.read())
+    if not isinstance(config, dict):
+        return None, False
+    quantized = config.pop("quantization_config", None) is not None
+    config["torch_dtype"] = dtype
+    return config, quantized
+
+
+def check_config(src: PathLike, dst: PathLike, config: dict[str, Any] | None) -> str:
+    """Where the ``config`` of a decoding goes (beside ``dst``); a ``config.json`` already
+    there that says something else is refused (qstream never replaces a file it did not
+    write)."""
+    import json
+    import os
+
+    from ..errors import InvalidParameterError
+
+    where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
+    if config is not None and os.path.lexists(where):
+        try:
+            with open(where, encoding="utf-8") as f:
+                same = json.load(f) == config
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            raise InvalidParameterError(
+                f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
+                " not replace a file it did not write: remove it or choose another folder"
+            )
+    return where
 
 
 def decoded_model(
@@ -110,21 +175,7 @@ def decoded_model(
     decodes them) into a Zarr group, or into ``dst.safetensors`` with the source's
     ``config.json`` minus its ``quantization_config`` (``torch_dtype``: ``dtype``) beside it,
     so that transformers loads it as a plain model."""
-    import json
-    import os
-
-    config, quantized = None, False
-    where = os.path.join(os.fspath(src), "config.json")
-    if str(dst).endswith(".safetensors") and os.path.isfile(where):
-        from ..paths import open_regular
-
-        with open_regular(where, "model config") as f:
-            config = json.loads(f.read())
-        if not isinstance(config, dict):
-            config = None
-        else:
-            quantized = config.pop("quantization_config", None) is not None
-            config["torch_dtype"] = dtype
+    config, quantized = config_for(src, dst, dtype)
     return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config, quantized)
 
 
@@ -146,20 +197,7 @@ def _decoded_with_config(
     import json
     import os
 
-    from ..errors import InvalidParameterError
-
-    where = os.path.join(os.path.dirname(os.path.abspath(os.fspath(dst))), "config.json")
-    if config is not None and os.path.lexists(where):
-        try:
-            with open(where, encoding="utf-8") as f:
-                same = json.load(f) == config
-        except (OSError, ValueError):
-            same = False
-        if not same:
-            raise InvalidParameterError(
-                f"{where} exists and is not the config of {os.fspath(src)}; qstream does"
-                " not replace a file it did not write: remove it or choose another folder"
-            )
+    where = check_config(src, dst, config)
     plain_model = config is not None and quantized
     report = decoded(src, dst, dtype, overwrite, max_memory, progress, plain_model)
     if config is not None:
@@ -180,7 +218,10 @@ def to_safetensors(
     overwrite: bool,
     storage_options: StorageOptions | None,
     max_memory: int | None,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
+    """A qstream output's values exported as ``dst`` (a ``.safetensors``); ``dry_run``:
+    decided and refused as the export is, nothing written (``entries``: what it writes)."""
     import json
     import os
     import time
@@ -204,7 +245,10 @@ def to_safetensors(
             storage_options=storage_options,
             job=job,
             max_memory=max_memory,
+            dry_run=dry_run,
         )
+    if dry_run:
+        return {**out, "destination": path, "dtype": dtype}
     return {
         "destination": path,
         "files": out["files"],

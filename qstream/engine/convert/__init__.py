@@ -2,13 +2,14 @@
 
 from .convert_checkpoint import convert, prepare
 from .events import TensorEvent, describe_target
-from .restoring import restore
+from .restoring import look_restore, restore
 
 # the names the folders above may use
 __all__ = [
     "TensorEvent",
     "convert",
     "describe_target",
+    "look_restore",
     "prepare",
     "restore",
 ]

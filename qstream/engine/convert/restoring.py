@@ -24,6 +24,7 @@ from ...io.outputs import Action, Destination, destination, qarray
 from ...io.outputs import pack_layout as packs
 from ...io.storage import compression as compressions
 from ...io.storage import location, open_group, read_all, tensor_key
+from ...qtypes import float_dtype
 from . import kept
 from .events import TensorEvent
 from .kept import remove_own
@@ -33,6 +34,53 @@ if TYPE_CHECKING:
     from zarr.abc.store import Store
 
     from ..run import Executor
+
+
+def _prepared(
+    src: Any, dst: Any, dtype: str, max_memory: int | None, compression: str | None
+) -> tuple[qarray.QuantizedCheckpoint, str, dict[str, Any], Destination]:
+    """What a restore checks before it writes (the run's and the plan's alike): the
+    checkpoint opened under the memory bound, the destination separate and writable; the
+    checkpoint, its location, the job's identity and the destination."""
+    ck = qarray.open_quantized(src)
+    assert isinstance(ck, qarray.QuantizedCheckpoint)  # (the API restores checkpoints here)
+    ck.max_memory = max_memory  # (its packs are held to the bound)
+    src_loc = location(src) or str(src)
+    destination.check_separate(src_loc, dst)
+    destination.check_writable(dst)
+    ident = {"from": src_loc, "dtype": dtype, "compression": compressions.canonical(compression)}
+    dest = Destination(
+        dst, "restored", json.dumps(ident, sort_keys=True), same_job=lambda m: same_job(m, ident)
+    )
+    return ck, src_loc, ident, dest
+
+
+def look_restore(
+    src: Any,
+    dst: Any,
+    *,
+    dtype: str = "float32",
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    compression: str | None = compressions.AUTO,
+) -> tuple[str, list[dict[str, Any]]]:
+    """What :func:`restore` with these arguments would do, refusing what it refuses, writing
+    nothing: its action on ``dst`` and a row per tensor (name, shape, stored type, target:
+    ``dtype`` or ``keep``, bytes before and after), from the root's index."""
+    ck, _, _, dest = _prepared(src, dst, dtype, max_memory, compression)
+    action, _ = dest.look(overwrite=overwrite)
+    size = float_dtype(dtype).itemsize
+    rows = []
+    for name, r in ck.tensors.items():
+        shape = [int(d) for d in r.get("shape", ())]
+        kept, stored = bool(r.get("kept")), int(r.get("bytes_after", 0))
+        rows.append({
+            "name": name, "shape": shape, "kept": kept,
+            "dtype": str(r.get("dtype" if kept else "target", "")),  # (as stored)
+            "target": "keep" if kept else dtype, "bytes_before": stored,
+            "bytes_after": stored if kept else math.prod(shape) * size,
+        })  # fmt: skip
+    return action.value, rows
 
 
 def restore(
@@ -55,17 +103,8 @@ def restore(
     :class:`TensorEvent`: its ``dtype`` the stored type (the quantized type, or a kept
     tensor's), ``target`` the restored ``dtype`` or ``"keep"``, ``result`` its entry of the
     result's ``tensors`` (``kept``, ``bytes_written``)."""
-    ck = qarray.open_quantized(src)
-    assert isinstance(ck, qarray.QuantizedCheckpoint)  # (the API restores checkpoints here)
-    ck.max_memory = max_memory  # (its packs are held to the bound)
-    src_loc = location(src) or str(src)
-    destination.check_separate(src_loc, dst)
-    destination.check_writable(dst)
-    compression = compressions.canonical(compression)
-    ident = {"from": src_loc, "dtype": dtype, "compression": compression}
-    dest = Destination(
-        dst, "restored", json.dumps(ident, sort_keys=True), same_job=lambda m: same_job(m, ident)
-    )
+    ck, src_loc, ident, dest = _prepared(src, dst, dtype, max_memory, compression)
+    compression = ident["compression"]
     t0 = time.perf_counter()
     with dest.claim(overwrite=overwrite) as (action, existing):
         if action is Action.COMPLETE:

@@ -2,7 +2,12 @@
 
 from .array_jobs import DIRECT_BELOW, dequantize_direct, quantize_direct
 from .comparison import check_comparable, compare
-from .dequantize_job import dequantize, dequantized_array, dequantized_fingerprint
+from .dequantize_job import (
+    dequantize,
+    dequantized_array,
+    dequantized_fingerprint,
+    look_dequantize,
+)
 from .job import QuantizeJob
 from .job_memory import quantize_in_memory
 from .passes import report_stage
@@ -18,6 +23,7 @@ __all__ = [
     "dequantize_direct",
     "dequantized_array",
     "dequantized_fingerprint",
+    "look_dequantize",
     "quantize_direct",
     "quantize_in_memory",
     "report_stage",

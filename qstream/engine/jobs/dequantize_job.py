@@ -29,6 +29,55 @@ from ..run import DestRef, check_shared, pipeline, resolve
 from .passes import Progress, counter, fspath, report_stage
 
 
+def _prepared(
+    src: Any,
+    dst: Any,
+    dtype: Any,
+    storage_options: dict[str, Any] | None,
+    max_memory: int | None,
+    compression: str,
+) -> tuple[QuantizedArray, np.dtype, Any, str, Destination]:
+    """What a dequantization checks before it writes (the run's and the plan's alike): the
+    source opened, the destination separate and writable, the blocks within the memory
+    bound; the array, output dtype, source location, job fingerprint and destination."""
+    arr = qarray.open_quantized(src, storage_options=storage_options, max_memory=max_memory)
+    # (a checkpoint's root is restored tensor by tensor: qstream.engine.convert.restoring)
+    assert isinstance(arr, QuantizedArray)
+    out_dtype = float_dtype(dtype)
+    src_loc = location(src)
+    destination.check_separate(src_loc, dst)
+    destination.check_writable(dst)
+    check_fits(max_memory, arr.data.chunks, np.dtype(np.float32), 1, arr.shape)
+    fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
+    return arr, out_dtype, src_loc, fp, Destination(dst, "dequantized", fp,
+                                                    storage_options=storage_options)  # fmt: skip
+
+
+def look_dequantize(
+    src: Any,
+    dst: Any,
+    *,
+    dtype: Any = "float32",
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    compression: str | None = compressions.AUTO,
+) -> tuple[str, list[dict[str, Any]]]:
+    """What :func:`dequantize` with these arguments would do, refusing what it refuses,
+    writing nothing: its action on ``dst`` and the array's row (name, shape, stored type,
+    target dtype, bytes before and after)."""
+    compression = compressions.canonical(compression)
+    arr, out_dtype, _, _, dest = _prepared(src, dst, dtype, storage_options, max_memory,
+                                           compression)  # fmt: skip
+    action, _ = dest.look(overwrite=overwrite)
+    n = math.prod(arr.shape)
+    row = {"name": display(src), "shape": list(arr.shape), "dtype": arr.spec.dtype,
+           "target": out_dtype.name, "kept": False,
+           "bytes_before": int(qarray.quantized_nbytes(arr.shape, arr.spec)),
+           "bytes_after": int(n * out_dtype.itemsize)}  # fmt: skip
+    return action.value, [row]
+
+
 def dequantize(
     src: Any,
     dst: Any,
@@ -52,15 +101,9 @@ def dequantize(
     executor = resolve(executor)
     check_shared("source", src, executor=executor)
     check_shared("destination", dst, executor=executor)
-    arr = qarray.open_quantized(src, storage_options=storage_options, max_memory=max_memory)
-    # (a checkpoint's root is restored tensor by tensor: qstream.engine.convert.restoring)
-    assert isinstance(arr, QuantizedArray)
-    out_dtype = float_dtype(dtype)
-    src_loc = location(src)
-    destination.check_separate(src_loc, dst)
-    destination.check_writable(dst)
-    fp = dequantized_fingerprint(src_loc, arr, out_dtype, compression)
-    dest = Destination(dst, "dequantized", fp, storage_options=storage_options)
+    arr, out_dtype, src_loc, fp, dest = _prepared(
+        src, dst, dtype, storage_options, max_memory, compression
+    )
     result = {
         "source": display(src),
         "destination": display(dst),
@@ -70,7 +113,6 @@ def dequantize(
         "already_complete": False,
     }
     blocks = plan_blocks(arr.shape, arr.data.chunks)
-    check_fits(max_memory, arr.data.chunks, np.dtype(np.float32), 1, arr.shape)
     token = uuid.uuid4().hex
     meta = {"dequantized_from": src_loc, "dtype": out_dtype.name, "fingerprint": fp}
     action, _ = dest.look(overwrite=overwrite)
