@@ -276,41 +276,74 @@ def _qkx_trials(n, nmax, x, w, first, nstep, rmin, rdelta, mx, mn, sum_w, sum_x,
 
 
 @njit(**_OPTS)
-def _qkx_in_turn(n, nmax, x, w, L, Laux, rmin, rdelta, nstep, use_mad, mx, mn, sum_w, sum_x,
+def _qkx_in_turn(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, mx, mn, sum_w, sum_x,
                  scale, best):  # fmt: skip
-    """The trials of :func:`qkx_scale_min` one after another, as the C code runs them
-    (``Laux``: float32 scratch of ``n``); ``(scale, min)``."""
+    """The trials of :func:`qkx_scale_min` in the C order, two at a time for the current
+    ``mn`` (independent sums, so the two chains of additions overlap); when the first of a
+    pair wins and moves ``mn``, the second is tried again with it. ``work``: float32 scratch
+    of ``2 * n``. Returns ``(scale, min)``."""
     fmax = np.float32(nmax)
-    for step in range(nstep + 1):
-        iscale = (rmin + rdelta * np.float32(step) + fmax) / (mx - mn)
-        sum_l = _F0
-        sum_l2 = _F0
-        sum_xl = _F0
+    hi = np.int32(nmax)
+    la = work[0:n]
+    lb = work[n : 2 * n]
+    step = 0
+    while step <= nstep:
+        span = mx - mn
+        ia = (rmin + rdelta * np.float32(step) + fmax) / span
+        ib = (rmin + rdelta * np.float32(step + 1) + fmax) / span
+        sa = sa2 = sax = _F0
+        sb = sb2 = sbx = _F0
         for i in range(n):
-            lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
-            fl = np.float32(lv)
-            Laux[i] = fl
-            sum_l += w[i] * fl
-            sum_l2 += w[i] * fl * fl
-            sum_xl += w[i] * fl * x[i]
-        det = sum_w * sum_l2 - sum_l * sum_l
-        if det > _F0:
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-            if this_min > _F0:
-                this_min = _F0
-                this_scale = sum_xl / sum_l2
-            err = _F0
+            d = x[i] - mn
+            fa = np.float32(min(max(nearest_int(ia * d), np.int32(0)), hi))
+            fb = np.float32(min(max(nearest_int(ib * d), np.int32(0)), hi))
+            la[i] = fa
+            lb[i] = fb
+            wa = w[i] * fa
+            wb = w[i] * fb
+            sa += wa
+            sa2 += wa * fa
+            sax += wa * x[i]
+            sb += wb
+            sb2 += wb * fb
+            sbx += wb * x[i]
+        deta = sum_w * sa2 - sa * sa
+        detb = sum_w * sb2 - sb * sb
+        ta = (sum_w * sax - sum_x * sa) / deta
+        ma = (sa2 * sum_x - sa * sax) / deta
+        if ma > _F0:
+            ma = _F0
+            ta = sax / sa2
+        tb = (sum_w * sbx - sum_x * sb) / detb
+        mb = (sb2 * sum_x - sb * sbx) / detb
+        if mb > _F0:
+            mb = _F0
+            tb = sbx / sb2
+        ea = eb = _F0
+        for i in range(n):
+            da = ta * la[i] + ma - x[i]
+            db = tb * lb[i] + mb - x[i]
+            da = np.abs(da) if use_mad else da * da
+            db = np.abs(db) if use_mad else db * db
+            ea += w[i] * da
+            eb += w[i] * db
+        if deta > _F0 and ea < best:
             for i in range(n):
-                diff = this_scale * Laux[i] + this_min - x[i]
-                diff = np.abs(diff) if use_mad else diff * diff
-                err += w[i] * diff
-            if err < best:
-                for i in range(n):
-                    L[i] = np.int32(Laux[i])
-                best = err
-                scale = this_scale
-                mn = this_min
+                L[i] = np.int32(la[i])
+            best = ea
+            scale = ta
+            moved = ma != mn
+            mn = ma
+            if moved:
+                step += 1
+                continue
+        if step + 1 <= nstep and detb > _F0 and eb < best:
+            for i in range(n):
+                L[i] = np.int32(lb[i])
+            best = eb
+            scale = tb
+            mn = mb
+        step += 2
     return scale, mn
 
 
@@ -321,8 +354,8 @@ def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le
     the_min``. Trial inverse scales ``(rmin + rdelta * is + nmax) / (max - min)``, is = 0..nstep,
     each fitted by weighted least squares; the lowest weighted error (absolute when
     ``use_mad``, else squared) wins. ``work``: float32 scratch of :data:`QKX_WORK` values.
-    ``side_by_side`` False: the trials in turn (faster where nearly every win moves the min:
-    Q4_K/Q5_K without an imatrix).
+    ``side_by_side`` False: the trials in turn, by pairs (:func:`_qkx_in_turn`; faster where
+    nearly every win moves the min: Q4_K/Q5_K without an imatrix).
 
     The C code tries the scales one after another, and a trial that wins moves ``min``, which
     the later trials use. Here the next :data:`QKX_TRIALS` trials are evaluated side by side
