@@ -20,7 +20,6 @@ word of first-run compilation.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import types
@@ -220,17 +219,10 @@ def notebook_notice() -> Callable[[], None] | None:
     kernel), show qstream's kernel compilations as one line updated in place in the cell's
     output; elsewhere nothing (None). Returns the function that stops it. Called when this
     module is imported; IPython is never imported here."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        shell = ipython.get_ipython()
-        from IPython.display import display
-    except Exception:  # (an IPython too old or half-imported: no line)
-        return None
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return None  # (a terminal IPython: a line there would be noise in the scrollback)
-    return on_compile(_NotebookNotice(display, shell))
+    from ..jupyter import jupyter_cell
+
+    cell = jupyter_cell()
+    return None if cell is None else on_compile(_NotebookNotice(*cell))
 
 
 notebook_notice()

@@ -11,12 +11,13 @@ only found when the user's process has it already.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from ..jupyter import jupyter_cell
 
 #: seconds a job runs before its line appears (a user waiting longer than this sees it)
 SHOW_AFTER = 1.0
@@ -84,17 +85,8 @@ class NotebookProgress:
 def notebook_progress(job: str) -> NotebookProgress | None:
     """A :class:`NotebookProgress` for ``job`` in a running Jupyter kernel; None elsewhere
     (no IPython imported by the process, a terminal IPython)."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return None
-    try:
-        shell = ipython.get_ipython()
-        from IPython.display import display
-    except Exception:  # (an IPython too old or half-imported: no line)
-        return None
-    if shell is None or getattr(shell, "kernel", None) is None:
-        return None
-    return NotebookProgress(job, display)
+    cell = jupyter_cell()
+    return None if cell is None else NotebookProgress(job, cell[0])
 
 
 @contextmanager

@@ -49,16 +49,21 @@ def _dump(model_dir: Path, out: Path) -> None:
     dump_activations(model_dir, out, lengths=(37, 50, 29), chunk_rows=32)
 
 
-@pytest.fixture(scope="module")
-def wide(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("kquant_files")
-    folder = _model(root / "model")
+def _files(root: Path, **model: int) -> dict[str, Path]:
+    """The model in ``root``, its activation dumps, its imatrix (``qstream calibrate``) and
+    llama.cpp's converter's F32 file of it."""
+    folder = _model(root / "model", **model)
     _dump(folder, root / "acts.zarr")
     imx = root / "model.imatrix"
     r = cli("calibrate", root / "acts.zarr", "--imatrix", imx, "--model", folder)
     assert r.exit_code == 0, r.output
     return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf"),
             "imatrix": imx}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _files(tmp_path_factory.mktemp("kquant_files"))
 
 
 def _llama_quantize(src: Path, dst: Path, ftype: int, imatrix: Path | None, pure: bool) -> None:
@@ -187,14 +192,7 @@ def test_q4_0_and_q5_0_mixes_with_imatrix_equal_llama_quantize_with_it(
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A model whose ffn_down rows (288 values) are whole blocks of 32, not of 256."""
-    root = tmp_path_factory.mktemp("kquant_fallback")
-    folder = _model(root / "model", inter=288, layers=2)
-    _dump(folder, root / "acts.zarr")
-    imx = root / "model.imatrix"
-    r = cli("calibrate", root / "acts.zarr", "--imatrix", imx, "--model", folder)
-    assert r.exit_code == 0, r.output
-    return {"root": root, "model": folder, "f32": run_converter(folder, root / "f32.gguf"),
-            "imatrix": imx}  # fmt: skip
+    return _files(tmp_path_factory.mktemp("kquant_fallback"), inter=288, layers=2)
 
 
 @pytest.mark.parametrize(("mix", "down"), [("Q6_K", "Q8_0"), ("Q2_K", "Q4_0")])

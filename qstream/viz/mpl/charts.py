@@ -9,7 +9,6 @@ install without it).
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +43,9 @@ def new_axes(figsize: tuple[float, float] = (8, 3.5)) -> Axes:
     """The axes of a new figure for a ``.plot()``: through pyplot (``plt.show()`` shows it),
     except in a Jupyter kernel, where a plain ``Figure`` is made: the cell shows the figure
     ``.plot()`` returns once, where pyplot's inline backend would show it a second time."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    if shell is not None and getattr(shell, "kernel", None) is not None:
+    from ...jupyter import jupyter_cell
+
+    if jupyter_cell() is not None:
         from matplotlib.figure import Figure
 
         return Figure(figsize=figsize).add_subplot()
