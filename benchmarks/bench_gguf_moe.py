@@ -30,6 +30,7 @@ compared (names, types, bytes)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -206,7 +207,8 @@ def _child(args: list, code: str, env: dict[str, str]) -> dict:
     from tests.support.memory_peak import PREAMBLE, run_child
 
     t0 = time.perf_counter()
-    r = run_child(args, code=PREAMBLE + code, env=env, timeout=3600)
+    with contextlib.redirect_stdout(sys.stderr):  # (run_child prints a line: keep stdout JSON)
+        r = run_child(args, code=PREAMBLE + code, env=env, timeout=3600)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     return {"rc": r.returncode, "seconds": round(time.perf_counter() - t0, 2),
             "peak_mib": round(r.peak / 2**20, 1),

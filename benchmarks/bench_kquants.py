@@ -21,6 +21,7 @@ arrays (zarr, chunk by chunk, nothing computed), each in a fresh process, altern
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -144,7 +145,8 @@ def imatrix_bench(args: argparse.Namespace) -> int:
             code, argv = (_COLLECT, [dump, model, out]) if side == "compute_imatrix" else (
                 _PLAIN_READ, [dump])  # fmt: skip
             t = time.perf_counter()
-            r = run_child(argv, code=PREAMBLE + code, timeout=3600)
+            with contextlib.redirect_stdout(sys.stderr):  # (run_child prints a line)
+                r = run_child(argv, code=PREAMBLE + code, timeout=3600)
             times[side].append(time.perf_counter() - t)
             peaks[side].append(r.peak)
             if r.returncode:
