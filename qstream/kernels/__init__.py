@@ -6,7 +6,6 @@ __all__ = [
     "blocked",
     "digest",
     "error_stats",
-    "imatrix_sums",
     "kquants",
     "legacy_quants",
     "offset",

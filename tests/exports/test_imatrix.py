@@ -406,3 +406,20 @@ def test_a_weighted_file_reports_what_the_imatrix_bought(tiny, tmp_path):
         ],
     )
     assert r.exit_code == 0 and "wSQNR w/o imx" in r.output, r.output
+
+
+def test_square_sums_are_the_running_float64_sum_in_token_order(monkeypatch):
+    """Each column's sum is ``acc += float64(x[i]) ** 2`` row after row, exactly (an oracle
+    adding one row at a time), whatever the rows squared at once."""
+    from qstream.exports.gguf import importance
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((777, 33)) * rng.choice([1e-20, 1.0, 1e15], (777, 33))
+    x = x.astype(np.float32)
+    want = np.zeros(33)
+    for row in x:
+        want += row.astype(np.float64) * row.astype(np.float64)
+    for step_values in (33, 33 * 5 + 1, 1 << 19):
+        monkeypatch.setattr(importance, "SQUARE_VALUES", step_values)
+        sums, count = importance.square_sums(x, max_memory=1 << 20)
+        assert count == 777 and sums.tobytes() == want.tobytes()

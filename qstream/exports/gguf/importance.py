@@ -36,7 +36,6 @@ import numpy as np
 from ...compat.gguf_names import expert_of, gguf_name, skipped
 from ...errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ...io.checkpoints import open_checkpoint
-from ...kernels.imatrix_sums import add_squares
 from .arch import architecture_of
 from .imatrix import write_imatrix
 
@@ -82,9 +81,29 @@ def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarra
         x = np.asarray(array[start : min(start + block, rows)])
         if x.dtype not in (np.float32, np.float64):  # (float16, bfloat16: exact in float32)
             x = x.astype(np.float32)
-        add_squares(np.ascontiguousarray(x), acc)
+        add_squares(x, acc)
         del x
     return acc, rows
+
+
+#: values squared in float64 at once at most (two temporaries of 4 MiB)
+SQUARE_VALUES = 1 << 19
+
+
+def add_squares(x: np.ndarray, acc: np.ndarray) -> None:
+    """``acc[j] += float64(x[i, j]) ** 2`` for each row ``i`` in order (the token order):
+    NumPy's reduction of a C-ordered array along its first axis adds the rows one by one,
+    so prepending ``acc`` as the first row gives exactly the running sum, with no kernel to
+    load."""
+    # (the float64 temporaries, two of them, take at most half of the block's own bytes)
+    cols = max(1, x.shape[1])
+    step = max(1, min(SQUARE_VALUES, x.size * x.itemsize // 32) // cols)
+    for r in range(0, x.shape[0], step):
+        part = np.asarray(x[r : r + step], dtype=np.float64)
+        rows = np.empty((part.shape[0] + 1, part.shape[1]), np.float64)
+        rows[0] = acc
+        np.multiply(part, part, out=rows[1:])
+        np.add.reduce(rows, axis=0, out=acc)
 
 
 def _block_rows(array: Any, max_memory: int, name: str) -> int:
