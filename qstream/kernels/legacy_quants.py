@@ -10,9 +10,9 @@ sqrt(sigma2 + x**2)`` (``sigma2``: the row's mean square, summed in column order
 symmetric types' scale found by ``make_qx_quants`` (``nmax`` 8 / 16), the asymmetric ones'
 scale and min by ``make_qkx3_quants`` (``nmax`` 15 / 31, 37 trial scales from ``nmax -
 0.9`` in steps of 0.05, squared error). Everything in the C code's float32 order (see
-:mod:`.kquants_search`), so the bytes are the same. The two searches are written out here
-for blocks of 32 (:func:`qx_scale32`, :func:`qkx3_scale32`), independent of the K-quants'
-vectorised versions.
+:mod:`.kquants_search`), so the bytes are the same. ``make_qx_quants`` is the K-quants' own
+(:func:`.kquants_search.qx_scale`, with ``n`` 32); ``make_qkx3_quants`` with its 37 trials
+is written out here for blocks of 32 (:func:`qkx3_scale32`).
 
 Conversions of a float to a small integer follow what ggml's x86-64 build does: the value
 truncated to a 32-bit integer (NaN and out-of-range values give ``-2**31``, as ``cvttss2si``
@@ -31,7 +31,14 @@ from typing import Any
 import numpy as np
 from numba import njit, prange
 
-from .kquants_search import GROUP_MAX_EPS, fp16_bits, half_at, nearest_int, put_half
+from .kquants_search import (
+    QX_TRIALS,
+    fp16_bits,
+    half_at,
+    nearest_int,
+    put_half,
+    qx_scale,
+)
 from .runtime import parallel_kernel
 
 #: GGML type numbers (``gguf.GGMLQuantizationType``)
@@ -55,51 +62,6 @@ def _trunc_byte(v):
     if not (v > np.float32(-2147483648.0) and v < np.float32(2147483648.0)):
         return np.int32(0)  # (-2**31: low byte 0)
     return np.int32(np.int64(v)) & np.int32(0xFF)
-
-
-@njit(**_OPTS)
-def qx_scale32(nmax, x, L, w):
-    """``make_qx_quants(32, nmax, x, L, 1, w)``: codes ``L`` (0..2*nmax-1) and the scale of
-    the weighted least-squares fit, the best of the first guess and 18 trial scales."""
-    mx = _F0
-    amax = _F0
-    for i in range(QK):
-        ax = np.abs(x[i])
-        if ax > amax:
-            amax = ax
-            mx = x[i]
-    if amax < GROUP_MAX_EPS:
-        for i in range(QK):
-            L[i] = 0
-        return _F0
-    fmax = np.float32(nmax)
-    iscale = np.float32(-nmax) / mx
-    sumlx = _F0
-    suml2 = _F0
-    for i in range(QK):
-        lv = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-        L[i] = lv + nmax
-        fl = np.float32(lv)
-        sumlx += w[i] * x[i] * fl
-        suml2 += w[i] * fl * fl
-    scale = sumlx / suml2 if suml2 != _F0 else _F0
-    best = scale * sumlx
-    for step in range(-9, 10):
-        if step == 0:
-            continue
-        iscale = -(fmax + _TENTH * np.float32(step)) / mx
-        sumlx = _F0
-        suml2 = _F0
-        for i in range(QK):
-            fl = np.float32(min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1))
-            sumlx += w[i] * x[i] * fl
-            suml2 += w[i] * fl * fl
-        if suml2 > _F0 and sumlx * sumlx > best * suml2:
-            for i in range(QK):
-                L[i] = nmax + min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-            scale = sumlx / suml2
-            best = scale * sumlx
-    return scale
 
 
 @njit(**_OPTS)
@@ -219,13 +181,13 @@ def _q5_1_ref(xb, ob, L):
 
 
 @njit(**_OPTS)
-def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts):
+def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts, work):
     """``quantize_row_<kind>_impl``'s work on one block: weights ``wb * sqrt(sigma2 + x**2)``,
     then the type's weighted scale search."""
     for j in range(QK):
         wts[j] = wb[j] * np.sqrt(sigma2 + xb[j] * xb[j])
     if kind in (Q4_0, Q5_0):
-        d = qx_scale32(8 if kind == Q4_0 else 16, xb, L8, wts)
+        d = qx_scale(QK, 8 if kind == Q4_0 else 16, xb, L8, wts, work)
         put_half(ob, 0, fp16_bits(d))
         if kind == Q4_0:
             for j in range(16):
@@ -275,6 +237,7 @@ def quantize_rows_weighted(x, qw, n, kind, out):
         L = np.zeros(QK, np.uint8)
         Laux = np.zeros(QK, np.uint8)
         wts = np.zeros(QK, np.float32)
+        work = np.empty((QK + 3) * QX_TRIALS, np.float32)
         xr = x[r * n : r * n + n]
         sum_x2 = _F0
         for j in range(n):
@@ -284,7 +247,8 @@ def quantize_rows_weighted(x, qw, n, kind, out):
             b = r * per_row + ib
             ob = out[b * size : b * size + size]
             xb = xr[ib * QK : ib * QK + QK]
-            _weighted_block(xb, qw[ib * QK : ib * QK + QK], sigma2, kind, ob, L8, L, Laux, wts)
+            wb = qw[ib * QK : ib * QK + QK]
+            _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts, work)
 
 
 @parallel_kernel
