@@ -26,6 +26,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ...paths import open_regular
+from .remote import is_url, refuse_local_only
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -197,6 +198,8 @@ class _Cursor:
 
 def read_header(path: str) -> GGUFHeader:
     """Parse and check the header of the GGUF file ``path`` (see the module's text)."""
+    if is_url(path):
+        refuse_local_only(path, "a GGUF file")  # (mapped: a local path)
     try:
         f = open_regular(path, "GGUF file")
     except FileNotFoundError:

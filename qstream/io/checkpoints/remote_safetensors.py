@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import StoreError
 from .dtypes import native
-from .remote import RangedTensor, RemoteFolder, split_url
+from .remote import RangedTensor, RemoteFolder, refuse_local_only, split_url
 from .safetensors_header import MAX_HEADER, header_tensors, json_object
 from .tensor import CheckpointTensor
 
@@ -31,6 +31,7 @@ def open_remote(
 ) -> dict[str, CheckpointTensor]:
     """A safetensors checkpoint at an object-store URL: a file, an index or a folder."""
     low = url.lower().rstrip("/")
+    refuse_local_only(url)
     if low.endswith((".safetensors", ".index.json")):
         base, name = split_url(url)
         folder = RemoteFolder(base, store, storage_options)
