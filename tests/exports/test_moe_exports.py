@@ -25,6 +25,20 @@ pytest.importorskip("compressed_tensors")
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
+SCHEMES = ["W8A16", "W4A16", "FP8_DYNAMIC"]
+#: the cases the default run keeps (each model type and each scheme once); the others run
+#: with ``pytest -m slow`` (the whole grid: ~3.5 min on 2 cores)
+QUICK = {("mixtral", "W4A16"), ("qwen2_moe", "FP8_DYNAMIC"), ("qwen3_moe", "W8A16")}
+
+
+def grid(pairs: list[tuple[str, str]], quick: set[tuple[str, str]]) -> list[object]:
+    """``pairs`` as parameters, those not in ``quick`` marked slow."""
+    return [pytest.param(*p, marks=() if p in quick else pytest.mark.slow) for p in pairs]
+
+
+def per_type(quick: str) -> list[object]:
+    """The model types as parameters, all but ``quick`` marked slow."""
+    return [pytest.param(m, marks=() if m == quick else pytest.mark.slow) for m in MOE]
 
 
 def fresh(script: str, *args: object) -> dict:
@@ -36,7 +50,7 @@ def fresh(script: str, *args: object) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=MOE)
+@pytest.fixture(scope="module")
 def moe(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param) / "src"
     fresh("hf_deploy.py", "build", folder, 128, "untied", "float32", request.param)
@@ -64,12 +78,16 @@ def mixtral_bf16(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "FP8_DYNAMIC"])
+@pytest.mark.parametrize(
+    ("moe", "scheme"), grid([(m, s) for m in MOE for s in SCHEMES], QUICK), indirect=["moe"]
+)
 def test_moe_scheme_export_loads_like_compressed_tensors_own_export(moe, scheme, tmp_path):
     _check_like_ct(moe[1], scheme, tmp_path, "float32")
 
 
-@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "FP8_DYNAMIC"])
+@pytest.mark.parametrize(
+    "scheme", [pytest.param(s, marks=() if s == "W8A16" else pytest.mark.slow) for s in SCHEMES]
+)
 def test_bf16_mixtral_scheme_export_loads_like_compressed_tensors_own_export_in_bf16(
     mixtral_bf16, scheme, tmp_path
 ):
@@ -108,7 +126,12 @@ def _check_like_ct(src, scheme: str, tmp_path, dtype: str) -> None:
     assert (got - w[first]).float().abs().max() < 0.1 * w[first].float().abs().max()
 
 
-@pytest.mark.parametrize("scheme", ["FP8_BLOCK", "MXFP8A16"])
+@pytest.mark.parametrize(
+    ("moe", "scheme"),
+    grid([(m, s) for m in MOE for s in ("FP8_BLOCK", "MXFP8A16")], {("mixtral", "FP8_BLOCK"),
+         ("qwen3_moe", "MXFP8A16")}),
+    indirect=["moe"],
+)  # fmt: skip
 def test_moe_scheme_export_refused_where_compressed_tensors_own_export_fails(moe, scheme, tmp_path):
     kind, src = moe
     out = tmp_path / "qs" / "model.safetensors"
@@ -122,6 +145,7 @@ def test_moe_scheme_export_refused_where_compressed_tensors_own_export_fails(moe
         assert not got["loads"] and "conversion" in got["error"].lower(), got
 
 
+@pytest.mark.parametrize("moe", per_type("qwen3_moe"), indirect=True)
 def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_own_fails(
     moe, tmp_path
 ):
@@ -141,6 +165,7 @@ def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_ow
     assert fresh("hf_deploy.py", "run", tmp_path / "f8", tmp_path / "f8.pt", "float32")["loads"]
 
 
+@pytest.mark.parametrize("moe", per_type("mixtral"), indirect=True)
 def test_moe_recipe_export_with_symmetric_int4_experts_loads_bit_exact(moe, tmp_path):
     import numpy as np
 
