@@ -173,12 +173,10 @@ def dequantize_store(
         paths = cast("PathLike", src), cast("PathLike", dst)
         if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
             return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress)
-        if str(src).lower().endswith(".gguf"):  # llama.cpp's file: decoded as gguf-py decodes it
-            return dequantize_files.decoded_gguf(*paths, dtype, overwrite, max_memory, progress)
-        if dequantize_files.model_folder(
-            src
-        ):  # a model's safetensors folder (quantized ones decoded as read)
-            return dequantize_files.decoded_model(*paths, dtype, overwrite, max_memory, progress)
+        # llama.cpp's file (decoded as gguf-py decodes it) or a model's safetensors folder
+        # (quantized ones decoded as their format's decompressor decodes them)
+        if str(src).lower().endswith(".gguf") or dequantize_files.model_folder(src):
+            return dequantize_files.decoded_source(*paths, dtype, overwrite, max_memory, progress)
         if str(dst).endswith(".safetensors"):
             return dequantize_files.to_safetensors(
                 *paths, dtype, overwrite, storage_options, max_memory

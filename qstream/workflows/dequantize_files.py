@@ -96,21 +96,6 @@ def model_folder(src: object) -> bool:
     return "zarr.json" not in names and any(n.endswith(".safetensors") for n in names)
 
 
-def decoded_gguf(
-    src: PathLike,
-    dst: PathLike,
-    dtype: str,
-    overwrite: bool,
-    max_memory: int | None,
-    progress: Progress | None,
-) -> dict[str, Any]:
-    """A GGUF file's tensors decoded (under their Hugging Face names where the architecture
-    is known) into a Zarr group, or into ``dst.safetensors`` with a transformers
-    ``config.json`` rebuilt from the file's metadata beside it: a folder transformers loads."""
-    config, _ = config_for(src, dst, dtype)
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config)
-
-
 def config_for(src: PathLike, dst: PathLike, dtype: str) -> tuple[dict[str, Any] | None, bool]:
     """The ``config.json`` a decoding of a GGUF file or a model folder writes beside a
     ``.safetensors`` ``dst`` (None: none), and whether the source was quantized (its
@@ -163,7 +148,7 @@ def check_config(src: PathLike, dst: PathLike, config: dict[str, Any] | None) ->
     return where
 
 
-def decoded_model(
+def decoded_source(
     src: PathLike,
     dst: PathLike,
     dtype: str,
@@ -172,9 +157,10 @@ def decoded_model(
     progress: Progress | None,
 ) -> dict[str, Any]:
     """A model folder's tensors as read (a quantized checkpoint's decoded as its own format
-    decodes them) into a Zarr group, or into ``dst.safetensors`` with the source's
-    ``config.json`` minus its ``quantization_config`` (``torch_dtype``: ``dtype``) beside it,
-    so that transformers loads it as a plain model."""
+    decodes them) or a GGUF file's (under their Hugging Face names where the architecture is
+    known) into a Zarr group, or into ``dst.safetensors`` with the model's ``config.json``
+    beside it (:func:`config_for`: the folder's minus its ``quantization_config``, or one
+    rebuilt from the GGUF file's metadata), so that transformers loads it as a plain model."""
     config, quantized = config_for(src, dst, dtype)
     return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config, quantized)
 
