@@ -46,7 +46,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks._common import git_state  # noqa: E402
 
-VENDOR = Path("/tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp")
+
+def vendor() -> Path:
+    """llama.cpp's source tree with its converter, found as the tests find it (the installed
+    vendor dir, ``$QSTREAM_LLAMA_CPP_SRC``, or the llama-cpp-python sdist fetched once)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.support.gguf_models import llama_cpp_root
+
+    root = llama_cpp_root()
+    if root is None:
+        sys.exit("llama.cpp's converter not found: set QSTREAM_LLAMA_CPP_SRC")
+    return root
 
 
 def _write_sharded(folder: Path, tensors: dict[str, np.ndarray], shard_bytes: int) -> None:
@@ -165,8 +175,9 @@ def compare(src: Path, work: Path) -> dict:
         f.unlink(missing_ok=True)
     ours = timed(["qstream", "convert", str(src), str(qs_out), "--gguf-type", "Q8_0",
                   "--overwrite"], env)  # fmt: skip
-    ll_env = {**env, "PYTHONPATH": str(VENDOR / "gguf-py")}
-    theirs = timed([sys.executable, str(VENDOR / "convert_hf_to_gguf.py"), str(src),
+    tree = vendor()
+    ll_env = {**env, "PYTHONPATH": str(tree / "gguf-py")}
+    theirs = timed([sys.executable, str(tree / "convert_hf_to_gguf.py"), str(src),
                     "--outtype", "q8_0", "--outfile", str(ll_out)], ll_env)  # fmt: skip
     out = {"qstream": ours, "llama.cpp": theirs}
     if ours["rc"] == 0 and theirs["rc"] == 0:
