@@ -70,9 +70,11 @@ def convert_small(
         whole = tuple(slice(0, n) for n in job.plan.shape)
         job.source.pinned = job.source.read(whole, np.empty(job.plan.shape, job.source.dtype))
         fp = job.fingerprint()
-        action, existing = Destination(path, "quantized", fp).look(overwrite=overwrite)
+        dest = Destination(path, "quantized", fp)
+        action, existing = dest.look(overwrite=overwrite)
         if action is Action.COMPLETE:
             assert existing.meta is not None  # (a complete output has its metadata)
+            dest.clear_stale_lock()
             return _result(job, existing.meta["report"])
         if action is not Action.CREATE:
             destination.remove_output(path, existing)

@@ -286,6 +286,7 @@ class QuantizeJob:
         repair = False
         if action is Action.COMPLETE:
             if not output.damaged(dst, self.storage_options):
+                dest.clear_stale_lock()
                 return self._already_complete(dst, _meta(existing))
             # its own finished output, since damaged (parts deleted): made again, with the
             # same bytes and the same report (if it is still this job's once locked)

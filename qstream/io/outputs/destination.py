@@ -381,6 +381,7 @@ class Destination:
         this job's finished output once locked, it is replaced (made again)."""
         action, existing = self.look(overwrite=overwrite)
         if action is Action.COMPLETE and not repair:
+            self.clear_stale_lock()
             yield action, existing
             return
         with locked(self.target):
@@ -390,6 +391,17 @@ class Destination:
             if action is Action.REPLACE:
                 remove_output(self.target, existing, self.storage_options)
             yield action, existing
+
+    def clear_stale_lock(self) -> None:
+        """Called where a job finds its output finished: a lock file left by a run killed
+        after ``complete`` was written (the file goes with the lock's release, which never
+        came) is taken and let go, which removes it, so the output's files are an
+        uninterrupted run's. A run holding it now keeps it."""
+        local = self.local
+        if local is None or not os.path.lexists(os.path.join(local, LOCK)):
+            return
+        with contextlib.suppress(DestinationBusyError), locked(self.target):
+            pass
 
     def child(self, key: str) -> str:
         """Where the tensor stored under ``key`` lives in this destination (see
