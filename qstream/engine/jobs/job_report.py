@@ -138,10 +138,8 @@ def finish(
         c, zp, o = codec_constants(scale, zero_point, offset)
         meta["codec"] = {"scale": c, "zero_point": zp, "offset": o}
         codec.to_codec(group, dst, plan.qt, c, zp, o, job.spec.nan_policy == "fill")
-    # (the resume snapshot goes first: a run killed between the two finds an unfinished
-    # output without it and makes it again, never a complete one with a stray _progress)
-    drop_progress(dst, group, job.storage_options)
     qarray.set_meta(group, meta)  # written last
+    drop_progress(dst, group, job.storage_options)  # (left by a kill: the re-run drops it)
     return report
 
 

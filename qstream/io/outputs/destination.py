@@ -395,13 +395,19 @@ class Destination:
     def clear_stale_lock(self) -> None:
         """Called where a job finds its output finished: a lock file left by a run killed
         after ``complete`` was written (the file goes with the lock's release, which never
-        came) is taken and let go, which removes it, so the output's files are an
-        uninterrupted run's. A run holding it now keeps it."""
+        came) is taken and let go, which removes it, and a quantized output's ``_progress``
+        left the same way is dropped, so the output's files are an uninterrupted run's. A run
+        holding the lock now keeps it."""
         local = self.local
-        if local is None or not os.path.lexists(os.path.join(local, LOCK)):
+        if local is None:
             return
-        with contextlib.suppress(DestinationBusyError), locked(self.target):
-            pass
+        if os.path.lexists(os.path.join(local, LOCK)):
+            with contextlib.suppress(DestinationBusyError), locked(self.target):
+                pass
+        if self.what == "quantized":  # its resume snapshot, if a kill came before its removal
+            from .scientific import drop_progress
+
+            drop_progress(local, None)
 
     def child(self, key: str) -> str:
         """Where the tensor stored under ``key`` lives in this destination (see
