@@ -11,8 +11,8 @@ symmetric types' scale found by ``make_qx_quants`` (``nmax`` 8 / 16), the asymme
 scale and min by ``make_qkx3_quants`` (``nmax`` 15 / 31, 37 trial scales from ``nmax -
 0.9`` in steps of 0.05, squared error). Everything in the C code's float32 order (see
 :mod:`.kquants_search`), so the bytes are the same. ``make_qx_quants`` is the K-quants' own
-(:func:`.kquants_search.qx_scale`, with ``n`` 32); ``make_qkx3_quants`` with its 37 trials
-is written out here for blocks of 32 (:func:`qkx3_scale32`).
+(:func:`.kquants_search.qx_scale`, with ``n`` 32); ``make_qkx3_quants`` too
+(:func:`.kquants_search.qkx_scale_min`, as Q4_K's weighted search).
 
 Conversions of a float to a small integer follow what ggml's x86-64 build does: the value
 truncated to a 32-bit integer (NaN and out-of-range values give ``-2**31``, as ``cvttss2si``
@@ -32,11 +32,12 @@ import numpy as np
 from numba import njit, prange
 
 from .kquants_search import (
+    QKX_WORK,
     QX_TRIALS,
     fp16_bits,
     half_at,
-    nearest_int,
     put_half,
+    qkx_scale_min,
     qx_scale,
 )
 from .runtime import parallel_kernel
@@ -62,68 +63,6 @@ def _trunc_byte(v):
     if not (v > np.float32(-2147483648.0) and v < np.float32(2147483648.0)):
         return np.int32(0)  # (-2**31: low byte 0)
     return np.int32(np.int64(v)) & np.int32(0xFF)
-
-
-@njit(**_OPTS)
-def qkx3_scale32(nmax, x, w, L, Laux):
-    """``make_qkx3_quants(32, nmax, x, w, L, &the_min, Laux, -0.9, 0.05, 36, false)``: codes
-    ``L`` (0..nmax) and ``(scale, the_min)``, values ``scale * L - the_min``."""
-    mn = x[0]
-    mx = x[0]
-    sum_w = w[0]
-    sum_x = sum_w * x[0]
-    for i in range(1, QK):
-        if x[i] < mn:
-            mn = x[i]
-        if x[i] > mx:
-            mx = x[i]
-        sum_w += w[i]
-        sum_x += w[i] * x[i]
-    if mn > _F0:
-        mn = _F0
-    if mx <= mn:
-        for i in range(QK):
-            L[i] = 0
-        return _F0, -mn
-    fmax = np.float32(nmax)
-    iscale = fmax / (mx - mn)
-    scale = _F1 / iscale
-    best = _F0
-    for i in range(QK):
-        lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
-        L[i] = lv
-        diff = scale * np.float32(lv) + mn - x[i]
-        best += w[i] * (diff * diff)
-    for step in range(37):
-        iscale = (_M09 + _D005 * np.float32(step) + fmax) / (mx - mn)
-        sum_l = _F0
-        sum_l2 = _F0
-        sum_xl = _F0
-        for i in range(QK):
-            lv = min(max(nearest_int(iscale * (x[i] - mn)), 0), nmax)
-            Laux[i] = lv
-            fl = np.float32(lv)
-            sum_l += w[i] * fl
-            sum_l2 += w[i] * fl * fl
-            sum_xl += w[i] * fl * x[i]
-        det = sum_w * sum_l2 - sum_l * sum_l
-        if det > _F0:
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-            if this_min > _F0:
-                this_min = _F0
-                this_scale = sum_xl / sum_l2
-            err = _F0
-            for i in range(QK):
-                diff = this_scale * np.float32(Laux[i]) + this_min - x[i]
-                err += w[i] * (diff * diff)
-            if err < best:
-                for i in range(QK):
-                    L[i] = Laux[i]
-                best = err
-                scale = this_scale
-                mn = this_min
-    return scale, -mn
 
 
 @njit(inline="always", **_OPTS)
@@ -181,7 +120,7 @@ def _q5_1_ref(xb, ob, L):
 
 
 @njit(**_OPTS)
-def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts, work):
+def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work):
     """``quantize_row_<kind>_impl``'s work on one block: weights ``wb * sqrt(sigma2 + x**2)``,
     then the type's weighted scale search."""
     for j in range(QK):
@@ -196,7 +135,8 @@ def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts, work):
             _store5(ob, 2, L8)
         return
     nmax = 15 if kind == Q4_1 else 31
-    scale, the_min = qkx3_scale32(nmax, xb, wts, L, Laux)
+    scale, the_min = qkx_scale_min(QK, nmax, xb, wts, L, kwork, np.float32(-0.9),
+                                   np.float32(0.05), 36, False, True, True)  # fmt: skip
     put_half(ob, 0, fp16_bits(scale))
     put_half(ob, 2, fp16_bits(-the_min))
     if kind == Q4_1:
@@ -235,7 +175,7 @@ def quantize_rows_weighted(x, qw, n, kind, out):
     for r in prange(rows):
         L8 = np.zeros(QK, np.int8)
         L = np.zeros(QK, np.uint8)
-        Laux = np.zeros(QK, np.uint8)
+        kwork = np.empty(QKX_WORK, np.float32)
         wts = np.zeros(QK, np.float32)
         work = np.empty((QK + 3) * QX_TRIALS, np.float32)
         xr = x[r * n : r * n + n]
@@ -248,7 +188,7 @@ def quantize_rows_weighted(x, qw, n, kind, out):
             ob = out[b * size : b * size + size]
             xb = xr[ib * QK : ib * QK + QK]
             wb = qw[ib * QK : ib * QK + QK]
-            _weighted_block(xb, wb, sigma2, kind, ob, L8, L, Laux, wts, work)
+            _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work)
 
 
 @parallel_kernel
