@@ -153,7 +153,9 @@ def dequantize_store(
     """Dequantize the quantized group ``src`` into a plain Zarr array ``dst`` of ``dtype``
     (float32, float16 or bfloat16), under the same destination rules (and with the same
     ``executor`` and ``store`` choices) as :func:`quantize_store`. ``compression``: as for
-    :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors.
+    :func:`quantize_store`; ``"auto"`` takes the quantized codes' compressors. ``dst`` inside
+    a Zarr group (``copy.zarr/t2m``) gets the output's coordinates beside it (``lat``,
+    ``time``, ...: never replacing a member there), listed as the result's ``coordinates``.
 
     ``src`` may be a converted checkpoint's root: ``dst`` then becomes a group with every
     tensor restored (kept tensors copied as stored), and the result lists them;

@@ -116,3 +116,44 @@ def test_a_link_where_a_coordinate_goes_is_refused_not_written_through(era5, tmp
     with pytest.raises(qs.StoreError, match="link"):
         qs.quantize_store(era5 / "t2m", out, spec, overwrite=True)
     assert not list(elsewhere.iterdir())
+
+
+def test_a_dequantized_copy_inside_a_group_gets_the_coordinates_beside_it(era5, tmp_path):
+    import zarr
+
+    q = tmp_path / "q.zarr"
+    qs.quantize_store(era5 / "t2m", q, qs.QuantSpec(dtype="int8", axis=1))
+    copy = tmp_path / "copy.zarr"
+    zarr.open_group(copy, mode="w")
+    result = qs.dequantize_store(q, copy / "t2m")
+    assert sorted(result["coordinates"]) == ["lat", "lon", "time"]
+    ds = xr.open_zarr(copy, consolidated=False, decode_times=False)
+    src = xr.open_zarr(era5, consolidated=False, decode_times=False)
+    np.testing.assert_array_equal(ds["t2m"].values, qs.open_xarray(q).values)
+    for name in ("time", "lat", "lon"):
+        np.testing.assert_array_equal(ds[name].values, src[name].values)
+        assert ds[name].attrs["units"] == src[name].attrs["units"]
+    assert ds["t2m"].dims == ("time", "lat", "lon")
+
+
+def test_a_member_already_beside_the_copy_is_never_replaced(era5, tmp_path):
+    import zarr
+
+    q = tmp_path / "q.zarr"
+    qs.quantize_store(era5 / "t2m", q, qs.QuantSpec(dtype="int8", axis=1))
+    copy = tmp_path / "copy.zarr"
+    group = zarr.open_group(copy, mode="w")
+    theirs = group.create_array("lat", shape=(18,), dtype="int32")
+    theirs[...] = np.arange(18)
+    before = {p: p.read_bytes() for p in (copy / "lat").rglob("*") if p.is_file()}
+    result = qs.dequantize_store(q, copy / "t2m")
+    assert sorted(result["coordinates"]) == ["lon", "time"]  # (their lat is not the source's)
+    assert {p: p.read_bytes() for p in (copy / "lat").rglob("*") if p.is_file()} == before
+
+
+def test_a_dequantized_copy_outside_any_group_gets_no_coordinates(era5, tmp_path):
+    q = tmp_path / "q.zarr"
+    qs.quantize_store(era5 / "t2m", q, qs.QuantSpec(dtype="int8", axis=1))
+    result = qs.dequantize_store(q, tmp_path / "copy.zarr")
+    assert result["coordinates"] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.zarr", "era5.zarr", "q.zarr"]

@@ -94,7 +94,7 @@ def dequantize(
     :func:`qstream.dequantize_store`)."""
     import zarr
 
-    from ...io.outputs import carried_attrs
+    from ...io.outputs import carried_attrs, copy_coords_beside
 
     t0 = time.perf_counter()
     compression = compressions.canonical(compression)
@@ -173,12 +173,16 @@ def dequantize(
                     f"{dst}: {len(missing)} chunks are missing or damaged after the run:"
                     " something else deleted or changed them; re-run to write them again"
                 )
+        # (lat, lon, time, ...: beside the copy when it is a member of a group)
+        coords = copy_coords_beside(
+            arr.group, list(out.metadata.dimension_names or []), arr.shape, dst, storage_options
+        )
         try:
             out.attrs["qstream"] = {**meta, **Lease.fields(dst, token), "complete": True}
         except OSError as e:
             raise StoreError(f"cannot write {dst}: {e}") from None
         destination.clean_partials(dst)
-    return {**result, "seconds": time.perf_counter() - t0}
+    return {**result, "coordinates": coords, "seconds": time.perf_counter() - t0}
 
 
 def dequantized_fingerprint(

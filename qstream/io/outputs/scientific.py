@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any
 
+import numpy as np
+
 from ...errors import StoreError
 from ...paths import local_path, walk_below
 from ..storage import (
@@ -190,8 +192,17 @@ def source_coords(source: Any, dims: list[str] | None, shape: Any) -> dict[str, 
             group = zarr.open_group(os.path.dirname(os.path.abspath(local)), mode="r")
     except Exception:  # (no group above the source: nothing to copy)
         return {}
+    return group_coords(group, dims, shape)
+
+
+def group_coords(group: Any, dims: list[str] | None, shape: Any) -> dict[str, Any]:
+    """The members of the ``zarr.Group`` ``group`` that are coordinates of an array of
+    dimensions ``dims`` and ``shape`` (see :func:`source_coords`), as ``(values,
+    attributes)``."""
+    import zarr
+
     out = {}
-    for dim, n in zip(dims, shape, strict=True):
+    for dim, n in zip(dims or [], shape, strict=True):
         if dim in MEMBERS or not _NAME.fullmatch(dim) or dim.startswith("_"):
             continue
         try:
@@ -233,6 +244,63 @@ def copy_coords(source: Any, group: Any, dims: list[str] | None, shape: Any) -> 
             raise StoreError(
                 f"cannot write the coordinate {dim} of {group.store_path}: {e}"
             ) from None
+
+
+def copy_coords_beside(
+    qgroup: Any,
+    dims: list[str] | None,
+    shape: Any,
+    dst: Any,
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """Copy the coordinates of the quantized output ``qgroup`` (:func:`group_coords`) beside
+    its dequantized copy ``dst`` when ``dst`` is a member of a Zarr group (``copy.zarr/t2m``),
+    where ``xr.open_zarr`` of that group finds them. A member of that name already there is
+    never replaced (qstream did not write it): it counts when it holds the same values, else
+    the coordinate is left out. Returns the coordinates the copy has beside it."""
+    coords = group_coords(qgroup, dims, shape)
+    if not coords or not isinstance(dst, str | os.PathLike):
+        return []
+    path = os.fspath(dst).rstrip("/")
+    if "/" not in path.split("://", 1)[-1]:
+        return []
+    parent = path.rsplit("/", 1)[0]
+    import zarr
+
+    from ..storage import open_store
+
+    try:
+        store = open_store(parent, mode="w", storage_options=storage_options)
+        group = zarr.open_group(store=store, mode="r+")  # (an existing group only)
+    except Exception:  # (not inside a Zarr group: no place for them)
+        return []
+    root = getattr(group.store_path.store, "root", None)
+    beside = []
+    for dim, (values, attrs) in coords.items():
+        try:
+            there = group[dim]
+        except KeyError:
+            there = None
+        if there is not None:
+            same = isinstance(there, zarr.Array) and tuple(there.shape) == values.shape
+            if same and np.array_equal(there[...], values, equal_nan=values.dtype.kind in "fc"):
+                beside.append(dim)
+            continue
+        if root is not None:
+            walk_below(os.fspath(root), [dim, "zarr.json"])
+        try:
+            a = group.create_array(
+                dim,
+                shape=values.shape,
+                dtype=values.dtype,
+                dimension_names=[dim],
+                attributes=attrs,
+            )
+            a[...] = values
+        except OSError as e:
+            raise StoreError(f"cannot write the coordinate {dim} beside {path}: {e}") from None
+        beside.append(dim)
+    return beside
 
 
 def drop_progress(dst: object, group: Any, storage_options: dict[str, Any] | None = None) -> None:
