@@ -167,6 +167,17 @@ def convert(
         " FP8_BLOCK, NVFP4A16, MXFP4A16, ...) written straight from the source, codes and"
         " scales as compressed-tensors computes them; not with --recipe or the spec flags.",
     ),
+    scale_dtype: str | None = typer.Option(
+        None,
+        "--scale-dtype",
+        metavar="TYPE",
+        help="How the scales of quantized tensors are stored, for every spec (over the"
+        " recipe's scale_dtype): source (each tensor's own dtype: bfloat16, float16 or"
+        " float32), float32, float16 or bfloat16; each scale is rounded to it before"
+        " quantizing [default: the recipe's; with a compressed-tensors .safetensors DST,"
+        " source where the recipe leaves float32, so that a bf16/f16 model loaded in its"
+        " own dtype gets the quantized values bit for bit; --scale-dtype float32 keeps F32].",
+    ),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print which tensor gets what, and the sizes; write nothing."
     ),
@@ -190,11 +201,16 @@ def convert(
             raise typer.BadParameter("--pure and --imatrix apply to --gguf-type")
         flags = {"dtype": dtype, "axis": axis, "block_size": block_size, "method": method}
         flags = {k: v for k, v in {**flags, "symmetric": symmetric}.items() if v is not None}
-        if scheme is not None and (recipe or flags or include or exclude):
+        if scheme is not None and (recipe or flags or include or exclude or scale_dtype):
             raise typer.BadParameter(
-                "--scheme does not mix with --recipe, the spec flags, --include or --exclude"
+                "--scheme does not mix with --recipe, the spec flags, --include, --exclude or"
+                " --scale-dtype (a preset's scales are in the source's dtype)"
             )
-        rec = recipe_of(recipe, flags, include, exclude)
+        ct_export = dst.endswith(".safetensors") and fmt == "compressed-tensors"
+        scales = {"scale_dtype": scale_dtype} if scale_dtype else {}
+        if ct_export and not scale_dtype:  # (the source's dtype where the recipe says float32)
+            scales["default_scale_dtype"] = "source"
+        rec = recipe_of(recipe, flags, include, exclude, **scales)
         extra: dict[str, Any] = {}  # what only some destinations or flags pass on
         if dst.endswith(".safetensors"):
             extra.update(format=fmt, config=config)
@@ -273,10 +289,17 @@ def convert(
 
 
 def recipe_of(
-    path: Path | None, flags: dict[str, Any], include: list[str], exclude: list[str]
+    path: Path | None,
+    flags: dict[str, Any],
+    include: list[str],
+    exclude: list[str],
+    scale_dtype: str | None = None,
+    default_scale_dtype: str | None = None,
 ) -> qs.Recipe:
     """The recipe of a ``convert``: the file, or the spec flags as its defaults; ``--exclude``
-    patterns become keep rules before its own, ``--include`` limits what is quantized."""
+    patterns become keep rules before its own, ``--include`` limits what is quantized;
+    ``scale_dtype``: every spec's (``--scale-dtype``); ``default_scale_dtype``: that of the
+    specs that leave the default float32 (a spec's dict omits it then)."""
     if path and flags:
         raise typer.BadParameter(
             "--recipe and the spec flags ("
@@ -289,6 +312,11 @@ def recipe_of(
             flags.setdefault("axis", -1)
             flags.setdefault("method", "dynamic")
         d["defaults"] = {**d["defaults"], **flags}
+    for spec in [d["defaults"], *(r["spec"] for r in d.get("rules", []) if "spec" in r)]:
+        if scale_dtype:
+            spec["scale_dtype"] = scale_dtype
+        elif default_scale_dtype:
+            spec.setdefault("scale_dtype", default_scale_dtype)
     d["rules"] = [{"pattern": p, "action": "keep"} for p in exclude] + d.get("rules", [])
     if include:
         d["include"] = list(include)

@@ -10,20 +10,20 @@ Conventions (stated because the peers differ):
 - a zero range (all values 0) gives scale 1.
 - float8/float4: ``scale = absmax / max_finite``, zero point 0.
 
-Arithmetic is in float64; the scale is stored as float32, or rounded to float16 first
-(``half_scale=True``, see :func:`half_scales`), in which case the zero point is derived from
-the rounded scale.
+Arithmetic is in float64; the scale is stored as float32, or rounded to float16 or bfloat16
+first (``scale_mode``, see :func:`~qstream.core.round_scales`), in which case the zero point
+is derived from the rounded scale.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import numpy.typing as npt
 
-from ..core import half_scales
-from ..qtypes import TINY_SCALE, QType
+from ..core import half_scales, round_scales
+from ..qtypes import QType
+
+__all__ = ["half_scales", "params_from_range", "symmetric_steps"]
 
 
 def symmetric_steps(
@@ -47,16 +47,18 @@ def params_from_range(
     *,
     symmetric: bool,
     narrow_range: bool = False,
-    half_scale: bool = False,
+    scale_mode: int = 0,
     full_levels: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scale (float32) and zero point (float64, integer-valued) arrays from range arrays;
-    ``half_scale``: scales rounded to float16 values (:func:`half_scales`) first. A scale that
-    rounds to 0 in float32 (a range of a few subnormals) becomes :data:`TINY_SCALE`, which
-    still holds the range: a stored scale is never 0."""
-    fix: Callable[[np.ndarray], np.ndarray] = (
-        half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
-    )
+    ``scale_mode``: scales rounded to float16 (1) or bfloat16 (2) values first
+    (:func:`~qstream.core.round_scales`, ``QuantSpec.scale_mode``). A float32 scale that
+    rounds to 0 (a range of a few subnormals) becomes :data:`~qstream.qtypes.TINY_SCALE`,
+    which still holds the range: a stored scale is never 0."""
+
+    def fix(s: np.ndarray) -> np.ndarray:
+        return round_scales(s, scale_mode)
+
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)
     hi = np.maximum(np.asarray(hi, np.float64), 0.0)
     qmin, qmax = qt.qrange(narrow_range)

@@ -12,26 +12,35 @@ from .layout import (
     plan_layout,
 )
 from .offsets import (
+    BF16_MAX,
+    BF16_MIN,
     HALF_MAX,
     HALF_MIN,
+    SCALE_MODES,
+    bf16_scales,
     codec_constants,
     codec_decode,
     half_scales,
     offset_dequantize,
     offset_params,
     offset_quantize,
+    round_scales,
 )
 from .scratch_pool import ALIGN, aligned_empty, scratch
 
 # the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
     "ALIGN",
+    "BF16_MAX",
+    "BF16_MIN",
     "HALF_MAX",
     "HALF_MIN",
+    "SCALE_MODES",
     "Layout",
     "affine_dequantize",
     "affine_quantize",
     "aligned_empty",
+    "bf16_scales",
     "blocked_param_shape",
     "buffers",
     "checks",
@@ -51,6 +60,7 @@ __all__ = [
     "plan_layout",
     "presets",
     "quantize_call",
+    "round_scales",
     "scratch",
     "step1_slices",
 ]

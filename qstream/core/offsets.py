@@ -23,6 +23,7 @@ Arithmetic (the exactness contract):
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -35,6 +36,13 @@ F64 = np.dtype(np.float64)
 
 HALF_MIN = 2.0**-24  # the smallest positive float16
 HALF_MAX = 65504.0  # the largest finite float16
+BF16_MIN = 2.0**-133  # the smallest positive bfloat16 (a subnormal, as float16's HALF_MIN)
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)  # 3.3895e38, the largest finite
+
+#: how a scale is rounded before anything is quantized with it, by ``QuantSpec.scale_dtype``
+#: (the codes of ``qstream.kernels.blocked``'s ``scale_mode``): float32 (only kept above 0),
+#: float16 or bfloat16 values
+SCALE_MODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def half_scales(scale: npt.ArrayLike) -> np.ndarray:
@@ -45,11 +53,34 @@ def half_scales(scale: npt.ArrayLike) -> np.ndarray:
     return h.astype(np.float32)
 
 
-def offset_params(lo, hi, qt: QType, *, narrow_range: bool, offset, half_scale: bool = False):
+def bf16_scales(scale: npt.ArrayLike) -> np.ndarray:
+    """Scales rounded to the nearest bfloat16 (ties to even, as torch's
+    ``.to(torch.bfloat16)``) and clamped to ``[2**-133, 3.3895e38]`` (the smallest positive
+    and the largest finite bfloat16: none becomes 0 or inf), as float32 values."""
+    s = np.clip(np.asarray(scale, np.float32), np.float32(BF16_MIN), np.float32(BF16_MAX))
+    return s.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def round_scales(scale: npt.ArrayLike, mode: int) -> np.ndarray:
+    """Float32 scales as a spec's ``scale_dtype`` (its :data:`SCALE_MODES` code) stores them:
+    float16 (:func:`half_scales`) or bfloat16 (:func:`bf16_scales`) values, or float32 ones
+    no smaller than :data:`~qstream.qtypes.TINY_SCALE` (a scale is never 0)."""
+    if mode == SCALE_MODES["float16"]:
+        return half_scales(scale)
+    if mode == SCALE_MODES["bfloat16"]:
+        return bf16_scales(scale)
+    return np.maximum(np.asarray(scale, np.float32), TINY_SCALE)
+
+
+def offset_params(lo, hi, qt: QType, *, narrow_range: bool, offset, scale_mode: int = 0):
     """``(scale float32, offset float64)`` arrays for the ranges ``lo``/``hi`` (no widening to
     0). ``offset``: ``"range"`` (from the ranges), or numbers (broadcast to the ranges' shape):
-    the scale then covers ``[lo, hi]`` from that offset."""
-    fix = half_scales if half_scale else (lambda s: np.maximum(s, TINY_SCALE))
+    the scale then covers ``[lo, hi]`` from that offset; ``scale_mode``: how scales are
+    rounded first (:func:`round_scales`)."""
+
+    def fix(s: np.ndarray) -> np.ndarray:
+        return round_scales(s, scale_mode)
+
     lo = np.asarray(lo, np.float64)
     hi = np.asarray(hi, np.float64)
     qmin, qmax = (float(v) for v in qt.qrange(narrow_range))

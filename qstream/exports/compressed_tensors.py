@@ -8,7 +8,8 @@ A quantized weight ``M.weight`` (2-D, ``[out, in]``) becomes, for the module ``M
   a row, offset by +8, in bits ``4 * (c % 8)`` of word ``c // 8``) and ``M.weight_shape``
   int64 ``[out, in]``;
 - ``M.weight_scale``: ``[1]`` per tensor, ``[out, 1]`` per channel (axis 0), ``[out, in /
-  group]`` in groups along ``in`` (float32, or float16 when stored so);
+  group]`` in groups along ``in`` (float32, or float16 or bfloat16 when stored so: a
+  bfloat16 or float16 model loaded in its own dtype then gets qstream's values bit for bit);
 - asymmetric specs: ``M.weight_zero_point``, int8 shaped like the scale (8 bits), or packed
   along the output axis, int32 ``[ceil(out / 8), groups]`` (4 bits), as compressed-tensors'
   own compressor writes it.

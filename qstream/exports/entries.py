@@ -107,8 +107,7 @@ def quantized_entries(name: str, arr: QuantizedArray, get: Tensors) -> list[Entr
 
     out = [Entry(name, tag, arr.shape, values.itemsize, read)]
     s, z = param_shape(arr)
-    half = arr.scale_dtype == np.float16  # stored as float16: exported as such
-    scale_dtype = np.dtype(np.float16 if half else np.float32)
+    scale_dtype, scale_tag = scale_form(arr)
 
     def read_scale(r0: int, r1: int) -> np.ndarray:
         scale: np.ndarray = get(name).scale.reshape(s).astype(scale_dtype)[r0:r1]
@@ -118,12 +117,19 @@ def quantized_entries(name: str, arr: QuantizedArray, get: Tensors) -> list[Entr
         zero_point: np.ndarray = get(name).zero_point.reshape(z).astype(values)[r0:r1]
         return zero_point
 
-    out.append(
-        Entry(f"{name}_scale", "F16" if half else "F32", s, scale_dtype.itemsize, read_scale)
-    )
+    out.append(Entry(f"{name}_scale", scale_tag, s, scale_dtype.itemsize, read_scale))
     if not qt.is_float and np.any(arr.zero_point != 0):
         out.append(Entry(f"{name}_zero_point", tag, z, values.itemsize, read_zero_point))
     return out
+
+
+def scale_form(arr: QuantizedArray) -> tuple[np.dtype[Any], str]:
+    """The dtype and safetensors tag an output's scales are exported in: as stored when
+    float16 or bfloat16 (``QuantSpec.scale_dtype``: values of that type, exported exactly),
+    else float32."""
+    stored = np.dtype(arr.scale_dtype)
+    dtype = stored if stored.name in ("float16", "bfloat16") else np.dtype(np.float32)
+    return dtype, FLOAT_TYPES[dtype.name]
 
 
 def float_entry(name: str, arr: QuantizedArray, get: Tensors, dtype: str) -> Entry:
@@ -164,16 +170,13 @@ def ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get: Tensors) -> 
     pshape: tuple[int, ...] = {"tensor": (1,), "channel": (out, 1)}.get(
         lay.strategy, tuple(arr.scale.shape)
     )
-    half = arr.scale_dtype == np.float16
-    sdtype = np.dtype(np.float16 if half else np.float32)
+    sdtype, tag = scale_form(arr)
 
     def scales(r0: int, r1: int) -> np.ndarray:
         scale: np.ndarray = get(name).scale.reshape(pshape).astype(sdtype)[r0:r1]
         return scale
 
-    found.append(
-        Entry(f"{m}weight_scale", "F16" if half else "F32", pshape, sdtype.itemsize, scales)
-    )
+    found.append(Entry(f"{m}weight_scale", tag, pshape, sdtype.itemsize, scales))
     if not lay.symmetric:
 
         def zero_points() -> np.ndarray:

@@ -41,6 +41,9 @@ from .runtime import parallel_kernel, specialize
 from .stats import slot_range_keys32
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
+# how scales are rounded (``scale_mode``; ``qstream.core.SCALE_MODES``): float32 values no
+# smaller than TINY_SCALE, or float16 or bfloat16 values
+SCALE_F32, SCALE_F16, SCALE_BF16 = 0, 1, 2
 PARTS = 256  # runs of work items per call: enough to balance two to a few dozen threads
 # True in the builds of the fused kernels for finite input (``specialize``): a work item
 # holding a NaN or an infinity is marked -1 in ``nonfinite`` and the call's results are
@@ -61,6 +64,29 @@ def half_scale(s):
         return from_bits32(b)
     # a subnormal float16: a multiple of 2**-24 (both products are exact)
     return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
+
+
+@njit(inline="always", cache=True)
+def bf16_scale(s):
+    """A float32 scale as ``qstream.core.bf16_scales`` rounds it: clamped to ``[2**-133,
+    3.3895e38]`` (the smallest positive and the largest finite bfloat16), then to the nearest
+    bfloat16 value (ties to even) on the float32 bits: bfloat16 is float32's upper half, so
+    the 16 low bits are rounded away, subnormals included (the carry moves the exponent)."""
+    x = min(max(s, from_bits32(np.int32(0x00010000))), from_bits32(np.int32(0x7F7F0000)))
+    b = bits32(x)
+    b = (b + np.int32(0x7FFF) + ((b >> np.int32(16)) & np.int32(1))) & np.int32(-0x10000)
+    return from_bits32(b)
+
+
+@njit(inline="always", cache=True)
+def round_scale(s, scale_mode):
+    """A float32 scale as ``scale_mode`` rounds it (:data:`SCALE_F16`: :func:`half_scale`,
+    :data:`SCALE_BF16`: :func:`bf16_scale`, else no smaller than ``TINY_SCALE``)."""
+    if scale_mode == SCALE_F16:
+        return half_scale(s)
+    if scale_mode == SCALE_BF16:
+        return bf16_scale(s)
+    return max(s, TINY_SCALE)
 
 
 @njit(inline="always", cache=True)
@@ -119,7 +145,7 @@ def _column_keys(x, o, c0, c1, symmetric, kmin, kmax):
 
 
 @njit(inline="always", cache=True)
-def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs):
+def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs):
     """Each group's scale and zero point from its finite range's order keys (the arithmetic
     of ``params_from_range``)."""
     for pi in range(kmin.size):
@@ -129,12 +155,12 @@ def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs):
         if mode == ASYM:
             span = vhi - vlo
             s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
-            s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
+            s32 = round_scale(s32, scale_mode)
             z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
         else:
             amax = max(-vlo, vhi)
             s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
-            s32 = half_scale(s32) if half else max(s32, TINY_SCALE)
+            s32 = round_scale(s32, scale_mode)
             z = 0.0 if mode == SYM_SIGNED else zp_sym
         ss[pi] = s32
         zs[pi] = np.float32(z)
@@ -153,7 +179,7 @@ def dynamic_rows_half_to_even(
     lo,
     hi,
     mask,
-    half,
+    scale_mode,
     scale,
     zero_point,
     out,
@@ -194,7 +220,7 @@ def dynamic_rows_half_to_even(
                 nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
             ss = scale[o, pc]
             zs = zero_point[o, pc]
-            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs)
+            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs)
             for c in range(c0, c1):
                 xr = x[o, c]
                 orow = out[o, c]
@@ -244,7 +270,7 @@ def dynamic_columns_half_to_even(
     lo,
     hi,
     mask,
-    half,
+    scale_mode,
     scale,
     zero_point,
     out,
@@ -284,7 +310,7 @@ def dynamic_columns_half_to_even(
                 nonfinite[w] = slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax)
             ss = scale[o, pc]
             zs = zero_point[o, pc]
-            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, half, ss, zs)
+            _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs)
             for c in range(c0, c1):  # one loop along each row
                 xr = x[o, c]
                 orow = out[o, c]
@@ -317,15 +343,16 @@ def dynamic_kernel(iblock: int, finite: bool = False):
     needs (a first run's group-wise conversion spends most of its time compiling it), and
     each compiles in less than half the time of the one they replace.
 
-    They take ``(x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, half,
+    They take ``(x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, scale_mode,
     scale, zero_point, out, nonfinite, errors, sums, gx2, ge2, gmax)``: ``x`` float32 ``[O,
     C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of ``scale`` / ``zero_point``
     (float32; zero points are integers of at most 16 bits) ``[O, Cp, Ip]``; ``mode``
     (``SYM_SIGNED``: ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``,
     zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin -
     lo / s)`` clipped; a scale is never below ``TINY_SCALE``); ``lo``/``hi`` float32
-    saturation bounds; ``half``: scales rounded to float16 values (:func:`half_scale`) before
-    the zero point and the values; ``out`` the codes in the widened integer type, ``mask``:
+    saturation bounds; ``scale_mode``: scales rounded to float16 or bfloat16 values
+    (:func:`round_scale`: :data:`SCALE_F16`, :data:`SCALE_BF16`) before the zero point and
+    the values; ``out`` the codes in the widened integer type, ``mask``:
     nonzero for signed sub-byte types, whose stored bytes are the codes masked to their bits;
     ``nonfinite[O * Cp]``: per row of parameter blocks, how many pieces of it held a NaN or
     an infinity (the caller applies its NaN policy to them).

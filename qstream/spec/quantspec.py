@@ -3,7 +3,7 @@ scale dtypes, ...) and its validation, with an explicit JSON round trip."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,9 @@ from .json_helpers import NON_FINITE, check_keys, field_values, jsonable_dict
 
 METHODS = ("minmax", "percentile", "entropy", "mse", "l2", "dynamic")
 HISTOGRAM_METHODS = ("percentile", "entropy", "mse", "l2")
-SCALE_DTYPES = ("float32", "float16")
+SCALE_DTYPES = ("float32", "float16", "bfloat16", "source")
+# what ``scale_dtype="source"`` becomes for a tensor of each dtype (any other: float32)
+SOURCE_SCALE_DTYPES = {"bfloat16": "bfloat16", "float16": "float16"}
 SYMMETRIC_LEVELS = ("balanced", "full")
 NAN_POLICIES = ("error", "zero_point", "min", "fill")
 OFFSET_MODES = ("range",)  # QuantSpec.offset as a word (else a number or a list of them)
@@ -57,10 +59,15 @@ class QuantSpec:
         scale, zero_point: explicit parameters (a number, or a list shaped like the parameter
             array); they skip calibration.
         num_bins: histogram bins for the histogram methods.
-        scale_dtype: how scales are stored: ``float32`` (default) or ``float16`` (half the
-            size; each scale is rounded to the nearest float16, clamped to [2**-24, 65504],
-            before anything is quantized with it, and zero points are derived from the
-            rounded scale, so the stored parameters reproduce the stored values exactly).
+        scale_dtype: how scales are stored: ``float32`` (default), ``float16`` or
+            ``bfloat16`` (half the size; each scale is rounded to the nearest float16,
+            clamped to [2**-24, 65504], or to the nearest bfloat16, clamped to [2**-133,
+            3.3895e38], before anything is quantized with it, and zero points are derived
+            from the rounded scale, so the stored parameters reproduce the stored values
+            exactly), or ``source``: the dtype of each tensor a recipe quantizes (bfloat16
+            tensors get bfloat16 scales, float16 ones float16, others float32; resolved per
+            tensor by :meth:`for_source`, so that a model loaded in its own dtype gets the
+            quantized values bit for bit).
         symmetric_levels: for symmetric integer types, ``balanced`` (default: as many codes
             each side of zero, ``scale = absmax / 7`` for int4, 15 of its 16 codes) or
             ``full`` (every code: ``scale = absmax / 7.5`` for int4, ``absmax / 127.5`` for
@@ -280,7 +287,42 @@ class QuantSpec:
 
     @property
     def half_scales(self) -> bool:
+        """Whether scales are float16 values."""
         return self.scale_dtype == "float16"
+
+    @property
+    def scale_mode(self) -> int:
+        """How scales are rounded before anything is quantized with them: the
+        ``qstream.core.SCALE_MODES`` code of :attr:`scale_dtype` (0 float32, 1 float16, 2
+        bfloat16); ``source`` must be resolved first (:meth:`for_source`)."""
+        from ..core import SCALE_MODES
+
+        if self.scale_dtype == "source":
+            raise InvalidParameterError(
+                "scale_dtype='source' means each tensor's own dtype: it is resolved per tensor"
+                " by a recipe (QuantSpec.for_source); give float32, float16 or bfloat16 here"
+            )
+        return SCALE_MODES[self.scale_dtype]
+
+    @property
+    def scale_numpy_dtype(self) -> np.dtype[Any]:
+        """The NumPy dtype scales are stored in (``ml_dtypes.bfloat16`` for bfloat16)."""
+        import ml_dtypes
+
+        mode = self.scale_mode  # (refuses an unresolved "source")
+        return np.dtype(ml_dtypes.bfloat16 if mode == 2 else self.scale_dtype)
+
+    def for_source(self, dtype: Any) -> QuantSpec:
+        """This spec for a tensor of ``dtype``: ``scale_dtype="source"`` becomes that dtype
+        (bfloat16 or float16; float32 for any other), any other spec is itself."""
+        if self.scale_dtype != "source":
+            return self
+        name = SOURCE_SCALE_DTYPES.get(np.dtype(dtype).name, "float32")
+        # (one object per dtype, kept: callers may key checks on a spec's identity)
+        resolved: dict[str, QuantSpec] = self.__dict__.setdefault("_resolved", {})
+        if name not in resolved:
+            resolved[name] = replace(self, scale_dtype=name)
+        return resolved[name]
 
     @property
     def full_levels(self) -> bool:

@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
@@ -181,8 +182,8 @@ class Recipe:
             return None
         for rule in self.rules:
             if fnmatch.fnmatchcase(name, rule.pattern):
-                return rule.spec
-        return self.defaults
+                return None if rule.spec is None else rule.spec.for_source(dtype)
+        return self.defaults.for_source(dtype)  # (scale_dtype "source": the tensor's dtype)
 
     def check(self, tensors: Mapping[str, Shaped]) -> list[str]:
         """Check the recipe against a checkpoint's ``tensors`` (name -> object with
@@ -266,11 +267,14 @@ class Recipe:
                 raise InvalidParameterError(f"{where} on tensor {name}: {e}") from None
 
     def specs(self) -> list[QuantSpec]:
-        """Every spec the recipe can give (the defaults first), without repeats."""
-        out = [self.defaults]
-        for rule in self.rules:
-            if rule.spec is not None and rule.spec not in out:
-                out.append(rule.spec)
+        """Every spec the recipe can give (the defaults first), without repeats; one with
+        ``scale_dtype="source"`` as it is for bfloat16, float16 and float32 tensors."""
+        out: list[QuantSpec] = []
+        for spec in [self.defaults, *(r.spec for r in self.rules if r.spec is not None)]:
+            for dtype in (ml_dtypes.bfloat16, np.float16, np.float32):
+                s = spec.for_source(dtype)
+                if s not in out:
+                    out.append(s)
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def dynamic_params(
         qt,
         symmetric=spec.symmetric,
         narrow_range=spec.narrow_range,
-        half_scale=spec.half_scales,
+        scale_mode=spec.scale_mode,
         full_levels=spec.full_levels,
     )
     return s, z, plan_layout(x.shape, s.shape, axis, bs)
@@ -160,7 +160,7 @@ def dynamic_blocked(
         np.float32(qmin),
         np.float32(qt.qmax),
         np.int32(qt.mask if qt.bits < 8 else 0),
-        spec.half_scales,
+        spec.scale_mode,
         s,
         z,
         layout.view(out.view(qt.widened)),

@@ -21,9 +21,11 @@ class TensorEvent:
 
 
 def describe_target(spec: QuantSpec) -> str:
-    """A short label: ``int8/axis0/minmax``, ``int4/axis1:b32/dynamic``, ``int8/tensor/mse``."""
+    """A short label: ``int8/axis0/minmax``, ``int4/axis1:b32/dynamic``, ``int8/tensor/mse``;
+    scales that are not float32 are named: ``int8/axis0/minmax/bfloat16-scales``."""
     where = "tensor" if spec.axis is None else f"axis{spec.axis}"
     if spec.block_size:
         where += f":b{spec.block_size}"
     method = "explicit" if spec.scale is not None else spec.method
-    return f"{spec.dtype}/{where}/{method}"
+    scales = "" if spec.scale_dtype == "float32" else f"/{spec.scale_dtype}-scales"
+    return f"{spec.dtype}/{where}/{method}{scales}"

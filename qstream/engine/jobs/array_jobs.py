@@ -83,11 +83,12 @@ def quantize_groups(
     """``(q, scale, zero_point, axis)`` of the dynamic blocked ``spec`` (its ``axis``) on
     ``x``: each group its own range, as ``quantize_store`` computes them (see
     :func:`qstream.quantize_dynamic`); ``axis`` normalised, ``zero_point`` in the output
-    type, ``scale`` float16 for ``spec.half_scales``."""
+    type, ``scale`` float16 or bfloat16 as ``spec.scale_dtype`` says."""
     from ...core import buffers, normalize_axis
     from ..blocks import block_ranges, dynamic_quantize, nan_to_zero_point
 
     xa = checks.as_float_input(x, "x")
+    spec = spec.for_source(xa.dtype)  # (scale_dtype "source": x's dtype)
     axis = normalize_axis(axis, xa.ndim)
     qt = spec.qtype
     q = buffers.empty(xa.shape, qt.dtype)  # a large result: from the pool of freed buffers
@@ -101,6 +102,8 @@ def quantize_groups(
 
         fill_nan(xa, q, qt)
     scale = s
+    if spec.scale_mode == 2:  # bfloat16 values already: float32's upper halves, no rounding
+        scale = (s.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(spec.scale_numpy_dtype)
     if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
         from ...kernels.blocked import float16_bits
 

@@ -78,7 +78,7 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
         plan.qt,
         symmetric=spec.symmetric,
         narrow_range=spec.narrow_range,
-        half_scale=spec.half_scales,
+        scale_mode=spec.scale_mode,
         full_levels=spec.full_levels,
     )
     params = QuantParams(

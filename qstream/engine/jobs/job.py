@@ -126,6 +126,7 @@ class QuantizeJob:
                 " (float16, bfloat16, float32, float64)"
             )
         shape = source.shape
+        self.spec = spec = spec.for_source(source.dtype)  # (scale_dtype "source": its dtype)
         self.max_memory = max_memory
         self.chunks_given = chunks is not None
         self.plan = plan_job(spec, source, chunks, max_memory)

@@ -84,7 +84,7 @@ def member_arrays(job: JobView, *, progress_log: bool = True) -> dict[str, dict[
             "chunk_key_encoding": qarray.FLAT_KEYS,
             "dimension_names": list(job.dims),
         },
-        "scale": {"dtype": np.float16 if spec.half_scales else np.float32, **kw},
+        "scale": {"dtype": spec.scale_numpy_dtype, **kw},
         "zero_point": {"dtype": zp_dtype, **kw},
     }
     if spec.float_offset:  # x = q * scale + offset (float64: CF's add_offset)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...core import checks
 from ...errors import InvalidParameterError
-from ...spec import Calibration, QuantParams
+from ...spec import Calibration, QuantParams, QuantSpec
 from ..blocks import JobPlan
 
 
@@ -59,7 +59,7 @@ def offset_params(lo: np.ndarray, hi: np.ndarray, plan: JobPlan, layout: str) ->
         plan.qt,
         narrow_range=spec.narrow_range,
         offset=offset,
-        half_scale=spec.half_scales,
+        scale_mode=spec.scale_mode,
     )
     return with_offset(scale, off, plan, layout)
 
@@ -70,10 +70,7 @@ def explicit_params(plan: JobPlan, layout: str) -> QuantParams:
     if spec.float_offset:  # an explicit scale and offset
         s = broadcast_param(spec.scale, "scale", plan).astype(np.float32)
         checks.check_scale(s)
-        if spec.half_scales:
-            from ...core import half_scales
-
-            s = half_scales(s)
+        s = rounded(s, spec)
         return with_offset(s, broadcast_param(spec.offset, "offset", plan), plan, layout)
     s = np.asarray(spec.scale, np.float32)
     z = np.asarray(0 if spec.zero_point is None else spec.zero_point, np.float64)
@@ -86,10 +83,7 @@ def explicit_params(plan: JobPlan, layout: str) -> QuantParams:
             f" {plan.param_shape} of {spec.granularity} quantization"
         ) from None
     checks.check_scale(s)
-    if spec.half_scales:
-        from ...core import half_scales
-
-        s = half_scales(s)
+    s = rounded(s, spec)
     qt = plan.qt
     if not qt.is_float and z.size and (z.min() < qt.qmin or z.max() > qt.qmax):
         raise InvalidParameterError(
@@ -118,3 +112,13 @@ def stored_calibration(group: Any, plan: JobPlan) -> tuple[Calibration, dict[str
                 offset=np.asarray(group["offset"][...], np.float64).reshape(plan.param_shape),
             )
     return Calibration(spec, None, {}, params), meta["calibration"]
+
+
+def rounded(s: np.ndarray, spec: QuantSpec) -> np.ndarray:
+    """Explicit scales as ``spec.scale_dtype`` stores them: rounded to float16 or bfloat16
+    values (``qstream.core.round_scales``), float32 ones as given."""
+    if spec.scale_mode == 0:
+        return s
+    from ...core import round_scales
+
+    return round_scales(s, spec.scale_mode)

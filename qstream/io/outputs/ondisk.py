@@ -4,7 +4,8 @@ A quantized array is a Zarr v3 group::
 
     dst/            attrs["qstream"] = {"version", "fingerprint", "ready", "complete", "spec",
       data                             "source", "calibration", "error", "report", ...}
-      scale         float32, the parameter shape ([] per tensor, [C] per axis, blocked shape)
+      scale         float32 (float16 or bfloat16 as the spec's scale_dtype says), the parameter
+                    shape ([] per tensor, [C] per axis, blocked shape)
       zero_point    the type's integer container (float types: float32 zeros)
       _progress     the resume snapshot of the quantize pass (``qstream.io.outputs.progress_log``)
 
@@ -153,7 +154,7 @@ def quantized_nbytes(shape: Sequence[int], spec: Any) -> int:
     """The size of a tensor of ``shape`` quantized under ``spec`` (a ``QuantSpec``): every
     byte its output holds for it, uncompressed. That is its codes as stored
     (:func:`stored_nbytes`) and its parameters, one set per tensor, channel or block: a
-    scale (float32; float16 with ``scale_dtype="float16"``), a zero point (in the codes'
+    scale (float32; float16 or bfloat16 with ``scale_dtype`` so), a zero point (in the codes'
     widened type) unless every one is 0 by construction (signed integer types symmetric,
     float types: zarr stores no chunk of zeros), an offset (float64) for a float offset.
     The one definition of "after" of ``convert --dry-run``, ``convert``, ``inspect`` and
@@ -166,7 +167,7 @@ def quantized_nbytes(shape: Sequence[int], spec: Any) -> int:
         params = shape[axis]
         if spec.block_size:
             params = math.prod(shape) // max(1, shape[axis]) * -(-shape[axis] // spec.block_size)
-    each = 2 if spec.half_scales else 4
+    each = 2 if spec.scale_dtype in ("float16", "bfloat16") else 4
     if spec.float_offset:
         each += 8
     elif not qt.is_float and (not spec.symmetric or not qt.signed):
