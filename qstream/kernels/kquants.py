@@ -22,6 +22,8 @@ import numpy as np
 from numba import njit, prange
 
 from .kquants_layout import pack_2bit, pack_k3, pack_k4, scale_k3, scale_min_k4
+from .kquants_layout import pairwise_program as pairwise_program  # (the SQNR sums of exports)
+from .kquants_layout import row_error_sums as row_error_sums
 from .kquants_search import (
     GROUP_MAX_EPS,
     QK_K,
@@ -461,7 +463,9 @@ def _dq6_k(raw, y):
             y[16 * j + i] = d * np.float32((lo | (hi << 4)) - 32)
 
 
-@parallel_kernel
+# (a value is decoded in a few instructions: threads pay off for tens of MiB only, and a
+# thread that a busy machine has descheduled costs a call far more than the work)
+@parallel_kernel(serial_scale=64)
 def dequantize_blocks(raw, kind, out):
     """Dequantize the flat uint8 super-blocks ``raw`` of GGML type ``kind`` (10..14) into the
     float32 ``out`` (256 values each), in gguf-py's ``dequantize`` order of operations."""

@@ -191,7 +191,9 @@ def quantize_rows_weighted(x, qw, n, kind, out):
             _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work)
 
 
-@parallel_kernel
+# (a value is decoded in a few instructions: threads pay off for tens of MiB only, and a
+# thread that a busy machine has descheduled costs a call far more than the work)
+@parallel_kernel(serial_scale=64)
 def dequantize_blocks(raw, kind, out):
     """Q5_0 / Q5_1 (``kind`` 6 / 7) blocks ``raw`` (flat uint8) into the float32 ``out``, in
     gguf-py's order: ``d * (q - 16)`` / ``d * q + m``."""

@@ -28,37 +28,36 @@ class ErrorSums:
     llama.cpp's weighted search minimises) and, in :attr:`plain`, the same sums for the
     tensor quantized without the imatrix: what the imatrix bought."""
 
-    ROWS = 1 << 16  # values a step of the sums takes at most (its float64 temporaries)
-
     def __init__(self) -> None:
         self.count = 0
         self.sums = np.zeros(4)  # x^2, (x - y)^2, x * y, y^2
         self.weighted = np.zeros(2)  # w x^2, w (x - y)^2
         self.max_abs = 0.0
         self.plain: ErrorSums | None = None
+        self._program: tuple[int, np.ndarray] | None = None
 
     def add(self, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
         """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis);
-        ``w``: the importance weights of the rows (``[rows or 1, columns]``)."""
+        ``w``: the importance weights of the rows (``[rows or 1, columns]``). One pass of a
+        kernel (:func:`qstream.kernels.kquants.row_error_sums`) per row gives the bits of
+        NumPy's ``(a * a).sum(axis=1)`` etc. on float64 copies (``a = x``, ``b = y``,
+        ``e = a - b``), the rows then added in order."""
+        from ...kernels import kquants
+
         cols = x.shape[-1] if x.ndim else 1
-        x, y = x.reshape(-1, cols), y.reshape(-1, cols)
-        step = max(1, self.ROWS // max(1, cols))
-        for r in range(0, x.shape[0], step):
-            a = x[r : r + step].astype(np.float64)
-            b = y[r : r + step].astype(np.float64)
-            e = a - b
-            rows = np.stack(
-                [(a * a).sum(axis=1), (e * e).sum(axis=1), (a * b).sum(axis=1), (b * b).sum(axis=1)]
-            )  # [4, rows]
-            self.sums = _added(self.sums, rows)
-            if w is not None:
-                wr = (w if w.shape[0] == 1 else w[r : r + step]).astype(np.float64)
-                self.weighted = _added(
-                    self.weighted, np.stack([(wr * a * a).sum(axis=1), (wr * e * e).sum(axis=1)])
-                )
-            if e.size:
-                self.max_abs = max(self.max_abs, float(np.abs(e).max()))
-            self.count += a.size
+        x, y = _float(x).reshape(-1, cols), _float(y).reshape(-1, cols)
+        if not x.size:
+            return
+        if self._program is None or self._program[0] != cols:
+            self._program = (cols, kquants.pairwise_program(cols))
+        weights = np.zeros((0, 0), np.float32) if w is None else np.ascontiguousarray(w)
+        rows = np.empty((x.shape[0], 7))
+        kquants.row_error_sums(x, y, weights, self._program[1], rows)
+        self.sums = _added(self.sums, rows[:, :4].T)
+        if w is not None:
+            self.weighted = _added(self.weighted, rows[:, 4:6].T)
+        self.max_abs = max(self.max_abs, float(rows[:, 6].max()))
+        self.count += x.size
 
     def summary(self) -> dict[str, Any]:
         """SQNR (dB), MSE, cosine similarity, count and the largest absolute error; with
@@ -76,6 +75,13 @@ class ErrorSums:
         if self.plain is not None:
             out["without_imatrix"] = self.plain.summary()
         return out
+
+
+def _float(v: np.ndarray) -> np.ndarray:
+    """``v`` C-contiguous in float32 or float64 (narrower floats widened to float32: exact)."""
+    v = np.asarray(v)
+    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float32
+    return np.ascontiguousarray(v, dtype=dtype)
 
 
 def _added(total: np.ndarray, rows: np.ndarray) -> np.ndarray:
