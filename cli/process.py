@@ -223,7 +223,9 @@ def _lean_loads(caching: Any) -> bool:
         from numba.core.cpu import CPUContext
         from numba.core.runtime import rtsys
 
-        if not isinstance(target_context, CPUContext):
+        if not isinstance(target_context, CPUContext) or not all(
+            hasattr(self, a) for a in ("_enabled", "_cache_file", "_impl")
+        ):
             return whole(self, sig, target_context)
         rtsys.initialize(target_context)  # (Numba's runtime: what every kernel links to)
         with self._guard_against_spurious_io_errors():
@@ -266,8 +268,8 @@ def links_as_it_is(payload: Any) -> bool:
 
 
 def undefined_symbols(obj: bytes) -> list[str] | None:
-    """The names of the undefined (global or weak-less) symbols of an ELF64 little-endian
-    object file, or None if ``obj`` is not one."""
+    """The names of the symbols an ELF64 little-endian object file leaves undefined (weak
+    ones aside: the linker may leave those null), or None if ``obj`` is not one."""
     if obj[:6] != b"\x7fELF\x02\x01" or len(obj) < 64:
         return None
     try:
