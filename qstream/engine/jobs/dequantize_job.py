@@ -126,6 +126,7 @@ def dequantize(
         from ...io.storage import open_store
 
         store = open_store(dst, mode="w", storage_options=storage_options)
+        layout = dequantized_array(arr, out_dtype, compression)
         try:
             out = zarr.create_array(
                 store,
@@ -135,7 +136,7 @@ def dequantize(
                     **carried_attrs(dict(arr.data.attrs)),  # units, long_name, ...
                     "qstream": {**meta, **Lease.fields(dst, token), "complete": False},
                 },
-                **dequantized_array(arr, out_dtype, compression),
+                **layout,
             )
         except zarr.errors.ContainsArrayError:
             raise StoreError(f"{dst} was created by another process meanwhile") from None
@@ -175,7 +176,11 @@ def dequantize(
                 )
         # (lat, lon, time, ...: beside the copy when it is a member of a group)
         coords = copy_coords_beside(
-            arr.group, list(out.metadata.dimension_names or []), arr.shape, dst, storage_options
+            arr.group,
+            layout["dimension_names"],
+            arr.shape,
+            dst,
+            storage_options,
         )
         try:
             out.attrs["qstream"] = {**meta, **Lease.fields(dst, token), "complete": True}

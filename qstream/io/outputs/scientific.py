@@ -282,9 +282,10 @@ def copy_coords_beside(
         except KeyError:
             there = None
         if there is not None:
-            same = isinstance(there, zarr.Array) and tuple(there.shape) == values.shape
-            if same and np.array_equal(there[...], values, equal_nan=values.dtype.kind in "fc"):
-                beside.append(dim)
+            if isinstance(there, zarr.Array) and tuple(there.shape) == values.shape:
+                theirs = np.asarray(there[...])
+                if np.array_equal(theirs, values, equal_nan=values.dtype.kind in "fc"):
+                    beside.append(dim)
             continue
         if root is not None:
             walk_below(os.fspath(root), [dim, "zarr.json"])
