@@ -1,10 +1,12 @@
 """Quantized checkpoints in an object store (the moto server): compressed-tensors checkpoints
 made by compressed-tensors' own compressors (FP8 per channel, int4 groups packed, int4 with
-zero points) and gpt-oss's MXFP4 experts, read through ``qs.open_checkpoint("s3://...")`` with
-the bits of the same checkpoint read from local files (and of the format's own decoder), and
-converted from the URL (API and command line) into the bytes of a conversion from local
-files, through fsspec and obstore; a GGUF file at a URL is refused before any byte of it is
-read, naming the reason (exit 2, nothing created)."""
+zero points; NVFP4, MXFP8, FP8 per block and int8 read only) and gpt-oss's MXFP4 experts, read
+through ``qs.open_checkpoint("s3://...")`` with the bits of the same checkpoint read from local
+files (and of the format's own decoder), and converted from the URL (API and command line)
+into the bytes of a conversion from local files, through fsspec and obstore; a file of a
+format qstream reads from local paths only (.npy, .npz, a zipped Zarr group, torch files) is
+refused at a URL before any byte of it is read, naming the reason (exit 2, nothing created).
+GGUF files at URLs: ``test_url_gguf_sources.py``."""
 
 from __future__ import annotations
 
@@ -14,12 +16,11 @@ import numpy as np
 import pytest
 
 import qstream as qs
-from qstream.errors import QStreamWarning
 
 from ..io.test_gpt_oss_mxfp4 import build as build_gpt_oss
 from ..io.test_gpt_oss_mxfp4 import reference as gpt_oss_reference
 from ..io.test_quantized_sources import SCHEMES, bits, build, reference
-from ..support.s3proxy import FaultProxy
+from ..support import s3_fixtures
 from .test_s3 import BUCKET, _options, backend, endpoint  # noqa: F401 (fixtures)
 from .test_url_checkpoints import (
     _environment,
@@ -28,36 +29,39 @@ from .test_url_checkpoints import (
     _upload,
 )
 
+proxy, px = s3_fixtures.proxy, s3_fixtures.px  # (the fixtures, shared)
+
 pytest.importorskip("s3fs")
-gguf = pytest.importorskip("gguf")
 
 # float-quantized per channel; pack-quantized int4 groups; pack-quantized int4 with zero points
 CT = ("FP8_DYNAMIC", "W4_GROUP_SYM", "W4A16_ASYM")
+# read from the URL only: nvfp4-pack-quantized, mxfp8-quantized, float-quantized 128 x 128
+# blocks, int-quantized (int8 per channel)
+READ_ONLY = ("NVFP4", "MXFP8", "FP8_BLOCK", "W8A8")
 PARAMS = ("weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
 
 
 @pytest.fixture(scope="module")
-def proxy(endpoint):  # noqa: F811
-    px = FaultProxy(endpoint)
-    yield px
-    px.close()
+def ct_models(endpoint, tmp_path_factory):  # noqa: F811
+    """``get(scheme)``: a compressed-tensors checkpoint (sharded, with its index and config) in
+    local files and under ``s3://BUCKET/ct-<scheme>/model/``, built once per module."""
+    built: dict[str, tuple[str, os.PathLike]] = {}
+
+    def get(scheme: str) -> tuple[str, os.PathLike]:
+        if scheme not in built:
+            folder = tmp_path_factory.mktemp(scheme.lower()) / "model"
+            build(str(folder), SCHEMES[scheme])
+            _upload(endpoint, folder, f"ct-{scheme}/model")
+            built[scheme] = scheme, folder
+        return built[scheme]
+
+    return get
 
 
-@pytest.fixture
-def px(proxy):
-    proxy.reset()
-    yield proxy
-    proxy.reset()
-
-
-@pytest.fixture(scope="module", params=CT)
-def ct_model(request, endpoint, tmp_path_factory):  # noqa: F811
-    """A compressed-tensors checkpoint (sharded, with its index and config) in local files and
-    under ``s3://BUCKET/<scheme>/model/``."""
-    folder = tmp_path_factory.mktemp(request.param.lower()) / "model"
-    build(str(folder), SCHEMES[request.param])
-    _upload(endpoint, folder, f"ct-{request.param}/model")
-    return request.param, folder
+@pytest.fixture(params=CT)
+def ct_model(request, ct_models):
+    """Each of :data:`CT`."""
+    return ct_models(request.param)
 
 
 def _same_tensors(got: dict, local: dict) -> None:
@@ -73,15 +77,30 @@ def test_a_compressed_tensors_checkpoint_in_s3_reads_as_from_local_files(
     px,
     backend,  # noqa: F811
 ):
-    scheme, folder = ct_model
+    _reads_as_local(*ct_model, px, backend, ("", "model.safetensors.index.json"))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "store"),
+    [("NVFP4", "fsspec"), ("MXFP8", "obstore"), ("FP8_BLOCK", "obstore"), ("W8A8", "fsspec")],
+)
+def test_nvfp4_mxfp8_fp8_block_and_int8_checkpoints_in_s3_read_as_from_local_files(
+    ct_models, scheme, store, px
+):
+    if store == "obstore":
+        pytest.importorskip("obstore")
+    _reads_as_local(*ct_models(scheme), px, store, ("",))
+
+
+def _reads_as_local(scheme: str, folder, px, backend: str, names: tuple[str, ...]) -> None:  # noqa: F811
+    """The checkpoint at ``s3://BUCKET/ct-<scheme>/model/<name>`` for each of ``names``: its
+    tensors are the local files', bit for bit, and compressed-tensors' own decompressor's,
+    read by ranged requests only."""
     local = qs.open_checkpoint(folder)
     ref = reference(str(folder))
     assert len(ref) == 14
     opts = _options(backend, px.url)
-    for url in (
-        f"s3://{BUCKET}/ct-{scheme}/model/",
-        f"s3://{BUCKET}/ct-{scheme}/model/model.safetensors.index.json",
-    ):
+    for url in (f"s3://{BUCKET}/ct-{scheme}/model/{name}" for name in names):
         px.reset()
         got = qs.open_checkpoint(url, storage_options=opts, store=backend)
         # the scales, zero points and packed codes are consumed, as from local files
@@ -183,71 +202,50 @@ def test_gpt_oss_mxfp4_experts_in_s3_read_and_convert_as_from_local_files(
     _same_conversion(tmp_path / "local", tmp_path / "url", names)
 
 
-@pytest.fixture(scope="module")
-def gguf_url(endpoint, tmp_path_factory):  # noqa: F811
-    """A GGUF file (gguf-py's writer, Q8_0 and F32 tensors) in local files and in the bucket."""
-    from gguf import GGMLQuantizationType, GGUFWriter, quants
-
-    folder = tmp_path_factory.mktemp("gguf")
-    path = folder / "model.gguf"
-    rng = np.random.default_rng(3)
-    w = GGUFWriter(str(path), "testarch")
-    w.add_tensor("blk.0.w", rng.standard_normal((64, 256)).astype(np.float32))
-    q = quants.quantize(
-        rng.standard_normal((32, 256)).astype(np.float32), GGMLQuantizationType.Q8_0
-    )
-    w.add_tensor("blk.0.q", q, raw_shape=q.shape, raw_dtype=GGMLQuantizationType.Q8_0)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    _upload(endpoint, folder, "gguf")
-    with pytest.warns(QStreamWarning, match="keep their GGUF names"):
-        assert len(qs.open_checkpoint(path)) == 2  # read from its local path
-    return f"s3://{BUCKET}/gguf/model.gguf"
+LOCAL_FILES = {  # a URL's suffix -> the format the refusal names
+    "weights.npy": "a .npy file",
+    "weights.npz": "a .npz file",
+    "group.zip": "a zipped Zarr group",
+    "model.pt": "a torch file",
+    "pytorch_model.bin": "a torch file",
+}
 
 
-def test_a_gguf_url_is_refused_before_any_byte_of_it_is_read(gguf_url, px, backend, tmp_path):  # noqa: F811
-    opts = _options(backend, px.url)
+@pytest.mark.parametrize("name", sorted(LOCAL_FILES))
+def test_a_url_of_a_local_only_format_is_refused_before_any_byte_of_it_is_read(
+    name,
+    px,
+    tmp_path,
+):
+    url = f"s3://{BUCKET}/local-only/{name}"
+    opts = _options("fsspec", px.url)
     for call in (
-        lambda: qs.open_checkpoint(gguf_url, storage_options=opts, store=backend),
-        lambda: qs.convert_checkpoint(
-            gguf_url, tmp_path / "out", storage_options=opts, store=backend
-        ),
+        lambda: qs.open_checkpoint(url, storage_options=opts, store="fsspec"),
+        lambda: qs.convert_checkpoint(url, tmp_path / "out", storage_options=opts),
     ):
         px.reset()
-        with pytest.raises(qs.StoreError, match="GGUF file is read from a local path") as e:
+        with pytest.raises(qs.StoreError, match=f"{LOCAL_FILES[name]} is read from a local") as e:
             call()
-        assert "\n" not in str(e.value) and gguf_url in str(e.value)
-        assert not px.requests("GET", "model.gguf")
+        assert "\n" not in str(e.value) and url in str(e.value)
+        assert not px.log  # (not a request: refused by its name)
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(
-    "command",
-    [
-        ["convert", "URL", "OUT"],
-        ["convert", "URL", "OUT", "--dry-run"],
-        ["dequantize", "URL", "OUT"],
-        ["dequantize", "URL", "OUT", "--dry-run"],
-        ["inspect", "URL"],
-        ["calibrate", "URL", "--tensor", "blk.0.w"],
-    ],
-    ids=lambda c: "-".join(w for w in c if w not in ("URL", "OUT")),
+    "command", [["convert", "URL", "OUT"], ["convert", "URL", "OUT", "--dry-run"]]
 )
-def test_the_command_line_refuses_a_gguf_url_with_exit_2_creating_nothing(
-    gguf_url, px, tmp_path, command
+def test_the_command_line_refuses_a_torch_file_url_with_exit_2_creating_nothing(
+    px, tmp_path, command
 ):
     from typer.testing import CliRunner
 
     from cli.main import app
 
-    out = tmp_path / "out"
-    args = [{"URL": gguf_url, "OUT": str(out)}.get(w, w) for w in command]
+    url, out = f"s3://{BUCKET}/local-only/model.pt", tmp_path / "out"
+    args = [{"URL": url, "OUT": str(out)}.get(w, w) for w in command]
     with _environment(_fsspec_environment(px.url)):
         r = CliRunner().invoke(app, args)
     assert r.exit_code == 2, r.output
-    assert "GGUF file is read from a local path" in " ".join(r.output.split()), r.output
-    assert "Traceback" not in r.output
-    assert not px.requests("GET", "model.gguf")
+    assert "torch file is read from a local path" in " ".join(r.output.split()), r.output
+    assert "Traceback" not in r.output and not px.log
     assert not out.exists() and not os.listdir(tmp_path)

@@ -19,14 +19,14 @@ import math
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from ...errors import StoreError
 from ...paths import open_regular
-from .remote import is_url, refuse_local_only
+from .remote import RangedTensor, RemoteFolder, is_url, split_url
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -39,6 +39,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 62
 MAX_DEPTH = 4  # arrays of arrays
 SMALL_ARRAY = 4096  # arrays up to this many elements are decoded; longer ones referenced
+REMOTE_PREFIX = 1 << 20  # bytes of a GGUF object read first; then as many again, until it parses
 
 # value types: (struct format, byte size) of the scalars; 8: string, 9: array
 SCALARS: dict[int, tuple[str, int]] = {
@@ -112,14 +113,28 @@ class GGUFHeader:
     kv: dict[str, Any]
     kinds: dict[str, int]
     tensors: list[TensorInfo]
+    #: the file's bytes in an object store (its URL's), read by ranges; None: a local file
+    remote: RangedTensor | None = field(default=None, compare=False, repr=False)
+
+
+class _Short(Exception):
+    """The header goes on past the bytes of a remote file read so far (``end``: the bytes
+    needed from its start)."""
+
+    def __init__(self, end: int) -> None:
+        self.end = end
 
 
 class _Cursor:
     """Checked little-endian reads of the mapped header; every refusal names ``path`` and
-    the field being read."""
+    the field being read. ``have``: the bytes of ``buf`` (the start of a remote file of
+    ``size`` bytes: a read past them raises :class:`_Short`, and more is fetched)."""
 
-    def __init__(self, buf: mmap.mmap | bytes, size: int, path: str) -> None:
+    def __init__(
+        self, buf: mmap.mmap | bytes, size: int, path: str, have: int | None = None
+    ) -> None:
         self.buf, self.size, self.path, self.pos = buf, size, path, 0
+        self.have = size if have is None else have
 
     def fail(self, what: str) -> StoreError:
         return StoreError(f"GGUF file {self.path}: {what}")
@@ -130,6 +145,8 @@ class _Cursor:
                 f"{field} needs {n} bytes at offset {self.pos}, past the end of the file"
                 f" ({self.size} bytes); the file is truncated or corrupt"
             )
+        if n > self.have - self.pos:
+            raise _Short(self.pos + n)
 
     def scalar(self, kind: int, field: str) -> Any:
         fmt, n = SCALARS[kind]
@@ -188,6 +205,8 @@ class _Cursor:
             self.pos += n
             if count > SMALL_ARRAY:
                 return GGUFArray(elem, count, start, self.pos)
+            if self.pos > self.have:
+                raise _Short(self.pos)
             return np.frombuffer(self.buf, _NUMPY[elem], count, start).tolist()
         if count > SMALL_ARRAY and elem == STRING:
             for _ in range(count):
@@ -196,21 +215,21 @@ class _Cursor:
         return [self.value(elem, f"{field}[{i}]", depth + 1) for i in range(count)]
 
 
-def read_header(path: str) -> GGUFHeader:
-    """Parse and check the header of the GGUF file ``path`` (see the module's text)."""
+def read_header(
+    path: str, *, storage_options: dict[str, Any] | None = None, store: str | None = None
+) -> GGUFHeader:
+    """Parse and check the header of the GGUF file ``path`` (see the module's text), or of
+    the GGUF object at the URL ``path`` (:func:`read_remote_header`, through ``store`` with
+    ``storage_options``)."""
     if is_url(path):
-        refuse_local_only(path, "a GGUF file")  # (mapped: a local path)
+        return read_remote_header(path, storage_options=storage_options, store=store)
     try:
         f = open_regular(path, "GGUF file")
     except FileNotFoundError:
         raise StoreError(f"no such file: {path}") from None
     with f:
         size = os.fstat(f.fileno()).st_size
-        if size < 24:
-            raise StoreError(
-                f"GGUF file {path} is truncated: {size} bytes, shorter than the 24-byte start"
-                " (magic, version, counts)"
-            )
+        _check_start(path, size)
         try:
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):  # a file system that cannot map files
@@ -222,8 +241,45 @@ def read_header(path: str) -> GGUFHeader:
                 buf.close()
 
 
-def _parse(buf: mmap.mmap | bytes, size: int, path: str) -> GGUFHeader:
-    c = _Cursor(buf, size, path)
+def _check_start(path: str, size: int) -> None:
+    if size < 24:
+        raise StoreError(
+            f"GGUF file {path} is truncated: {size} bytes, shorter than the 24-byte start"
+            " (magic, version, counts)"
+        )
+
+
+def read_remote_header(
+    url: str, *, storage_options: dict[str, Any] | None = None, store: str | None = None
+) -> GGUFHeader:
+    """The checked header of the GGUF object at ``url``, read by ranged requests: a HEAD for
+    its size, then its first :data:`REMOTE_PREFIX` bytes, and as many again (at least what
+    the field being parsed needs) until the header parses; the file is never fetched whole.
+    The checks and refusals are the local file's (:func:`read_header`); the header's
+    ``remote`` reads its tensors' bytes by ranges."""
+    base, name = split_url(url)
+    folder = RemoteFolder(base, store, storage_options)
+    size = folder.size(name)
+    if size is None:
+        raise StoreError(f"no such object: {url}")
+    _check_start(url, size)
+    remote = RangedTensor(folder, name, 0, np.uint8, (size,))
+    buf = bytearray()
+    want = min(size, REMOTE_PREFIX)
+    while True:
+        part = np.empty(want - len(buf), np.uint8)
+        remote.read_run(len(buf), part)  # (a short object: "ended early")
+        buf += part.tobytes()
+        try:
+            header = _parse(bytes(buf), size, url, have=len(buf))
+        except _Short as more:
+            want = min(size, max(2 * len(buf), more.end))
+            continue
+        return replace(header, remote=remote)
+
+
+def _parse(buf: mmap.mmap | bytes, size: int, path: str, have: int | None = None) -> GGUFHeader:
+    c = _Cursor(buf, size, path, have)
     magic = bytes(buf[:4])
     if magic != MAGIC:
         raise c.fail(f"not a GGUF file: it starts with {magic!r}, not {MAGIC!r}")
@@ -320,14 +376,21 @@ def _place(
     return out
 
 
-def read_array(path: str, a: GGUFArray) -> list[Any]:
-    """The values of the long array ``a`` of the GGUF file ``path`` (decoded on demand)."""
-    with open_regular(path, "GGUF file") as f:
-        f.seek(a.start)
-        raw = f.read(a.end - a.start)
+def read_array(header: GGUFHeader, a: GGUFArray) -> list[Any]:
+    """The values of the long array ``a`` of the GGUF file of ``header`` (decoded on
+    demand; a remote file's: one ranged request)."""
+    raw: bytes
+    if header.remote is not None:
+        part = np.empty(a.end - a.start, np.uint8)
+        header.remote.read_run(a.start, part)
+        raw = part.tobytes()
+    else:
+        with open_regular(header.path, "GGUF file") as f:
+            f.seek(a.start)
+            raw = f.read(a.end - a.start)
     if len(raw) != a.end - a.start:
-        raise StoreError(f"GGUF file {path}: the file changed while it was read")
+        raise StoreError(f"GGUF file {header.path}: the file changed while it was read")
     if a.kind in _NUMPY:
         return list(np.frombuffer(raw, _NUMPY[a.kind], a.count).tolist())
-    c = _Cursor(raw, len(raw), path)
+    c = _Cursor(raw, len(raw), header.path)
     return [c.value(a.kind, "array element") for _ in range(a.count)]

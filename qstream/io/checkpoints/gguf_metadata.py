@@ -82,10 +82,18 @@ def _vocab(header: GGUFHeader, m: _Meta) -> int:
                      " token_embd.weight tensor or tokenizer.ggml.tokens)")  # fmt: skip
 
 
-def gguf_config(path: str, *, dtype: str = "float32") -> dict[str, Any]:
+def gguf_config(
+    path: str,
+    *,
+    dtype: str = "float32",
+    storage_options: dict[str, Any] | None = None,
+    store: str | None = None,
+) -> dict[str, Any]:
     """The transformers config.json of the model in the GGUF file ``path`` (a known
-    architecture; see the module's text), for its weights decoded to ``dtype``."""
-    return config_of(read_header(path), dtype=dtype)
+    architecture; see the module's text), for its weights decoded to ``dtype``. ``path`` may
+    be a URL (its header read by ranges through ``store`` with ``storage_options``)."""
+    header = read_header(path, storage_options=storage_options, store=store)
+    return config_of(header, dtype=dtype)
 
 
 def config_of(header: GGUFHeader, *, dtype: str = "float32") -> dict[str, Any]:
@@ -176,15 +184,18 @@ def _gemma(cfg: dict[str, Any], m: _Meta, arch: str, layers: int, per_head: int)
         cfg["rope_local_base_freq"] = swa
 
 
-def describe_gguf(path: str) -> dict[str, Any]:
+def describe_gguf(
+    path: str, *, storage_options: dict[str, Any] | None = None, store: str | None = None
+) -> dict[str, Any]:
     """What any GGUF file holds, from its checked header alone (for ``qstream inspect``):
     its architecture, whether its tensors are named back to Hugging Face names, the tensor
     count per GGML type, the parameter count, the file's size, the tokenizer and model
     summary (tokenizer model, vocabulary size, context length, block count, expert count;
     None where the file does not say) and ``tensor_list``: every tensor's name, GGML type,
     shape (NumPy order, slowest axis first: gguf-py's ``shape`` reversed) and stored bytes,
-    in file order."""
-    header = read_header(path)
+    in file order. ``path`` may be a URL (its header read by ranges through ``store`` with
+    ``storage_options``)."""
+    header = read_header(path, storage_options=storage_options, store=store)
     arch = architecture(header)
     types: dict[str, int] = {}
     params = 0

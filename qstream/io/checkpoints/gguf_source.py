@@ -34,6 +34,7 @@ from ...compat.gguf_names import EXPERTS, LAYER_NAMES, row_order
 from ...core import expand_key
 from ...errors import QStreamWarning, StoreError
 from .gguf_header import GGUFHeader, TensorInfo, read_header
+from .remote import RangedTensor
 from .tensor import Shaped, TensorLike, forward_key, read_file_run
 
 F32 = np.dtype(np.float32)
@@ -82,7 +83,9 @@ class GGUFTensor(Shaped):
     axis' range ``key`` touches (for a 1-D tensor, the blocks holding its values) and decodes
     them; nothing is read before it is indexed. Picklable (a path and numbers)."""
 
-    __slots__ = ("gguf_name", "name", "nbytes", "offset", "path", "row_bytes", "shape", "type")
+    __slots__ = (
+        "gguf_name", "name", "nbytes", "offset", "path", "remote", "row_bytes", "shape", "type"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -92,8 +95,10 @@ class GGUFTensor(Shaped):
         *,
         shape: tuple[int, ...] | None = None,
         offset: int | None = None,
+        remote: RangedTensor | None = None,
     ) -> None:
         self.name, self.path, self.gguf_name = name, path, info.name
+        self.remote = remote  # (a file in an object store: its bytes, read by ranges)
         self.type, self.row_bytes = info.type, info.row_bytes
         self.shape = info.shape if shape is None else shape
         self.offset = info.offset if offset is None else offset
@@ -109,7 +114,9 @@ class GGUFTensor(Shaped):
 
     def _bytes(self, first: int, n: int) -> np.ndarray:
         out = np.empty(n, np.uint8)
-        if n:
+        if n and self.remote is not None:  # one ranged request
+            self.remote.read_run(first, out)
+        elif n:
             read_file_run(self.path, first, out, f"tensor {self.gguf_name!r}")
         return out
 
@@ -266,7 +273,7 @@ def _named(header: GGUFHeader) -> dict[str, TensorLike]:
     """The tensors of a known architecture under Hugging Face names, converter undone."""
     arch = architecture(header)
     assert arch in KNOWN
-    path = header.path
+    path, remote = header.path, header.remote
     experts = _expert_names(arch)
     heads = _heads(header, arch) if arch == "llama" else (0, 0)
     out: dict[str, TensorLike] = {}
@@ -286,14 +293,14 @@ def _named(header: GGUFHeader) -> dict[str, TensorLike]:
             for e in range(info.shape[0]):
                 name = f"model.layers.{layer}.{where}.experts.{e}.{proj}.weight"
                 put(name, GGUFTensor(name, path, info, shape=info.shape[1:],
-                                     offset=info.offset + e * unit))  # fmt: skip
+                                     offset=info.offset + e * unit, remote=remote))  # fmt: skip
             continue
         hf = hf_name(arch, info.name)
         if hf is None:
             kept.append(info.name)
-            put(info.name, GGUFTensor(info.name, path, info))
+            put(info.name, GGUFTensor(info.name, path, info, remote=remote))
             continue
-        t = GGUFTensor(hf, path, info)
+        t = GGUFTensor(hf, path, info, remote=remote)
         if arch == "llama" and re.search(r"self_attn\.[qk]_proj\.(weight|bias)$", hf):
             n = heads[0] if ".q_proj." in hf else heads[1]
             if info.shape[0] % (2 * n):
@@ -317,12 +324,24 @@ def _named(header: GGUFHeader) -> dict[str, TensorLike]:
     return out
 
 
-def open_gguf(path: str, *, hf_names: bool = True) -> dict[str, TensorLike]:
+def open_gguf(
+    path: str,
+    *,
+    hf_names: bool = True,
+    storage_options: dict[str, Any] | None = None,
+    store: str | None = None,
+) -> dict[str, TensorLike]:
     """The tensors of the GGUF file ``path`` by name, in file order, each read lazily as
     float32 (see the module's text); only the header is read here. ``hf_names``: Hugging
     Face names (and layouts) for known architectures; otherwise, or for another
-    architecture (a warning says so), the GGUF names and layouts."""
-    header = read_header(path)
+    architecture (a warning says so), the GGUF names and layouts. ``path`` may be the URL of
+    a GGUF object (read through ``store`` with ``storage_options``): its header is read by
+    ranged requests, each tensor region by one ranged request for its rows."""
+    header = read_header(path, storage_options=storage_options, store=store)
+    if any(t.type in gguf_legacy.TYPES for t in header.tensors):
+        # (the legacy types' kernels, loaded here: never first by a conversion's worker
+        # thread, where an import can deadlock on another's module lock)
+        from ...kernels import legacy_quants, runtime  # noqa: F401
     arch = architecture(header)
     if hf_names and arch in KNOWN:
         return _named(header)
@@ -333,4 +352,4 @@ def open_gguf(path: str, *, hf_names: bool = True) -> dict[str, TensorLike]:
             QStreamWarning,
             stacklevel=2,
         )
-    return {i.name: GGUFTensor(i.name, path, i) for i in header.tensors}
+    return {i.name: GGUFTensor(i.name, path, i, remote=header.remote) for i in header.tensors}

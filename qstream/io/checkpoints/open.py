@@ -80,9 +80,14 @@ def open_checkpoint(
     Nothing but headers is read here. Raises :class:`~qstream.errors.StoreError` for missing,
     truncated, corrupt or unsupported inputs. ``path`` may be an object-store URL of a
     safetensors file, a folder or a ``*.safetensors.index.json``: its tensors are then read by
-    byte ranges through ``store`` (``"fsspec"`` or ``"obstore"``, with ``storage_options``).
+    byte ranges through ``store`` (``"fsspec"`` or ``"obstore"``, with ``storage_options``),
+    or of a ``.gguf`` file (its header and tensors read by ranges too).
     """
     p = os.fspath(path)
+    if is_url(p) and p.lower().endswith(".gguf"):  # read by ranges, as a local GGUF file
+        from .gguf_source import open_gguf
+
+        return open_gguf(p, storage_options=storage_options, store=store)
     if is_url(p):
         tensors = dict(open_remote(p, storage_options, store))
         return read_quantized(tensors, _remote_config(p, storage_options, store), p)

@@ -39,7 +39,6 @@ def is_url(path: object) -> bool:
 
 # formats qstream reads from local files only (mapped or loaded whole), by their suffix
 LOCAL_ONLY = {
-    ".gguf": "a GGUF file",
     ".npy": "a .npy file",
     ".npz": "a .npz file",
     ".zip": "a zipped Zarr group",
@@ -50,9 +49,9 @@ LOCAL_ONLY = {
 
 
 def refuse_local_only(url: str, kind: str | None = None) -> None:
-    """Refuse a URL naming a file of a format qstream reads from local paths only (a GGUF
-    file, .npy/.npz, a zipped Zarr group, torch files; ``kind``: that format whatever the
-    suffix), before any byte of it is read: a
+    """Refuse a URL naming a file of a format qstream reads from local paths only (.npy/.npz,
+    a zipped Zarr group, torch files; ``kind``: that format whatever the suffix), before any
+    byte of it is read: a
     :class:`~qstream.io.checkpoints.ct_formats.LayoutRefused` (the command line's exit 2)."""
     from .ct_formats import LayoutRefused
 
@@ -61,8 +60,8 @@ def refuse_local_only(url: str, kind: str | None = None) -> None:
         if named and low.endswith(suffix):
             raise LayoutRefused(
                 f"{url}: {named} is read from a local path, not from a URL (download it first);"
-                " a checkpoint URL names a .safetensors file, a *.safetensors.index.json, or a"
-                " folder holding either"
+                " a checkpoint URL names a .safetensors file, a *.safetensors.index.json, a"
+                " folder holding either, or a .gguf file"
             )
 
 
