@@ -97,6 +97,10 @@ def test_an_http_url_of_a_gguf_file_reads_as_its_s3_url(every_type, px):
     assert list(got) == list(local)
     for name, t in local.items():
         assert np.array_equal(_bits(got[name][...]), _bits(t[...])), name
+    local_cli = _run(["inspect", "SRC", "--json"], str(path), Path("OUT"))
+    remote_cli = _run(["inspect", "SRC", "--json"], http, Path("OUT"))
+    assert remote_cli.exit_code == local_cli.exit_code == 0, remote_cli.output
+    assert remote_cli.output.replace(http, "SRC") == local_cli.output.replace(str(path), "SRC")
     gets = _gets(px)
     assert gets and all(r["range"] for r in gets)
 
@@ -243,16 +247,20 @@ def test_a_gguf_url_converts_within_the_memory_bound_as_the_local_file(every_typ
 
 @pytest.fixture(scope="module")
 def broken(every_type, endpoint, tmp_path_factory):  # noqa: F811
-    """The file cut in its data, cut in its header's keys, and random bytes, as local files
-    and in the bucket (``s3://BUCKET/broken/<case>.gguf``), with what each is refused for."""
+    """The file cut in its data, cut in its header's keys, random bytes, and a file of a type
+    qstream does not decode (IQ2_XS), as local files and in the bucket
+    (``s3://BUCKET/broken/<case>.gguf``), with what each is refused for."""
     path, _ = every_type
     data = path.read_bytes()
+    folder = tmp_path_factory.mktemp("broken")
+    iq = np.random.default_rng(6).integers(0, 256, (4, 74), dtype=np.uint8)  # (256 values a row)
+    unread = _write(folder / "iq.gguf", {"w": (iq, "IQ2_XS")}).read_bytes()
     cases = {
+        "type-not-decoded": (unread, "of type IQ2_XS, which qstream does not decode"),
         "cut-in-the-data": (data[: len(data) - (1 << 20)], "ends past the end of the file"),
         "cut-in-the-header": (data[: 1 << 20 | 4096], "the file is truncated or corrupt"),
         "random-bytes": (np.random.default_rng(5).bytes(50_000), "not a GGUF file"),
     }
-    folder = tmp_path_factory.mktemp("broken")
     out = {}
     for case, (body, why) in cases.items():
         (folder / f"{case}.gguf").write_bytes(body)
@@ -261,7 +269,9 @@ def broken(every_type, endpoint, tmp_path_factory):  # noqa: F811
     return out
 
 
-@pytest.mark.parametrize("case", ["cut-in-the-data", "cut-in-the-header", "random-bytes"])
+@pytest.mark.parametrize(
+    "case", ["cut-in-the-data", "cut-in-the-header", "random-bytes", "type-not-decoded"]
+)
 def test_a_truncated_or_garbage_gguf_url_is_refused_in_the_plan_as_the_local_file(
     broken, px, tmp_path, case
 ):
@@ -285,6 +295,17 @@ def test_a_truncated_or_garbage_gguf_url_is_refused_in_the_plan_as_the_local_fil
     gets = _gets(px)
     assert gets and all(r["range"] for r in gets)
     assert all(int(r["range"].split("-")[1]) < 2 << 20 for r in gets)
+
+
+def test_a_gguf_url_whose_header_goes_on_past_the_limit_is_refused(every_type, px, monkeypatch):
+    from qstream.io.checkpoints import gguf_header
+
+    monkeypatch.setattr(gguf_header, "REMOTE_HEADER", 1 << 20)  # (this header: ~1.3 MB)
+    _, url = every_type
+    with pytest.raises(qs.StoreError, match="header goes on past 1 MiB") as e:
+        qs.open_checkpoint(url, storage_options=_options("fsspec", px.url), store="fsspec")
+    assert "\n" not in str(e.value) and url in str(e.value)
+    assert [r["range"] for r in _gets(px)] == ["bytes=0-1048575"]
 
 
 def _outage(px, path: Path) -> None:

@@ -40,6 +40,7 @@ MAX_ELEMENTS = 1 << 62
 MAX_DEPTH = 4  # arrays of arrays
 SMALL_ARRAY = 4096  # arrays up to this many elements are decoded; longer ones referenced
 REMOTE_PREFIX = 1 << 20  # bytes of a GGUF object read first; then as many again, until it parses
+REMOTE_HEADER = 256 << 20  # the longest header read from a URL (a 256k-token vocabulary: ~10 MB)
 
 # value types: (struct format, byte size) of the scalars; 8: string, 9: array
 SCALARS: dict[int, tuple[str, int]] = {
@@ -254,7 +255,8 @@ def read_remote_header(
 ) -> GGUFHeader:
     """The checked header of the GGUF object at ``url``, read by ranged requests: a HEAD for
     its size, then its first :data:`REMOTE_PREFIX` bytes, and as many again (at least what
-    the field being parsed needs) until the header parses; the file is never fetched whole.
+    the field being parsed needs) until the header parses, up to :data:`REMOTE_HEADER`
+    bytes (a longer header is refused); the file is never fetched whole.
     The checks and refusals are the local file's (:func:`read_header`); the header's
     ``remote`` reads its tensors' bytes by ranges."""
     base, name = split_url(url)
@@ -273,7 +275,13 @@ def read_remote_header(
         try:
             header = _parse(bytes(buf), size, url, have=len(buf))
         except _Short as more:
-            want = min(size, max(2 * len(buf), more.end))
+            if more.end > REMOTE_HEADER:
+                raise StoreError(
+                    f"GGUF file {url}: its header goes on past {REMOTE_HEADER >> 20} MiB (to"
+                    f" byte {more.end}), more than qstream reads from a URL; download the file"
+                    " first"
+                ) from None
+            want = min(size, REMOTE_HEADER, max(2 * len(buf), more.end))
             continue
         return replace(header, remote=remote)
 
