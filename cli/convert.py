@@ -206,12 +206,10 @@ def convert(
                 "--scheme does not mix with --recipe, the spec flags, --include, --exclude or"
                 " --scale-dtype (a preset's scales are in the source's dtype)"
             )
-        ct_export = dst.endswith(".safetensors") and fmt == "compressed-tensors"
-        scales = {"scale_dtype": scale_dtype} if scale_dtype else {}
-        if ct_export and not scale_dtype:  # (the source's dtype where the recipe says float32)
-            scales["default_scale_dtype"] = "source"
-        rec = recipe_of(recipe, flags, include, exclude, **scales)
+        rec = recipe_of(recipe, flags, include, exclude)
         extra: dict[str, Any] = {}  # what only some destinations or flags pass on
+        if scale_dtype is not None:  # (else the library's: the source's for compressed-tensors)
+            extra["scale_dtype"] = scale_dtype
         if dst.endswith(".safetensors"):
             extra.update(format=fmt, config=config)
         if dst.endswith(".gguf"):
@@ -293,13 +291,9 @@ def recipe_of(
     flags: dict[str, Any],
     include: list[str],
     exclude: list[str],
-    scale_dtype: str | None = None,
-    default_scale_dtype: str | None = None,
 ) -> qs.Recipe:
     """The recipe of a ``convert``: the file, or the spec flags as its defaults; ``--exclude``
-    patterns become keep rules before its own, ``--include`` limits what is quantized;
-    ``scale_dtype``: every spec's (``--scale-dtype``); ``default_scale_dtype``: that of the
-    specs that leave the default float32 (a spec's dict omits it then)."""
+    patterns become keep rules before its own, ``--include`` limits what is quantized."""
     if path and flags:
         raise typer.BadParameter(
             "--recipe and the spec flags ("
@@ -312,11 +306,6 @@ def recipe_of(
             flags.setdefault("axis", -1)
             flags.setdefault("method", "dynamic")
         d["defaults"] = {**d["defaults"], **flags}
-    for spec in [d["defaults"], *(r["spec"] for r in d.get("rules", []) if "spec" in r)]:
-        if scale_dtype:
-            spec["scale_dtype"] = scale_dtype
-        elif default_scale_dtype:
-            spec.setdefault("scale_dtype", default_scale_dtype)
     d["rules"] = [{"pattern": p, "action": "keep"} for p in exclude] + d.get("rules", [])
     if include:
         d["include"] = list(include)

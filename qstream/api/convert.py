@@ -46,6 +46,7 @@ def convert_checkpoint(
     tokenizer: bool = True,
     pure: bool = False,
     imatrix: PathLike | None = None,
+    scale_dtype: str | None = None,
 ) -> dict[str, Any]:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
@@ -90,6 +91,13 @@ def convert_checkpoint(
     everywhere with ``pure``, with the importance matrix file ``imatrix``; ``tokenizer``
     False: tensors and hyperparameters only (llama.cpp will not load the file).
 
+    ``scale_dtype``: how every spec stores its scales (``float32``, ``float16``,
+    ``bfloat16``, or ``source``: each tensor's own dtype), each scale rounded to it before
+    quantizing; None: the recipe's, except that a compressed-tensors ``.safetensors`` export
+    stores the scales of specs left at float32 in each tensor's dtype (a bf16/f16 model
+    loaded in its own dtype then gets the quantized values bit for bit); ``"float32"`` keeps
+    F32 scales.
+
     ``model_files``: a compressed-tensors export copies the source folder's tokenizer, chat
     template, generation and processor configs beside it (see :func:`qstream.plan_convert`).
 
@@ -132,6 +140,7 @@ def convert_checkpoint(
             tokenizer=tokenizer,
             pure=pure,
             imatrix=imatrix,
+            scale_dtype=scale_dtype,
         )
 
 

@@ -277,6 +277,19 @@ class Recipe:
                     out.append(s)
         return out
 
+    def with_scale_dtype(self, scale_dtype: str, *, where_default: bool = False) -> Recipe:
+        """The recipe with every spec's ``scale_dtype`` set to ``scale_dtype``
+        (``where_default``: only the specs that leave it at the default, float32)."""
+        from dataclasses import replace
+
+        def set_(spec: QuantSpec) -> QuantSpec:
+            if where_default and spec.scale_dtype != "float32":
+                return spec
+            return replace(spec, scale_dtype=scale_dtype)
+
+        rules = tuple(r if r.spec is None else replace(r, spec=set_(r.spec)) for r in self.rules)
+        return replace(self, defaults=set_(self.defaults), rules=rules)
+
     def to_dict(self) -> dict[str, Any]:
         """The recipe as a JSON-ready dict (:meth:`from_dict` reads it back)."""
         return jsonable_dict(

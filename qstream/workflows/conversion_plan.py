@@ -155,6 +155,7 @@ def plan_convert(
     tokenizer: bool = True,
     pure: bool = False,
     imatrix: PathLike | None = None,
+    scale_dtype: str | None = None,
 ) -> ConversionPlan:
     """What :func:`qstream.convert_checkpoint` with these arguments would do, decided as it
     decides it and refusing what it refuses (the same exceptions, the same messages), before
@@ -164,7 +165,8 @@ def plan_convert(
     template, generation and processor configs beside it (:data:`qstream.exports.MODEL_FILES`;
     one there that qstream did not write is refused here); False: none. ``scheme``: a preset.
     ``tokenizer``, ``pure``, ``imatrix``: a ``.gguf`` destination's (see
-    :func:`qstream.export_gguf`; ``format`` names its type or mix)."""
+    :func:`qstream.export_gguf`; ``format`` names its type or mix). ``scale_dtype``: see
+    :func:`scaled_recipe`."""
     from ..io.outputs import check_writable
     from ..io.storage import check_destination_suffix
 
@@ -174,6 +176,7 @@ def plan_convert(
         recipe = Recipe.load(recipe)
     recipe = recipe or Recipe()
     kind = kind_of_destination(dst)
+    recipe = scaled_recipe(recipe, dst, format, scale_dtype, scheme)
     check_writable(dst)
     if scheme is not None:  # a compressed-tensors preset (qstream.exports.scheme_export)
         return ConversionPlan(**scheme_plan(locals()))
@@ -219,6 +222,25 @@ def plan_convert(
         creates=missing_parents(dst),
         prepared=prepared,
     )
+
+
+def scaled_recipe(
+    recipe: Recipe, dst: PathLike, format: str, scale_dtype: str | None, scheme: str | None
+) -> Recipe:
+    """The recipe a conversion to ``dst`` runs: ``scale_dtype`` (float32, float16, bfloat16
+    or source) set on every spec; None: a compressed-tensors ``.safetensors`` export stores
+    the scales of specs left at float32 in each tensor's own dtype (``source``: a bf16 or f16
+    model loaded in its dtype gets the quantized values bit for bit), others as the recipe
+    says. Not with ``scheme`` (a preset's scales are the source's already)."""
+    if scale_dtype is not None and scheme is not None:
+        raise InvalidParameterError(
+            "scale_dtype does not apply to a scheme (a preset's scales are in the source's dtype)"
+        )
+    if scale_dtype is not None:
+        return recipe.with_scale_dtype(scale_dtype)
+    if kind_of_destination(dst) == "safetensors" and format == "compressed-tensors":
+        return recipe.with_scale_dtype("source", where_default=True)
+    return recipe
 
 
 def _plan_safetensors(

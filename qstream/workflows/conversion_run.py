@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ..engine.convert import convert as convert_group
 from ..io.storage import store_errors
 from ..spec import Recipe
-from .conversion_plan import ConversionPlan, export_job, make_parents, plan_convert
+from .conversion_plan import (
+    ConversionPlan,
+    export_job,
+    make_parents,
+    plan_convert,
+    scaled_recipe,
+)
 
 if TYPE_CHECKING:
     from .types import ExecutorLike, OnTensor, PathLike, Progress, StorageOptions
@@ -40,11 +46,13 @@ def convert(
     tokenizer: bool = True,
     pure: bool = False,
     imatrix: PathLike | None = None,
+    scale_dtype: str | None = None,
 ) -> dict[str, Any]:
     """:func:`qstream.convert_checkpoint` (documented there)."""
     with store_errors(dst):
         if not isinstance(recipe, Recipe):  # (read once: the plan and the run share it)
             recipe = Recipe.load(recipe) if recipe is not None else Recipe()
+        recipe = scaled_recipe(recipe, dst, format, scale_dtype, scheme)  # (as the plan's)
         if plan is None:
             plan = plan_convert(
                 checkpoint,
@@ -64,6 +72,7 @@ def convert(
                 tokenizer=tokenizer,
                 pure=pure,
                 imatrix=imatrix,
+                scale_dtype=scale_dtype,
             )
         return run_conversion(
             plan,

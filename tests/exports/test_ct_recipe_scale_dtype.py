@@ -2,8 +2,7 @@
 or float16 model stores its scales in the model's dtype (``scale_dtype="source"``, the default
 of such an export), rounded to that dtype before quantizing: transformers loading the folder
 in the model's own dtype, in a fresh process, gets qstream's dequantized values bit for bit,
-as in float32; ``--scale-dtype float32`` keeps float32 scales and the bytes a float32-scale
-export had."""
+as in float32 (the Python API's default too); ``--scale-dtype float32`` keeps float32 scales."""
 
 from __future__ import annotations
 
@@ -129,14 +128,18 @@ def test_bf16_scales_are_the_float32_scale_rounded_to_nearest_even_as_torch_does
     assert torch.equal(written[name].to(torch.float32), codes)
 
 
-def test_scale_dtype_float32_keeps_float32_scales_and_the_float32_export_bytes(source, tmp_path):
-    """``--scale-dtype float32`` writes the export the Python API writes under a recipe that
-    leaves scale_dtype at its default (float32, unchanged), with F32 scales."""
-    src, _ = source
-    cli = tmp_path / "cli" / "model.safetensors"
-    api = tmp_path / "api" / "model.safetensors"
-    convert_cli(src, cli, "--scale-dtype", "float32")
-    qs.convert_checkpoint(src, api)
-    assert cli.read_bytes() == api.read_bytes()
-    scales = {e["dtype"] for n, e in header(cli).items() if n.endswith("weight_scale")}
-    assert scales == {"F32"}
+def test_scale_dtype_float32_keeps_float32_scales_and_the_api_defaults_as_the_cli(source, tmp_path):
+    """``--scale-dtype float32`` writes the export ``convert_checkpoint(...,
+    scale_dtype="float32")`` writes, with F32 scales; without it the Python API and the
+    command line write the same export, scales in the model's dtype."""
+    src, dtype = source
+    out = {k: tmp_path / k / "model.safetensors" for k in ("cli32", "api32", "cli", "api")}
+    convert_cli(src, out["cli32"], "--scale-dtype", "float32")
+    qs.convert_checkpoint(src, out["api32"], scale_dtype="float32")
+    convert_cli(src, out["cli"])
+    qs.convert_checkpoint(src, out["api"])
+    assert out["cli32"].read_bytes() == out["api32"].read_bytes()
+    assert out["cli"].read_bytes() == out["api"].read_bytes()
+    for key, tag in (("cli32", "F32"), ("cli", {"bfloat16": "BF16", "float16": "F16"}[dtype])):
+        scales = {e["dtype"] for n, e in header(out[key]).items() if n.endswith("weight_scale")}
+        assert scales == {tag}, (key, scales)
