@@ -105,6 +105,41 @@ def test_an_http_url_of_a_gguf_file_reads_as_its_s3_url(every_type, px):
     assert gets and all(r["range"] for r in gets)
 
 
+@pytest.mark.slow  # (a LocalCluster: ~10 s)
+def test_dask_workers_read_their_own_ranges_of_a_gguf_url(llama, px, tmp_path, monkeypatch):
+    pytest.importorskip("distributed")
+    from qstream.engine.run.dask import local_client
+    from qstream.io.checkpoints import remote
+
+    path, url = llama
+    local = qs.convert_checkpoint(path, tmp_path / "local", max_memory=1 << 20)
+    here: list[tuple[int, int]] = []  # what this (the client's) process reads: the header
+    real = remote.RemoteFolder.read
+
+    def counted(self, name, start, end):
+        here.append((start, end))
+        return real(self, name, start, end)
+
+    monkeypatch.setattr(remote.RemoteFolder, "read", counted)
+    with local_client(2) as client:
+        got = qs.convert_checkpoint(
+            url,
+            tmp_path / "dask",
+            max_memory=1 << 20,
+            storage_options=_options("fsspec", px.url),
+            store="fsspec",
+            executor=qs.DaskExecutor(client),
+        )
+    names = list(local["tensors"])
+    assert list(got["tensors"]) == names
+    _same_conversion(tmp_path / "local", tmp_path / "dask", names)
+    # the client read the header (one request from the start: the file's first MiB), the
+    # workers every tensor's rows
+    assert len(here) == 1 and here[0][0] == 0 and here[0][1] <= 1 << 20, here
+    gets = _gets(px)
+    assert len(gets) > len(names) and all(r["range"] for r in gets)  # (the workers' reads)
+
+
 # -- every command, on a llama file from llama.cpp's converter ---------------------------------
 
 

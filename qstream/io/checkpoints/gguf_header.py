@@ -9,7 +9,9 @@ u32, the offset u64 from the start of the data), padding to ``general.alignment`
 file's size and sane limits first; a file that fails is refused with one
 :class:`~qstream.errors.StoreError` line naming the field. The header is read through a
 read-only map of the file (only its pages are touched); large arrays (a tokenizer's
-vocabulary) are kept as :class:`GGUFArray` references, not decoded.
+vocabulary) are kept as :class:`GGUFArray` references, not decoded. A GGUF file at a URL
+(:func:`read_remote_header`) is parsed by the same code from its first bytes, fetched by
+ranged requests that grow until the header parses; its checks are the local file's.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ unsupported file is refused there, before any tensor is read) and returns one
 :class:`GGUFTensor` per tensor: ``t[r0:r1]`` reads the bytes of rows ``r0:r1`` alone, by
 positioned reads of the file (a map's pages would count as the process's memory), and decodes
 them to float32 exactly as gguf-py's ``gguf.quants.dequantize`` (:mod:`qstream.compat.gguf`,
-:mod:`qstream.compat.gguf_legacy`).
+:mod:`qstream.compat.gguf_legacy`). A file at a URL (``s3://``, ``https://``, ...) is read the
+same way, each region's bytes by one ranged request (its header: by ranges too).
 
 With ``hf_names`` (the default), the tensors of a known architecture (llama, and Mistral or
 Mixtral written as llama; qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi3) take their
