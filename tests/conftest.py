@@ -42,6 +42,19 @@ MOVED_TO_SLOW = (
     # the obstore twins of two URL-checkpoint tests (the fsspec ones stay)
     "test_sharded_checkpoint_in_s3_converts_as_from_local_files[obstore]",
     "test_peak_memory_of_a_url_conversion_is_bounded_as_for_local_files[obstore]",
+    # (issue 50: the default run within ~10 min from an empty Numba cache on 2 cores)
+    # the serial twins of the asymmetric uint4 blocked build (int4 blocked stays)
+    "test_serial_twins_write_the_same_bytes_and_report_as_parallel_kernels[dtype=uint4-",
+    # FP8 logits against compressed-tensors' own export: one dtype per granularity stays
+    "test_fp8_export_logits_equal_compressed_tensors_own_export[float32-FP8_DYNAMIC]",
+    "test_fp8_export_logits_equal_compressed_tensors_own_export[bfloat16-FP8_BLOCK]",
+    # every scheme stays from float32; from bfloat16, int4 and MXFP4 (bf16 scales) stay
+    "test_scheme_export_equals_compressed_tensors_and_loads_bit_exact[bfloat16-W8A16]",
+    "test_scheme_export_equals_compressed_tensors_and_loads_bit_exact[bfloat16-FP8_DYNAMIC]",
+    "test_scheme_export_equals_compressed_tensors_and_loads_bit_exact[bfloat16-FP8_BLOCK]",
+    "test_scheme_export_equals_compressed_tensors_and_loads_bit_exact[bfloat16-NVFP4A16]",
+    # GGUF names back to Hugging Face's: llama and Qwen2-MoE stay (Mixtral's experts split)
+    "test_hf_names_give_back_the_f32_model_exactly[mixtral]",
 )
 
 

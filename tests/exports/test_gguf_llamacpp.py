@@ -34,7 +34,12 @@ CASES = [
     ("qwen2moe", "gpt2", "float32"),
     ("qwen3moe", "gpt2", "bfloat16"),
 ]
-IDS = [f"{a}-{t}-{d}" for a, t, d in CASES]
+#: the cases the default run keeps (SentencePiece and BPE, f32 and bf16, dense and MoE); the
+#: others run with ``pytest -m slow``
+QUICK = {CASES[0], CASES[1], CASES[2], CASES[10]}
+PARAMS = [
+    pytest.param(*c, id="-".join(c), marks=() if c in QUICK else pytest.mark.slow) for c in CASES
+]
 TEXT = "Hello world, the quick brown fox 12345!"
 #: keys only one of the two files has by design: the file's name, qstream's provenance
 OWN_KEYS = {"general.name", "qstream.export"}
@@ -93,7 +98,7 @@ def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     }
 
 
-@pytest.mark.parametrize(("arch", "tok", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize(("arch", "tok", "dtype"), PARAMS)
 def test_tensors_and_metadata_equal_the_converters_q8_0_file(
     arch: str, tok: str, dtype: str, files: Any
 ) -> None:
@@ -120,7 +125,7 @@ def _tokens_and_logits(llama_cpp: Any, path: Path) -> tuple[list[int], np.ndarra
     return tokens, np.array(llm.scores[: len(tokens)]), llm
 
 
-@pytest.mark.parametrize(("arch", "tok", "dtype"), CASES, ids=IDS)
+@pytest.mark.parametrize(("arch", "tok", "dtype"), PARAMS)
 def test_llama_cpp_runs_qstreams_file_as_the_converters(
     arch: str, tok: str, dtype: str, files: Any
 ) -> None:

@@ -39,6 +39,7 @@ CASES = [
     ("qwen2moe", "gpt2"),
     ("qwen3moe", "gpt2"),
 ]
+QUICK = {"gemma2", "phi3"}
 GGML = {0: "F32", 1: "F16", 30: "BF16"}
 #: keys qstream leaves to the writer: the file's name and the quantization version
 WRITER_KEYS = {"general.name", "general.quantization_version"}
@@ -106,7 +107,14 @@ def _mapped(arch: str, folder: Path, n_vocab: int) -> dict[str, tuple[int, ...]]
     return out
 
 
-@pytest.mark.parametrize(("arch", "tok"), CASES, ids=[f"{a}-{t}" for a, t in CASES])
+@pytest.mark.parametrize(
+    ("arch", "tok"),
+    [
+        # the default run keeps two the llama.cpp runs (test_gguf_llamacpp) do not
+        pytest.param(a, t, id=f"{a}-{t}", marks=() if a in QUICK else pytest.mark.slow)
+        for a, t in CASES
+    ],
+)
 def test_metadata_equals_llama_cpp_converter(arch: str, tok: str, converted: Any) -> None:
     folder, ref = converted(arch, tok)
     gguf_arch = architecture_of(_config(folder))

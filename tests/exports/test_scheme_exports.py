@@ -47,6 +47,14 @@ def source(request, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def small_source(tmp_path_factory):
+    """A hidden-64 float32 model, built once for the plan-only tests."""
+    folder = tmp_path_factory.mktemp("small") / "src"
+    fresh("build", folder, 64, "untied", "float32")
+    return folder
+
+
 def _source_weights(folder) -> dict[str, np.ndarray]:
     from safetensors.torch import load_file as load_torch
 
@@ -138,9 +146,10 @@ def test_scheme_scales_are_in_the_source_dtype(source, tmp_path):
 
 
 @pytest.mark.parametrize("scheme", ["FP8", "NVFP4", "INT8", "W8A8", "W4A16_ASYM"])
-def test_static_activation_presets_are_refused_before_anything_is_written(scheme, tmp_path):
-    src = tmp_path / "src"
-    fresh("build", src, 64, "untied", "float32")
+def test_static_activation_presets_are_refused_before_anything_is_written(
+    scheme, small_source, tmp_path
+):
+    src = small_source
     out = tmp_path / "out" / "model.safetensors"
     r = CliRunner().invoke(app, ["convert", str(src), str(out), "--scheme", scheme, "--dry-run"])
     r2 = CliRunner().invoke(app, ["convert", str(src), str(out), "--scheme", scheme])
@@ -153,9 +162,8 @@ def test_static_activation_presets_are_refused_before_anything_is_written(scheme
         assert not os.path.exists(out)
 
 
-def test_dry_run_shows_the_scheme_plan_and_writes_nothing(tmp_path):
-    src = tmp_path / "src"
-    fresh("build", src, 64, "untied", "float32")
+def test_dry_run_shows_the_scheme_plan_and_writes_nothing(small_source, tmp_path):
+    src = small_source
     out = tmp_path / "out" / "model.safetensors"
     r = CliRunner().invoke(
         app, ["convert", str(src), str(out), "--scheme", "FP8_DYNAMIC", "--dry-run"]
