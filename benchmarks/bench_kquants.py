@@ -15,7 +15,9 @@ float32 activations (a Zarr group, one uncompressed array per Linear input of a 
 model of ``--imatrix-layers`` layers, hidden 1024, chunks of 1024 tokens; built once under
 ``--work``) read by ``qs.compute_imatrix(dump, model, out)`` and by a plain read of the same
 arrays (zarr, chunk by chunk, nothing computed), each in a fresh process, alternated
-``--rounds`` times (the dump stays in the page cache for both); medians, and the ratio.
+``--rounds`` times (the dump stays in the page cache for both); medians of the wall time and
+of the CPU time (user + system: on a machine others load, the work done), and the ratios.
+The issue's size is ``--imatrix-gib 4`` (4 GiB of disk under ``--work``; remove it after).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -128,6 +131,12 @@ def build_dump(folder: Path, gib: float, layers: int, hidden: int = 1024) -> tup
     return model, dump
 
 
+def _children_cpu() -> float:
+    """User + system seconds of this process's finished children."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def imatrix_bench(args: argparse.Namespace) -> int:
     """Time ``qs.compute_imatrix`` against a plain read of the same dump, alternated."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -138,26 +147,32 @@ def imatrix_bench(args: argparse.Namespace) -> int:
     size = sum(f.stat().st_size for f in dump.rglob("*") if f.is_file())
     out = args.work / "bench.imatrix"
     times: dict[str, list[float]] = {"compute_imatrix": [], "plain read": []}
+    cpus: dict[str, list[float]] = {"compute_imatrix": [], "plain read": []}
     peaks: dict[str, list[int]] = {"compute_imatrix": [], "plain read": []}
     for k in range(args.rounds):
         order = ["plain read", "compute_imatrix"]
         for side in order if k % 2 == 0 else order[::-1]:
             code, argv = (_COLLECT, [dump, model, out]) if side == "compute_imatrix" else (
                 _PLAIN_READ, [dump])  # fmt: skip
-            t = time.perf_counter()
+            t, before = time.perf_counter(), _children_cpu()
             with contextlib.redirect_stdout(sys.stderr):  # (run_child prints a line)
                 r = run_child(argv, code=PREAMBLE + code, timeout=3600)
             times[side].append(time.perf_counter() - t)
+            cpus[side].append(_children_cpu() - before)
             peaks[side].append(r.peak)
             if r.returncode:
                 sys.exit(f"{side} failed: {r.stderr[-2000:]}")
     med = {k: float(np.median(v)) for k, v in times.items()}
+    cpu = {k: float(np.median(v)) for k, v in cpus.items()}
     result = {"git": git_state(), "dump_bytes": size, "rounds": args.rounds, "seconds": times,
-              "median_seconds": med, "peak_mib": {k: [p >> 20 for p in v] for k, v in
-                                                  peaks.items()},
-              "ratio": round(med["compute_imatrix"] / med["plain read"], 2)}  # fmt: skip
+              "median_seconds": med, "cpu_seconds": cpus, "median_cpu_seconds": cpu,
+              "peak_mib": {k: [p >> 20 for p in v] for k, v in peaks.items()},
+              "ratio": round(med["compute_imatrix"] / med["plain read"], 2),
+              "cpu_ratio": round(cpu["compute_imatrix"] / cpu["plain read"], 2),
+              "load": os.getloadavg()[0]}  # fmt: skip
     print(f"dump {size / 2**30:.2f} GiB: compute_imatrix {med['compute_imatrix']:.2f} s, "
-          f"plain read {med['plain read']:.2f} s, ratio {result['ratio']:.2f}")  # fmt: skip
+          f"plain read {med['plain read']:.2f} s, ratio {result['ratio']:.2f} (CPU "
+          f"{cpu['compute_imatrix']:.2f} / {cpu['plain read']:.2f} s)")  # fmt: skip
     print(json.dumps(result))
     return 0
 
