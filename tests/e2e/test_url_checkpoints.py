@@ -16,11 +16,12 @@ import pytest
 import qstream as qs
 
 from ..io.test_fp8_checkpoints import block_scales, fp8_weight, write_safetensors
+from ..support import s3_fixtures
 from ..support.memory_peak import PREAMBLE, run_child
-from ..support.s3proxy import FaultProxy
 from .test_s3 import BUCKET, _options, _s3, backend, endpoint  # noqa: F401 (fixtures)
 
 pytest.importorskip("s3fs")
+proxy, px = s3_fixtures.proxy, s3_fixtures.px  # (the fixtures, shared)
 
 RECIPE = qs.Recipe.from_dict(
     {
@@ -30,18 +31,6 @@ RECIPE = qs.Recipe.from_dict(
 )
 
 
-@pytest.fixture(scope="module")
-def proxy(endpoint):  # noqa: F811
-    px = FaultProxy(endpoint)
-    yield px
-    px.close()
-
-
-@pytest.fixture
-def px(proxy):
-    proxy.reset()
-    yield proxy
-    proxy.reset()
 
 
 def _sharded(folder, seed: int = 0) -> dict[str, np.ndarray]:

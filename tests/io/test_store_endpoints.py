@@ -16,6 +16,7 @@ import qstream as qs
 
 from ..e2e.test_s3 import BUCKET, _put_source, _read, _s3, backend, endpoint  # noqa: F401 (fixtures)
 from ..e2e.test_url_checkpoints import _same_conversion
+from ..support import s3_fixtures
 from .test_fp8_checkpoints import write_safetensors
 
 pytest.importorskip("s3fs")
@@ -176,13 +177,7 @@ DEADLINE = 2  # QSTREAM_STORE_TIMEOUT of these runs, seconds
 BOUND = 10 * DEADLINE + 15  # generous: a run ends; a drip that extended requests takes > 50 s
 
 
-@pytest.fixture(scope="module")
-def proxy(endpoint):  # noqa: F811
-    from ..support.s3proxy import FaultProxy
-
-    px = FaultProxy(endpoint)
-    yield px
-    px.close()
+proxy = s3_fixtures.proxy  # (the fixture, shared)
 
 
 @pytest.fixture

@@ -225,25 +225,29 @@ def copy_coords(source: Any, group: Any, dims: list[str] | None, shape: Any) -> 
     """Copy :func:`source_coords` into the output ``group`` (a ``zarr.Group``), each a 1-D
     array named by its dimension (replacing one there: a resumed run writes the same; a link
     in its place, in a local output, is refused naming it, never written through)."""
-    root = getattr(group.store_path.store, "root", None)  # (a local store's folder)
     for dim, (values, attrs) in source_coords(source, dims, shape).items():
-        if root is not None:
-            parts = [p for p in str(group.store_path.path).split("/") if p]
-            walk_below(os.fspath(root), [*parts, dim, "zarr.json"])
-        try:
-            a = group.create_array(
-                dim,
-                shape=values.shape,
-                dtype=values.dtype,
-                dimension_names=[dim],
-                attributes=attrs,
-                overwrite=True,
-            )
-            a[...] = values
-        except OSError as e:
-            raise StoreError(
-                f"cannot write the coordinate {dim} of {group.store_path}: {e}"
-            ) from None
+        _write_coord(group, dim, values, attrs, overwrite=True)
+
+
+def _write_coord(group: Any, dim: str, values: Any, attrs: dict[str, Any], overwrite: bool) -> None:
+    """Write the coordinate ``dim`` into ``group`` (a link in its place, in a local store,
+    refused naming it, never written through)."""
+    root = getattr(group.store_path.store, "root", None)  # (a local store's folder)
+    if root is not None:
+        parts = [p for p in str(group.store_path.path).split("/") if p]
+        walk_below(os.fspath(root), [*parts, dim, "zarr.json"])
+    try:
+        a = group.create_array(
+            dim,
+            shape=values.shape,
+            dtype=values.dtype,
+            dimension_names=[dim],
+            attributes=attrs,
+            overwrite=overwrite,
+        )
+        a[...] = values
+    except OSError as e:
+        raise StoreError(f"cannot write the coordinate {dim} of {group.store_path}: {e}") from None
 
 
 def copy_coords_beside(
@@ -274,7 +278,6 @@ def copy_coords_beside(
         group = zarr.open_group(store=store, mode="r+")  # (an existing group only)
     except Exception:  # (not inside a Zarr group: no place for them)
         return []
-    root = getattr(group.store_path.store, "root", None)
     beside = []
     for dim, (values, attrs) in coords.items():
         try:
@@ -287,19 +290,7 @@ def copy_coords_beside(
                 if np.array_equal(theirs, values, equal_nan=values.dtype.kind in "fc"):
                     beside.append(dim)
             continue
-        if root is not None:
-            walk_below(os.fspath(root), [dim, "zarr.json"])
-        try:
-            a = group.create_array(
-                dim,
-                shape=values.shape,
-                dtype=values.dtype,
-                dimension_names=[dim],
-                attributes=attrs,
-            )
-            a[...] = values
-        except OSError as e:
-            raise StoreError(f"cannot write the coordinate {dim} beside {path}: {e}") from None
+        _write_coord(group, dim, values, attrs, overwrite=False)
         beside.append(dim)
     return beside
 
