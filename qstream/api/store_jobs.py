@@ -173,12 +173,15 @@ def dequantize_store(
     with reporting(progress, "dequantize") as progress:
         # (both go through files: their source and destination are paths)
         paths = cast("PathLike", src), cast("PathLike", dst)
+        urls: dict[str, Any] = {"storage_options": storage_options, "store": store}
         if str(src).endswith((".safetensors", ".safetensors.index.json")):  # one of its exports
-            return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress)
+            return dequantize_files.decoded(*paths, dtype, overwrite, max_memory, progress, **urls)
         # llama.cpp's file (decoded as gguf-py decodes it) or a model's safetensors folder
         # (quantized ones decoded as their format's decompressor decodes them)
         if str(src).lower().endswith(".gguf") or dequantize_files.model_folder(src):
-            return dequantize_files.decoded_source(*paths, dtype, overwrite, max_memory, progress)
+            return dequantize_files.decoded_source(
+                *paths, dtype, overwrite, max_memory, progress, **urls
+            )
         if str(dst).endswith(".safetensors"):
             return dequantize_files.to_safetensors(
                 *paths, dtype, overwrite, storage_options, max_memory
@@ -225,15 +228,17 @@ def plan_dequantize(
     float_dtype(dtype)  # (refused as the run refuses it)
     paths = cast("PathLike", src), cast("PathLike", dst)
     s = str(src)
+    urls: dict[str, Any] = {"storage_options": storage_options, "store": store}
     if s.endswith((".safetensors", ".safetensors.index.json")):
         return cast(
-            "ConversionPlan", dequantize_files.decoded_plan(*paths, dtype, overwrite, max_memory)
+            "ConversionPlan",
+            dequantize_files.decoded_plan(*paths, dtype, overwrite, max_memory, **urls),
         )
     if s.lower().endswith(".gguf") or dequantize_files.model_folder(src):
-        config, quantized = dequantize_files.config_for(*paths, dtype)
+        config, quantized = dequantize_files.config_for(*paths, dtype, **urls)
         where = dequantize_files.check_config(*paths, config)
         plan = dequantize_files.decoded_plan(
-            *paths, dtype, overwrite, max_memory, config is not None and quantized
+            *paths, dtype, overwrite, max_memory, config is not None and quantized, **urls
         )
         if config is not None:
             plan.notes.append(f"writes {where}: the model's config (no quantization_config)")

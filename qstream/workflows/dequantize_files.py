@@ -21,15 +21,20 @@ def decoded(
     max_memory: int | None,
     progress: Progress | None,
     plain_model: bool = False,
+    *,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """A qstream ``.safetensors`` export dequantized: its tensors read as values
     (:mod:`qstream.io.checkpoints.exported`) and kept in ``dtype``, into a Zarr group or a file.
     ``plain_model``: a quantized model decoded into a ``.safetensors`` plain model, which
     leaves out the activation parameters (``input_scale``, ``k_scale``, ...) that only the
-    quantized model uses."""
+    quantized model uses. ``storage_options``, ``store``: how a URL ``src`` is read (as
+    :func:`qstream.open_checkpoint` reads it)."""
     from .conversion_run import convert
 
-    plan = decoded_plan(src, dst, dtype, overwrite, max_memory, plain_model)
+    urls: dict[str, Any] = {"storage_options": storage_options, "store": store}
+    plan = decoded_plan(src, dst, dtype, overwrite, max_memory, plain_model, **urls)
     recipe, fmt = _decoding(dst, dtype)
     report = convert(
         src,
@@ -40,6 +45,7 @@ def decoded(
         progress=progress,
         format=fmt,
         plan=plan,
+        **{k: v for k, v in urls.items() if v},
     )
     return {**report, "dtype": dtype}
 
@@ -61,13 +67,17 @@ def decoded_plan(
     overwrite: bool,
     max_memory: int | None,
     plain_model: bool = False,
+    *,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
 ) -> Any:
     """The plan (:class:`~qstream.workflows.conversion_plan.ConversionPlan`) of
     :func:`decoded` with these arguments, refusing what it refuses, nothing written."""
     from .conversion_plan import plan_convert
 
     recipe, fmt = _decoding(dst, dtype)
-    plan = plan_convert(src, dst, recipe, overwrite=overwrite, max_memory=max_memory, format=fmt)
+    plan = plan_convert(src, dst, recipe, overwrite=overwrite, max_memory=max_memory, format=fmt,
+                        storage_options=storage_options, store=store)  # fmt: skip
     if plain_model and fmt == "qstream":
         _leave_out_activation_params(plan)
     return plan
@@ -96,11 +106,19 @@ def model_folder(src: object) -> bool:
     return "zarr.json" not in names and any(n.endswith(".safetensors") for n in names)
 
 
-def config_for(src: PathLike, dst: PathLike, dtype: str) -> tuple[dict[str, Any] | None, bool]:
+def config_for(
+    src: PathLike,
+    dst: PathLike,
+    dtype: str,
+    *,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
+) -> tuple[dict[str, Any] | None, bool]:
     """The ``config.json`` a decoding of a GGUF file or a model folder writes beside a
     ``.safetensors`` ``dst`` (None: none), and whether the source was quantized (its
     ``quantization_config`` removed): a GGUF file's rebuilt from its metadata, a folder's
-    its own (``torch_dtype``: ``dtype``)."""
+    its own (``torch_dtype``: ``dtype``); a GGUF URL's header is read through ``store`` with
+    ``storage_options``."""
     import json
     import os
 
@@ -109,7 +127,8 @@ def config_for(src: PathLike, dst: PathLike, dtype: str) -> tuple[dict[str, Any]
     if str(src).lower().endswith(".gguf"):
         from ..io.checkpoints import gguf_config
 
-        return gguf_config(os.fspath(src), dtype=dtype), False
+        opts = dict(storage_options) if storage_options else None
+        return gguf_config(os.fspath(src), dtype=dtype, storage_options=opts, store=store), False
     where = os.path.join(os.fspath(src), "config.json")
     if not os.path.isfile(where):
         return None, False
@@ -155,14 +174,21 @@ def decoded_source(
     overwrite: bool,
     max_memory: int | None,
     progress: Progress | None,
+    *,
+    storage_options: StorageOptions | None = None,
+    store: str | None = None,
 ) -> dict[str, Any]:
     """A model folder's tensors as read (a quantized checkpoint's decoded as its own format
     decodes them) or a GGUF file's (under their Hugging Face names where the architecture is
     known) into a Zarr group, or into ``dst.safetensors`` with the model's ``config.json``
     beside it (:func:`config_for`: the folder's minus its ``quantization_config``, or one
-    rebuilt from the GGUF file's metadata), so that transformers loads it as a plain model."""
-    config, quantized = config_for(src, dst, dtype)
-    return _decoded_with_config(src, dst, dtype, overwrite, max_memory, progress, config, quantized)
+    rebuilt from the GGUF file's metadata), so that transformers loads it as a plain model.
+    ``storage_options``, ``store``: how a GGUF URL ``src`` is read."""
+    urls: dict[str, Any] = {"storage_options": storage_options, "store": store}
+    config, quantized = config_for(src, dst, dtype, **urls)
+    return _decoded_with_config(
+        src, dst, dtype, overwrite, max_memory, progress, config, quantized, **urls
+    )
 
 
 def _decoded_with_config(
@@ -174,6 +200,7 @@ def _decoded_with_config(
     progress: Progress | None,
     config: dict[str, Any] | None,
     quantized: bool = False,
+    **urls: Any,
 ) -> dict[str, Any]:
     """The keep-everything conversion of ``src`` in ``dtype`` (``quantized``: a quantized
     model's, its activation parameters left out), then ``config`` written as the
@@ -185,7 +212,7 @@ def _decoded_with_config(
 
     where = check_config(src, dst, config)
     plain_model = config is not None and quantized
-    report = decoded(src, dst, dtype, overwrite, max_memory, progress, plain_model)
+    report = decoded(src, dst, dtype, overwrite, max_memory, progress, plain_model, **urls)
     if config is not None:
         from ..paths import rename_in, write_new
 

@@ -30,6 +30,8 @@ def gguf_plan(args: dict[str, Any]) -> dict[str, Any]:
         tokenizer=bool(args["tokenizer"]),
         pure=bool(args["pure"]),
         imatrix=args["imatrix"],
+        storage_options=args.get("storage_options"),
+        store=args.get("store"),
     )
     return {
         "checkpoint": str(args["checkpoint"]),

@@ -177,6 +177,8 @@ def plan_gguf(
     tokenizer: bool = True,
     pure: bool = False,
     imatrix: str | os.PathLike[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    store: str | None = None,
 ) -> GGUFPlan:
     """Decide the GGUF export of ``src`` (a float checkpoint, or a qstream output) before any
     tensor is read (see the module docstring); raise :class:`InvalidParameterError` for what
@@ -192,7 +194,8 @@ def plan_gguf(
     ``tokenizer``: write the model's tokenizer (from the source's folder, else the config's);
     False: tensors and hyperparameters only (llama.cpp will not load the file). ``type`` may be
     a K type (Q2_K..Q6_K) or llama-quantize's mix (Q4_K_M, ...: :mod:`.mixes`), the mix unless
-    ``pure`` (one type everywhere); ``imatrix``: its file, used as llama-quantize."""
+    ``pure`` (one type everywhere); ``imatrix``: its file, used as llama-quantize.
+    ``storage_options``, ``store``: how a URL ``src`` is opened (:func:`open_checkpoint`)."""
     from ...io.checkpoints import open_checkpoint, pair_scales
     from ...io.outputs import QuantizedArray, QuantizedCheckpoint, open_quantized
 
@@ -251,7 +254,8 @@ def plan_gguf(
                 plans.append(_kept(hf, name, shape, _dtype_name(a), kind, "kept", how))
     else:
         if tensors is None:
-            tensors = pair_scales(open_checkpoint(src), recipe.scales)
+            found = open_checkpoint(src, storage_options=storage_options, store=store)
+            tensors = pair_scales(found, recipe.scales)
         notes = tuple(recipe.check(tensors))
         asked: dict[int, list[str]] = {}  # refusals: (first) rule -> tensor names
         refusals: dict[int, str] = {}

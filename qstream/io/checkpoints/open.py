@@ -224,16 +224,26 @@ _CT_KIND = {
 }
 
 
-def describe_stored(path: str | os.PathLike[str]) -> dict[str, Any]:
+def describe_stored(
+    path: str | os.PathLike[str],
+    *,
+    storage_options: dict[str, Any] | None = None,
+    store: str | None = None,
+) -> dict[str, Any]:
     """A safetensors model checkpoint (a folder, a ``.safetensors`` file or an index) as
     stored: ``quantization`` names its format (``not quantized`` for plain values),
     ``decoded`` says whether qstream reads it as values (else ``refused``: why), then the
     tensor count per stored dtype, the stored bytes and ``tensor_list`` (every tensor's name,
-    stored dtype, shape and bytes, as stored). Reads the headers and ``config.json`` only."""
+    stored dtype, shape and bytes, as stored). Reads the headers and ``config.json`` only; a
+    URL's by ranges through ``store`` with ``storage_options``."""
     p = os.fspath(path)
-    tensors = _stored_tensors(p)
-    cfg = source_config(p)
-    doc = read_json(cfg) if cfg is not None else None
+    if is_url(p):
+        tensors: Mapping[str, TensorLike] = open_remote(p, storage_options, store)
+        doc = _remote_config(p, storage_options, store)
+    else:
+        tensors = _stored_tensors(p)
+        cfg = source_config(p)
+        doc = read_json(cfg) if cfg is not None else None
     quantization, refused = name_format(tensors, doc, p)
     types: dict[str, int] = {}
     listed = []
