@@ -204,7 +204,7 @@ def dequantize(
         require_input(src, "SRC")
         if dtype not in ("float32", "float16", "bfloat16"):
             raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
-    with library_errors():  # (every refusal: here, before any tensor is read; exit 1 as ever)
+    with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
         plan = qs.plan_dequantize(
             src, dst, dtype=dtype, max_memory=parse_size(max_memory, "--max-memory"),
             overwrite=overwrite, store=store, compression=compression,

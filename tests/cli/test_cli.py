@@ -132,7 +132,7 @@ def test_bad_input_gives_one_line_and_exit_code(src, tmp_path):
         (["quantize", src, tmp_path / "o.zarr", "--method", "kl"], 2, "unknown --method 'kl'"),
         (["quantize", src, tmp_path / "o.zarr", "--scale", "0"], 2, "scale must be finite"),
         (["quantize", src, tmp_path / "o.zarr", "--max-memory", "lots"], 2, "not a size"),
-        (["dequantize", src, tmp_path / "o2.zarr"], 1, "not a qstream quantized array"),
+        (["dequantize", src, tmp_path / "o2.zarr"], 2, "not a qstream quantized array"),
         (["inspect", src], 1, "not a qstream quantized array"),
         (["inspect", tmp_path / "nothing.zarr"], 2, "does not exist"),
         (["convert", tmp_path / "none.safetensors", tmp_path / "c.zarr"], 2, "none.safetensors"),
@@ -159,8 +159,8 @@ def test_nan_with_policy_error_fails_and_leaves_nothing_complete(tmp_path):
     assert r.exit_code == 1
     r = run("inspect", tmp_path / "q2.zarr", "--json")  # an unfinished output can be inspected
     assert r.exit_code == 0 and _last_json(r.stdout)["complete"] is False
-    r = run("dequantize", tmp_path / "q2.zarr", tmp_path / "d.zarr")
-    assert r.exit_code == 1 and "incomplete" in r.output
+    r = run("dequantize", tmp_path / "q2.zarr", tmp_path / "d.zarr")  # refused in its plan
+    assert r.exit_code == 2 and "incomplete" in r.output
 
 
 def test_unwritable_destination(src, tmp_path):

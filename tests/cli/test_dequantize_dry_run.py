@@ -78,8 +78,8 @@ def test_a_foreign_destination_is_refused_alike_by_the_dry_run_and_the_run(
     before = sorted(os.listdir(target))
     dry = cli("dequantize", sources[kind], out, "--dry-run")
     run = cli("dequantize", sources[kind], out)
-    # (exit 1: a file at the destination refused; 2: a config.json beside it, a parameter)
-    assert dry.exit_code == run.exit_code == (2 if kind in ("model", "gguf") else 1), (
+    # (exit 2: every refusal of the plan, as convert's)
+    assert dry.exit_code == run.exit_code == 2, (
         dry.output,
         run.output,
     )
