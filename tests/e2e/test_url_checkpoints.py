@@ -31,8 +31,6 @@ RECIPE = qs.Recipe.from_dict(
 )
 
 
-
-
 def _sharded(folder, seed: int = 0) -> dict[str, np.ndarray]:
     """A two-shard checkpoint with an index; an FP8 weight's scale in the other shard."""
     rng = np.random.default_rng(seed)
@@ -152,10 +150,15 @@ def _fsspec_environment(url: str) -> dict[str, str]:
 
 
 class _environment:
+    """The S3 configuration ``env`` in the environment for a ``with`` block; s3fs's cached
+    file systems (made from the environment of an earlier block, possibly another module's
+    server) are dropped on entry and exit."""
+
     def __init__(self, env):
         self.env, self.saved = env, {}
 
     def __enter__(self):
+        _drop_cached_file_systems()
         for k, v in self.env.items():
             self.saved[k] = os.environ.get(k)
             os.environ[k] = v
@@ -166,6 +169,13 @@ class _environment:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _drop_cached_file_systems()
+
+
+def _drop_cached_file_systems() -> None:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_missing_and_bad_objects_are_refused_with_one_line(px, backend, tmp_path):  # noqa: F811
