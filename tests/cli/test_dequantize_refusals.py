@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from cli.main import app
 
 gguf = pytest.importorskip("gguf")
+torch = pytest.importorskip("torch")  # (compressed-tensors' checkpoints; not in the 3.12 extras)
 
 from ..io.test_gguf_source import _stored, _write  # noqa: E402
 from ..io.test_quantized_sources import Q, _variant, build  # noqa: E402
