@@ -40,6 +40,11 @@ CHILD = KILL_HOOK.replace(
     import atexit, sys
     from cli.main import console
 
+    # Ctrl-C as a terminal gives it: SIGINT at its default, not blocked (a process of the
+    # test run may have left it ignored or blocked, which a child inherits over exec)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     atexit.register(lambda: print(f"events={count[0]}", file=sys.stderr))
     sys.argv = ["qstream", *sys.argv[1:]]
     console()
