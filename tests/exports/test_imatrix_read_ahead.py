@@ -56,3 +56,27 @@ def test_read_ahead_holds_two_blocks_at_most(dump, monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak <= bound // 2
+
+
+@pytest.mark.parametrize("read_bytes", [16 << 20, 512 * 96 * 4])
+def test_chunk_files_read_directly_give_zarrs_values_with_missing_chunks_as_fill(
+    tmp_path, monkeypatch, read_bytes
+):
+    """A local array's chunk files are read straight into reused buffers: the sums of what
+    zarr itself reads (a chunk never written reads as the fill value; a partial last chunk;
+    float16 values widened), whether the blocks are read ahead or not."""
+    monkeypatch.setattr(importance, "READ_BYTES", read_bytes)  # (small: read ahead)
+    rng = np.random.default_rng(3)
+    group = zarr.open_group(str(tmp_path / "acts.zarr"), mode="w")
+    for dtype, fill in (("f4", 0.0), ("f2", 1.5)):
+        arr = group.create_array(dtype, shape=(5000, 96), dtype=dtype, chunks=(512, 96),
+                                 compressors=None, fill_value=fill)  # fmt: skip
+        arr[:1024] = rng.standard_normal((1024, 96)).astype(dtype)
+        arr[2048:] = rng.standard_normal((2952, 96)).astype(dtype)  # (1024:2048 never written)
+        assert importance.chunk_files(arr) is not None
+        values = arr[:]
+        for bound in (64 << 20, 4 << 20, 1 << 20):
+            got, n = importance.square_sums(arr, bound)
+            want, _ = importance.square_sums(values, bound)
+            assert n == 5000 and got.tobytes() == want.tobytes()
+        assert float(want[0]) > 1024 * fill * fill

@@ -6,13 +6,13 @@ whose input it holds (``model.layers.0.self_attn.q_proj``), shaped tokens x in_f
 MoE expert's array (``model.layers.0.mlp.experts.3.gate_proj``) holds the tokens routed to
 that expert. For each array: per column the sum of the squared inputs, and the token count.
 
-Arithmetic (a Numba kernel): each value is squared in float64 (exact for float32 and narrower
-inputs) and the squares are added in token order in float64, block by block, the running sum
-carried into the next block. The result is one sequential sum whatever the blocks are
-(``max_memory`` only changes their size), so every chunking writes the same file; it is
-rounded to float32 once, on writing. llama.cpp adds the same squares in float32 in token
-order, whose error is below ``n * 2**-24`` of the sum for ``n`` tokens; this sum's is below
-``n * 2**-53``.
+Arithmetic: each value is squared in float64 (exact for float32 and narrower inputs) and the
+squares are added in token order in float64 by NumPy (:func:`add_squares`), block by block,
+the running sum carried into the next block. The result is one sequential sum whatever the
+blocks are (``max_memory`` only changes their size), so every chunking writes the same file;
+it is rounded to float32 once, on writing. llama.cpp adds the same squares in float32 in
+token order, whose error is below ``n * 2**-24`` of the sum for ``n`` tokens; this sum's is
+below ``n * 2**-53``.
 
 Names become GGUF names as the GGUF export names the weights (:func:`gguf_name` of
 ``<module>.weight`` in the model's architecture); expert arrays of a layer and projection
@@ -38,6 +38,7 @@ import numpy as np
 from ...compat.gguf_names import expert_of, gguf_name, skipped
 from ...errors import InvalidDTypeError, InvalidParameterError, NonFiniteInputError, StoreError
 from ...io.checkpoints import open_checkpoint
+from ...io.storage import chunk_files
 from .arch import architecture_of
 from .imatrix import write_imatrix
 
@@ -76,15 +77,24 @@ def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarra
     """Per column of the 2-D array ``array`` (Zarr or NumPy), the float64 sum of squares in
     token order, and the token count; rows are read in blocks of at most a quarter of
     ``max_memory`` bytes (whole storage chunks where they fit), the next block read (in a
-    thread) while this one is squared when two fit in that quarter."""
+    thread) while this one is squared when two fit in that quarter. A local Zarr array's
+    chunk files are read straight into two reused buffers (:func:`~qstream.io.storage.
+    chunk_files`: no event loop, no fresh pages per read), other arrays through zarr."""
     rows, width = (int(n) for n in array.shape)
     block = _block_rows(array, max_memory, str(getattr(array, "path", "array")))
     acc = np.zeros(width, dtype=np.float64)
     per_row = width * max(4, np.dtype(array.dtype).itemsize)
     ahead = 2 * block * per_row <= max_memory // 4
+    files = chunk_files(array) if hasattr(array, "store_path") else None
+    buffers = [] if files is None else [np.empty((block, width), files.dtype) for _ in "ab"]
 
     def read(start: int) -> np.ndarray:
-        x = np.asarray(array[start : min(start + block, rows)])
+        stop = min(start + block, rows)
+        if files is not None:  # (the buffer the block before last was read into: free now)
+            x = buffers[(start // block) % 2][: stop - start]
+            files.read((slice(start, stop), slice(0, width)), x)
+        else:
+            x = np.asarray(array[start:stop])
         if x.dtype not in (np.float32, np.float64):  # (float16, bfloat16: exact in float32)
             x = x.astype(np.float32)
         return x
@@ -120,10 +130,15 @@ SQUARE_VALUES = 1 << 19
 
 
 def add_squares(x: np.ndarray, acc: np.ndarray) -> None:
-    """``acc[j] += float64(x[i, j]) ** 2`` for each row ``i`` in order (the token order):
-    NumPy's reduction of a C-ordered array along its first axis adds the rows one by one,
-    so prepending ``acc`` as the first row gives exactly the running sum, with no kernel to
-    load."""
+    """``acc[j] += float64(x[i, j]) ** 2`` for each row ``i`` in order (the token order), in
+    NumPy: its reduction of a C-ordered array along its first axis adds the rows one by one,
+    so prepending ``acc`` as the first row gives exactly the running sum."""
+    if x.shape[1] == 1:  # (a reduction along one contiguous run is pairwise: accumulate)
+        run = np.empty(x.shape[0] + 1)
+        run[0], run[1:] = acc[0], x[:, 0]
+        np.multiply(run[1:], run[1:], out=run[1:])
+        acc[0] = np.add.accumulate(run)[-1]
+        return
     # (the float64 temporaries, two of them, take at most half of the block's own bytes)
     cols = max(1, x.shape[1])
     step = max(1, min(SQUARE_VALUES, x.size * x.itemsize // 32) // cols)
@@ -284,8 +299,9 @@ def compute_imatrix(
     sources, left_out = _plan(arrays, arch, shapes, include_output)
     if not sources:
         raise InvalidParameterError(f"{acts_s}: no activation array of a Linear input to sum")
-    for s in sources:  # (each storage chunk and row checked against the bound before reading)
-        _block_rows(arrays[s.key], bound, s.key)
+    keys = [s.key for s in sources]
+    for key in keys:  # (each storage chunk and row checked against the bound before reading)
+        _block_rows(arrays[key], bound, key)
     entries: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for s in sources:
         if s.entry not in entries:
