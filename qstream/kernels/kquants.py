@@ -85,7 +85,6 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 15,
                 True,
                 False,
-                True,
             )
             scales[j] = sc
             mins[j] = mn
@@ -127,7 +126,6 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 np.float32(0.05),
                 36,
                 False,
-                True,
                 True,
             )
             scales[j] = sc
@@ -225,7 +223,7 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
             for i in range(32):
                 wts[i] = av_x + np.abs(xs[i])
             sc, mn = qkx_scale_min(
-                32, nmax, xs, wts, L[32 * j :], kwork, rmin, _D01, nstep, False, False, False
+                32, nmax, xs, wts, L[32 * j :], kwork, rmin, _D01, nstep, False, False
             )
             scales[j] = sc
             mins[j] = mn
@@ -262,7 +260,6 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 _D005,
                 36,
                 False,
-                True,
                 True,
             )
             scales[j] = sc

@@ -211,68 +211,8 @@ def q3_scale(n, nmax, x, L):
     return sumlx / suml2 if suml2 > _F0 else _F0
 
 
-#: trial scales of make_qkx2/qkx3_quants evaluated side by side (a window of the 21 or 37:
-#: a winning trial that moves the min sends the trials after it back to be evaluated again)
-QKX_TRIALS = 8
-#: the float32 scratch :func:`qkx_scale_min` needs for up to 32 values
-QKX_WORK = (32 + 8) * QKX_TRIALS
-
-
-@njit(**_OPTS)
-def _qkx_trials(n, nmax, x, w, first, nstep, rmin, rdelta, mx, mn, sum_w, sum_x, use_mad, work):
-    """Trials ``first..first + QKX_TRIALS - 1`` (up to ``nstep``) of :func:`qkx_scale_min` for
-    the current ``mn``, one lane each: the codes, the fitted scale and min and the weighted
-    error (each lane summing in the C order); ``work`` rows: det, scale, min, error, then
-    the codes (``n``)."""
-    T = QKX_TRIALS
-    inv = work[0:T]
-    sl = work[T : 2 * T]
-    sl2 = work[2 * T : 3 * T]
-    sxl = work[3 * T : 4 * T]
-    det = work[4 * T : 5 * T]
-    ts = work[5 * T : 6 * T]
-    tm = work[6 * T : 7 * T]
-    err = work[7 * T : 8 * T]
-    codes = work[8 * T : 8 * T + n * T]
-    fmax = np.float32(nmax)
-    span = mx - mn
-    for t in range(T):
-        step = first + t
-        inv[t] = (rmin + rdelta * np.float32(step) + fmax) / span if step <= nstep else _F0
-        sl[t] = _F0
-        sl2[t] = _F0
-        sxl[t] = _F0
-        err[t] = _F0
-    hi = np.int32(nmax)
-    for i in range(n):
-        xi = x[i]
-        wi = w[i]
-        d = xi - mn
-        row = codes[i * T : i * T + T]
-        for t in range(T):
-            fl = np.float32(min(max(nearest_int(inv[t] * d), np.int32(0)), hi))
-            row[t] = fl
-            wl = wi * fl
-            sl[t] += wl
-            sl2[t] += wl * fl
-            sxl[t] += wl * xi
-    for t in range(T):
-        det[t] = sum_w * sl2[t] - sl[t] * sl[t]
-        a = (sum_w * sxl[t] - sum_x * sl[t]) / det[t]
-        b = (sl2[t] * sum_x - sl[t] * sxl[t]) / det[t]
-        if b > _F0:
-            b = _F0
-            a = sxl[t] / sl2[t]
-        ts[t] = a
-        tm[t] = b
-    for i in range(n):
-        xi = x[i]
-        wi = w[i]
-        row = codes[i * T : i * T + T]
-        for t in range(T):
-            diff = ts[t] * row[t] + tm[t] - xi
-            diff = np.abs(diff) if use_mad else diff * diff
-            err[t] += wi * diff
+#: the float32 scratch :func:`qkx_scale_min` needs for up to 32 values (two trials' codes)
+QKX_WORK = 2 * 32
 
 
 @njit(**_OPTS)
@@ -348,20 +288,15 @@ def _qkx_in_turn(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, mx, mn, s
 
 
 @njit(**_OPTS)
-def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le, side_by_side):
+def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le):
     """``make_qkx2_quants`` (``empty_le`` False) / ``make_qkx3_quants`` with weights (True):
     codes ``L`` (0..nmax, uint8), and ``(scale, the_min)`` where values are ``scale * L -
     the_min``. Trial inverse scales ``(rmin + rdelta * is + nmax) / (max - min)``, is = 0..nstep,
     each fitted by weighted least squares; the lowest weighted error (absolute when
     ``use_mad``, else squared) wins. ``work``: float32 scratch of :data:`QKX_WORK` values.
-    ``side_by_side`` False: the trials in turn, by pairs (:func:`_qkx_in_turn`; faster where
-    nearly every win moves the min: Q4_K/Q5_K without an imatrix).
-
     The C code tries the scales one after another, and a trial that wins moves ``min``, which
-    the later trials use. Here the next :data:`QKX_TRIALS` trials are evaluated side by side
-    for the current ``min`` (:func:`_qkx_trials`), then taken in the C order; after a win
-    that changes ``min``, the trials after it are evaluated again for the new one. Every trial
-    thus sees the C's ``min`` and sums in the C order: the same bits."""
+    the later trials use: here too (:func:`_qkx_in_turn`, two trials at a time), so every
+    trial sees the C's ``min`` and sums in the C order: the same bits."""
     mn = x[0]
     mx = x[0]
     sum_w = w[0]
@@ -391,32 +326,8 @@ def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le
         best += w[i] * diff
     if nstep < 1:
         return scale, -mn
-    if not side_by_side:
-        scale, mn = _qkx_in_turn(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, mx, mn,
-                                 sum_w, sum_x, scale, best)  # fmt: skip
-        return scale, -mn
-    T = QKX_TRIALS
-    first = 0
-    while first <= nstep:
-        _qkx_trials(n, nmax, x, w, first, nstep, rmin, rdelta, mx, mn, sum_w, sum_x, use_mad,
-                    work)  # fmt: skip
-        det = work[4 * T : 5 * T]
-        ts = work[5 * T : 6 * T]
-        tm = work[6 * T : 7 * T]
-        err = work[7 * T : 8 * T]
-        again = first + T
-        for t in range(min(T, nstep + 1 - first)):
-            if det[t] > _F0 and err[t] < best:
-                for i in range(n):
-                    L[i] = np.int32(work[8 * T + i * T + t])
-                best = err[t]
-                scale = ts[t]
-                moved = tm[t] != mn
-                mn = tm[t]
-                if moved:
-                    again = first + t + 1
-                    break
-        first = again
+    scale, mn = _qkx_in_turn(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, mx, mn,
+                             sum_w, sum_x, scale, best)  # fmt: skip
     return scale, -mn
 
 

@@ -136,7 +136,7 @@ def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work):
         return
     nmax = 15 if kind == Q4_1 else 31
     scale, the_min = qkx_scale_min(QK, nmax, xb, wts, L, kwork, np.float32(-0.9),
-                                   np.float32(0.05), 36, False, True, True)  # fmt: skip
+                                   np.float32(0.05), 36, False, True)  # fmt: skip
     put_half(ob, 0, fp16_bits(scale))
     put_half(ob, 2, fp16_bits(-the_min))
     if kind == Q4_1:
