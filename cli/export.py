@@ -173,6 +173,15 @@ def gguf_summary(src: str, result: dict[str, Any]) -> str:
                 for name in sorted(errors, key=worst_first)
             ],
         )
+        sampled = [e["without_imatrix"] for e in errors.values() if "without_imatrix" in e]
+        sampled = [b for b in sampled if b.get("rows", 0) < b.get("of_rows", 0)]
+        if sampled:
+            typer.echo(
+                "note: w/o imx: each tensor quantized again without the imatrix (measured"
+                " only, never written) on 256-511 evenly spaced rows (every row below 512);"
+                " --json's without_imatrix gives the rows and gain_db, the weighted SQNR the"
+                " imatrix bought on them"
+            )
     kinds: dict[str, int] = {}
     for t in result["tensors"].values():
         kinds[t] = kinds.get(t, 0) + 1

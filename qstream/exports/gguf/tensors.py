@@ -21,12 +21,20 @@ from .file import GGUFTensor
 _PLAIN = {"float32": "F32", "float64": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
+#: a weighted tensor's rows quantized again without the imatrix, for the report's
+#: ``without_imatrix`` figures: every ``k``-th row, ``k = rows // BASELINE_ROWS`` (so
+#: 256-511 rows; every row of a tensor of fewer than 512): an estimate of what the imatrix
+#: bought at a few percent of the file's own quantization time, not a second full one
+BASELINE_ROWS = 256
+
+
 class ErrorSums:
     """The error of a tensor's GGUF values against its source values, summed as the slabs
     are written (float64; per row, then rows added in file order: the same sums whatever
     the slab size). With importance weights (an imatrix), also the weighted sums (what
     llama.cpp's weighted search minimises) and, in :attr:`plain`, the same sums for the
-    tensor quantized without the imatrix: what the imatrix bought."""
+    baseline rows (:data:`BASELINE_ROWS`) quantized without the imatrix, with :attr:`sampled`
+    the file's values on those same rows: what the imatrix bought."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -34,7 +42,23 @@ class ErrorSums:
         self.weighted = np.zeros(2)  # w x^2, w (x - y)^2
         self.max_abs = 0.0
         self.plain: ErrorSums | None = None
+        self.sampled: ErrorSums | None = None
+        self.rows = 0  # (of the baseline: rows sampled, of ``total_rows``)
+        self.total_rows = 0
         self._program: tuple[int, np.ndarray] | None = None
+
+    def add_baseline(
+        self, x: np.ndarray, y: np.ndarray, plain: np.ndarray, w: np.ndarray, rows: int
+    ) -> None:
+        """Add the baseline rows of a slab: source values ``x``, the file's values ``y`` and
+        the values ``plain`` quantized without the imatrix (rows along the last axis), their
+        importance weights ``w``; ``rows``: the tensor's row count."""
+        if self.plain is None or self.sampled is None:
+            self.plain, self.sampled = ErrorSums(), ErrorSums()
+        self.plain.add(x, plain, w)
+        self.sampled.add(x, y, w)
+        self.rows += len(x)
+        self.total_rows = rows
 
     def add(self, x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> None:
         """Add source values ``x`` and their GGUF values ``y`` (rows along the last axis);
@@ -72,9 +96,22 @@ class ErrorSums:
             out["weighted_sqnr_db"] = (
                 float("inf") if noise == 0 else 10 * math.log10(signal / noise) if signal else None
             )
-        if self.plain is not None:
-            out["without_imatrix"] = self.plain.summary()
+        if self.plain is not None and self.sampled is not None:
+            base = self.plain.summary()
+            with_ = self.sampled.summary().get("weighted_sqnr_db")
+            without = base.get("weighted_sqnr_db")
+            finite = with_ is not None and without is not None and math.isfinite(with_ - without)
+            base["gain_db"] = with_ - without if finite else None
+            base["rows"], base["of_rows"] = self.rows, self.total_rows
+            out["without_imatrix"] = base
         return out
+
+
+def baseline_rows(rows: int, r0: int, n: int) -> slice:
+    """The baseline rows (:data:`BASELINE_ROWS`) among rows ``r0:r0 + n`` of a tensor of
+    ``rows`` rows, as a slice of the slab."""
+    stride = max(1, rows // BASELINE_ROWS)
+    return slice((-r0) % stride, n, stride)
 
 
 def _float(v: np.ndarray) -> np.ndarray:
@@ -210,11 +247,15 @@ def _rows_tensor(
         raw = np.ascontiguousarray(_quantize(x, gtype, imatrix, r0, per))
         if errors is not None:
             w = None if imatrix is None else _row_weights(imatrix, r0, len(x), per)
-            errors.add(np.asarray(source), q.dequantize(raw, gtype), w)
-            if w is not None:  # (the same rows without the imatrix: what it bought)
-                errors.plain = errors.plain or ErrorSums()
-                plain = np.ascontiguousarray(_quantize(x, gtype, None, r0, per))
-                errors.plain.add(np.asarray(source), q.dequantize(plain, gtype), w)
+            y = q.dequantize(raw, gtype)
+            errors.add(np.asarray(source), y, w)
+            if w is not None:  # (baseline rows without the imatrix: what it bought)
+                pick = baseline_rows(rows, r0, len(x))
+                src = np.asarray(source).reshape(len(x), -1)[pick]
+                if len(src):
+                    plain = q.dequantize(np.ascontiguousarray(q.quantize(x[pick], gtype)), gtype)
+                    wp = w if len(w) == 1 else w[pick]
+                    errors.add_baseline(src, y.reshape(len(x), -1)[pick], plain, wp, rows)
         return raw.view(np.uint8)
 
     if len(shape) > 1:
