@@ -36,7 +36,7 @@ CASES = [
 ]
 #: the cases the default run keeps (SentencePiece and BPE, f32 and bf16, dense and MoE); the
 #: others run with ``pytest -m slow``
-QUICK = {CASES[0], CASES[1], CASES[2], CASES[10]}
+QUICK = {CASES[0], CASES[1], CASES[10]}
 PARAMS = [
     pytest.param(*c, id="-".join(c), marks=() if c in QUICK else pytest.mark.slow) for c in CASES
 ]
