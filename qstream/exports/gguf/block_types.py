@@ -184,6 +184,8 @@ def check_name(name: Any) -> None:
     llama.cpp would cut (NUL, control characters); no checkpoint writer makes them."""
     if not isinstance(name, str) or not name:
         raise InvalidParameterError(f"tensor name {name!r} is empty or not a string")
+    if name.isascii() and name.isprintable():  # (every name a writer makes: no look-ups)
+        return
     bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cs")), None)
     if bad is not None:
         what = "a lone surrogate" if unicodedata.category(bad) == "Cs" else "a control character"

@@ -34,6 +34,7 @@ GGUF type and ``--gguf-type``:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Mapping
@@ -459,7 +460,13 @@ def _itemsize(dtype: str) -> int:
 
 
 def _dtype_name(t: Any) -> str:
-    return str(np.dtype(getattr(t, "source_dtype", t.dtype)).name)
+    return _name_of(getattr(t, "source_dtype", t.dtype))
+
+
+@functools.lru_cache(maxsize=64)
+def _name_of(dtype: Any) -> str:
+    """``np.dtype(dtype).name``, looked up once per dtype (49,152 expert tensors share one)."""
+    return str(np.dtype(dtype).name)
 
 
 def _source_bytes(t: Any, shape: tuple[int, ...]) -> int:
