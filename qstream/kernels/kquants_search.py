@@ -294,6 +294,7 @@ def qkx_scale_min(n, nmax, x, w, L, work, rmin, rdelta, nstep, use_mad, empty_le
     the_min``. Trial inverse scales ``(rmin + rdelta * is + nmax) / (max - min)``, is = 0..nstep,
     each fitted by weighted least squares; the lowest weighted error (absolute when
     ``use_mad``, else squared) wins. ``work``: float32 scratch of :data:`QKX_WORK` values.
+
     The C code tries the scales one after another, and a trial that wins moves ``min``, which
     the later trials use: here too (:func:`_qkx_in_turn`, two trials at a time), so every
     trial sees the C's ``min`` and sums in the C order: the same bits."""

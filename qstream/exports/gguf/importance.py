@@ -299,9 +299,8 @@ def compute_imatrix(
     sources, left_out = _plan(arrays, arch, shapes, include_output)
     if not sources:
         raise InvalidParameterError(f"{acts_s}: no activation array of a Linear input to sum")
-    keys = [s.key for s in sources]
-    for key in keys:  # (each storage chunk and row checked against the bound before reading)
-        _block_rows(arrays[key], bound, key)
+    for s in sources:  # (each storage chunk and row checked against the bound before reading)
+        _block_rows(arrays[s.key], bound, s.key)
     entries: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for s in sources:
         if s.entry not in entries:
