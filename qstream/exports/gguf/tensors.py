@@ -100,8 +100,8 @@ class ErrorSums:
             base = self.plain.summary()
             with_ = self.sampled.summary().get("weighted_sqnr_db")
             without = base.get("weighted_sqnr_db")
-            finite = with_ is not None and without is not None and math.isfinite(with_ - without)
-            base["gain_db"] = with_ - without if finite else None
+            gain = None if with_ is None or without is None else float(with_) - float(without)
+            base["gain_db"] = gain if gain is not None and math.isfinite(gain) else None
             base["rows"], base["of_rows"] = self.rows, self.total_rows
             out["without_imatrix"] = base
         return out
