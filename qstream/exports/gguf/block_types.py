@@ -4,6 +4,7 @@ type's values follow (:data:`RULES`), and how the plan words a spec and a kept t
 from __future__ import annotations
 
 import fnmatch
+import math
 import unicodedata
 from typing import Any
 
@@ -194,3 +195,18 @@ def check_name(name: Any) -> None:
             f" (U+{ord(bad):04X}), which a GGUF file cannot hold; no checkpoint writer makes"
             " such names: the checkpoint is damaged or crafted"
         )
+
+
+_ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def gguf_bytes(shape: tuple[int, ...], kind: str) -> int:
+    """Bytes of a tensor of ``shape`` as ``kind`` in the file (alignment not counted)."""
+    if not shape:
+        return 4 if kind == "F32" else 2
+    n = math.prod(shape)
+    if kind in q.TYPE_SIZE:
+        return n // q.BLOCK * q.TYPE_SIZE[kind]
+    if kind in q.K_TYPE_SIZE:
+        return n // q.K_BLOCK * q.K_TYPE_SIZE[kind]
+    return n * _ELEMENT_BYTES[kind]

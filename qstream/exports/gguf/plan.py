@@ -57,6 +57,7 @@ from .block_types import (
     check_name,
     describe,
     explicit_type,
+    gguf_bytes,
     is_default,
     kept_why,
     rule_index,
@@ -82,7 +83,6 @@ __all__ = ["GGUFPlan", "GGUFTensorPlan", "check_config", "plan_gguf", "read_conf
            "spec_type"]  # fmt: skip
 
 _KEEP_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
-_ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 _FORCED = "as llama.cpp's converter writes 1-D tensors, norms and router gates"
 
 
@@ -248,7 +248,7 @@ def plan_gguf(
                 rule = f"{a.qtype.name} codes and scales copied exactly into {kind} blocks"
                 plans.append(
                     GGUFTensorPlan(hf, name, shape, a.qtype.name, kind, rule, before,
-                                   _gguf_bytes(shape, kind), copied=True, heads=how.heads)
+                                   gguf_bytes(shape, kind), copied=True, heads=how.heads)
                 )  # fmt: skip
             else:
                 kind = converter_type(name, shape, plain_type(a, hf))
@@ -308,7 +308,7 @@ def plan_gguf(
             before = _source_bytes(v, shape)
             plans.append(
                 GGUFTensorPlan(hf, name, shape, dtype, kind, f"{why}: {RULES[kind]}", before,
-                               _gguf_bytes(shape, kind), heads=how.heads, add=how.add)
+                               gguf_bytes(shape, kind), heads=how.heads, add=how.add)
             )  # fmt: skip
         if refusals:
             index, first = next(iter(refusals.items()))
@@ -320,7 +320,7 @@ def plan_gguf(
     used: dict[str, Any] = {}
     if base is not None and not output:
         plans, used = retype(plans, str(gtype), base, mix, facts_of(model.arch, model.config)
-                             if model else None, weights, _gguf_bytes, RULES)  # fmt: skip
+                             if model else None, weights, gguf_bytes, RULES)  # fmt: skip
     elif weights is not None:
         raise InvalidParameterError("--imatrix applies to --gguf-type of a float checkpoint")
     extra: dict[str, Any] = dict(mix=mix, imatrix=imatrix and os.fspath(imatrix), weights=used)
@@ -424,7 +424,7 @@ def _trimmed(model: Model, t: GGUFTensorPlan, n_vocab: int | None) -> GGUFTensor
     if n >= t.shape[0]:
         return t
     shape = (n, *t.shape[1:])
-    return replace(t, shape=shape, rows=n, bytes_after=_gguf_bytes(shape, t.type))
+    return replace(t, shape=shape, rows=n, bytes_after=gguf_bytes(shape, t.type))
 
 
 def mostly(types: Mapping[str, str]) -> str:
@@ -448,7 +448,7 @@ def _kept(
     before = math.prod(shape) * _itemsize(dtype)
     return GGUFTensorPlan(
         hf, name, shape, dtype, kind, f"{why}: {RULES[kind]}", before,
-        _gguf_bytes(shape, kind), kept=True, heads=how.heads, add=how.add,
+        gguf_bytes(shape, kind), kept=True, heads=how.heads, add=how.add,
     )  # fmt: skip
 
 
@@ -479,18 +479,6 @@ def _stored_bytes(a: Any) -> int:
     return math.ceil(n * a.qtype.bits / 8) + params * (
         a.scale_dtype.itemsize + (0 if a.spec.symmetric else math.ceil(a.qtype.bits / 8))
     )
-
-
-def _gguf_bytes(shape: tuple[int, ...], kind: str) -> int:
-    """Bytes of a tensor of ``shape`` as ``kind`` in the file (alignment not counted)."""
-    if not shape:
-        return 4 if kind == "F32" else 2
-    n = math.prod(shape)
-    if kind in q.TYPE_SIZE:
-        return n // q.BLOCK * q.TYPE_SIZE[kind]
-    if kind in q.K_TYPE_SIZE:
-        return n // q.K_BLOCK * q.K_TYPE_SIZE[kind]
-    return n * _ELEMENT_BYTES[kind]
 
 
 # --- where the source and its config are ---------------------------------------------------
