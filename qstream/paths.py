@@ -217,7 +217,9 @@ def _not_a_folder(parent: int, name: str, here: str, root: str, what: str) -> St
         mode = os.lstat(name, dir_fd=parent).st_mode
     except OSError:
         mode = stat.S_IFLNK  # (gone again: it was swapped meanwhile)
-    if stat.S_ISLNK(mode):
+    # (a folder now, though opening it as one without following links failed: a link was
+    # swapped in and out meanwhile)
+    if stat.S_ISLNK(mode) or stat.S_ISDIR(mode):
         return _link_error(here, root, what)
     if stat.S_ISREG(mode):
         return StoreError(
