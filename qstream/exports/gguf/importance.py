@@ -85,8 +85,8 @@ def square_sums(array: Any, max_memory: int = DEFAULT_MEMORY) -> tuple[np.ndarra
     acc = np.zeros(width, dtype=np.float64)
     per_row = width * max(4, np.dtype(array.dtype).itemsize)
     ahead = 2 * block * per_row <= max_memory // 4
-    files = chunk_files(array) if hasattr(array, "store_path") else None
-    buffers = [] if files is None else [np.empty((block, width), files.dtype) for _ in "ab"]
+    files = chunk_files(array)  # (None for NumPy, remote or sharded arrays: zarr reads)
+    buffers = [] if files is None else [np.empty((block, width), files.dtype) for _ in range(2)]
 
     def read(start: int) -> np.ndarray:
         stop = min(start + block, rows)
