@@ -78,6 +78,11 @@ MOVED_TO_SLOW = (
     "test_fused_groupwise_kernel_is_bit_identical_to_the_unfused_path[uint8-",
     # FP8 logits: FP8_BLOCK from float32 stays (FP8_DYNAMIC's bytes equal compressed-tensors')
     "test_fp8_export_logits_equal_compressed_tensors_own_export[bfloat16-FP8_DYNAMIC]",
+    # (session of 2026-11-29, fourth) quantize_dynamic against quantize_store with int16
+    # codes: the blocked kernel's int16 builds (~20 s of first compiles; every other code
+    # type stays, and int16 per channel and per tensor stay everywhere else)
+    "test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store[float32-int16-",
+    "test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store[float64-int16-",
 )
 
 
@@ -104,3 +109,20 @@ def no_import_in_worker_threads():
     yield
     got = worker_imports.taken()
     assert not got, f"modules first imported by qstream worker threads: {got}"
+
+
+from .support import compile_log  # noqa: E402
+
+compile_log.install()
+if os.environ.get("QSTREAM_COMPILE_LOG"):  # (the tests' qstream subprocesses log theirs too)
+    _site = os.path.join(os.path.dirname(__file__), "support", "compile_log_site")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_site, os.environ.get("PYTHONPATH")) if p
+    )
+
+
+@pytest.fixture(autouse=True)
+def _name_the_compiling_test(request):
+    compile_log.current_test = request.node.nodeid
+    with compile_log.timed(request.node.nodeid):
+        yield

@@ -91,7 +91,7 @@ def _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, op):
 # Arguments: x float [O, C, I]; scale, zero_point [Op, Cp, Ip] in the compute float type;
 # cblock, iblock (see qstream.layout); lo, hi saturation bounds (NaN -> lo, +inf -> hi);
 # mask: bits kept in the integer container; out: integer container [O, C, I].
-_kernel = parallel_kernel
+_kernel = parallel_kernel(inputs=3)
 
 
 @_kernel
@@ -233,7 +233,7 @@ def _dequantize_all(q, scale, zero_point, cblock, iblock, out, op):
                 os[i] = op(qs[i], sr[b], zr[b])
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
     """``out = (float32(q) - zero_point) * scale``, in the parameters' float types (the
     subtraction in zero_point's, the product in the wider of both).
@@ -243,7 +243,7 @@ def dequantize_affine(q, scale, zero_point, cblock, iblock, out):
     _dequantize_all(q, scale, zero_point, cblock, iblock, out, r.dq_float32_difference)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def dequantize_affine_int(q, scale, zero_point, cblock, iblock, out):
     """``out = R(q - zero_point) * scale`` with R scale's float type: the difference in
     integers (wrapped to 32 bits), converted to R, multiplied in R (nGraph's ``(REAL)(q -

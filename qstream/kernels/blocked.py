@@ -166,7 +166,7 @@ def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs):
         zs[pi] = np.float32(z)
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=1)
 def dynamic_rows_half_to_even(
     x,
     cblock,
@@ -257,7 +257,7 @@ def dynamic_rows_half_to_even(
         fold_partial(sums[0], partial[t])
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=1)
 def dynamic_columns_half_to_even(
     x,
     cblock,

@@ -29,7 +29,7 @@ def _mix(h):
     return h
 
 
-@parallel_kernel
+@parallel_kernel(inputs=2)
 def tile_hashes(words, tail, out):
     """``out[t]``: the hash of tile ``t`` of ``words`` (uint64, the array's bytes) followed by
     the ``tail`` bytes (uint8, the last ``nbytes % 8``) in the last tile."""

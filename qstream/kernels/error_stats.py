@@ -267,7 +267,7 @@ def column_sums(x, q, o, c0, c1, ss, zs, qmin, qmax, cols, acc, gx2, ge2, gmax, 
                         acc[7 if v != v else (8 if v > 0 else 9)] += 1
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=4)
 def _error_sums_columns(
     x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, gx2, ge2, gmax, groups
 ):
@@ -296,7 +296,7 @@ def _error_sums_columns(
         fold_partial(out[0], partial[w])
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=4)
 def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
     """Channels on the inner axis: groups of 256 channels, each owning its sums."""
     n_outer, n_c, n_inner = x.shape
@@ -345,7 +345,7 @@ def _error_sums_rows(x, q, scale, zero_point, cblock, iblock, qmin, qmax, out):
                             out[i0 + j, 7 if v != v else (8 if v > 0 else 9)] += 1
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=4)
 def _error_sums_tiles(
     x, q, scale, zero_point, cblock, iblock, qmin, qmax, out, gx2, ge2, gmax, groups
 ):
@@ -389,7 +389,7 @@ def _error_sums_tiles(
         fold_partial(out[((t // n_tiles) % n_c) if n_c == out.shape[0] else 0], partial[t])
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=4)
 def _error_sums_channel_rows(x, q, scale, zero_point, cblock, qmin, qmax, out):
     """One row per channel, no longer than a tile, a parameter per row
     (:func:`~qstream.kernels.stats.channel_rows`): each row's sums go straight to its
@@ -404,7 +404,7 @@ def _error_sums_channel_rows(x, q, scale, zero_point, cblock, qmin, qmax, out):
         run_sums(x[0, c], q[0, c], np.uint64(0), i1, s, z, qmin, qmax, out[c])
 
 
-@parallel_kernel(fastmath=FASTMATH)
+@parallel_kernel(fastmath=FASTMATH, inputs=4)
 def group_sums(x, q, scale, zero_point, cblock, iblock, qmin, qmax, x2, e2, emax):
     """Per parameter group ``(o, c // cblock, i // iblock)`` of a blocked layout: the sums
     of ``x^2`` and ``e^2`` and the largest ``|e|`` over its finite values, into ``x2``,

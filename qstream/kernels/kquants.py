@@ -355,7 +355,7 @@ def _q6_k(x, qw, has_w, out, L8, wts, scales, work):
             out[128 + j // 4 + i] = (a >> 4) | ((b >> 4) << 2) | ((c >> 4) << 4) | ((e >> 4) << 6)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=2)
 def quantize_blocks(x, qw, has_w, per_row, kind, out):
     """Quantize the flat float32 ``x`` (whole super-blocks) into ``out`` (uint8, the type's
     bytes per super-block): ``kind`` a GGML type number (10..14), ``qw`` the importance weight
@@ -462,7 +462,7 @@ def _dq6_k(raw, y):
 
 # (a value is decoded in a few instructions: threads pay off for tens of MiB only, and a
 # thread that a busy machine has descheduled costs a call far more than the work)
-@parallel_kernel(serial_scale=64)
+@parallel_kernel(serial_scale=64, inputs=1)
 def dequantize_blocks(raw, kind, out):
     """Dequantize the flat uint8 super-blocks ``raw`` of GGML type ``kind`` (10..14) into the
     float32 ``out`` (256 values each), in gguf-py's ``dequantize`` order of operations."""

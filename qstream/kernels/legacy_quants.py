@@ -146,7 +146,7 @@ def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work):
         _store5(ob, 4, L)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=1)
 def quantize_blocks(x, kind, out):
     """``quantize_row_q5_0_ref`` / ``quantize_row_q5_1_ref`` (``kind`` 6 / 7) of the flat
     float32 ``x`` (whole blocks of 32) into ``out`` (uint8, 22 / 24 bytes a block)."""
@@ -163,7 +163,7 @@ def quantize_blocks(x, kind, out):
                 _q5_1_ref(xb, ob, L)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=2)
 def quantize_rows_weighted(x, qw, n, kind, out):
     """``quantize_q{4,5}_{0,1}`` with ``quant_weights`` ``qw`` (one per column, ``n``
     columns): the flat float32 rows ``x`` (``n`` values each, whole blocks of 32) into
@@ -193,7 +193,7 @@ def quantize_rows_weighted(x, qw, n, kind, out):
 
 # (a value is decoded in a few instructions: threads pay off for tens of MiB only, and a
 # thread that a busy machine has descheduled costs a call far more than the work)
-@parallel_kernel(serial_scale=64)
+@parallel_kernel(serial_scale=64, inputs=1)
 def dequantize_blocks(raw, kind, out):
     """Q5_0 / Q5_1 (``kind`` 6 / 7) blocks ``raw`` (flat uint8) into the float32 ``out``, in
     gguf-py's order: ``d * (q - 16)`` / ``d * q + m``."""

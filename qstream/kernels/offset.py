@@ -42,47 +42,47 @@ def _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, op):
 # (NaN -> lo, as the affine kernels); out: the codes' container [O, C, I].
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_half_to_even(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.half_to_even)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_half_away_from_zero(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.half_away_from_zero)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_half_toward_zero(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.half_toward_zero)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_half_up(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.half_up)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_half_down(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.half_down)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_up(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.up)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_down(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.down)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_toward_zero(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.toward_zero)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def qo_away_from_zero(x, scale, offset, cblock, iblock, lo, hi, out):
     _quantize_all(x, scale, offset, cblock, iblock, lo, hi, out, r.away_from_zero)
 
@@ -101,7 +101,7 @@ OFFSET_KERNELS = (
 )
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def dequantize_offset(q, scale, offset, cblock, iblock, out):
     """``out = q * scale + offset`` in float64 (one rounding), stored in ``out``'s type."""
     n_outer, n_c, n_inner = q.shape

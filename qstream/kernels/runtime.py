@@ -42,23 +42,33 @@ SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 
 
 @overload
-def parallel_kernel(fn: Callable[..., Any], *, serial_scale: int = 1, **options: Any) -> Any: ...
+def parallel_kernel(
+    fn: Callable[..., Any], *, serial_scale: int = 1, inputs: int = 0, **options: Any
+) -> Any: ...
 
 
 @overload
 def parallel_kernel(
-    fn: None = None, *, serial_scale: int = 1, **options: Any
+    fn: None = None, *, serial_scale: int = 1, inputs: int = 0, **options: Any
 ) -> Callable[[Callable[..., Any]], Any]: ...
 
 
 def parallel_kernel(
-    fn: Callable[..., Any] | None = None, *, serial_scale: int = 1, **options: Any
+    fn: Callable[..., Any] | None = None,
+    *,
+    serial_scale: int = 1,
+    inputs: int = 0,
+    **options: Any,
 ) -> Any:
     """``@njit(parallel=True, cache=True, nogil=True, **options)`` plus a serial twin compiled
     from the same source, as the ``serial`` attribute (see the module docstring).
     ``serial_scale``: the twin runs below ``serial_scale * SERIAL_BELOW`` elements (for
-    kernels whose elements are cheap, e.g. histogram bins scanned once). The kernel is a
-    Numba dispatcher (untyped here: ``Any``)."""
+    kernels whose elements are cheap, e.g. histogram bins scanned once). ``inputs``: how
+    many leading arguments the kernel only reads; :func:`run` passes arrays there as
+    read-only views, so a memory-mapped (read-only) source and an array in memory call the
+    same compiled build (Numba types read-only arrays apart: each would cost a compile of
+    its own, ~20 s for the K-quant kernel). The kernel is a Numba dispatcher (untyped
+    here: ``Any``)."""
 
     # NumPy's error model (x / 0 is inf or NaN, no exception) in both builds: the one parfors
     # use inside a prange loop, so the twin computes exactly what the parallel kernel does.
@@ -70,6 +80,7 @@ def parallel_kernel(
         # index does not key on the parallel flag).
         kernel.serial = njit(cache=True, nogil=True, **options)(_copy(f, "serial"))
         kernel.serial_scale = serial_scale
+        kernel.inputs = inputs
         kernel.kernel_options = options
         return kernel
 
@@ -100,6 +111,7 @@ def specialize(kernel: Any, suffix: str, **constants: Any) -> Any:
     return parallel_kernel(
         _copy(kernel.py_func, suffix, constants),
         serial_scale=kernel.serial_scale,
+        inputs=kernel.inputs,
         **kernel.kernel_options,
     )
 
@@ -112,10 +124,22 @@ def _largest(args: Iterable[Any]) -> int:
     return n
 
 
+def read_only(a: Any) -> Any:
+    """``a`` as a read-only view when it is a writable NumPy array (no copy), else ``a``."""
+    if isinstance(a, np.ndarray) and a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
 def run(kernel: Any, *args: Any) -> None:
     """Call ``kernel(*args)``: its serial twin for small work; a parallel kernel serialised
-    when the threading layer is not thread-safe."""
+    when the threading layer is not thread-safe. Its ``inputs`` leading arrays are passed
+    read-only (see :func:`parallel_kernel`)."""
     global _serial
+    n = getattr(kernel, "inputs", 0)
+    if n:
+        args = (*(read_only(a) for a in args[:n]), *args[n:])
     twin = getattr(kernel, "serial", None)
     if twin is not None and _largest(args) < SERIAL_BELOW * kernel.serial_scale:
         twin(*args)  # no threads: safe from any number of Python threads

@@ -49,7 +49,7 @@ def channel_rows(shape: tuple[int, ...], channels: int) -> bool:
     return shape[0] == 1 and shape[1] == channels and 0 < shape[2] <= TILE
 
 
-@parallel_kernel
+@parallel_kernel(inputs=1)
 def _ranges_fast_axis(x, mins, maxs, counts, nans, posinf, neginf):
     """Channels on the fast axis: the outer axis split into parts, a row of partials each."""
     n_outer, n_c, _ = x.shape
@@ -67,7 +67,7 @@ def _ranges_fast_axis(x, mins, maxs, counts, nans, posinf, neginf):
         _fold(pmin[p], pmax[p], pcnt[p], mins, maxs, counts, nans, posinf, neginf)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=1)
 def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
     """Rows of inner elements cut in tiles, each tile's partial folded in tile order."""
     n_outer, n_c, n_inner = x.shape
@@ -92,7 +92,7 @@ def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
         )
 
 
-@parallel_kernel
+@parallel_kernel(inputs=1)
 def _ranges_channel_rows(x, mins, maxs, counts, nans, posinf, neginf):
     """One row per channel, no longer than a tile (:func:`channel_rows`): each row's range
     goes straight to its channel, as :func:`_ranges_tiles` folds it (the row is its only
@@ -206,7 +206,7 @@ def slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax):
     return pieces
 
 
-@parallel_kernel
+@parallel_kernel(inputs=1)
 def slot_ranges(x, cblock, iblock, lo, hi):
     """Finite min/max of each parameter slot of a blocked layout: element ``(o, c, i)`` of
     ``x[O, C, I]`` belongs to slot ``(o, c // cblock, i // iblock)`` of ``lo``/``hi[O, Cp,
@@ -281,7 +281,7 @@ def channel_histograms(x, lo, hi, use_abs, hist):
     run(kernel, x, lo, hi, use_abs, hist)
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def _histograms_by_channel(x, lo, hi, use_abs, hist):
     """Many channels: each channel owns its histogram row."""
     n_outer, n_c, _ = x.shape
@@ -295,7 +295,7 @@ def _histograms_by_channel(x, lo, hi, use_abs, hist):
             hist[c, k] += acc[k]
 
 
-@parallel_kernel
+@parallel_kernel(inputs=3)
 def _histograms_split(x, lo, hi, use_abs, hist):
     """Few channels: each channel's values split into parts counted in parallel."""
     n_outer, n_c, n_inner = x.shape

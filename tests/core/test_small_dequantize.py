@@ -18,9 +18,33 @@ INTS = ["int8", "uint8", "int16", "uint16", "int32", "int4", "uint4", "int2"]
 OUTS = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
 
 
+F64, F32 = np.dtype(np.float64), np.dtype(np.float32)
+# The default run's combinations of (code type, output type, scale type, zero-point type):
+# each code type, output type and parameter type once at least, 8 kernel builds in all
+# (`pytest -m slow` draws from every combination: ~26 builds, ~20 s of first compiles).
+SOME = [
+    ("int8", np.float32, None, None),
+    ("uint8", np.float64, F64, F32),
+    ("int16", np.float16, None, F64),
+    ("uint16", ml_dtypes.bfloat16, F64, None),
+    ("int32", np.float32, F64, F64),
+    ("int4", np.float64, None, F32),
+    ("uint4", np.float16, F64, None),
+    ("int2", ml_dtypes.bfloat16, None, None),
+]
+
+
 @st.composite
-def cases(draw):
-    qt = QTYPES[draw(st.sampled_from(INTS))]
+def cases(draw, every_combination=True):
+    if every_combination:
+        name = draw(st.sampled_from(INTS))
+        out = np.dtype(draw(st.sampled_from(OUTS)))
+        scale_dtype = draw(st.sampled_from([None, F64]))
+        zp_dtype = draw(st.sampled_from([None, F64, F32]))
+    else:
+        name, out, scale_dtype, zp_dtype = draw(st.sampled_from(SOME))
+        out = np.dtype(out)
+    qt = QTYPES[name]
     shape = tuple(draw(st.lists(st.integers(1, 7), min_size=1, max_size=3)))
     axis = draw(st.one_of(st.none(), st.integers(0, len(shape) - 1)))
     block = None
@@ -41,15 +65,23 @@ def cases(draw):
     zp = None
     if draw(st.booleans()):
         zp = rng.integers(lo, hi, size=pshape, endpoint=True).astype(qt.dtype)
-    out = np.dtype(draw(st.sampled_from(OUTS)))
-    scale_dtype = draw(st.sampled_from([None, np.dtype(np.float64)]))
-    zp_dtype = draw(st.sampled_from([None, np.dtype(np.float64), np.dtype(np.float32)]))
     return q, scale, zp, plan_layout(shape, pshape, axis, block), qt, out, scale_dtype, zp_dtype
 
 
 @settings(max_examples=300, deadline=None)
-@given(cases())
+@given(cases(every_combination=False))
 def test_numpy_path_gives_the_kernels_bytes(case):
+    _same_bytes(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_numpy_path_gives_the_kernels_bytes_for_every_combination_of_types(case):
+    _same_bytes(case)
+
+
+def _same_bytes(case):
     q, scale, zp, layout, qt, out, scale_dtype, zp_dtype = case
     kw = {"scale_dtype": scale_dtype, "zp_dtype": zp_dtype}
     old = affine.NUMPY_BELOW

@@ -18,7 +18,13 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.support.gguf_models import TENSORS, build_model, read_gguf_keys, run_converter
+from tests.support.gguf_models import (
+    TENSORS,
+    build_model,
+    read_gguf_keys,
+    read_gguf_tensors,
+    run_converter,
+)
 
 #: (architecture, tokenizer, source dtype) of each tiny model run
 CASES = [
@@ -89,21 +95,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return get
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    from gguf import GGUFReader
-
-    return {
-        t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape), bytes(t.data.tobytes()))
-        for t in GGUFReader(str(path)).tensors
-    }
-
-
 @pytest.mark.parametrize(("arch", "tok", "dtype"), PARAMS)
 def test_tensors_and_metadata_equal_the_converters_q8_0_file(
     arch: str, tok: str, dtype: str, files: Any
 ) -> None:
     _, mine, ref = files(arch, tok, dtype)
-    got, want = _tensors(mine), _tensors(ref)
+    got, want = read_gguf_tensors(mine), read_gguf_tensors(ref)
     assert sorted(got) == sorted(want)
     for name, (kind, shape, raw) in want.items():
         assert got[name][:2] == (kind, shape), name

@@ -11,6 +11,7 @@ so that their pre-tokenizer is one the converter recognises by its hash.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -149,7 +150,41 @@ TENSORS = "<tensors>"  # the entry of read_gguf_keys' answer holding the tensors
 def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The key-value pairs of the GGUF file ``path`` (strings decoded, arrays as lists) and,
     under :data:`TENSORS`, each tensor's (shape in numpy order, GGML type id)."""
+    out, infos, _ = _parse_gguf(Path(path).read_bytes())
+    out[TENSORS] = {name: (tuple(reversed(dims)), gtype) for name, dims, gtype, _ in infos}
+    return out
+
+
+def read_gguf_tensors(
+    path: str | os.PathLike[str],
+) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """Each tensor of the GGUF file ``path`` as gguf-py's reader gives it, ``(type name, shape
+    in GGUF order, its bytes)``, in a fraction of the time (no field objects for the keys: a
+    Llama-3 vocabulary is ~400k strings, ~8 s for gguf-py's reader)."""
+    import gguf
+
     data = Path(path).read_bytes()
+    keys, infos, end = _parse_gguf(data)
+    align = int(keys.get("general.alignment", 32))
+    start = -(-end // align) * align
+    out = {}
+    for name, dims, gtype, offset in infos:
+        qtype = gguf.GGMLQuantizationType(gtype)
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        n = math.prod(dims)
+        nbytes = n // block * size
+        raw = data[start + offset : start + offset + nbytes]
+        assert len(raw) == nbytes, f"{name}: the file ends inside the tensor"
+        out[name] = (qtype.name, tuple(int(d) for d in dims), raw)
+    return out
+
+
+def _parse_gguf(
+    data: bytes,
+) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """The keys, the tensor infos ``(name, dims in GGUF order, type id, data offset)`` and the
+    position where the tensor infos end."""
+    assert data[:4] == b"GGUF", "not a GGUF file"
     pos = 24
     (n_kv,) = struct.unpack_from("<Q", data, 16)
 
@@ -178,22 +213,21 @@ def read_gguf_keys(path: str | os.PathLike[str]) -> dict[str, Any]:
         pos += struct.calcsize(fmt)
         return v
 
-    out: dict[str, Any] = {}
+    keys: dict[str, Any] = {}
     for _ in range(n_kv):
         key = string()
         (kind,) = struct.unpack_from("<I", data, pos)
         pos += 4
-        out[key] = value(kind)
-    tensors: dict[str, tuple[tuple[int, ...], int]] = {}
+        keys[key] = value(kind)
+    infos = []
     for _ in range(struct.unpack_from("<Q", data, 8)[0]):
         name = string()
         (n_dims,) = struct.unpack_from("<I", data, pos)
         dims = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
-        (gtype,) = struct.unpack_from("<I", data, pos + 4 + 8 * n_dims)
+        gtype, offset = struct.unpack_from("<IQ", data, pos + 4 + 8 * n_dims)
         pos += 4 + 8 * n_dims + 12
-        tensors[name] = (tuple(reversed(dims)), gtype)
-    out[TENSORS] = tensors
-    return out
+        infos.append((name, tuple(dims), gtype, offset))
+    return keys, infos, pos
 
 
 # --- tokenizers ---------------------------------------------------------------------------

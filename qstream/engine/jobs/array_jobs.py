@@ -121,13 +121,16 @@ _BOUNDS: dict[str, tuple[np.float32, np.float32, np.int32]] = {}
 
 
 def _params(s: float, z: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-    """This thread's one-element ``[1, 1, 1]`` scale and zero-point arrays, set to s, z."""
+    """This thread's one-element ``[1, 1, 1]`` scale and zero-point arrays, set to s, z, as
+    read-only views (the kernels' inputs: see ``runtime.read_only``)."""
     p: tuple[NDArray[np.float32], NDArray[np.float32]] | None = getattr(_local, "p", None)
     if p is None:
         p = _local.p = (np.empty((1, 1, 1), F32), np.empty((1, 1, 1), F32))
+        _local.views = (runtime.read_only(p[0]), runtime.read_only(p[1]))
     p[0][0, 0, 0] = s
     p[1][0, 0, 0] = z
-    return p
+    views: tuple[NDArray[np.float32], NDArray[np.float32]] = _local.views
+    return views
 
 
 def _bounds(qt: QType) -> tuple[np.float32, np.float32, np.int32]:
@@ -147,7 +150,7 @@ def quantize_direct(
     lo, hi, mask = _bounds(qt)
     n = x.size
     QUANTIZE_KERNELS[code].serial(
-        x.reshape(1, 1, n),
+        runtime.read_only(x.reshape(1, 1, n)),
         *_params(scale, zero_point),
         1,
         1,
@@ -165,6 +168,10 @@ def dequantize_direct(q: NDArray[Any], scale: float, zero_point: int) -> NDArray
     out = np.empty(q.shape, F32)
     n = q.size
     dequantize_affine.serial(
-        q.reshape(1, 1, n), *_params(scale, zero_point), 1, 1, out.reshape(1, 1, n)
+        runtime.read_only(q.reshape(1, 1, n)),
+        *_params(scale, zero_point),
+        1,
+        1,
+        out.reshape(1, 1, n),
     )
     return out

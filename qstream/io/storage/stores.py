@@ -237,6 +237,7 @@ def _digest(a: np.ndarray[Any, Any]) -> str:
     import hashlib
 
     from ...kernels.digest import TILE, tile_hashes
+    from ...kernels.runtime import run
 
     flat = a.reshape(-1) if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(-1)
     raw = flat.view(np.uint8)
@@ -245,7 +246,7 @@ def _digest(a: np.ndarray[Any, Any]) -> str:
     if words is None:  # not 8-byte aligned (a view into a larger buffer): aligned copy
         words = np.frombuffer(raw[:whole].tobytes(), np.uint64)
     tiles = np.empty(max(1, -(-raw.size // TILE)), np.uint64)
-    tile_hashes(words, np.ascontiguousarray(raw[whole:]), tiles)
+    run(tile_hashes, words, np.ascontiguousarray(raw[whole:]), tiles)
     h = hashlib.blake2b(digest_size=16)
     h.update(np.int64(raw.size).tobytes())
     h.update(tiles.tobytes())

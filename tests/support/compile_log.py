@@ -1,0 +1,66 @@
+"""A record of the kernels each test process compiles (a tool for the suite's time, off by
+default): with ``QSTREAM_COMPILE_LOG=DIR`` every pytest process appends one JSON line per
+top-level Numba compilation to ``DIR/<pid>.jsonl`` (kernel, signature, seconds, test), so
+the kernels several workers compile each, and the tests that pay for first compiles, can be
+read off after a run from an empty cache."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+_depth = threading.local()
+current_test = ""
+
+
+@contextlib.contextmanager
+def timed(test: str) -> Iterator[None]:
+    """With the log on, the test's start and end (``DIR/tests-<pid>.jsonl``): the workers'
+    timelines, to see how long one waits for the other at the end of a run."""
+    folder = os.environ.get("QSTREAM_COMPILE_LOG")
+    t0 = time.time()
+    yield
+    if folder:
+        line = {"test": test, "start": t0, "end": time.time(),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
+        with open(os.path.join(folder, f"tests-{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def install() -> None:
+    folder = os.environ.get("QSTREAM_COMPILE_LOG")
+    if not folder:
+        return
+    import numba.core.event as ev
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{os.getpid()}.jsonl")
+
+    class Log(ev.Listener):
+        def on_start(self, event: ev.Event) -> None:
+            stack = getattr(_depth, "stack", None)
+            if stack is None:
+                stack = _depth.stack = []
+            stack.append(time.perf_counter())
+
+        def on_end(self, event: ev.Event) -> None:
+            t0 = _depth.stack.pop()
+            if _depth.stack:
+                return
+            d = event.data["dispatcher"]
+            line = {
+                "kernel": f"{d.py_func.__module__}.{d.py_func.__qualname__}",
+                "sig": str(event.data.get("args")),
+                "seconds": round(time.perf_counter() - t0, 3),
+                "test": current_test,
+                "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                "at": time.time(),
+            }
+            with open(path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
+    ev.register("numba:compile", Log())
