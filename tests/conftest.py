@@ -83,6 +83,16 @@ MOVED_TO_SLOW = (
     # type stays, and int16 per channel and per tensor stay everywhere else)
     "test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store[float32-int16-",
     "test_quantize_dynamic_gives_the_codes_and_parameters_of_quantize_store[float64-int16-",
+    # compressed-tensors checkpoints in S3: the symmetric int4 groups' twin of the asymmetric
+    # ones (the same packed layout without zero points; FP8 and W4A16_ASYM stay)
+    "test_a_compressed_tensors_checkpoint_in_s3_reads_as_from_local_files[W4_GROUP_SYM-fsspec]",
+    "_converts_to_the_bytes_of_a_local_conversion[W4_GROUP_SYM-fsspec]",
+    "test_the_command_line_converts_a_compressed_tensors_url_as_local_files[W4_GROUP_SYM]",
+    # misbehaving endpoints through obstore: stalled reads and writes stay (and every fault
+    # through fsspec); the dripping ones move, as does the second environment variant
+    "test_a_dripping_or_silent_endpoint_ends_the_run_within_its_deadline[obstore-drip-reads]",
+    "test_a_dripping_or_silent_endpoint_ends_the_run_within_its_deadline[obstore-dripped-wr",
+    "test_cli_quantizes_and_converts_s3_urls_configured_by_the_environment[obstore-http-sch",
 )
 
 

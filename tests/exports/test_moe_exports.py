@@ -136,10 +136,17 @@ def test_moe_scheme_export_refused_where_compressed_tensors_own_export_fails(moe
     assert r.exit_code == 2 and r.output.startswith(f"error: {kind}: "), r.output
     assert scheme in r.output and "3-D experts.gate_up_proj" in r.output
     assert not out.parent.exists()
-    if kind == "mixtral":  # the measurement behind the refusal (its experts span 2 blocks)
-        fresh("ct_reference.py", "export", src, tmp_path / "ct", scheme)
-        got = fresh("hf_deploy.py", "run", tmp_path / "ct", tmp_path / "ct.pt", "float32")
-        assert not got["loads"] and "conversion" in got["error"].lower(), got
+
+
+@pytest.mark.slow  # (the reference's behaviour, ~8 s of torch processes; qstream's refusal above)
+@pytest.mark.parametrize("moe", ["mixtral"], indirect=True)
+def test_compressed_tensors_own_fp8_block_export_of_moe_experts_does_not_load(moe, tmp_path):
+    """The measurement behind the refusal: Mixtral's experts span 2 blocks, and
+    compressed-tensors' own FP8_BLOCK export of them fails transformers' load."""
+    _, src = moe
+    fresh("ct_reference.py", "export", src, tmp_path / "ct", "FP8_BLOCK")
+    got = fresh("hf_deploy.py", "run", tmp_path / "ct", tmp_path / "ct.pt", "float32")
+    assert not got["loads"] and "conversion" in got["error"].lower(), got
 
 
 @pytest.mark.parametrize("moe", per_type("mixtral"), indirect=True)
@@ -153,8 +160,14 @@ def test_moe_recipe_export_with_kept_experts_is_refused_as_compressed_tensors_ow
     assert "kept float experts" in r.output and not out.parent.exists()
     r = CliRunner().invoke(app, ["convert", str(src), str(out), "--dry-run"])
     assert r.exit_code == 2 and "one symmetric 4-bit layout" in r.output, r.output
-    # compressed-tensors' own integer export with its experts ignored fails the same way;
-    # an FP8 scheme passes float experts through
+
+
+@pytest.mark.slow  # (the reference's behaviour, ~15 s of torch processes; qstream's refusal above)
+@pytest.mark.parametrize("moe", per_type("mixtral"), indirect=True)
+def test_compressed_tensors_own_integer_export_with_kept_experts_does_not_load(moe, tmp_path):
+    """The measurement behind the refusal: compressed-tensors' own integer export with its
+    experts ignored fails transformers' load; an FP8 scheme passes float experts through."""
+    _, src = moe
     fresh("ct_reference.py", "export", src, tmp_path / "w4", "W4A16", "keep-experts")
     got = fresh("hf_deploy.py", "run", tmp_path / "w4", tmp_path / "w4.pt", "float32")
     assert not got["loads"] and "conversion" in got["error"].lower(), got
