@@ -93,6 +93,12 @@ MOVED_TO_SLOW = (
     "test_a_dripping_or_silent_endpoint_ends_the_run_within_its_deadline[obstore-drip-reads]",
     "test_a_dripping_or_silent_endpoint_ends_the_run_within_its_deadline[obstore-dripped-wr",
     "test_cli_quantizes_and_converts_s3_urls_configured_by_the_environment[obstore-http-sch",
+    # recipe exports in the model's dtype: float16 models (bfloat16 stays; float16 scales'
+    # rounding stays in tests/core/test_scale_rounding.py), and bf16 W4A16 (bf16 MXFP4 stays)
+    "_by_recipe_loads_in_its_own_dtype_bit_exact[float16]",
+    "test_bf16_scales_are_the_float32_scale_rounded_to_nearest_even_as_torch_does[float16]",
+    "test_scale_dtype_float32_keeps_float32_scales_and_the_api_defaults_as_the_cli[float16]",
+    "test_scheme_export_equals_compressed_tensors_and_loads_bit_exact[bfloat16-W4A16]",
 )
 
 
