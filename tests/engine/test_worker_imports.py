@@ -121,8 +121,9 @@ def _convert_many(llama: str, out: str, runs: int) -> list[str]:
         return [r for r in pool.map(one, range(runs)) if r is not None]
 
 
-def test_the_conversion_that_deadlocked_succeeds_20_times_in_fresh_processes(llama, tmp_path):
-    assert _convert_many(llama, str(tmp_path), 20) == []
+def test_the_conversion_that_deadlocked_succeeds_10_times_in_fresh_processes(llama, tmp_path):
+    """(It deadlocked in one run of two; 100 runs with ``pytest -m slow``.)"""
+    assert _convert_many(llama, str(tmp_path), 10) == []
 
 
 @pytest.mark.slow
