@@ -142,6 +142,6 @@ if os.environ.get("QSTREAM_COMPILE_LOG"):  # (the tests' qstream subprocesses lo
 
 @pytest.fixture(autouse=True)
 def _name_the_compiling_test(request):
-    compile_log.current_test = request.node.nodeid
+    compile_log.name_test(request.node.nodeid)
     with compile_log.timed(request.node.nodeid):
         yield

@@ -9,12 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
 
 _depth = threading.local()
-current_test = ""
+# The test that is running, kept on ``sys``: one per process, whichever copy of this module
+# (conftest's, or the one the subprocess hook loads) installed the log.
+_TEST = "_qstream_compile_log_test"
+
+
+def name_test(test: str) -> None:
+    """Label this process's next compilations with ``test``."""
+    setattr(sys, _TEST, test)
 
 
 @contextlib.contextmanager
@@ -31,10 +39,13 @@ def timed(test: str) -> Iterator[None]:
             f.write(json.dumps(line) + "\n")
 
 
-def install() -> None:
+def install(label: str = "") -> None:
+    """Start the log in this process (once: the test workers inherit the subprocess hook's
+    PYTHONPATH too); ``label`` names its compilations until :func:`name_test` does."""
     folder = os.environ.get("QSTREAM_COMPILE_LOG")
-    if not folder:
+    if not folder or hasattr(sys, _TEST):
         return
+    setattr(sys, _TEST, label)
     import numba.core.event as ev
 
     os.makedirs(folder, exist_ok=True)
@@ -56,7 +67,7 @@ def install() -> None:
                 "kernel": f"{d.py_func.__module__}.{d.py_func.__qualname__}",
                 "sig": str(event.data.get("args")),
                 "seconds": round(time.perf_counter() - t0, 3),
-                "test": current_test,
+                "test": getattr(sys, _TEST, ""),
                 "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
                 "at": time.time(),
             }

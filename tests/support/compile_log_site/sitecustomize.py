@@ -24,8 +24,7 @@ class _After(importlib.abc.MetaPathFinder):
             log_spec = importlib.util.spec_from_file_location("_qstream_compile_log", path)
             log = importlib.util.module_from_spec(log_spec)
             log_spec.loader.exec_module(log)
-            log.current_test = "subprocess " + " ".join(sys.argv)[:200]
-            log.install()
+            log.install(label="subprocess " + " ".join(sys.argv)[:200])
 
         spec.loader.exec_module = exec_module
         return spec
