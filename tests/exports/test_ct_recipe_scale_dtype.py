@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,23 +15,17 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from tests.support.fresh import run_json
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
-SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 INT4_G128 = {"dtype": "int4", "axis": -1, "block_size": 128, "method": "dynamic"}
 KEEP_EMBED = [{"pattern": "*embed*", "action": "keep"}]  # (4-bit embeddings do not load)
 
 
-def fresh(script: str, *args: object) -> object:
-    """Run a helper of tests/support in a fresh Python process (no qstream import)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([sys.executable, os.path.join(SUPPORT, script), *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+fresh = run_json  # (a support script in a fresh process: tests/support/fresh.py)
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "float16"])

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from tests.support.fresh import run_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEPLOY = os.path.join(os.path.dirname(HERE), "support", "hf_deploy.py")
@@ -22,16 +21,7 @@ DEPLOY = os.path.join(os.path.dirname(HERE), "support", "hf_deploy.py")
 
 def fresh(*args: object) -> dict:
     """Run the helper in a fresh Python process (qstream never imported there)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run(
-        [sys.executable, DEPLOY, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(DEPLOY, *args, timeout=600)
 
 
 def build(folder, tied: bool, dtype: str = "float32", hidden: int = 128):

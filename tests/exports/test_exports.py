@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from tests.support.fresh import run
 from tests.support.llama_folder import write_tokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,11 +27,8 @@ INT4_G128 = {
 
 
 def fresh(*args, check=True) -> subprocess.CompletedProcess:
-    """A fresh Python process (qstream never imported there)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run(
-        [sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=600
-    )
+    """A fresh Python process (qstream never imported there: tests/support/fresh.py)."""
+    r = run([*args], env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
     if check:
         assert r.returncode == 0, r.stderr[-3000:]
     return r

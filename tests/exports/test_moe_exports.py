@@ -8,22 +8,17 @@ qstream refuses in the plan, naming the model type and the reason."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from tests.support.fresh import run_json
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("compressed_tensors")
 
-SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 SCHEMES = ["W8A16", "W4A16", "FP8_DYNAMIC"]
 #: the cases the default run keeps (Mixtral, one model built: a load, a refusal, a recipe);
@@ -41,13 +36,7 @@ def per_type(quick: str) -> list[object]:
     return [pytest.param(m, marks=() if m == quick else pytest.mark.slow) for m in MOE]
 
 
-def fresh(script: str, *args: object) -> dict:
-    """Run a support script in a fresh Python process (qstream never imported there)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([sys.executable, os.path.join(SUPPORT, script), *map(str, args)],
-                       capture_output=True, text=True, env=env, timeout=900)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+fresh = run_json  # (a support script in a fresh process: tests/support/fresh.py)
 
 
 @pytest.fixture(scope="module")

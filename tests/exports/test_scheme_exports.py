@@ -5,9 +5,7 @@ module's effective weight equal to the decoded values in the model's own dtype."
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import ml_dtypes
@@ -17,6 +15,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from tests.support.fresh import run_json
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -33,11 +32,7 @@ SCHEMES = ["FP8_DYNAMIC", "FP8_BLOCK", "W4A16", "W8A16", "NVFP4A16", "MXFP4A16"]
 
 
 def fresh(*args: object, script: str = DEPLOY) -> dict:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([sys.executable, script, *map(str, args)], capture_output=True,
-                       text=True, env=env, timeout=600)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_json(script, *args, timeout=600)
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

@@ -317,12 +317,10 @@ def test_dequantize_of_a_quantized_folder_writes_a_plain_model_transformers_load
     """``qstream dequantize CT_FOLDER out/model.safetensors --dtype bfloat16``: the values
     compressed-tensors' decompressor gives, and the source's config without its
     quantization_config, loaded by transformers (a fresh process) as a plain bf16 model."""
-    import subprocess
-    import sys
-
     from typer.testing import CliRunner
 
     from cli.main import app
+    from tests.support import fresh
 
     out = tmp_path / "plain"
     r = CliRunner().invoke(
@@ -331,9 +329,7 @@ def test_dequantize_of_a_quantized_folder_writes_a_plain_model_transformers_load
     assert r.exit_code == 0, r.output
     config = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in config and config["torch_dtype"] == "bfloat16"
-    p = subprocess.run(
-        [sys.executable, "-c", _LOAD, str(out)], capture_output=True, text=True, timeout=300
-    )
+    p = fresh.run(["-c", _LOAD, out], timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     loaded = json.loads(p.stdout.strip().splitlines()[-1])
     want = reference(fp8_block)

@@ -392,14 +392,13 @@ def build_model(
 
 def run_converter(folder: Path, out: Path, outtype: str = "f32") -> Path:
     """Run llama.cpp's converter (its own gguf-py) on ``folder``, writing ``out``."""
-    import subprocess
-    import sys
+
+    from . import fresh
 
     converter = llama_cpp_converter()
     env = {**os.environ, "PYTHONPATH": str(converter.parent / "gguf-py")}
-    cmd = [sys.executable, str(converter), str(folder), "--outfile", str(out),
-           "--outtype", outtype]  # fmt: skip
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [converter, folder, "--outfile", out, "--outtype", outtype]
+    done = fresh.run(cmd, env=env, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"converter failed on {folder}:\n{done.stderr[-3000:]}")
     return out

@@ -98,7 +98,10 @@ def plot_histogram(
         )
         seen.add(name)
     if markers:
-        ax.legend(fontsize=8, loc="upper right")
+        # a row above the tallest bar, never over it
+        top = max(1.0, float(hist.counts.max(initial=0)))
+        ax.set_ylim(top=top * (10 ** max(0.6, 0.35 * math.log10(top)) if log else 1.35))
+        ax.legend(fontsize=8, loc="upper center", ncols=min(3, len(seen)))
     ax.set_xlim(hist.lo, hist.hi)
     ax.set_xlabel(xlabel or ("|x|" if hist.abs else "x"))
     ax.set_ylabel("count (log)" if log else "count")
@@ -127,7 +130,8 @@ def plot_worst(ax: Axes, ch: ChannelSummary) -> Axes:
     ax.barh(names, vals, color=CLIPPED)
     if ch.quantiles:
         ax.axvline(ch.quantiles["median"], color=color("median"), linestyle="--", label="median")
-        ax.legend(fontsize=8, loc="lower right")
+        # (above the axes, at the right of the title: the bars fill the axes' width)
+        ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.2f}", va="center", fontsize=8)
     ax.set_xlabel("SQNR dB")

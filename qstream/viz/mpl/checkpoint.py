@@ -53,7 +53,13 @@ def plot_sizes(ax: Axes, view: CheckpointView) -> Axes:
     ax.set_xlim(b.lo, b.hi)
     ax.set_xlabel("bytes of a tensor (log scale)")
     ax.set_ylabel("tensors")
-    ax.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    # a row above the bars (matplotlib's "best" place tries every bar: seconds on a busy
+    # machine, with a warning)
+    ax.set_ylim(0, max(1, int(max(b.counts.max(), a.counts.max()))) * 1.3)
+    ax.legend(fontsize=8, loc="upper center", ncols=2)
     ax.set_title(
         f"tensors by size ({view.tensors}; {view.kept} kept):"
         f" {fmt_bytes(view.bytes_before)} -> {fmt_bytes(view.bytes_after)}",
@@ -80,7 +86,8 @@ def plot_worst_tensors(ax: Axes, view: CheckpointView, n: int = 10) -> Axes:
     hi = max(vals)
     if q.get("median") is not None and math.isfinite(q["median"]):
         ax.axvline(q["median"], color=color("median"), linestyle="--", label="median tensor")
-        ax.legend(fontsize=7, loc="lower right")
+        # (the worst, smallest values are the top rows: the upper right stays clear)
+        ax.legend(fontsize=7, loc="upper right")
         hi = max(hi, q["median"])
     pad = max(0.05, 0.15 * (hi - min(vals)))
     ax.set_xlim(min(vals) - pad, hi + 2 * pad)
