@@ -117,6 +117,12 @@ def quantize(
     compression: str = compression_option(
         "the source's codecs if it is a Zarr v3 array, else zstd"
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print what would be written (DST's fate, the type, bytes before and after:"
+        " codes and parameters, the output's chunks); read no value, write nothing.",
+    ),
 ) -> None:
     """Quantize a Zarr array into a quantized group (data, scale, zero point)."""
     with library_errors():
@@ -136,22 +142,18 @@ def quantize(
             scale_dtype=scale_dtype,
             offset=parse_offset(offset),
         )
+        job = {"max_memory": parse_size(max_memory, "--max-memory"), "overwrite": overwrite,
+               "store": store, "histogram": histogram, "compression": compression,
+               "layout": layout, "chunks": parse_chunks(chunks)}  # fmt: skip
+    if dry_run:
+        with library_errors():  # (what the run refuses, with its exit code; no value read)
+            plan = qs.plan_quantize(src, dst, spec, **job)
+        print_plan(plan, as_json, "quantization plan (nothing written)")
+        return
+    with library_errors():
         qs.warm_up([spec], background=True)  # first run: compile the quantize pass meanwhile
         with open_executor(scheduler) as ex, progress("quantize", quiet or as_json) as cb:
-            report = qs.quantize_store(
-                src,
-                dst,
-                spec,
-                max_memory=parse_size(max_memory, "--max-memory"),
-                progress=cb,
-                overwrite=overwrite,
-                executor=ex,
-                store=store,
-                histogram=histogram,
-                compression=compression,
-                layout=layout,
-                chunks=parse_chunks(chunks),
-            )
+            report = qs.quantize_store(src, dst, spec, progress=cb, executor=ex, **job)
         if done_already(dst, report.to_dict(), as_json, quiet):
             return
         if as_json:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.store_jobs import calibrate as calibrate
     from .api.store_jobs import dequantize_store as dequantize_store
     from .api.store_jobs import plan_dequantize as plan_dequantize
+    from .api.store_jobs import plan_quantize as plan_quantize
     from .api.store_jobs import quantize_store as quantize_store
     from .api.views import compare_methods as compare_methods
     from .api.views import save_plot as save_plot
@@ -69,6 +70,7 @@ _EXPORTS = {
     "quantize_store": "qstream.api.store_jobs",
     "dequantize_store": "qstream.api.store_jobs",
     "plan_dequantize": "qstream.api.store_jobs",
+    "plan_quantize": "qstream.api.store_jobs",
     "calibrate": "qstream.api.store_jobs",
     "compare_methods": "qstream.api.views",
     "save_plot": "qstream.api.views",

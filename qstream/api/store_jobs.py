@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, cast
 
 from ..engine.convert import look_restore, restore
 from ..engine.jobs import QuantizeJob, look_dequantize
 from ..engine.jobs import dequantize as dequantize_group
 from ..io.outputs import is_checkpoint
-from ..io.storage import store_errors, with_backend
+from ..io.storage import display, store_errors, with_backend
 from ..spec import Calibration, QuantReport, QuantSpec
 from ..viz import reporting
 from ..workflows import ConversionPlan, dequantize_files
@@ -120,20 +121,74 @@ def quantize_store(
 
     check_destination_suffix(dst, (), "a quantization")
     with store_errors(_remote(dst, src)):
-        job = QuantizeJob(
-            with_backend(src, store, storage_options, read_only=True),
-            spec or QuantSpec(),
-            max_memory=max_memory,
-            storage_options=storage_options,
-            executor=executor,
-            view_histogram=histogram,
-            compression=compression,
-            layout=layout,
-            chunks=chunks,
-        )
+        job = _quantize_job(src, spec, max_memory, storage_options, executor, store, histogram,
+                            compression, layout, chunks)  # fmt: skip
         target = with_backend(dst, store, storage_options, read_only=False)
         with reporting(progress, "quantize") as shown:
             return job.run(target, progress=shown, overwrite=overwrite, resume=resume)
+
+
+def plan_quantize(
+    src: ArraySource,
+    dst: Location,
+    spec: QuantSpec | None = None,
+    *,
+    max_memory: int | None = None,
+    overwrite: bool = False,
+    resume: bool = True,
+    storage_options: StorageOptions | None = None,
+    executor: ExecutorLike = None,
+    store: str | None = None,
+    histogram: bool = False,
+    compression: str | None = "auto",
+    layout: str = "group",
+    chunks: int | tuple[int, ...] | list[int] | None = None,
+) -> ConversionPlan:
+    """What :func:`quantize_store` with these arguments would do, decided as it decides it
+    and refusing what it refuses (the same exceptions and messages) before a value of
+    ``src`` is read, writing nothing: what happens to ``dst`` (``create``, ``resume``,
+    ``complete``, ``replace``), the array's row (shape, dtype, the type it is stored as,
+    bytes before and after: codes and parameters, uncompressed) and the output's chunks.
+    ``qstream quantize --dry-run`` prints it."""
+    from ..engine.convert.events import describe_target
+    from ..io.outputs.ondisk import quantized_nbytes
+    from ..io.storage import check_destination_suffix
+    from ..workflows import missing_parents
+
+    check_destination_suffix(dst, (), "a quantization")
+    with store_errors(_remote(dst, src)):
+        job = _quantize_job(src, spec, max_memory, storage_options, executor, store, histogram,
+                            compression, layout, chunks)  # fmt: skip
+        target = with_backend(dst, store, storage_options, read_only=False)
+        action = job.look(target, overwrite=overwrite, resume=resume)
+    shape = [int(d) for d in job.source.shape]
+    row = {"name": display(src), "shape": shape, "dtype": job.source.dtype.name,
+           "target": describe_target(job.spec), "kept": False,
+           "bytes_before": math.prod(shape) * job.source.dtype.itemsize,
+           "bytes_after": quantized_nbytes(shape, job.spec)}  # fmt: skip
+    blocks = len(job.blocks)
+    notes = [f"{blocks} block{'s' * (blocks != 1)} of chunks {list(job.plan.chunks)}"]
+    return ConversionPlan(
+        checkpoint=display(src), destination=display(dst), kind="zarr", action=action,
+        creates=missing_parents(cast("PathLike", dst)), rows=[row], notes=notes,
+    )  # fmt: skip
+
+
+def _quantize_job(src: ArraySource, spec: QuantSpec | None, max_memory: int | None,
+                  storage_options: StorageOptions | None, executor: ExecutorLike,
+                  store: str | None, histogram: bool, compression: str | None, layout: str,
+                  chunks: Any) -> QuantizeJob:  # fmt: skip
+    return QuantizeJob(
+        with_backend(src, store, storage_options, read_only=True),
+        spec or QuantSpec(),
+        max_memory=max_memory,
+        storage_options=storage_options,
+        executor=executor,
+        view_histogram=histogram,
+        compression=compression,
+        layout=layout,
+        chunks=chunks,
+    )
 
 
 def dequantize_store(

@@ -262,16 +262,41 @@ class QuantizeJob:
     ) -> QuantReport:
         """Quantize into ``dst`` (see :func:`qstream.quantize_store`)."""
         t0 = time.perf_counter()
-        if self.source.description.get("kind") == "zarr":  # (others have no address here)
-            destination.check_separate(self.source.description.get("path"), dst)
-        check_shared("destination", dst, executor=self.executor)
-        destination.check_writable(dst)
+        self._check_destination(dst)
         try:
             if output.is_zip(dst):
                 return self._run_zip(dst, t0, progress, overwrite)
             return self._run(dst, t0, progress, overwrite, resume)
         finally:
             self.close()
+
+    def look(self, dst: Any, *, overwrite: bool = False, resume: bool = True) -> str:
+        """What :meth:`run` would do with ``dst``: ``"create"``, ``"resume"``, ``"complete"``
+        or ``"replace"``, deciding as it decides and refusing what it refuses before a value
+        of the source is read (the same exceptions and messages); writes nothing."""
+        self._check_destination(dst)
+        try:
+            if output.is_zip(dst):  # (built whole, never resumed)
+                action, _ = Destination(dst, "quantized", self.fingerprint()).look(
+                    overwrite=overwrite
+                )
+                return Action.CREATE.value if action is Action.RESUME else action.value
+            dest = Destination(
+                dst, "quantized", self.fingerprint(), storage_options=self.storage_options
+            )
+            action, _ = dest.look(overwrite=overwrite)
+            if action is Action.COMPLETE and output.damaged(dst, self.storage_options):
+                return Action.REPLACE.value  # (made again, as run makes it)
+            _check_resume(action, resume, dst)
+            return action.value
+        finally:
+            self.close()
+
+    def _check_destination(self, dst: Any) -> None:
+        if self.source.description.get("kind") == "zarr":  # (others have no address here)
+            destination.check_separate(self.source.description.get("path"), dst)
+        check_shared("destination", dst, executor=self.executor)
+        destination.check_writable(dst)
 
     def close(self) -> None:
         """Forget what this job opened (here and on the executor's workers)."""
@@ -292,8 +317,7 @@ class QuantizeJob:
             # its own finished output, since damaged (parts deleted): made again, with the
             # same bytes and the same report (if it is still this job's once locked)
             repair, action = True, Action.REPLACE
-        if action is Action.RESUME and not resume:
-            raise StoreError(f"{dst} holds an unfinished run of this job; pass overwrite=True")
+        _check_resume(action, resume, dst)
         cal = None
         if action is not Action.RESUME or not _meta(existing).get("ready"):
             cal = self.calibration(progress)  # before anything is written
@@ -360,6 +384,11 @@ def _is_zarr_store(obj: Any) -> bool:
     from zarr.abc.store import Store
 
     return isinstance(obj, Store)
+
+
+def _check_resume(action: Action, resume: bool, dst: Any) -> None:
+    if action is Action.RESUME and not resume:
+        raise StoreError(f"{dst} holds an unfinished run of this job; pass overwrite=True")
 
 
 def _meta(existing: Existing) -> dict[str, Any]:
