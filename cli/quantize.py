@@ -3,6 +3,8 @@ back."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 import qstream as qs
@@ -142,9 +144,11 @@ def quantize(
             scale_dtype=scale_dtype,
             offset=parse_offset(offset),
         )
-        job = {"max_memory": parse_size(max_memory, "--max-memory"), "overwrite": overwrite,
-               "store": store, "histogram": histogram, "compression": compression,
-               "layout": layout, "chunks": parse_chunks(chunks)}  # fmt: skip
+        job: dict[str, Any] = {
+            "max_memory": parse_size(max_memory, "--max-memory"), "overwrite": overwrite,
+            "store": store, "histogram": histogram, "compression": compression,
+            "layout": layout, "chunks": parse_chunks(chunks),
+        }  # fmt: skip
     if dry_run:
         with library_errors():  # (what the run refuses, with its exit code; no value read)
             plan = qs.plan_quantize(src, dst, spec, **job)
