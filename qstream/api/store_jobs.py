@@ -150,8 +150,8 @@ def plan_quantize(
     ``complete``, ``replace``), the array's row (shape, dtype, the type it is stored as,
     bytes before and after: codes and parameters, uncompressed) and the output's chunks.
     ``qstream quantize --dry-run`` prints it."""
-    from ..engine.convert.events import describe_target
-    from ..io.outputs.ondisk import quantized_nbytes
+    from ..engine.convert import describe_target
+    from ..io.outputs import qarray
     from ..io.storage import check_destination_suffix
     from ..workflows import missing_parents
 
@@ -165,7 +165,7 @@ def plan_quantize(
     row = {"name": display(src), "shape": shape, "dtype": job.source.dtype.name,
            "target": describe_target(job.spec), "kept": False,
            "bytes_before": math.prod(shape) * job.source.dtype.itemsize,
-           "bytes_after": quantized_nbytes(shape, job.spec)}  # fmt: skip
+           "bytes_after": qarray.quantized_nbytes(shape, job.spec)}  # fmt: skip
     blocks = len(job.blocks)
     notes = [f"{blocks} block{'s' * (blocks != 1)} of chunks {list(job.plan.chunks)}"]
     return ConversionPlan(
