@@ -146,7 +146,8 @@ def plan_quantize(
 ) -> ConversionPlan:
     """What :func:`quantize_store` with these arguments would do, decided as it decides it
     and refusing what it refuses (the same exceptions and messages) before a value of
-    ``src`` is read, writing nothing: what happens to ``dst`` (``create``, ``resume``,
+    ``src`` is read from its store (a NumPy array is hashed, as the run identifies it),
+    writing nothing: what happens to ``dst`` (``create``, ``resume``,
     ``complete``, ``replace``), the array's row (shape, dtype, the type it is stored as,
     bytes before and after: codes and parameters, uncompressed) and the output's chunks.
     ``qstream quantize --dry-run`` prints it."""
