@@ -22,10 +22,13 @@ round to round, so a change in the machine's load falls on all of them):
 
 ``--baseline DIR`` adds, for every case, qstream from another checkout (a ``git archive`` of
 an earlier commit, say) run the same way, alternated with the others: before and after
-measured side by side. Every qstream process runs with ``PYTHONPATH`` set to its checkout
-and its working directory outside both (``python -m`` puts the working directory first);
+measured side by side. Every qstream process runs ``python -m cli`` (what the installed
+``qstream`` script runs; ``cli.main`` for a checkout from before ``cli/__main__.py``) with
+``PYTHONPATH`` set to its checkout and its working directory outside both (``python -m`` puts
+the working directory first);
 every process may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped: a checkout then
-runs from bytecode, as an installed package does).
+runs from bytecode, as an installed package does). Each run writes a new output, and all
+are removed after the last round, not just before the next run (see :func:`output`).
 
 Reported per case and side: the median and range of ``--rounds`` rounds of wall time (after
 one warm-up run of each side, which fills Numba's cache and writes the bytecode), the ratio
@@ -109,7 +112,8 @@ RECIPE = os.path.join(ROOT, "samples", "recipe-int8.toml")
 
 def run(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, str]:
     """Run ``cmd`` in a new process; (wall seconds from outside, its CPU seconds: user +
-    system, its stdout)."""
+    system, its stdout). What it wrote is then flushed to disk (``sync``, not timed), so the
+    next run does not wait for this one's writeback."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, check=False)
@@ -118,6 +122,7 @@ def run(cmd: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, st
     if r.returncode:
         raise RuntimeError(f"{cmd} failed ({r.returncode}): {r.stderr[-2000:]}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    os.sync()
     return seconds, cpu, r.stdout
 
 
@@ -137,6 +142,37 @@ def qstream_env(root: str) -> dict[str, str]:
     return env
 
 
+def qstream_command(root: str) -> list[str]:
+    """How the checkout ``root`` runs its ``qstream`` console script: ``python -m cli`` (what
+    the installed script runs, :mod:`cli.launch`), or ``python -m cli.main`` in a checkout
+    from before ``cli/__main__.py``."""
+    launcher = os.path.exists(os.path.join(root, "cli", "__main__.py"))
+    return [sys.executable, "-m", "cli" if launcher else "cli.main"]
+
+
+def output(work: str, name: str, r: int, same: bool = False) -> str:
+    """A new output path for round ``r``, removed with the others after the last round (see
+    :func:`remove_outputs`): removing the last round's thousand files just before a run would
+    slow its file creation (ext4 checks each inode freed in the last 30 s that it could
+    reuse: 80 ms of a 1 GiB conversion's 0.8 s), and the peer writes one file. Each run's
+    writes reach the disk before the next starts (:func:`run`).
+
+    ``same`` (``--same-outputs``): one path per side for every round, removed just before
+    each run (the peer's file is then overwritten: on this VM writing into memory the process
+    freed a moment ago is faster than into memory not touched for a while, which the peer,
+    holding 1.3 GB, feels most; ``benchmarks/README.md``)."""
+    os.makedirs(os.path.join(work, "rounds"), exist_ok=True)
+    path = os.path.join(work, "rounds", name if same else f"{name}-{r + 1}")
+    if not (same and name.endswith(".st")):  # (the peer's file: overwritten in place)
+        shutil.rmtree(path, ignore_errors=True)  # (else left by an earlier benchmark run)
+    return path
+
+
+def remove_outputs(work: str) -> None:
+    """Remove every round's outputs (:func:`output`)."""
+    shutil.rmtree(os.path.join(work, "rounds"), ignore_errors=True)
+
+
 def make_touch_output(path: str, shape: tuple[int, int]) -> None:
     """``qs.quantize_store`` of a float32 array of ``shape`` (int8, per channel on axis 0)
     at ``path``, by this checkout's qstream, unless it is there already."""
@@ -154,6 +190,10 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
     """For each case, each side's command maker: ``(round) -> (command, env)``."""
     work = args.workdir
     touch = os.path.join(work, "touch.zarr")
+
+    def output_of(name: str, r: int) -> str:
+        return output(work, name, r, args.same_outputs)
+
     make_touch_output(touch, tuple(args.touch_shape))
     plain = plain_env()
     out: dict[str, dict[str, object]] = {"first_touch": {}, "convert_sample": {}}
@@ -164,16 +204,15 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
             env,
         )
 
-        def convert(r: int, env=env, side=side) -> tuple[list[str], dict[str, str]]:
-            dst = os.path.join(work, f"sample-{side}.zarr")
-            shutil.rmtree(dst, ignore_errors=True)
-            cmd = [sys.executable, "-m", "cli.main", "convert", SAMPLE, dst]
+        def convert(r: int, env=env, side=side, root=root) -> tuple[list[str], dict[str, str]]:
+            dst = output_of(f"sample-{side}.zarr", r)
+            cmd = [*qstream_command(root), "convert", SAMPLE, dst]
             return [*cmd, "--recipe", RECIPE, "--quiet"], env
 
         out["convert_sample"][side] = convert
     out["first_touch"]["zarr"] = lambda r: ([sys.executable, "-c", TOUCH_ZARR, touch], plain)
     out["convert_sample"]["numpy"] = lambda r: (
-        [sys.executable, "-c", CONVERT_NUMPY, SAMPLE, os.path.join(work, "sample-numpy.st")],
+        [sys.executable, "-c", CONVERT_NUMPY, SAMPLE, output_of("sample-numpy.st", r)],
         plain,
     )
     if args.checkpoint:
@@ -186,15 +225,14 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
         for side, root in sides.items():
             ck_env = qstream_env(root)
 
-            def conv(r: int, env=ck_env, side=side) -> tuple[list[str], dict]:
-                dst = os.path.join(work, f"ck-{side}.zarr")
-                shutil.rmtree(dst, ignore_errors=True)
-                cmd = [sys.executable, "-m", "cli.main", "convert", ck, dst, "--quiet"]
+            def conv(r: int, env=ck_env, side=side, root=root) -> tuple[list[str], dict]:
+                dst = output_of(f"ck-{side}.zarr", r)
+                cmd = [*qstream_command(root), "convert", ck, dst, "--quiet"]
                 return [*cmd, "--compression", "none"], env
 
             out["checkpoint"][side] = conv
         out["checkpoint"]["numpy"] = lambda r: (
-            [sys.executable, "-c", PEER, ck, os.path.join(work, "ck-numpy.st")],
+            [sys.executable, "-c", PEER, ck, output_of("ck-numpy.st", r)],
             plain,
         )
     return out
@@ -217,6 +255,11 @@ def main() -> None:
     ap.add_argument("--checkpoint-size", default="1GiB")
     ap.add_argument("--checkpoint-count", type=int, default=1024)
     ap.add_argument("--cases", nargs="+", default=None, help="only these cases")
+    ap.add_argument(
+        "--same-outputs",
+        action="store_true",
+        help="one output per side, removed (the peer's overwritten) just before each run",
+    )
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     sides = {"qstream": ROOT}
@@ -248,6 +291,7 @@ def main() -> None:
             for case, sides_t in times.items()
         )
         print(f"round {r + 1}: {line}", flush=True)
+    remove_outputs(args.workdir)
     peers = {"first_touch": "zarr", "convert_sample": "numpy", "checkpoint": "numpy"}
     rows = []
     for case, sides_t in times.items():

@@ -74,7 +74,8 @@ def main() -> None:  # pragma: no cover - console entry point
 
 
 def console() -> None:  # pragma: no cover - console entry point
-    """The ``qstream`` console script: :func:`main` with Python's cycle collector run rarely,
+    """The ``qstream`` console script (entered through :func:`cli.launch.console`, which
+    imports NumPy first): :func:`main` with Python's cycle collector run rarely,
     freed memory kept for reuse, Numba's probes for BLAS and CFFI skipped and its cached
     kernels loaded without its compiler's set-up (:func:`~cli.process.collect_rarely`,
     :func:`~cli.process.keep_freed_memory`, :func:`~cli.process.skip_numba_probes`,
