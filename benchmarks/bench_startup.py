@@ -152,10 +152,8 @@ def qstream_command(root: str) -> list[str]:
 
 def output(work: str, name: str, r: int, same: bool = False) -> str:
     """A new output path for round ``r``, removed with the others after the last round (see
-    :func:`remove_outputs`): removing the last round's thousand files just before a run would
-    slow its file creation (ext4 checks each inode freed in the last 30 s that it could
-    reuse: 80 ms of a 1 GiB conversion's 0.8 s), and the peer writes one file. Each run's
-    writes reach the disk before the next starts (:func:`run`).
+    :func:`remove_outputs`), as a user converting a checkpoint writes a new output. Each
+    run's writes reach the disk before the next starts (:func:`run`).
 
     ``same`` (``--same-outputs``): one path per side for every round, removed just before
     each run (the peer's file is then overwritten: on this VM writing into memory the process
