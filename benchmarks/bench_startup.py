@@ -28,7 +28,8 @@ measured side by side. Every qstream process runs ``python -m cli`` (what the in
 the working directory first);
 every process may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped: a checkout then
 runs from bytecode, as an installed package does). Each run writes a new output, and all
-are removed after the last round, not just before the next run (see :func:`output`).
+are removed after the last round, not just before the next run (see :func:`output`;
+``--same-outputs``: one output per side, removed just before each of its runs).
 
 Reported per case and side: the median and range of ``--rounds`` rounds of wall time (after
 one warm-up run of each side, which fills Numba's cache and writes the bytecode), the ratio

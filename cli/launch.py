@@ -24,11 +24,15 @@ def import_numpy_without_blas_pool() -> bool:
     it was off (False: NumPy was imported already, or the user sets the pool's size)."""
     if "numpy" in sys.modules or any(os.environ.get(v) for v in OPENBLAS_THREADS):
         return False
+    before = os.environ.get("OPENBLAS_NUM_THREADS")  # (None, or set but empty)
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     try:
         import numpy  # noqa: F401
     finally:
-        del os.environ["OPENBLAS_NUM_THREADS"]
+        if before is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = before
     return True
 
 

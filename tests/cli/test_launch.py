@@ -47,6 +47,12 @@ def test_numpy_is_imported_without_a_blas_thread_pool_and_the_environment_is_res
 
 
 @needs_proc
+def test_an_empty_variable_of_the_user_is_left_as_it_was():
+    seen = _probe(OPENBLAS_NUM_THREADS="")
+    assert seen == {"off": True, "imported": True, "threads": 1, "env": ""}
+
+
+@needs_proc
 def test_a_pool_size_the_user_sets_is_kept():
     seen = _probe(OPENBLAS_NUM_THREADS="2")
     assert seen["off"] is False and seen["imported"] is False and seen["env"] == "2"
