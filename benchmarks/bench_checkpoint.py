@@ -227,7 +227,7 @@ def root_bytes(out: str) -> int:
 
 
 def qstream(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *args]
+    return [sys.executable, "-m", "cli", *args]  # (what the installed script runs)
 
 
 def main() -> None:
