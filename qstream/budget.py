@@ -7,6 +7,7 @@ can run in any order, on any worker.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -171,6 +172,9 @@ def plan_blocks(shape, chunks) -> BlockGrid:
     return grid
 
 
+#: elements below which a kernel call runs its serial twin (``kernels.runtime.run``) and a
+#: small per-tensor call takes the direct path; ``QSTREAM_SERIAL_BELOW`` sets it (tests)
+SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 DEFAULT_BLOCK_BYTES = 16 << 20
 DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
 # bytes of working memory per float32 byte of a block held by one worker (the source block,

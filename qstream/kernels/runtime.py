@@ -30,6 +30,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from .. import budget
+
 if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
     # (numba.config sets its settings at import: no declared attributes)
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ignore[attr-defined]
@@ -38,7 +40,7 @@ _lock = threading.Lock()
 _serial: bool | None = None  # unknown until the first parallel call has chosen a layer
 
 
-SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
+SERIAL_BELOW = budget.SERIAL_BELOW  # (a global of its own: warm-up changes it for a while)
 
 
 @overload

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
 
+from ...budget import SERIAL_BELOW
 from ...core import affine_dequantize, affine_quantize, checks, plan_layout
-from ...kernels import runtime
-from ...kernels.affine import QUANTIZE_KERNELS, dequantize_affine
 from ...qtypes import QType, float_dtype
 from ...rounding import round_code
 
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 
 F32 = np.dtype(np.float32)
 #: arrays with fewer elements than this run on the serial kernel in the calling thread
-DIRECT_BELOW = runtime.SERIAL_BELOW
+DIRECT_BELOW = SERIAL_BELOW
 
 
 def quantize_array(
@@ -106,9 +105,10 @@ def quantize_groups(
         scale = (s.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(spec.scale_numpy_dtype)
     if spec.half_scales:  # float16 values already: their bit patterns, without a rounding cast
         from ...kernels.blocked import float16_bits
+        from ...kernels.runtime import run
 
         bits = np.empty(s.shape, np.uint16)
-        runtime.run(float16_bits, s.reshape(-1), bits.reshape(-1))
+        run(float16_bits, s.reshape(-1), bits.reshape(-1))
         scale = bits.view(np.float16)
     return q, scale, z.astype(qt.dtype), axis
 
@@ -118,6 +118,20 @@ def quantize_groups(
 
 _local = threading.local()
 _BOUNDS: dict[str, tuple[np.float32, np.float32, np.int32]] = {}
+_kernels: tuple[Any, Any, Any] | None = None
+
+
+def _affine_kernels() -> tuple[Any, Any, Any]:
+    """``(read_only, QUANTIZE_KERNELS, dequantize_affine)`` of :mod:`qstream.kernels`,
+    imported at the first call (a plan or a dry run, which never quantizes, never loads
+    Numba; workers find them loaded: ``engine.run.worker_imports``)."""
+    global _kernels
+    if _kernels is None:
+        from ...kernels.affine import QUANTIZE_KERNELS, dequantize_affine
+        from ...kernels.runtime import read_only
+
+        _kernels = (read_only, QUANTIZE_KERNELS, dequantize_affine)
+    return _kernels
 
 
 def _params(s: float, z: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
@@ -125,8 +139,9 @@ def _params(s: float, z: int) -> tuple[NDArray[np.float32], NDArray[np.float32]]
     read-only views (the kernels' inputs: see ``runtime.read_only``)."""
     p: tuple[NDArray[np.float32], NDArray[np.float32]] | None = getattr(_local, "p", None)
     if p is None:
+        read_only = _affine_kernels()[0]
         p = _local.p = (np.empty((1, 1, 1), F32), np.empty((1, 1, 1), F32))
-        _local.views = (runtime.read_only(p[0]), runtime.read_only(p[1]))
+        _local.views = (read_only(p[0]), read_only(p[1]))
     p[0][0, 0, 0] = s
     p[1][0, 0, 0] = z
     views: tuple[NDArray[np.float32], NDArray[np.float32]] = _local.views
@@ -146,11 +161,12 @@ def quantize_direct(
     """Per-tensor quantize of a small C-contiguous float32 array on the serial kernel:
     ``scale`` a valid float32 value, ``zero_point`` in the range of ``qt`` (an integer type of
     at most 16 bits), ``code`` a round mode's code (all checked by the caller)."""
+    read_only, kernels, _ = _affine_kernels()
     out = np.empty(x.shape, qt.dtype)
     lo, hi, mask = _bounds(qt)
     n = x.size
-    QUANTIZE_KERNELS[code].serial(
-        runtime.read_only(x.reshape(1, 1, n)),
+    kernels[code].serial(
+        read_only(x.reshape(1, 1, n)),
         *_params(scale, zero_point),
         1,
         1,
@@ -165,10 +181,11 @@ def quantize_direct(
 def dequantize_direct(q: NDArray[Any], scale: float, zero_point: int) -> NDArray[np.float32]:
     """Per-tensor float32 dequantize of a small C-contiguous int8/uint8/int16/uint16 array on
     the serial kernel (``scale`` and ``zero_point`` checked by the caller)."""
+    read_only, _, dequantize_affine = _affine_kernels()
     out = np.empty(q.shape, F32)
     n = q.size
     dequantize_affine.serial(
-        runtime.read_only(q.reshape(1, 1, n)),
+        read_only(q.reshape(1, 1, n)),
         *_params(scale, zero_point),
         1,
         1,
