@@ -237,7 +237,9 @@ def convert(
             print_plan(plan, as_json)
             return
         show = not (quiet or as_json)
-        qs.warm_up(rec.specs(), background=True)  # first run: see quantize
+        finished = plan.action == "complete"  # (nothing to do: no kernel runs, none is loaded)
+        if not finished:
+            qs.warm_up(rec.specs(), background=True)  # first run: see quantize
         again = resumed(plan)  # (a re-run after an interruption: what is done already)
         if again is not None and show:
             typer.echo(again.line(), err=True)
@@ -254,7 +256,7 @@ def convert(
                 f" -> {fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        with open_executor(scheduler) as ex, progress("convert", not show):
+        with open_executor(scheduler) as ex, progress("convert", not show or finished):
             report = qs.convert_checkpoint(
                 checkpoint,
                 dst,

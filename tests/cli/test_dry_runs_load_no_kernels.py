@@ -1,6 +1,6 @@
-"""A dry run plans and exits without loading Numba (no kernel runs in a plan), so it costs
-what reading the source's header costs (``qstream.engine.jobs.array_jobs`` imports its
-kernels at their first call)."""
+"""A dry run, and a re-run of a finished conversion, exit without loading Numba (no kernel
+runs in a plan): they cost what planning costs (``qstream.engine.jobs.array_jobs`` imports its
+kernels at their first call; ``qstream convert`` warms kernels up only for work to do)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,17 @@ def test_a_dry_run_plans_without_loading_numba(tmp_path, command):
     assert seen == {"code": 0, "numba": False}
     assert "create" in out  # (the plan: what the run would do with DST)
     assert not os.path.exists(args[2])  # (nothing written)
+
+
+def test_a_rerun_of_a_finished_conversion_loads_no_kernel(tmp_path):
+    out = tmp_path / "out.zarr"
+    args = ("convert", SAMPLE, str(out), "--recipe", RECIPE)
+    first = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *args, "-q"], capture_output=True, text=True, timeout=300
+    )
+    assert json.loads(first.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": True}
+    again = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=300
+    )
+    assert json.loads(again.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": False}
+    assert "already complete" in again.stderr + again.stdout
