@@ -237,8 +237,8 @@ def convert(
             print_plan(plan, as_json)
             return
         show = not (quiet or as_json)
-        finished = plan.action == "complete"  # (nothing to do: no kernel runs, none is loaded)
-        if not finished:
+        finished = plan.action == "complete"
+        if plan.loads_kernels:  # (not a finished output, nor a small job's NumPy twins)
             qs.warm_up(rec.specs(), background=True)  # first run: see quantize
         again = resumed(plan)  # (a re-run after an interruption: what is done already)
         if again is not None and show:
@@ -256,7 +256,8 @@ def convert(
                 f" -> {fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        with open_executor(scheduler) as ex, progress("convert", not show or finished):
+        watch = plan.loads_kernels
+        with open_executor(scheduler) as ex, progress("convert", not show or finished, watch):
             report = qs.convert_checkpoint(
                 checkpoint,
                 dst,

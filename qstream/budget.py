@@ -172,9 +172,17 @@ def plan_blocks(shape, chunks) -> BlockGrid:
     return grid
 
 
+#: inner elements of a kernel's unit of work: each row of an ``[O, C, I]`` view is cut in tiles
+#: of at most this many, each tile summed on its own (results never depend on the thread
+#: count; the NumPy twins cut rows the same way)
+TILE = 16384
 #: elements below which a kernel call runs its serial twin (``kernels.runtime.run``) and a
 #: small per-tensor call takes the direct path; ``QSTREAM_SERIAL_BELOW`` sets it (tests)
 SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
+#: quantized elements up to which a conversion runs the NumPy twins of the kernels and never
+#: loads Numba (``engine.convert.convert_checkpoint.small_job``); ``QSTREAM_NUMPY_JOB`` sets it
+#: (0: never; tests)
+NUMPY_JOB = int(os.environ.get("QSTREAM_NUMPY_JOB", 1 << 22))
 DEFAULT_BLOCK_BYTES = 16 << 20
 DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
 # bytes of working memory per float32 byte of a block held by one worker (the source block,

@@ -7,6 +7,7 @@ channels are searched in groups (each taking about ``PROGRESS_SECONDS``) and
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ def _channel_groups(
     if progress is None:
         run_group(0, n)
         return
-    from ..kernels.runtime import kernel_threads
+    from ..kernels.numpy_twins import kernel_threads
 
     c0 = 0
     size = _FIRST_GROUP * kernel_threads()
@@ -65,8 +66,16 @@ def percentile_range(
     ``[edges[searchsorted(cdf, cut)], edges[searchsorted(cdf, 1 - cut)]]``. The range is then
     clamped to the observed one. ``progress``: see the module.
     """
-    from ..kernels.runtime import run
-    from ..kernels.search import percentile_ranges
+    from ..kernels.numpy_twins import numpy_kernels
+
+    kernel: Callable[..., None]
+    if numpy_kernels():
+        from ..kernels.numpy_twins import percentile_ranges as kernel
+    else:
+        from ..kernels.runtime import run
+        from ..kernels.search import percentile_ranges
+
+        kernel = functools.partial(run, percentile_ranges)
 
     counts = np.ascontiguousarray(hist["counts"], np.int64)
     out_lo, out_hi = np.array(lo, np.float64), np.array(hi, np.float64)
@@ -79,8 +88,7 @@ def percentile_range(
     flat_lo, flat_hi = out_lo.reshape(n), out_hi.reshape(n)
 
     def group(c0: int, c1: int) -> None:
-        run(
-            percentile_ranges,
+        kernel(
             counts[c0:c1],
             hlo[c0:c1],
             hhi[c0:c1],

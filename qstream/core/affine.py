@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameterError
+from ..kernels.numpy_twins import numpy_kernels
 from ..qtypes import QType
 from ..rounding import FLOAT32_OPS
 from . import buffers
@@ -51,8 +52,6 @@ def affine_quantize(
         x = np.divide(x.astype(div), layout.expand(scale).astype(div)).astype(F32)
         scale = np.ones(layout.param_shape or (1,), F32)
         layout = plan_layout(x.shape, scale.shape, layout.axis, layout.block_size)
-    from ..kernels import runtime
-
     call = quantize_call(
         x,
         scale,
@@ -65,7 +64,14 @@ def affine_quantize(
         narrow_range=narrow_range,
     )
     assert call is not None  # (an integer type, divided in float32 or float64)
-    runtime.run(*call)
+    if numpy_kernels():  # (a small job: quantize_call named the code, not the kernel)
+        from ..kernels.numpy_twins import quantize
+
+        quantize(*call)
+    else:
+        from ..kernels import runtime
+
+        runtime.run(*call)
     return out
 
 
@@ -84,7 +90,9 @@ def quantize_call(
     """``(kernel, *arguments)`` of the one kernel call in which :func:`affine_quantize`
     quantizes ``x`` into ``out`` (its ``[O, C, I]`` views, the parameters ``[Op, Cp, Ip]``),
     for a caller that runs it on parts of those views; None where it takes another path (a
-    float type, a division in float16 or bfloat16)."""
+    float type, a division in float16 or bfloat16). Where the job runs the NumPy twins
+    (:func:`~qstream.kernels.numpy_twins.numpy_kernels`) the kernel is named by its round code,
+    the first argument of :func:`~qstream.kernels.numpy_twins.quantize`."""
     div = F32 if code in FLOAT32_OPS else np.result_type(x.dtype, scale.dtype)
     if qt.is_float or div not in (F32, F64):
         return None
@@ -95,10 +103,14 @@ def quantize_call(
     xk = np.ascontiguousarray(x, dtype=div)
     sk = layout.params(scale.astype(div, copy=False))
     zk = layout.params(_zeros_like(zero_point, scale).astype(zp_dtype, copy=False))
-    from ..kernels.affine import QUANTIZE_KERNELS
+    if numpy_kernels():
+        kernel: Any = code
+    else:
+        from ..kernels.affine import QUANTIZE_KERNELS
 
+        kernel = QUANTIZE_KERNELS[code]
     return (
-        QUANTIZE_KERNELS[code],
+        kernel,
         layout.view(xk),
         sk,
         zk,

@@ -8,6 +8,7 @@ __all__ = [
     "error_stats",
     "kquants",
     "legacy_quants",
+    "numpy_twins",
     "offset",
     "packing",
     "runtime",

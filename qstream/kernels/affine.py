@@ -12,10 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ..budget import TILE
 from . import rounding as r
 from .runtime import parallel_kernel
-
-TILE = 16384
 
 
 @njit(inline="always", cache=True)

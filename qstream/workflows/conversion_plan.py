@@ -65,6 +65,12 @@ class ConversionPlan:
     )
 
     @property
+    def loads_kernels(self) -> bool:
+        """Whether the run loads Numba: not into a complete output, nor for a small job."""
+        twins = self.kind == "zarr" and getattr(self.prepared, "numpy_kernels", False)
+        return self.action != "complete" and not twins
+
+    @property
     def tensors(self) -> list[dict[str, Any]]:
         """A row per tensor (see the class docstring)."""
         if callable(self.rows):

@@ -57,8 +57,13 @@ def test_a_dry_run_plans_without_loading_numba(tmp_path, command):
 def test_a_rerun_of_a_finished_conversion_loads_no_kernel(tmp_path):
     out = tmp_path / "out.zarr"
     args = ("convert", SAMPLE, str(out), "--recipe", RECIPE)
+    kernels = {**os.environ, "QSTREAM_NUMPY_JOB": "0"}  # (the sample alone runs no kernel)
     first = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args, "-q"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", SCRIPT, *args, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=kernels,
     )
     assert json.loads(first.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": True}
     again = subprocess.run(

@@ -95,8 +95,14 @@ def _convert(tmp_path, out: str, lean: bool) -> dict:
         from cli.main import console
         console()
         """)
+    env = {**os.environ, "QSTREAM_NUMPY_JOB": "0"}  # (a job this small would run no kernel)
     r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        env=env,
     )
     assert r.returncode == 0, r.stderr
     return json.loads(seen.read_text())

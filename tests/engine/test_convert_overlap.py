@@ -144,20 +144,28 @@ def test_a_stopped_tensor_job_ends_resumable_and_its_rerun_equals_a_clean_run(tm
         {"dtype": "float8_e4m3fn", "axis": 0},
     ],
 )
-def test_a_small_tensor_converted_whole_equals_its_own_job(tmp_path, spec):
+@pytest.mark.parametrize("twins", [True, False], ids=["twins", "kernels"])
+def test_a_small_tensor_converted_whole_equals_its_own_job(tmp_path, monkeypatch, spec, twins):
     """A tensor that is one block of its job (converted start to end by one worker,
     qstream.engine.convert.one_block) gives the codes, parameters and report of the same job run as
-    a
-    store job, and restores to what dequantize gives."""
+    a store job on the same kernels (a small conversion's NumPy twins, or Numba's), and
+    restores to what dequantize gives."""
     from safetensors.numpy import save_file
+
+    from qstream import budget
+    from qstream.kernels.numpy_twins import using_numpy_kernels
 
     rng = np.random.default_rng(6)
     x = (rng.standard_normal((48, 96)) * np.exp(rng.normal(0, 0.5, (48, 1)))).astype(np.float32)
     save_file({"w": x}, str(tmp_path / "m.safetensors"))
     recipe = qs.Recipe(defaults=qs.QuantSpec.from_dict(spec))
+    if not twins:
+        monkeypatch.setattr(budget, "NUMPY_JOB", 0)
+    ran_twins = ckpt_mod.small_job(open_checkpoint(tmp_path / "m.safetensors"), recipe)
     qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / "ck", recipe)
     small = qs.open_quantized(tmp_path / "ck")["w"]
-    job = qs.quantize_store(x, tmp_path / "job.zarr", qs.QuantSpec.from_dict(spec))
+    with using_numpy_kernels(ran_twins):
+        job = qs.quantize_store(x, tmp_path / "job.zarr", qs.QuantSpec.from_dict(spec))
     ref = qs.open_quantized(tmp_path / "job.zarr")
     np.testing.assert_array_equal(small.quantized(...), ref.quantized(...))
     np.testing.assert_array_equal(small.scale, ref.scale)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...core import scratch
+from ...kernels.numpy_twins import numpy_kernels
 from ...qtypes import QType
 from ...spec import ErrorStats, GroupSQNR, QuantSpec, RangeStats, WorstGroups
 
@@ -33,7 +34,10 @@ def channel_view(x: np.ndarray, axis: int | None) -> np.ndarray:
 
 def block_ranges(x: np.ndarray, axis: int | None) -> RangeStats:
     """Exact per-channel ranges of a block (its own channels along ``axis``)."""
-    from ...kernels.stats import channel_ranges
+    if numpy_kernels():
+        from ...kernels.numpy_twins import channel_ranges
+    else:
+        from ...kernels.stats import channel_ranges
 
     v = channel_view(x, axis)
     c = v.shape[1]
@@ -316,6 +320,8 @@ def quantize_rows_with_errors(
     errors are summed (over a 16 MiB pack, the two kernels then take ~35% less time). Each
     row's codes and sums are its own, so they are the whole piece's, byte for byte. None where
     this does not apply; the caller then runs both kernels over the whole piece."""
+    if numpy_kernels():  # (the twins take the whole piece at once)
+        return None
     from ...core import quantize_call
     from ...kernels.error_stats import N_SUMS, error_sums
     from ...kernels.runtime import run
@@ -365,7 +371,10 @@ def block_errors_fused(
     groups: GroupSums | None = None,
 ) -> ErrorStats:
     """``block_errors`` for integer types, in one fused kernel pass over ``x`` and ``q``."""
-    from ...kernels.error_stats import N_SUMS, error_sums
+    if numpy_kernels():
+        from ...kernels.numpy_twins import N_SUMS, error_sums
+    else:
+        from ...kernels.error_stats import N_SUMS, error_sums
 
     # (a piece holding one channel has a per-tensor layout: its channel is the tensor's)
     chan_inner = (

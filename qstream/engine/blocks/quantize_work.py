@@ -223,7 +223,6 @@ class QuantizeWork:
         both, from the fused kernel. NaN then follows the spec's ``nan_policy``
         (``zero_point``: the zero point; ``min``: the kernel's minimum)."""
         from ...core import affine_dequantize
-        from ...kernels.error_stats import groups_in_pass
 
         plan = self.plan
         qt, spec = plan.qt, plan.spec
@@ -237,7 +236,7 @@ class QuantizeWork:
             z_e = layout.expand(z).astype(np.float64)
             err = block_errors(x, xhat, s_e, z_e, qt, lo_q, hi_q, plan.stat_axis)
         else:
-            if spec.block_size and groups_in_pass(layout.cblock, layout.iblock, layout.pshape3[2]):
+            if spec.block_size and groups_in(layout):
                 x2, e2, emax = (scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
                 sums = (x2, e2, emax)
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
@@ -268,6 +267,14 @@ class QuantizeWork:
         if err.nonfinite.any() and spec.nan_policy == "fill":
             fill_nan(x, out, qt)
         return err, None
+
+
+def groups_in(layout: Layout) -> bool:
+    """Whether the error kernel sums a blocked layout's groups in its pass (``groups_in_pass``;
+    its module loads Numba: blocked specs only run Numba's kernels)."""
+    from ...kernels.error_stats import groups_in_pass
+
+    return groups_in_pass(layout.cblock, layout.iblock, layout.pshape3[2])
 
 
 def fill_nan(x: np.ndarray, q: np.ndarray, qt: QType) -> None:

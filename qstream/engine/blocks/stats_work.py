@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ...budget import Block
+from ...kernels.numpy_twins import numpy_kernels
 from ...spec import MergedStats, RangeStats
 from ..run import SourceRef
 from .blockmath import block_ranges
@@ -59,7 +60,10 @@ class HistogramWork:
     ranges: tuple[np.ndarray, np.ndarray] | None = None
 
     def __call__(self, b: Block) -> tuple[Any, ...] | None:
-        from ...kernels.stats import channel_histograms
+        if numpy_kernels():
+            from ...kernels.numpy_twins import channel_histograms
+        else:
+            from ...kernels.stats import channel_histograms
 
         plan = self.plan
         c0, c1 = plan.channels_of(b, self.lo_channel, self.hi_channel)

@@ -25,6 +25,7 @@ from ...io.outputs import ERROR_KEYS, Destination, RootIndex, compact, destinati
 from ...io.outputs import pack_layout as packs
 from ...io.storage import NONE as NO_COMPRESSION
 from ...io.storage import is_plain_dtype
+from ...kernels.numpy_twins import carried
 from ...spec import QuantSpec, Recipe
 from ..jobs import QuantizeJob, report_stage
 from ..run import Executor, pipeline, ready_for_workers
@@ -259,7 +260,8 @@ class Conversion:
                         self._finished(*running.popleft(), wait=True)
                     if self.on_tensor:
                         self.on_tensor(event)
-                    running.append((event, t, pool.submit(self._one, t, spec, event.name)))
+                    one = carried(self._one)  # (under this job's kernel choice)
+                    running.append((event, t, pool.submit(one, t, spec, event.name)))
                 while running:
                     self._finished(*running.popleft(), wait=True)
             except BaseException:  # stop the other tensor's job at its next block (it stays

@@ -15,6 +15,7 @@ This module claims the root and opens its index; the tensors are converted by
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import warnings
@@ -23,11 +24,16 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+from ml_dtypes import bfloat16
+
+from ... import budget
 from ...errors import InvalidParameterError, QStreamWarning
 from ...io.checkpoints import CheckpointSource
 from ...io.outputs import Action, Destination, RootIndex, destination
 from ...io.storage import compression as compressions
 from ...io.storage import location, open_store
+from ...kernels.numpy_twins import using_numpy_kernels
 from ...spec import Recipe
 from ..run import LocalExecutor, executors, resolve
 from .conversion import Conversion, path_of
@@ -68,6 +74,7 @@ class Prepared:
     runner: Any
     warnings: list[str]
     executor: Any = None  # the executor argument ``runner`` was resolved from
+    numpy_kernels: bool = False  # a small job: the NumPy twins, no Numba (small_job)
 
 
 def prepare(
@@ -129,6 +136,7 @@ def prepare(
         same_job=lambda meta: same_job(meta, ident),
     )
     action, _ = dest.look(overwrite=overwrite)  # (a foreign node: refused here)
+    small = small_job(tensors, recipe)
     return Prepared(
         opener,
         tensors,
@@ -143,6 +151,7 @@ def prepare(
         runner,
         found,
         executor,
+        small,
     )
 
 
@@ -181,6 +190,7 @@ def convert(
         )
     p = prepared
     runner = p.runner
+    numpy = p.numpy_kernels
     if executor is not None and executor is not p.executor:
         # a plan made before the executor was opened (the CLI's --scheduler): it runs
         # where it is told, once the executor can reach what it needs
@@ -219,10 +229,46 @@ def convert(
             in_flight=1 if runner.distributed else TENSORS_IN_FLIGHT,
             packed=p.packed,
         )
-        return _convert(conversion, action is Action.COMPLETE, recipe, t0)
+        with using_numpy_kernels(numpy):
+            return _convert(conversion, action is Action.COMPLETE, recipe, t0)
 
 
 AUTO_PACK_TENSORS = 64  # checkpoints of at least this many tensors are packed by default
+
+#: source dtypes the NumPy twins read (FP8 weights decoded with their scales do not qualify)
+TWIN_SOURCES = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", bfloat16))
+
+
+def small_job(tensors: dict[str, Any], recipe: Recipe) -> bool:
+    """Whether a conversion runs the NumPy twins of the kernels (``qstream.kernels.
+    numpy_twins``) and never loads Numba: at most :data:`~qstream.budget.NUMPY_JOB` elements
+    to quantize in all, each tensor's spec one the twins cover (integer types of 8 or 16
+    bits, per tensor or per channel, minmax or percentile ranges or given parameters; any
+    round mode) on a float16, bfloat16, float32 or float64 source. Importing Numba and
+    loading its cached kernels takes ~0.3 s, more than such a job computes.
+
+    Decided from the job alone (its tensors and recipe), not from how it runs: a re-run
+    resumes on the same kernels, and a run on Dask or with packs writes what a local run
+    writes, byte for byte. The twins give the kernels' codes and parameters bit for bit,
+    their error sums to float64 rounding (the twins' module): the same job converted with
+    more elements than the bound may differ from it in the last bits of those figures."""
+    elements = 0
+    for name, t in tensors.items():
+        spec = recipe.spec_for(name, t.shape, t.dtype)
+        if spec is None:
+            continue
+        qt = spec.qtype
+        if (
+            qt.is_float
+            or qt.bits not in (8, 16)
+            or spec.block_size
+            or spec.float_offset
+            or spec.method not in ("minmax", "percentile")
+            or np.dtype(getattr(t, "source_dtype", t.dtype)) not in TWIN_SOURCES
+        ):
+            return False
+        elements += math.prod(t.shape)
+    return elements <= budget.NUMPY_JOB
 
 
 def _use_packs(packs: bool | None, tensors: dict[str, Any], dst: Any) -> bool:

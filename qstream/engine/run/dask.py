@@ -36,6 +36,7 @@ import distributed
 from distributed import Client, Future
 
 from ...errors import InvalidParameterError, StoreError
+from ...kernels.numpy_twins import numpy_kernels
 from .executors import Item, ItemT, in_order
 from .handles import forget
 
@@ -120,14 +121,21 @@ class _Clock:
 _WARMED: set[str] = set()  # clients (by id) whose workers have the plugin
 
 
-def _run_blocks(work: Callable[[Any], Any], blocks: list[Any], kernel_threads: int) -> list[Any]:
+def _run_blocks(
+    work: Callable[[Any], Any], blocks: list[Any], kernel_threads: int, twins: bool = False
+) -> list[Any]:
     """A task: ``work`` on each block, with ``kernel_threads`` Numba threads (the setting is
-    per thread, so it is made in every task). Exact statistics of the blocks are combined
-    here, so only one partial per task travels back."""
-    from ...kernels.runtime import limit_threads
+    per thread, so it is made in every task), or with the kernels' NumPy twins where the job
+    runs them (``twins``: the submitting job's choice). Exact statistics of the blocks are
+    combined here, so only one partial per task travels back."""
+    from ...kernels.numpy_twins import using_numpy_kernels
 
-    limit_threads(kernel_threads)
-    results = [work(b) for b in blocks]
+    if not twins:
+        from ...kernels.runtime import limit_threads
+
+        limit_threads(kernel_threads)
+    with using_numpy_kernels(twins):
+        results = [work(b) for b in blocks]
     combine: Callable[[list[Any]], list[Any]] | None = getattr(work, "combine", None)
     return results if combine is None else combine(results)
 
@@ -344,6 +352,8 @@ class DaskExecutor:
                 shared.append(client.submit(_identity, work, key=key, pure=False))
             return shared[0]
 
+        twins = numpy_kernels()  # (the job's kernel choice, made in the tasks too)
+
         def submit(batch_i: tuple[int, list[ItemT]]) -> _Task:
             i, batch = batch_i
             fut = client.submit(
@@ -351,6 +361,7 @@ class DaskExecutor:
                 work_future(),
                 batch,
                 self.kernel_threads,
+                twins,
                 key=f"qstream-{name}-{run_id}-{i}-{lost[0]}",
                 pure=False,
                 retries=2,

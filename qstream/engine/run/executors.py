@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 from ...errors import InvalidParameterError
+from ...kernels.numpy_twins import carried, numpy_kernels
 from .handles import forget
 from .worker_imports import ready_for_workers
 
@@ -111,9 +112,24 @@ def _future_result(fut: Future[Any]) -> Any:
 def default_workers() -> int:
     """Workers a job runs by default: two per kernel thread of the calling thread, so that
     while one waits on the disk (a write, an uncached read) another computes."""
-    from ...kernels.runtime import kernel_threads
+    from ...kernels.numpy_twins import kernel_threads
 
     return 2 * kernel_threads()
+
+
+def _pool(n: int) -> ThreadPoolExecutor:
+    """``n`` worker threads sharing the calling thread's kernel threads (Numba's setting is
+    per thread); their work runs under the calling job's kernel choice (:func:`carried`)."""
+    if numpy_kernels():  # (no Numba: nothing to share)
+        return ThreadPoolExecutor(max_workers=n, thread_name_prefix="qstream-worker")
+    from ...kernels.runtime import kernel_threads, limit_threads
+
+    return ThreadPoolExecutor(
+        max_workers=n,
+        thread_name_prefix="qstream-worker",
+        initializer=limit_threads,
+        initargs=(max(1, kernel_threads() // n),),
+    )
 
 
 class LocalExecutor:
@@ -133,19 +149,12 @@ class LocalExecutor:
         """One pool of ``workers`` threads (default: :func:`default_workers`) for every pass
         run inside, as a conversion of many tensors runs many small jobs; nested sessions use
         the outer one."""
-        from ...kernels.runtime import kernel_threads, limit_threads
-
         if self._pool is not None:
             yield self
             return
         n = workers or default_workers()
         ready_for_workers()
-        pool = ThreadPoolExecutor(
-            max_workers=n,
-            thread_name_prefix="qstream-worker",
-            initializer=limit_threads,
-            initargs=(max(1, kernel_threads() // n),),
-        )
+        pool = _pool(n)
         self._pool, self._pool_workers = pool, n
         try:
             yield self
@@ -157,7 +166,7 @@ class LocalExecutor:
         """Run ``fn(*args)`` on the session's pool (a future)."""
         if self._pool is None:
             raise RuntimeError("LocalExecutor.submit needs an open session()")
-        return self._pool.submit(fn, *args)
+        return self._pool.submit(carried(fn), *args)
 
     def map_ordered(
         self,
@@ -168,8 +177,6 @@ class LocalExecutor:
         inflight: int | None = None,
     ) -> Generator[tuple[ItemT, Any], None, None]:
         """See :class:`Executor`."""
-        from ...kernels.runtime import kernel_threads, limit_threads
-
         if not len(blocks):
             return
         pool = self._pool
@@ -177,7 +184,7 @@ class LocalExecutor:
             workers = max(1, min(workers, len(blocks), self._pool_workers))
             results = in_order(
                 blocks,
-                lambda b: pool.submit(work, b),
+                lambda b: pool.submit(carried(work), b),
                 max(workers, inflight or 2 * workers),
                 _future_result,
             )
@@ -186,17 +193,13 @@ class LocalExecutor:
             finally:
                 results.close()
             return
-        threads = kernel_threads()
         workers = max(1, min(workers, len(blocks)))
         inflight = max(workers, inflight or 2 * workers)
         ready_for_workers()
-        with ThreadPoolExecutor(
-            max_workers=workers,
-            thread_name_prefix="qstream-worker",
-            initializer=limit_threads,
-            initargs=(max(1, threads // workers),),
-        ) as own:
-            results = in_order(blocks, lambda b: own.submit(work, b), inflight, _future_result)
+        with _pool(workers) as own:
+            results = in_order(
+                blocks, lambda b: own.submit(carried(work), b), inflight, _future_result
+            )
             try:
                 yield from results
             finally:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-# qstream's own modules that block work imports lazily (the kernels: Numba's dispatchers)
+# qstream's own modules that block work imports lazily
 BASE = (
     "qstream.calibration.histogram",
     "qstream.calibration.params",
@@ -26,6 +26,9 @@ BASE = (
     "qstream.io.outputs.codec",
     "qstream.io.outputs.scientific",
     "qstream.io.storage.stores",
+)
+# the kernels (Numba's dispatchers), or for a job that runs the NumPy twins, those
+KERNELS = (
     "qstream.kernels.affine",
     "qstream.kernels.bits",
     "qstream.kernels.blocked",
@@ -36,6 +39,7 @@ BASE = (
     "qstream.kernels.search",
     "qstream.kernels.stats",
 )
+TWINS = ("qstream.kernels.numpy_twins",)
 # zarr-python, and qstream's data types and codec for it (a kept bf16 tensor, sub-byte codes,
 # a store that is not a local folder)
 ZARR = ("zarr", "zarr.core.array", "zarr.storage", "qstream.io.zarr_types.zarr_ext")
@@ -47,12 +51,17 @@ _loaded: set[str] = set()
 
 def ready_for_workers(*, zarr: bool | None = None, zstd: bool = False) -> None:
     """Import what block work may import, in the calling thread (the one about to start a
-    pool): :data:`BASE` always; :data:`ZARR` when ``zarr`` (None: when zarr-python is loaded
-    already, as it is wherever a Zarr store was opened); :data:`ZSTD` when ``zstd``. Cheap
-    once done."""
+    pool): :data:`BASE` always, and :data:`KERNELS` (:data:`TWINS` for a job that runs the
+    NumPy twins, :func:`qstream.kernels.numpy_twins.numpy_kernels`); :data:`ZARR` when ``zarr``
+    (None: when zarr-python is loaded already, as it is wherever a Zarr store was opened);
+    :data:`ZSTD` when ``zstd``. Cheap once done."""
+    from ...kernels.numpy_twins import numpy_kernels
+
     if zarr is None:
         zarr = "zarr" in sys.modules
-    for group, wanted in ((BASE, True), (ZARR, zarr), (ZSTD, zstd)):
+    twins = numpy_kernels()
+    groups = ((BASE, True), (TWINS, twins), (KERNELS, not twins), (ZARR, zarr), (ZSTD, zstd))
+    for group, wanted in groups:
         if wanted and group[0] not in _loaded:
             for name in group:
                 importlib.import_module(name)
