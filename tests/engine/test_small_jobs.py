@@ -102,24 +102,26 @@ def _same_figures(a, b, where=""):
         assert a == b, (where, a, b)
 
 
-def _convert_both(tmp_path, monkeypatch, checkpoint, recipe):
-    twins = qs.convert_checkpoint(checkpoint, str(tmp_path / "twins"), recipe)
+def _convert_both(tmp_path, monkeypatch, checkpoint, recipe, **kw):
+    twins = qs.convert_checkpoint(checkpoint, str(tmp_path / "twins"), recipe, **kw)
     monkeypatch.setattr(budget, "NUMPY_JOB", 0)
-    kernels = qs.convert_checkpoint(checkpoint, str(tmp_path / "kernels"), recipe)
+    kernels = qs.convert_checkpoint(checkpoint, str(tmp_path / "kernels"), recipe, **kw)
     return twins, kernels
 
 
-@pytest.mark.parametrize("which", ["sample", "edge cases"])
+@pytest.mark.parametrize("which", ["sample", "edge cases", "blocks"])
 def test_a_small_conversion_writes_the_kernels_codes_parameters_and_figures(
     tmp_path, monkeypatch, which
 ):
-    if which == "sample":
+    # (blocks: at 1 MiB of memory the larger tensors are jobs of many blocks, merged)
+    kw = {"max_memory": 1 << 20} if which == "blocks" else {}
+    if which in ("sample", "blocks"):
         checkpoint, recipe = SAMPLE, qs.Recipe.load(RECIPE)
     else:
         checkpoint, recipe = _checkpoint(tmp_path), RECIPE_RULES
     tensors = open_checkpoint(checkpoint)
     assert ckpt.small_job(tensors, recipe)
-    twins, kernels = _convert_both(tmp_path, monkeypatch, checkpoint, recipe)
+    twins, kernels = _convert_both(tmp_path, monkeypatch, checkpoint, recipe, **kw)
     _same_figures(
         {k: v for k, v in twins.items() if k != "destination"},
         {k: v for k, v in kernels.items() if k != "destination"},

@@ -9,6 +9,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given
+from hypothesis import strategies as st
 
 import qstream as qs
 from qstream.spec.views import (
@@ -296,3 +298,30 @@ def test_plotting_without_matplotlib_says_what_to_install(monkeypatch, acts):
     with pytest.raises(ImportError, match=r"pip install 'qstream-zarr\[plot\]'"):
         cal.plot()
     assert "<svg" in cal._repr_html_()  # the notebook view needs nothing
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(-1e6, 1e6),
+            st.sampled_from([0.0, -0.0, 1.5, np.nan, np.inf, -np.inf, 1e300, -1e-300]),
+        ),
+        min_size=1,
+        max_size=300,
+    )
+)
+def test_quantiles_are_numpys_linear_percentiles_of_the_finite_values(values):
+    from qstream.spec.views.histograms import QUANTILES, quantiles
+
+    v = np.asarray(values, np.float64)
+    finite = v[np.isfinite(v)]
+    got = quantiles(v)
+    if not finite.size:
+        assert got is None
+        return
+    want = np.percentile(finite, [p for _, p in QUANTILES])
+    have = np.array(list(got.values()))
+    # the same bits, but a zero is always +0.0 (NumPy's sign of a zero follows its partition)
+    assert (have == want).all() and not np.signbit(have[have == 0]).any()
+    nonzero = want != 0
+    assert have[nonzero].tobytes() == want[nonzero].tobytes()

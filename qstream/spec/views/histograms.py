@@ -38,13 +38,25 @@ def read_float(v: SupportsFloat | str | None) -> float | None:
     return float(v)  # float("inf") / float("nan") read the strings back
 
 
+_FRACTIONS = np.array([p for _, p in QUANTILES]) / 100
+
+
 def quantiles(values: npt.ArrayLike) -> dict[str, float] | None:
-    """``min, p05, p25, median, p75, p95, max`` of the finite ``values`` (None if none)."""
+    """``min, p05, p25, median, p75, p95, max`` of the finite ``values`` (None if none):
+    ``np.percentile``'s default (linear) interpolation, its operations in its order, a zero
+    always +0.0. Computed here from the sorted values: ``np.percentile`` costs ~20 us a call
+    and, on its first, imports ``numpy.ma`` (7 ms of a small conversion)."""
     v = np.asarray(values, np.float64).reshape(-1)
-    v = v[np.isfinite(v)]
+    v = np.sort(v[np.isfinite(v)])
     if not v.size:
         return None
-    q = np.percentile(v, [p for _, p in QUANTILES])
+    at = (v.size - 1) * _FRACTIONS  # (where each quantile sits between two sorted values)
+    below = np.floor(at).astype(np.intp)
+    above = np.minimum(below + 1, v.size - 1)
+    gamma = at - below
+    a, b = v[below], v[above]
+    diff = b - a
+    q = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma) + 0.0
     return {name: float(x) for (name, _), x in zip(QUANTILES, q, strict=True)}
 
 
