@@ -4,40 +4,22 @@ kernels at their first call; ``qstream convert`` warms kernels up only for work 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import zarr
 
+from ..support.numba_watch import run_watched
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(ROOT, "samples", "tiny-transformer.safetensors")
 RECIPE = os.path.join(ROOT, "samples", "recipe-int8.toml")
 
-SCRIPT = """
-import json, sys
-from cli.main import main
-sys.argv = ["qstream", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "numba": "numba" in sys.modules}))
-"""
-
 
 def _dry(tmp_path, *args: str) -> tuple[dict, str]:
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args, "--dry-run"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    return json.loads(r.stdout.strip().splitlines()[-1]), r.stdout
+    seen, p = run_watched(*args, "--dry-run", cwd=tmp_path)
+    return seen, p.stdout
 
 
 @pytest.mark.parametrize("command", ["convert", "quantize"])
@@ -58,16 +40,8 @@ def test_a_rerun_of_a_finished_conversion_loads_no_kernel(tmp_path):
     out = tmp_path / "out.zarr"
     args = ("convert", SAMPLE, str(out), "--recipe", RECIPE)
     kernels = {**os.environ, "QSTREAM_NUMPY_JOB": "0"}  # (the sample alone runs no kernel)
-    first = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args, "-q"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=kernels,
-    )
-    assert json.loads(first.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": True}
-    again = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=300
-    )
-    assert json.loads(again.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": False}
-    assert "already complete" in again.stderr + again.stdout
+    first, _ = run_watched(*args, "-q", env=kernels)
+    assert first == {"code": 0, "numba": True}
+    again, p = run_watched(*args)
+    assert again == {"code": 0, "numba": False}
+    assert "already complete" in p.stderr + p.stdout

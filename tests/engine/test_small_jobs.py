@@ -9,8 +9,6 @@ import base64
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +19,8 @@ import qstream as qs
 from qstream import budget
 from qstream.engine.convert import convert_checkpoint as ckpt
 from qstream.io.checkpoints.open import open_checkpoint
+
+from ..support.numba_watch import run_watched
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE = os.path.join(ROOT, "samples", "tiny-transformer.safetensors")
@@ -135,18 +135,6 @@ def test_a_small_conversion_writes_the_kernels_codes_parameters_and_figures(
             assert a[name] == b[name], name
 
 
-SCRIPT = """
-import json, sys
-from cli.main import main
-sys.argv = ["qstream", *sys.argv[1:]]
-try:
-    main()
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "numba": "numba" in sys.modules}))
-"""
-
-
 @pytest.mark.parametrize(
     "extra",
     [(), ("--max-memory", "1MiB")],  # (1 MiB: tensors of many blocks, each a job of its own)
@@ -154,14 +142,8 @@ print(json.dumps({"code": code, "numba": "numba" in sys.modules}))
 )
 def test_the_samples_conversion_never_loads_numba(tmp_path, extra):
     out = tmp_path / "out"
-    p = subprocess.run(
-        [sys.executable, "-c", SCRIPT, "convert", SAMPLE, str(out), "--recipe", RECIPE, *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"code": 0, "numba": False}
+    seen, p = run_watched("convert", SAMPLE, str(out), "--recipe", RECIPE, *extra, cwd=tmp_path)
+    assert seen == {"code": 0, "numba": False}
     assert "25 quantized, 9 kept" in p.stdout + p.stderr
     assert "compiling" not in p.stderr
 
