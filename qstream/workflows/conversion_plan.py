@@ -67,7 +67,7 @@ class ConversionPlan:
     @property
     def loads_kernels(self) -> bool:
         """Whether the run loads Numba: not into a complete output, nor for a small job."""
-        twins = self.kind == "zarr" and getattr(self.prepared, "numpy_kernels", False)
+        twins = self.kind != "gguf" and getattr(self.prepared, "numpy_kernels", False)
         return self.action != "complete" and not twins
 
     @property

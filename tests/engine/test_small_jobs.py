@@ -136,16 +136,23 @@ def test_a_small_conversion_writes_the_kernels_codes_parameters_and_figures(
 
 
 @pytest.mark.parametrize(
-    "extra",
-    [(), ("--max-memory", "1MiB")],  # (1 MiB: tensors of many blocks, each a job of its own)
-    ids=["whole tensors", "jobs of blocks"],
+    ("out", "extra"),
+    [
+        ("out", ()),
+        ("out", ("--max-memory", "1MiB")),  # (1 MiB: tensors of many blocks, each a job)
+        ("out.safetensors", ()),  # (a compressed-tensors folder: converted, then exported)
+    ],
+    ids=["whole tensors", "jobs of blocks", "safetensors export"],
 )
-def test_the_samples_conversion_never_loads_numba(tmp_path, extra):
-    out = tmp_path / "out"
-    seen, p = run_watched("convert", SAMPLE, str(out), "--recipe", RECIPE, *extra, cwd=tmp_path)
-    assert seen == {"code": 0, "numba": False}
-    assert "25 quantized, 9 kept" in p.stdout + p.stderr
+def test_the_samples_conversion_never_loads_numba(tmp_path, out, extra):
+    dst = str(tmp_path / "model" / out)
+    seen, p = run_watched("convert", SAMPLE, dst, "--recipe", RECIPE, *extra, cwd=tmp_path)
+    assert seen == {"code": 0, "numba": False}, p.stderr
     assert "compiling" not in p.stderr
+    if out == "out":
+        assert "25 quantized, 9 kept" in p.stdout + p.stderr
+    else:
+        assert os.path.exists(dst)
 
 
 def _spec_recipe(**spec):
