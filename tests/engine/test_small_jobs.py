@@ -43,6 +43,7 @@ def _checkpoint(tmp_path):
         "e.weight": (rng.standard_normal((40, 24)) * 0.5).astype(np.float32),
         "f.weight": (rng.standard_normal((16, 1)) * 4.0).astype(np.float32),
         "g.weight": (rng.standard_normal((24, 40)) * 0.5).astype(np.float16),
+        "h.weight": rng.standard_normal((12, 30)) * 1e-3,  # (float64)
     }
     t["d.weight"][3, :] = -0.0
     t["d.weight"][4, :5] = 0.0
@@ -188,3 +189,18 @@ def test_a_job_above_the_bound_runs_the_kernels(monkeypatch):
     assert ckpt.small_job(tensors, recipe)
     monkeypatch.setattr(budget, "NUMPY_JOB", quantized - 1)
     assert not ckpt.small_job(tensors, recipe)
+
+
+def test_nan_refused_by_a_small_job_as_by_the_kernels(tmp_path, monkeypatch):
+    x = np.ones((8, 16), np.float32)
+    x[2, 5] = np.nan
+    save_file({"w": x}, str(tmp_path / "m.safetensors"))
+    recipe = _spec_recipe()
+    assert ckpt.small_job(open_checkpoint(str(tmp_path / "m.safetensors")), recipe)
+    errors = []
+    for bound in (budget.NUMPY_JOB, 0):
+        monkeypatch.setattr(budget, "NUMPY_JOB", bound)
+        with pytest.raises(qs.NonFiniteInputError) as e:
+            qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / f"o{bound}", recipe)
+        errors.append(str(e.value).replace(f"o{bound}", "o"))
+    assert errors[0] == errors[1] and "NaN" in errors[0]
