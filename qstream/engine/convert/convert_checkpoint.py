@@ -268,7 +268,9 @@ def small_job(tensors: dict[str, Any], recipe: Recipe) -> bool:
         ):
             return False
         elements += math.prod(t.shape)
-    return elements <= budget.NUMPY_JOB
+        if elements > budget.NUMPY_JOB:  # (a checkpoint of 16,384 tensors: known at once)
+            return False
+    return True
 
 
 def _use_packs(packs: bool | None, tensors: dict[str, Any], dst: Any) -> bool:
