@@ -22,12 +22,12 @@ from .affine import TILE, tile_coords
 from .bits import bits as _bits
 from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
+from .numpy_twins import N_SUMS
 from .runtime import parallel_kernel, run
 from .stats import channel_rows
 
-# columns of the result: count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|, clipped, NaN,
-# +inf, -inf
-N_SUMS = 10
+# (N_SUMS: the columns of the result, count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|,
+# clipped, NaN, +inf, -inf; defined once, beside the NumPy twin that sums them too)
 # reassoc: lets LLVM vectorise the float64 reductions (the order is fixed per tile, so results
 # still do not depend on the thread count). NaN/inf semantics stay exact: no nnan/ninf.
 FASTMATH = {"reassoc", "nsz"}

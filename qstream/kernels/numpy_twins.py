@@ -73,8 +73,8 @@ def kernel_threads() -> int:
     return numba_threads()
 
 
-#: columns of the error sums (as ``error_stats.N_SUMS``): count, x^2, e^2, x*y, y^2, max |e|,
-#: clipped, NaN, +inf, -inf
+#: columns of the error sums, the kernels' (``error_stats``) and the twin's: count, x^2, e^2,
+#: x*y, y^2, max |e|, clipped, NaN, +inf, -inf
 N_SUMS = 10
 
 

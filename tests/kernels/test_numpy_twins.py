@@ -12,7 +12,6 @@ from hypothesis.extra.numpy import arrays
 from qstream.budget import TILE
 from qstream.kernels import numpy_twins as tw
 from qstream.kernels.affine import QUANTIZE_KERNELS
-from qstream.kernels.affine import TILE as KERNEL_TILE
 from qstream.kernels.error_stats import N_SUMS, error_sums
 from qstream.kernels.runtime import run
 from qstream.kernels.search import percentile_ranges
@@ -26,10 +25,6 @@ ZEROS = st.sampled_from([0.0, -0.0, 1.5, -2.0, np.nan])
 def arrays3(outer: int, channels: int, inner: int, elements=VALUES):
     shapes = st.tuples(st.integers(1, outer), st.integers(1, channels), st.integers(1, inner))
     return arrays(np.float32, shapes, elements=elements)
-
-
-def test_twins_cut_rows_in_the_kernels_tiles():
-    assert TILE == KERNEL_TILE and tw.N_SUMS == N_SUMS
 
 
 def ranges_both(x):
