@@ -40,7 +40,7 @@ def compare_methods(
     ``store``: see :func:`qstream.quantize_store` (per-axis histograms are built in groups of
     channels that fit in half of ``max_memory``; two histograms per channel).
     """
-    from ..engine.jobs import check_comparable, compare
+    from ..engine.jobs.comparison import check_comparable, compare
 
     spec = spec or QuantSpec()
     job = QuantizeJob(

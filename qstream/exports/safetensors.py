@@ -408,7 +408,7 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
 
         if written_by_qstream(path):
             return describe(path)
-        from ..io.checkpoints import describe_gguf
+        from ..io.checkpoints.gguf_metadata import describe_gguf
 
         return describe_gguf(path)  # (llama.cpp's or another tool's: what its header says)
     meta = export_metadata(path)

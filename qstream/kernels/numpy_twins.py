@@ -201,9 +201,6 @@ def _edges_at(start: np.ndarray, stop: np.ndarray, nb: int, i: np.ndarray) -> np
     return np.where(i == nb, stop, v)
 
 
-_CDF_CHANNELS = 64
-
-
 def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, out_hi) -> None:
     """:func:`qstream.kernels.search.percentile_ranges`: per channel the range keeping
     ``percentile`` percent of its histogram ``counts[c]`` (edges ``hlo``..``hhi``), clamped to
@@ -212,18 +209,31 @@ def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, o
     total = counts.sum(axis=1)
     cut = (100.0 - percentile) / 200.0
     wanted = (percentile / 100.0,) if symmetric else (cut, 1.0 - cut)
-    # the first bin whose cdf reaches each wanted fraction (else nb), channels a run at a time
-    # (a cdf of every channel would be 8 bytes a bin, page-faulted in)
+    # The kernel's cdf (``counts / total`` added in bin order) rises only at a bin with counts,
+    # and adding 0.0 changes no sum: so each channel's cdf at its non-empty bins, added in bin
+    # order, holds the kernel's values there, and the first bin reaching a fraction above 0 is
+    # one of them (a histogram of a few values per channel in 2048 bins is mostly empty).
+    flat = np.flatnonzero(counts)  # (row by row, bins in order)
+    rows = flat // nb
+    cols = flat - rows * nb
+    per_row = np.bincount(rows, minlength=n)
+    width = max(1, int(per_row.max(initial=0)))
+    rank = np.arange(flat.size) - (np.cumsum(per_row) - per_row)[rows]
+    cdf = np.zeros((n, width))
+    with np.errstate(all="ignore"):
+        cdf[rows, rank] = counts.reshape(-1)[flat] / total[rows]
+    np.cumsum(cdf, axis=1, out=cdf)  # (padding after a channel's last bin adds nothing)
+    at = np.full((n, width), nb)
+    at[rows, rank] = cols
+    every = np.arange(n)
     found = np.empty((len(wanted), n), np.int64)
-    cdf = np.empty((min(n, _CDF_CHANNELS), nb))
-    for c0 in range(0, n, _CDF_CHANNELS):
-        c1 = min(n, c0 + _CDF_CHANNELS)
-        part = cdf[: c1 - c0]
-        with np.errstate(all="ignore"):
-            np.divide(counts[c0:c1], total[c0:c1, None], out=part)
-        np.cumsum(part, axis=1, out=part)  # (in bin order, as the kernel's loop adds)
-        for k, v in enumerate(wanted):
-            found[k, c0:c1] = (part < v).sum(axis=1)
+    for k, v in enumerate(wanted):
+        if not v > 0.0:  # every bin's cdf (>= 0, or NaN for an empty channel) reaches it
+            found[k] = 0
+            continue
+        first = (cdf >= v).argmax(axis=1)
+        reached = cdf[every, first] >= v
+        found[k] = np.where(reached, at[every, first], nb)
     if symmetric:
         t = _edges_at(hlo, hhi, nb, found[0])
         a, b = -t, t

@@ -125,7 +125,7 @@ def config_for(
     if not str(dst).endswith(".safetensors"):
         return None, False
     if str(src).lower().endswith(".gguf"):
-        from ..io.checkpoints import gguf_config
+        from ..io.checkpoints.gguf_metadata import gguf_config
 
         opts = dict(storage_options) if storage_options else None
         return gguf_config(os.fspath(src), dtype=dtype, storage_options=opts, store=store), False

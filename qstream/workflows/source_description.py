@@ -33,7 +33,8 @@ def describe_checkpoint(
     through ``store`` (``"fsspec"``, the default, or ``"obstore"``) with ``storage_options``
     (as :func:`qstream.open_checkpoint` reads them). Raises
     :class:`~qstream.errors.StoreError` for what is not such a checkpoint."""
-    from ..io.checkpoints import describe_gguf, describe_stored, export_metadata
+    from ..io.checkpoints import describe_stored, export_metadata
+    from ..io.checkpoints.gguf_metadata import describe_gguf
 
     p = os.fspath(path)
     opts = dict(storage_options) if storage_options else None

@@ -379,7 +379,7 @@ def test_a_version_1_pack_with_its_columns_as_lists_still_reads(tmp_path):
 
 
 def test_runs_are_packed_as_they_lie_and_alike_tensors_left_alone_are_gathered():
-    from qstream.engine.convert.pack_writer import plan_packs
+    from qstream.engine.convert.pack_plan import plan_packs
 
     class T:
         def __init__(self, shape):

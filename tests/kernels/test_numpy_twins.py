@@ -188,3 +188,27 @@ def test_percentile_ranges_twin_across_runs_of_channels():
             outs.append((out_lo, out_hi))
         for k, t in zip(*outs, strict=True):
             same_bits(k, t)
+
+
+@pytest.mark.parametrize("percentile", [0.0, 50.0, 99.99, 100.0])
+def test_percentile_ranges_twin_on_mostly_empty_histograms(percentile):
+    # a few values per channel in many bins (a small tensor's channels in 2048 bins), with
+    # empty channels, one-bin channels and channels whose every count sits in the last bin
+    rng = np.random.default_rng(11)
+    n, nb = 300, 2048
+    counts = np.zeros((n, nb), np.int64)
+    for c in range(n):
+        k = int(rng.integers(0, 40))
+        np.add.at(counts[c], rng.integers(0, nb, k), rng.integers(1, 5, k))
+    counts[5] = 0
+    counts[6, 0] = 9
+    counts[7, -1] = 3
+    hlo, hhi = -rng.random(n) - 1.0, rng.random(n) + 1.0
+    for symmetric in (True, False):
+        outs = []
+        for fn in (lambda *a: run(percentile_ranges, *a), tw.percentile_ranges):
+            out_lo, out_hi = np.empty(n), np.empty(n)
+            fn(counts, hlo, hhi, hlo * 0.9, hhi * 0.9, percentile, symmetric, out_lo, out_hi)
+            outs.append((out_lo, out_hi))
+        for k, t in zip(*outs, strict=True):
+            same_bits(k, t)

@@ -17,7 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...budget import budget_units
 from ...io.checkpoints import dtype_facts
@@ -32,7 +32,7 @@ from ..run import Executor, InlineExecutor, pipeline, ready_for_workers
 from .events import TensorEvent, describe_target
 from .kept import keep_tensor
 from .one_block import SmallTensorWork
-from .pack_writer import PackItem, PackResult, PackWork
+from .pack_plan import PackItem
 from .units import (
     Todo,
     UnitWork,
@@ -42,6 +42,9 @@ from .units import (
     unit_items,
     unit_kind,
 )
+
+if TYPE_CHECKING:
+    from .pack_writer import PackResult
 
 ROWS_PER_BATCH = 128  # finished tensors listed in one new document of the root's index
 
@@ -102,6 +105,8 @@ class Conversion:
             self.small_work.register(tensors)
         self.pack_work = None
         if packed:
+            from .pack_writer import PackWork  # (a conversion with no pack never loads it)
+
             assert self.small_work is not None  # (packs are written to a local directory)
             self.pack_work = PackWork(
                 self.small_work.token,

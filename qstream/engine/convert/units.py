@@ -12,13 +12,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...io.outputs import pack_layout as packs
 from ...spec import QuantSpec
 from .events import TensorEvent
 from .one_block import SmallTensorWork, TensorItem, is_small
-from .pack_writer import PackItem, PackWork, pack_mode, plan_packs, source_bytes
+from .pack_plan import PackItem, pack_mode, plan_packs, source_bytes
+
+if TYPE_CHECKING:
+    from .pack_writer import PackWork
 
 #: how a tensor is converted: ``("pack", its pack's number)``, ``("small",)`` or ``("job",)``
 Kind = tuple[Any, ...]

@@ -1,7 +1,6 @@
 """One array from start to end: plans, passes, parameters, reports."""
 
 from .array_jobs import DIRECT_BELOW, dequantize_direct, quantize_direct
-from .comparison import check_comparable, compare
 from .dequantize_job import (
     dequantize,
     dequantized_array,
@@ -17,8 +16,6 @@ __all__ = [
     "DIRECT_BELOW",
     "QuantizeJob",
     "array_jobs",
-    "check_comparable",
-    "compare",
     "dequantize",
     "dequantize_direct",
     "dequantized_array",

@@ -144,7 +144,7 @@ def describe(path: str) -> dict[str, Any]:
     job = identity(path)
     if job is None:
         raise StoreError(f"{path} is not a qstream export (no {MARK} key)")
-    from ...io.checkpoints import describe_gguf  # (a header reader: loaded when described)
+    from ...io.checkpoints.gguf_metadata import describe_gguf  # (loaded when described)
 
     ident = json.loads(job)
     found = describe_gguf(path)
