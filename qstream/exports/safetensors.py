@@ -397,7 +397,8 @@ def own_config(src: str | os.PathLike[str]) -> str | None:
 def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a file qstream exported holds and which loader it targets: a ``.safetensors``
     (or its index) or a ``.gguf`` (:func:`qstream.exports.gguf.describe`, or for another
-    tool's GGUF :func:`qstream.io.checkpoints.describe_gguf`). Of a safetensors export,
+    tool's GGUF :func:`qstream.io.checkpoints.gguf_metadata.describe_gguf`). Of a safetensors
+    export,
     ``tensor_list``: every entry (over all shards, in file order) with its stored ``dtype``,
     ``shape``, ``bytes``, and for a quantized tensor its ``target`` (the quantized type, then
     ``axis A``, ``block B`` or ``per tensor``) and ``sqnr_db`` where the metadata records

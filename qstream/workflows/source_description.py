@@ -19,7 +19,8 @@ def describe_checkpoint(
     store: str | None = None,
 ) -> dict[str, Any]:
     """What the checkpoint ``path`` holds, from its headers and ``config.json`` alone (no
-    tensor byte is read). A ``.gguf`` file: :func:`qstream.io.checkpoints.describe_gguf`
+    tensor byte is read). A ``.gguf`` file:
+    :func:`qstream.io.checkpoints.gguf_metadata.describe_gguf`
     (``quantization``: ``GGUF Q4_K_M``, its ``general.file_type``). A safetensors checkpoint (a
     model folder, a ``.safetensors`` file or its index): ``quantization`` names its format
     (e.g. ``compressed-tensors float-quantized (FP8, per channel)``, ``DeepSeek fp8 blocks

@@ -23,7 +23,8 @@ MAX_PER_PACK = 4096  # tensors of one pack (its document lists each)
 
 
 def pack_mode(t: Any, spec: QuantSpec) -> str | None:
-    """How the tensor ``t`` joins a pack under ``spec`` (module docstring), or None."""
+    """How the tensor ``t`` joins a pack under ``spec`` (the modes: :mod:`.pack_writer`), or
+    None."""
     if spec.scale is not None or spec.float_offset or not len(t.shape) or not math.prod(t.shape):
         return None
     if spec.block_size:

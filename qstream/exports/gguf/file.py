@@ -139,7 +139,8 @@ def identity(path: str) -> str | None:
 
 def describe(path: str) -> dict[str, Any]:
     """What a GGUF file qstream wrote holds: its checked header's summary and tensor list
-    (:func:`qstream.io.checkpoints.describe_gguf`) with the job recorded under :data:`MARK`
+    (:func:`qstream.io.checkpoints.gguf_metadata.describe_gguf`) with the job recorded under
+    :data:`MARK`
     (the source, and the ``--gguf-type`` asked for: None when the recipe chose the types)."""
     job = identity(path)
     if job is None:

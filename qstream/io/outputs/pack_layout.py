@@ -4,7 +4,7 @@ A mixture-of-experts checkpoint holds tens of thousands of tensors of the same s
 one group per tensor, each costs a folder, three arrays and their documents: the file
 system's round trips, not the bytes, set the time. A *pack* holds tensors that share their
 shape, dtype and quantization spec (a run of consecutive ones, or ones left alone between
-others and gathered, see :func:`~qstream.engine.convert.pack_writer.plan_packs`), stacked along a
+others and gathered, see :func:`~qstream.engine.convert.pack_plan.plan_packs`), stacked along a
 new
 first axis::
 
