@@ -16,6 +16,7 @@ __all__ = [
     "DIRECT_BELOW",
     "QuantizeJob",
     "array_jobs",
+    "comparison",
     "dequantize",
     "dequantize_direct",
     "dequantized_array",

@@ -13,7 +13,7 @@ from .open import CheckpointSource, describe_stored, open_checkpoint, source_loc
 from .remote import is_url
 from .tensor import TensorLike, map_file_run, read_file_run, read_rows
 
-# the names the folders above may use
+# the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
     "CONFIG",
     "CheckpointSource",
@@ -23,6 +23,7 @@ __all__ = [
     "describe_stored",
     "dtype_facts",
     "export_metadata",
+    "gguf_metadata",
     "is_activation_param",
     "is_url",
     "map_file_run",
