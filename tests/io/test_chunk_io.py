@@ -16,6 +16,7 @@ from qstream.engine.run import pipeline
 from qstream.errors import StoreError
 from qstream.io.outputs.progress_log import ProgressLog
 from qstream.io.storage import chunks as chunk_io
+from qstream.io.storage.chunkcodecs import ZstdFrames, decode_bounded
 from qstream.io.storage.chunks import chunk_files
 from qstream.io.storage.stores import ArrayWriter, open_source
 from qstream.spec import ErrorStats, WorstGroups
@@ -247,3 +248,52 @@ def test_pipeline_merges_in_block_order_and_stops_at_the_first_error():
     with pytest.raises(RuntimeError, match="block 9"):
         pipeline.run(blocks, failing, lambda b, r: merged.append(r), workers=3)
     assert merged == list(range(9))
+
+
+@pytest.mark.parametrize("level", [0, 1, 3, -5, 19])
+@pytest.mark.parametrize("checksum", [False, True])
+def test_zstd_frames_are_the_frames_numcodecs_writes_and_reads(level, checksum):
+    import zstandard
+    from numcodecs import zstd as numcodecs_zstd
+
+    rng = np.random.default_rng(level + 40)
+    for x in (  # (no empty chunk: zarr writes none, and numcodecs cannot read its own)
+        np.zeros(1, np.uint8),
+        (rng.standard_normal(5000) * 30).astype(np.int8),
+        rng.standard_normal((300, 7)).astype(np.float32),
+    ):
+        ours = ZstdFrames(level, checksum)
+        theirs = numcodecs.Zstd(level=level, checksum=checksum)
+        frame = ours.encode(x)
+        major, minor, micro = zstandard.ZSTD_VERSION
+        same_lib = major * 10000 + minor * 100 + micro == numcodecs_zstd.VERSION_NUMBER
+        if same_lib:  # (the same libzstd makes the same bytes)
+            assert frame == theirs.encode(x)
+        back = np.empty_like(x)
+        theirs.decode(frame, out=back)
+        assert back.tobytes() == x.tobytes()
+        back[...] = 1
+        ours.decode(theirs.encode(x), out=back)
+        assert back.tobytes() == x.tobytes()
+        assert ours.decode(frame) == x.tobytes()
+
+
+def test_zstd_frames_refuse_a_frame_of_another_size_or_none_declared():
+    import zstandard
+
+    x = np.arange(100, dtype=np.int32)
+    frame = ZstdFrames().encode(x)
+    with pytest.raises(StoreError, match="declares 400 bytes, not 396"):
+        ZstdFrames().decode(frame, out=np.empty(99, np.int32))
+    streamed = zstandard.ZstdCompressor().compressobj()  # (a stream: no content size)
+    unsized = streamed.compress(x.tobytes()) + streamed.flush()
+    for bad in (unsized, b"garbage!", frame[:3]):
+        with pytest.raises(StoreError, match="does not declare its size"):
+            ZstdFrames().decode(bad, out=np.empty(100, np.int32))
+        flat = np.zeros(400, np.uint8)
+        with pytest.raises(StoreError, match="does not declare its size"):
+            decode_bounded(ZstdFrames(), np.frombuffer(bad, np.uint8), flat)
+    flat = np.zeros(400, np.uint8)
+    assert decode_bounded(ZstdFrames(), np.frombuffer(frame, np.uint8), flat) == 400
+    assert flat.view(np.int32).tolist() == x.tolist()
+    assert decode_bounded(ZstdFrames(), np.frombuffer(frame, np.uint8), flat[:10]) == 400

@@ -23,7 +23,6 @@ from ...budget import budget_units
 from ...io.checkpoints import dtype_facts
 from ...io.outputs import ERROR_KEYS, Destination, RootIndex, compact, destination, qarray
 from ...io.outputs import pack_layout as packs
-from ...io.storage import NONE as NO_COMPRESSION
 from ...io.storage import is_plain_dtype
 from ...kernels.numpy_twins import carried, numpy_kernels
 from ...spec import QuantSpec, Recipe
@@ -143,7 +142,7 @@ class Conversion:
                 continue
             small = self.small_work is not None
             todo.append((event, t, spec, unit_kind(i, t, spec, pack_of, small, self.max_memory)))
-        ready_for_workers(zarr=self._needs_zarr(todo), zstd=self.compression != NO_COMPRESSION)
+        ready_for_workers(zarr=self._needs_zarr(todo))
         try:
             runs = itertools.groupby(gathered(todo), key=lambda item: item[3][0] == "job")
             for job, run in runs:

@@ -170,7 +170,7 @@ class QstreamWorkerPlugin(distributed.WorkerPlugin):
         may (:mod:`qstream.engine.run.worker_imports`)."""
         from .worker_imports import ready_for_workers
 
-        ready_for_workers(zarr=True, zstd=True)
+        ready_for_workers(zarr=True)
         module, _, function = self.warm.partition(":")
         getattr(importlib.import_module(module), function)()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .chunkcodecs import ZstdFrames
 from .chunks import ChunkFiles
 
 # zarr's default compressor of a Zarr v3 array of numbers ("auto")
@@ -103,11 +104,7 @@ def plain_array(kw: dict[str, Any]) -> tuple[bytes, ChunkFiles] | None:
     if names is not None:
         doc["dimension_names"] = list(names)
     doc.update({"zarr_format": 3, "node_type": "array", "storage_transformers": []})
-    codec = None
-    if codecs:
-        import numcodecs
-
-        codec = numcodecs.Zstd(level=0, checksum=False)
+    codec = ZstdFrames(**_DEFAULT_ZSTD["configuration"]) if codecs else None
     files = ChunkFiles(
         root="",
         shape=shape,

@@ -62,7 +62,7 @@ class ChunkFiles:
     chunks: tuple[int, ...]
     dtype: np.dtype  # as stored (little-endian or one byte)
     fill_value: Any
-    codec: Any  # a numcodecs codec, or None (raw bytes)
+    codec: Any  # a numcodecs codec, a ZstdFrames (qstream's own zstd chunks) or None (raw)
     encode_key: Any  # chunk coordinates -> relative path
     direct: bool = field(default=DIRECT_IO)  # O_DIRECT writes (turned off if refused)
     bits: int = 0  # packed sub-byte values (``packbits``, no padding byte): bits each; 0: not
