@@ -22,8 +22,9 @@ round to round, so a change in the machine's load falls on all of them):
 
 ``--baseline DIR`` adds, for every case, qstream from another checkout (a ``git archive`` of
 an earlier commit, say) run the same way, alternated with the others: before and after
-measured side by side. Every qstream process runs ``python -m cli`` (what the installed
-``qstream`` script runs; ``cli.main`` for a checkout from before ``cli/__main__.py``) with
+measured side by side. Every qstream process runs what the installed ``qstream`` script runs
+(its two lines, :data:`CONSOLE`; ``python -m cli.main`` for a checkout from before
+``cli/launch.py``) with
 ``PYTHONPATH`` set to its checkout and its working directory outside both (``python -m`` puts
 the working directory first);
 every process may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped: a checkout then
@@ -143,12 +144,17 @@ def qstream_env(root: str) -> dict[str, str]:
     return env
 
 
+# what the installed ``qstream`` console script runs (pip's wrapper: import, then call)
+CONSOLE = "import sys; from cli.launch import console; sys.argv[0] = 'qstream'; sys.exit(console())"
+
+
 def qstream_command(root: str) -> list[str]:
-    """How the checkout ``root`` runs its ``qstream`` console script: ``python -m cli`` (what
-    the installed script runs, :mod:`cli.launch`), or ``python -m cli.main`` in a checkout
-    from before ``cli/__main__.py``."""
-    launcher = os.path.exists(os.path.join(root, "cli", "__main__.py"))
-    return [sys.executable, "-m", "cli" if launcher else "cli.main"]
+    """How the checkout ``root`` runs its ``qstream`` console script: the script's own two
+    lines (:data:`CONSOLE`; ``python -m cli`` would add runpy's import, 2-4 ms the script
+    does not pay), or ``python -m cli.main`` in a checkout from before :mod:`cli.launch`."""
+    if os.path.exists(os.path.join(root, "cli", "launch.py")):
+        return [sys.executable, "-c", CONSOLE]
+    return [sys.executable, "-m", "cli.main"]
 
 
 def output(work: str, name: str, r: int, same: bool = False) -> str:

@@ -3,7 +3,6 @@ or image."""
 
 from __future__ import annotations
 
-import compileall
 import os
 
 import typer
@@ -39,6 +38,8 @@ def warm_up(
             typer.echo("compiling the kernels of the common jobs (once per machine) ...", err=True)
         with progress("warm-up", quiet or as_json) as cb:  # (a build of a spec at a time)
             result = qs.warm_common(processes, progress=cb)
+        import compileall  # (this command only: not loaded by every other)
+
         compileall.compile_dir(os.path.dirname(os.path.abspath(__file__)), quiet=2)
         if as_json:
             emit_json(result)
