@@ -213,18 +213,19 @@ def percentile_ranges(counts, hlo, hhi, lo, hi, percentile, symmetric, out_lo, o
     # and adding 0.0 changes no sum: so each channel's cdf at its non-empty bins, added in bin
     # order, holds the kernel's values there, and the first bin reaching a fraction above 0 is
     # one of them (a histogram of a few values per channel in 2048 bins is mostly empty).
-    flat = np.flatnonzero(counts)  # (row by row, bins in order)
+    flat = np.flatnonzero(counts.reshape(-1) != 0)  # (row by row, bins in order; a mask: 2x faster)
     rows = flat // nb
     cols = flat - rows * nb
     per_row = np.bincount(rows, minlength=n)
     width = max(1, int(per_row.max(initial=0)))
-    rank = np.arange(flat.size) - (np.cumsum(per_row) - per_row)[rows]
+    # each non-empty bin's place in its channel's row of ``[n, width]`` (flat indices)
+    slot = np.arange(flat.size) - (np.cumsum(per_row) - per_row)[rows] + rows * width
     cdf = np.zeros((n, width))
     with np.errstate(all="ignore"):
-        cdf[rows, rank] = counts.reshape(-1)[flat] / total[rows]
+        cdf.reshape(-1)[slot] = counts.reshape(-1)[flat] / total[rows]
     np.cumsum(cdf, axis=1, out=cdf)  # (padding after a channel's last bin adds nothing)
     at = np.full((n, width), nb)
-    at[rows, rank] = cols
+    at.reshape(-1)[slot] = cols
     every = np.arange(n)
     found = np.empty((len(wanted), n), np.int64)
     for k, v in enumerate(wanted):
