@@ -23,7 +23,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -362,6 +361,8 @@ class QuantizeJob:
         action, existing = Destination(dst, "quantized", fp).look(overwrite=overwrite)
         if action is Action.COMPLETE:
             return self._already_complete(dst, _meta(existing))
+        import tempfile  # (zip outputs only)
+
         cal = self.calibration(progress)
         work = tempfile.mkdtemp(prefix="qstream-", suffix=".zarr")
         try:
