@@ -22,8 +22,12 @@ import numpy as np
 from .chunkcodecs import ZstdFrames
 from .chunks import ChunkFiles
 
-# zarr's default compressor of a Zarr v3 array of numbers ("auto")
-_DEFAULT_ZSTD = {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
+# zarr's default compressor of a Zarr v3 array of numbers ("auto"), and its chunks' codec
+_ZSTD = ZstdFrames(level=0, checksum=False)
+_DEFAULT_ZSTD = {
+    "name": "zstd",
+    "configuration": {"level": _ZSTD.level, "checksum": _ZSTD.checksum},
+}
 _PLAIN = {np.dtype(f"{kind}{bits}") for kind in ("int", "uint") for bits in (8, 16, 32, 64)}
 _PLAIN |= {np.dtype(f"float{bits}") for bits in (16, 32, 64)}
 _KEYS = {
@@ -104,7 +108,7 @@ def plain_array(kw: dict[str, Any]) -> tuple[bytes, ChunkFiles] | None:
     if names is not None:
         doc["dimension_names"] = list(names)
     doc.update({"zarr_format": 3, "node_type": "array", "storage_transformers": []})
-    codec = ZstdFrames(**_DEFAULT_ZSTD["configuration"]) if codecs else None
+    codec = _ZSTD if codecs else None
     files = ChunkFiles(
         root="",
         shape=shape,

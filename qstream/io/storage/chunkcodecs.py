@@ -111,26 +111,7 @@ def decode_bounded(codec: Any, buf: np.ndarray, flat: np.ndarray) -> int:
     whose frames declare their size (zstd, blosc, lz4) are checked first, stream formats
     (zlib, gzip, bz2, lzma) are decoded with a bound. A frame that declares nothing (a zstd
     frame without a content size) is refused."""
-    if isinstance(codec, ZstdFrames):
-        declared = _zstd_content_size(buf.data.cast("B"))
-        if declared is None:
-            raise StoreError("its zstd frame does not declare its size")
-        if declared == flat.size:
-            codec.decode(buf, out=flat)
-        return declared
-    import bz2
-    import lzma
-    import zlib
-
-    import numcodecs
-
-    streams: dict[type, Callable[[], Any]] = {
-        numcodecs.Zlib: lambda: zlib.decompressobj(),
-        numcodecs.GZip: lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
-        numcodecs.BZ2: bz2.BZ2Decompressor,
-        numcodecs.LZMA: lzma.LZMADecompressor,
-    }
-    make = next((m for t, m in streams.items() if isinstance(codec, t)), None)
+    make = None if isinstance(codec, ZstdFrames) else _stream_of(codec)
     if make is not None:
         d = make()
         out = d.decompress(buf.data.cast("B"), flat.size + 1)
@@ -145,12 +126,32 @@ def decode_bounded(codec: Any, buf: np.ndarray, flat: np.ndarray) -> int:
     return declared
 
 
+def _stream_of(codec: Any) -> Callable[[], Any] | None:
+    """A bounded decoder's maker for a numcodecs stream codec (zlib, gzip, bz2, lzma), else
+    None."""
+    import bz2
+    import lzma
+    import zlib
+
+    import numcodecs
+
+    streams: dict[type, Callable[[], Any]] = {
+        numcodecs.Zlib: lambda: zlib.decompressobj(),
+        numcodecs.GZip: lambda: zlib.decompressobj(16 + zlib.MAX_WBITS),
+        numcodecs.BZ2: bz2.BZ2Decompressor,
+        numcodecs.LZMA: lzma.LZMADecompressor,
+    }
+    return next((m for t, m in streams.items() if isinstance(codec, t)), None)
+
+
 def _declared_size(codec: Any, buf: np.ndarray) -> int | None:
     """The decoded size a compressed chunk declares in its header (zstd frame content size,
     blosc header, lz4 prefix), or None when the format does not say."""
+    b = buf.data.cast("B")
+    if isinstance(codec, ZstdFrames):
+        return _zstd_content_size(b)
     import numcodecs
 
-    b = buf.data.cast("B")
     if isinstance(codec, numcodecs.Zstd):
         return _zstd_content_size(b)
     if isinstance(codec, numcodecs.Blosc) and len(b) >= 16:
