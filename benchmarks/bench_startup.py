@@ -24,9 +24,8 @@ round to round, so a change in the machine's load falls on all of them):
 an earlier commit, say) run the same way, alternated with the others: before and after
 measured side by side. Every qstream process runs what the installed ``qstream`` script runs
 (its two lines, :data:`CONSOLE`; ``python -m cli.main`` for a checkout from before
-``cli/launch.py``) with
-``PYTHONPATH`` set to its checkout and its working directory outside both (``python -m`` puts
-the working directory first);
+``cli/launch.py``) with ``PYTHONPATH`` set to its checkout and its working directory outside
+both (``python -c`` and ``-m`` put the working directory first);
 every process may write bytecode (``PYTHONDONTWRITEBYTECODE`` is dropped: a checkout then
 runs from bytecode, as an installed package does). Each run writes a new output, and all
 are removed after the last round, not just before the next run (see :func:`output`;
