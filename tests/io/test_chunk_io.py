@@ -297,3 +297,30 @@ def test_zstd_frames_refuse_a_frame_of_another_size_or_none_declared():
     assert decode_bounded(ZstdFrames(), np.frombuffer(frame, np.uint8), flat) == 400
     assert flat.view(np.int32).tolist() == x.tolist()
     assert decode_bounded(ZstdFrames(), np.frombuffer(frame, np.uint8), flat[:10]) == 400
+
+
+def test_corrupt_chunks_of_qstreams_own_zstd_frames_are_named(tmp_path):
+    import dataclasses
+
+    from qstream.io.storage import plain_array
+
+    x = np.random.default_rng(5).standard_normal((32, 20)).astype(np.float32)
+    kw = {"shape": x.shape, "chunks": (16, 10), "dtype": "float32", "compressors": "auto"}
+    _, files = plain_array(kw)
+    assert isinstance(files.codec, ZstdFrames)
+    root = tmp_path / "a"
+    root.mkdir()
+    files = dataclasses.replace(files, root=str(root), atomic=False)
+    files.write((slice(0, 32), slice(0, 20)), x, made={str(root)})
+    back = np.empty_like(x)
+    files.read((slice(0, 32), slice(0, 20)), back)
+    assert back.tobytes() == x.tobytes()
+    path = root / files.encode_key((1, 1))
+    good = path.read_bytes()
+    other = ZstdFrames().encode(x[:8, :10].copy())  # (a whole frame, of half the chunk's bytes)
+    # cut in its header, cut in its block, of another size, not zstd (a block's bytes changed
+    # in place decode to other values: zarr's frames carry no checksum, numcodecs' reads them too)
+    for bad in (good[:7], good[:-5], other, b"not a frame at all"):
+        path.write_bytes(bad)
+        with pytest.raises(StoreError, match=r"corrupt chunk .*c.1.1"):
+            files.read((slice(16, 32), slice(10, 20)), np.empty((16, 10), np.float32))

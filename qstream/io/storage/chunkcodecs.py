@@ -37,6 +37,7 @@ class ZstdFrames:
 
     level: int = 0
     checksum: bool = False
+    codec_id = "zstd"  # (numcodecs' name for the codec: errors say it)
 
     def encode(self, buf: Any) -> bytes:
         """One frame holding ``buf``'s bytes."""
@@ -120,7 +121,8 @@ def decode_bounded(codec: Any, buf: np.ndarray, flat: np.ndarray) -> int:
         return len(out)
     declared = _declared_size(codec, buf)
     if declared is None:
-        raise StoreError(f"its {type(codec).__name__} frame does not declare its size")
+        name = getattr(codec, "codec_id", type(codec).__name__)  # (numcodecs' ids: zstd, lz4)
+        raise StoreError(f"its {name} frame does not declare its size")
     if declared == flat.size:
         codec.decode(buf, out=flat)
     return declared
