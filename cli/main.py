@@ -12,6 +12,9 @@ Heavy imports happen inside commands, so ``qstream --help`` stays fast.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import typer
 
 from .about import info, version
@@ -36,8 +39,9 @@ def global_options(
     # Both are acted on by Group.main, anywhere on the line; declared here for the help.
 
 
-def build_app() -> typer.Typer:
-    """The ``qstream`` app with :data:`COMMANDS`, each with its examples."""
+def build_app(only: str | None = None) -> typer.Typer:
+    """The ``qstream`` app with :data:`COMMANDS`, each with its examples (``only``: with the
+    command of that name alone, see :func:`app_for`)."""
     app = typer.Typer(
         name="qstream",
         cls=Group,
@@ -51,7 +55,25 @@ def build_app() -> typer.Typer:
     )
     app.callback()(global_options)
     for command in COMMANDS:
-        app.command(cls=Command, epilog=EXAMPLES[command])(command)
+        if only is None or command_name(command) == only:
+            app.command(cls=Command, epilog=EXAMPLES[command])(command)
+    return app
+
+
+def command_name(command: Any) -> str:
+    """The name the command line calls ``command`` by (``warm_up`` -> ``warm-up``)."""
+    return typer.main.get_command_name(command.__name__)
+
+
+def app_for(argv: list[str]) -> typer.Typer:
+    """The app that runs the command line ``argv``: when it names a command (its first word
+    that is not an option: the group's options take no value), an app with that command
+    alone, whose help, parsing and errors are the whole app's for it; else :data:`app`.
+    Typer turns every command of an app into a Click command each run (inspecting its
+    signature and annotations): ~5 ms for the nine, 1.5 ms for one."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word in {command_name(c) for c in COMMANDS} and "--" not in argv[: argv.index(word)]:
+        return build_app(only=word)
     return app
 
 
@@ -67,7 +89,7 @@ def main() -> None:  # pragma: no cover - console entry point
     signal.signal(signal.SIGTERM, on_sigterm)  # as Ctrl-C: one line, resumable, exit 143
     show_warnings()
     try:
-        app()
+        app_for(sys.argv[1:])()
     except BrokenPipeError:  # output cut short outside a command (help text | head)
         quiet_pipe()
         raise SystemExit(141) from None

@@ -12,7 +12,7 @@ import pytest
 import zarr
 from typer.testing import CliRunner
 
-from cli.main import app
+from cli.main import COMMANDS, app
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples"
@@ -280,6 +280,38 @@ def test_usage_errors_are_one_line_with_a_hint_and_exit_2(args, message):
     assert r.exit_code == 2
     assert r.stderr.splitlines() == [message]
     assert r.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        *[[name, "--help"] for name in ("quantize", "dequantize", "calibrate", "inspect")],
+        *[[name, "--help"] for name in ("convert", "export", "warm-up", "info", "version")],
+        ["--debug", "convert", "--help"],
+        ["convert", "a.safetensors"],
+        ["convert", "a.safetensors", "b.zarr", "--bogus"],
+        ["quantize", "a.zarr", "b.zarr", "--axis", "x"],
+        ["calibrate", "a.zarr", "--percentile", "x"],
+        ["export", "--dtype", "convert"],
+        ["frobnicate", "convert"],
+        ["--", "convert"],
+        ["--help"],
+        [],
+    ],
+)
+def test_the_app_for_a_command_line_says_what_the_whole_app_says(args):
+    from cli.main import app_for, command_name
+
+    lean = app_for(args)
+    word = next((a for a in args if not a.startswith("-")), None)
+    named = word in {command_name(c) for c in COMMANDS} and "--" not in args
+    assert (lean is app) != named  # (a command alone only when the line names one)
+    whole, alone = runner.invoke(app, args), runner.invoke(lean, args)
+    assert (alone.exit_code, alone.stdout, alone.stderr) == (
+        whole.exit_code,
+        whole.stdout,
+        whole.stderr,
+    )
 
 
 def test_version_flag_and_debug_anywhere_on_the_line(src, tmp_path):
