@@ -256,8 +256,7 @@ def convert(
                 f" -> {fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        watch = plan.loads_kernels
-        with open_executor(scheduler) as ex, progress("convert", not show or finished, watch):
+        with open_executor(scheduler) as ex, progress("convert", not show or finished):
             report = qs.convert_checkpoint(
                 checkpoint,
                 dst,

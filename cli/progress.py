@@ -108,10 +108,10 @@ COMPILING = "compiling kernels (first run only)"
 
 
 @contextmanager
-def progress(label: str, quiet: bool, kernels: bool = True) -> Iterator[Progress | None]:
+def progress(label: str, quiet: bool) -> Iterator[Progress | None]:
     """Yields the progress reporter for a command (None when quiet), and says "compiling
-    kernels (first run only)" while Numba compiles (unless the command loads no ``kernels``:
-    watching for compilations loads Numba). On a terminal a live line shows from the
+    kernels (first run only)" while Numba compiles (listening loads no Numba: a job that
+    loads no kernel hears nothing). On a terminal a live line shows from the
     start ("LABEL: starting", then "LABEL: compiling kernels (first run only)", with the
     seconds spent), replaced by a bar per pass. Ctrl-C acts within a second either way."""
     with prompt_interrupt():
@@ -120,7 +120,7 @@ def progress(label: str, quiet: bool, kernels: bool = True) -> Iterator[Progress
             return
         err = console(stderr=True)
         if not err.is_terminal:
-            with compile_notice(err, watch=kernels):
+            with compile_notice(err):
                 yield Progress(label)
             return
         from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -140,19 +140,14 @@ def progress(label: str, quiet: bool, kernels: bool = True) -> Iterator[Progress
         ) as bars:
             reporter = Progress(label, bars)
             reporter.waiting = bars.add_task(f"{label}: starting", total=None, count="")
-            with compile_notice(err, reporter.compiling, watch=kernels):
+            with compile_notice(err, reporter.compiling):
                 yield reporter
 
 
 @contextmanager
-def compile_notice(
-    err: Console, also: Callable[[], None] | None = None, watch: bool = True
-) -> Iterator[None]:
+def compile_notice(err: Console, also: Callable[[], None] | None = None) -> Iterator[None]:
     """Print one line the first time a kernel compiles in this process (and call ``also``,
-    once); nothing unless ``watch``."""
-    if not watch:
-        yield
-        return
+    once)."""
     said: list[bool] = []
 
     def notice(_name: str) -> None:

@@ -149,13 +149,14 @@ def quantize(
             "store": store, "histogram": histogram, "compression": compression,
             "layout": layout, "chunks": parse_chunks(chunks),
         }  # fmt: skip
+    with library_errors():  # (what the run refuses, with its exit code; no value read)
+        plan = qs.plan_quantize(src, dst, spec, **job)
     if dry_run:
-        with library_errors():  # (what the run refuses, with its exit code; no value read)
-            plan = qs.plan_quantize(src, dst, spec, **job)
         print_plan(plan, as_json, "quantization plan (nothing written)")
         return
     with library_errors():
-        qs.warm_up([spec], background=True)  # first run: compile the quantize pass meanwhile
+        if plan.loads_kernels:  # (not a finished output, nor a small array's NumPy twins)
+            qs.warm_up([spec], background=True)  # first run: compile the quantize pass meanwhile
         with open_executor(scheduler) as ex, progress("quantize", quiet or as_json) as cb:
             report = qs.quantize_store(src, dst, spec, progress=cb, executor=ex, **job)
         if done_already(dst, report.to_dict(), as_json, quiet):

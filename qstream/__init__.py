@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.store_jobs import quantize_store as quantize_store
     from .api.views import compare_methods as compare_methods
     from .api.views import save_plot as save_plot
+    from .compile_events import on_compile as on_compile
     from .engine.run.dask import DaskExecutor as DaskExecutor
     from .engine.run.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
     from .engine.run.executors import LocalExecutor as LocalExecutor
@@ -50,7 +51,6 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
     from .io.outputs.xarrays import open_xarray as open_xarray
     from .io.zarr_types.zarr_ext import register_zarr_types as register_zarr_types
-    from .kernels.runtime import on_compile as on_compile
     from .qtypes import QTYPES as QTYPES
     from .qtypes import QType as QType
     from .rounding import ROUND_MODES as ROUND_MODES
@@ -107,7 +107,7 @@ _EXPORTS = {
     "LocalExecutor": "qstream.engine.run.executors",
     "DaskExecutor": "qstream.engine.run.dask",
     "QstreamWorkerPlugin": "qstream.engine.run.dask",
-    "on_compile": "qstream.kernels.runtime",
+    "on_compile": "qstream.compile_events",
     "warm_up": "qstream.engine.warmup",
     "warm_common": "qstream.engine.warmup",
     "register_zarr_types": "qstream.io.zarr_types.zarr_ext",

@@ -11,6 +11,7 @@ from ..engine.jobs import QuantizeJob, look_dequantize
 from ..engine.jobs import dequantize as dequantize_group
 from ..io.outputs import is_checkpoint
 from ..io.storage import display, store_errors, with_backend
+from ..kernels.numpy_twins import using_numpy_kernels
 from ..spec import Calibration, QuantReport, QuantSpec
 from ..viz import reporting
 from ..workflows import ConversionPlan, dequantize_files
@@ -48,10 +49,16 @@ def calibrate(
             executor=executor,
         )
         try:
-            with reporting(progress, "calibrate") as shown:
+            with reporting(progress, "calibrate") as shown, _kernels_of(job):
                 return job.calibration(shown)
         finally:
             job.close()
+
+
+def _kernels_of(job: QuantizeJob) -> Any:
+    """The kernels ``job`` runs, as a context for its run: the NumPy twins for a small array
+    (``job.numpy_kernels``: Numba is never loaded), else Numba's."""
+    return using_numpy_kernels(job.numpy_kernels)
 
 
 def quantize_store(
@@ -124,7 +131,7 @@ def quantize_store(
         job = _quantize_job(src, spec, max_memory, storage_options, executor, store, histogram,
                             compression, layout, chunks)  # fmt: skip
         target = with_backend(dst, store, storage_options, read_only=False)
-        with reporting(progress, "quantize") as shown:
+        with reporting(progress, "quantize") as shown, _kernels_of(job):
             return job.run(target, progress=shown, overwrite=overwrite, resume=resume)
 
 
@@ -172,6 +179,7 @@ def plan_quantize(
     return ConversionPlan(
         checkpoint=display(src), destination=display(dst), kind="zarr", action=action,
         creates=missing_parents(cast("PathLike", dst)), rows=[row], notes=notes,
+        prepared=job,  # (its kernels: ConversionPlan.loads_kernels)
     )  # fmt: skip
 
 

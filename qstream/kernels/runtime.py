@@ -12,8 +12,9 @@ word of first-run compilation.
 - Numba's ``workqueue`` layer aborts the process when two Python threads run parallel kernels
   at once. qstream prefers ``omp`` then ``tbb``; if Numba still ends up on ``workqueue``,
   parallel kernel calls are serialised with a lock instead of crashing.
-- :func:`on_compile` lets a front end say "compiling kernels (first run only)" while Numba
-  compiles one (a cache miss), instead of pausing silently. In a Jupyter kernel qstream says
+- :func:`~qstream.compile_events.on_compile` lets a front end say "compiling kernels (first run
+  only)" while Numba compiles one (a cache miss), instead of pausing silently (listening loads
+  no Numba: the listeners are told once this module is loaded). In a Jupyter kernel qstream says
   it itself (:func:`notebook_notice`): one output line, updated in place.
 """
 
@@ -30,7 +31,8 @@ import numba
 import numpy as np
 from numba import njit
 
-from .. import budget
+from .. import budget, compile_events
+from ..compile_events import on_compile as on_compile  # (its users import it from here too)
 
 if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
     # (numba.config sets its settings at import: no declared attributes)
@@ -174,38 +176,28 @@ def limit_threads(n: int) -> None:
     numba.set_num_threads(max(1, min(int(n), top)))
 
 
-_listeners: list[Callable[[str], None]] = []
-_registered = False
 _depth = threading.local()
 
 
 class _CompileListener(numba.core.event.Listener):
-    """Tells the listeners when a top-level compilation of a qstream kernel starts."""
+    """Tells the listeners (:mod:`qstream.compile_events`) when a top-level compilation of a qstream
+    kernel starts."""
 
     def on_start(self, event: numba.core.event.Event) -> None:
         depth = getattr(_depth, "n", 0)
         _depth.n = depth + 1
-        if depth or not _listeners:
+        if depth or not compile_events.LISTENERS:
             return
         func = event.data["dispatcher"].py_func
         if func.__module__.startswith("qstream."):
-            for listener in list(_listeners):
-                listener(func.__qualname__.removesuffix("__serial"))
+            compile_events.compiling(func.__qualname__.removesuffix("__serial"))
 
     def on_end(self, event: numba.core.event.Event) -> None:
         _depth.n = getattr(_depth, "n", 1) - 1
 
 
-def on_compile(listener: Callable[[str], None]) -> Callable[[], None]:
-    """Call ``listener(kernel_name)`` whenever a qstream kernel starts compiling (a Numba cache
-    miss: the first run on a machine, or after an upgrade). Returns a function that removes
-    the listener. The listener may be called from any thread."""
-    global _registered
-    if not _registered:
-        numba.core.event.register("numba:compile", _CompileListener())
-        _registered = True
-    _listeners.append(listener)
-    return lambda: _listeners.remove(listener) if listener in _listeners else None
+# (Numba's compile events reach the listeners from the moment the kernels are loaded)
+numba.core.event.register("numba:compile", _CompileListener())
 
 
 class _NotebookNotice:

@@ -506,7 +506,8 @@ def test_nightly_script_keeps_the_last_good_report_and_says_when_to_resume(tmp_p
 
 
 def test_first_run_says_it_is_compiling_kernels_and_later_runs_do_not(src, tmp_path):
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    # (QSTREAM_NUMPY_JOB=0: Numba's kernels, which a small array's job would not load)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "QSTREAM_NUMPY_JOB": "0"}
     command = [sys.executable, "-m", "cli.main", "quantize", str(src)]
     first = subprocess.run(
         [*command, str(tmp_path / "a.zarr")], capture_output=True, text=True, env=env

@@ -1,7 +1,8 @@
-"""Small conversions run the NumPy twins of the kernels and never load Numba
-(``convert_checkpoint.small_job``): they write the codes, parameters and every report figure
-of the kernels' run, the four float error sums (and the figures made of them) to float64
-rounding; the choice is the job's, made from its whole plan."""
+"""Small conversions and store jobs of small arrays run the NumPy twins of the kernels and
+never load Numba (``convert_checkpoint.small_job``, ``kernel_choice.small_array_job``): they
+write the codes, parameters and every report figure of the kernels' run, the four float error
+sums (and the figures made of them) to float64 rounding; the choice is the job's, made from
+its whole plan."""
 
 from __future__ import annotations
 
@@ -209,3 +210,147 @@ def test_nan_refused_by_a_small_job_as_by_the_kernels(tmp_path, monkeypatch):
             qs.convert_checkpoint(tmp_path / "m.safetensors", tmp_path / f"o{bound}", recipe)
         errors.append(str(e.value).replace(f"o{bound}", "o"))
     assert errors[0] == errors[1] and "NaN" in errors[0]
+
+
+# ---------------------------------------------------------------- store jobs
+
+
+def _array(tmp_path, name, x, chunks=None):
+    import zarr
+
+    qs.register_zarr_types()  # (bfloat16, for zarr 3.1)
+    a = zarr.create_array(
+        str(tmp_path / name), shape=x.shape, chunks=chunks or x.shape, dtype=x.dtype
+    )
+    a[...] = x
+    return str(tmp_path / name)
+
+
+def _store_cases(tmp_path):
+    """``(source, spec, keywords)``: every path the twins take in a store job."""
+    from ml_dtypes import bfloat16
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((96, 700)) * 0.05).astype(np.float32)
+    x[4, :] = -0.0
+    x[7, :9] = 0.25
+    nan = x.copy()
+    nan[3, 5], nan[9, 2], nan[11, 0] = np.nan, np.inf, -np.inf
+    src = _array(tmp_path, "x.zarr", x, (32, 700))
+    return {
+        "int8 per channel": (src, qs.QuantSpec(axis=0), {}),
+        "uint8 per tensor, half_up": (
+            src,
+            qs.QuantSpec(dtype="uint8", symmetric=False, round_mode="half_up"),
+            {"histogram": True},
+        ),
+        "int16 on axis 1": (src, qs.QuantSpec(dtype="int16", axis=1), {}),
+        "percentile": (
+            src,
+            qs.QuantSpec(axis=0, method="percentile", percentile=99.0, num_bins=256),
+            {},
+        ),
+        "blocks of 1 MiB": (src, qs.QuantSpec(axis=0), {"max_memory": 1 << 20}),
+        "NaN to the zero point": (
+            _array(tmp_path, "nan.zarr", nan),
+            qs.QuantSpec(axis=0, nan_policy="zero_point", symmetric=False),
+            {},
+        ),
+        "float16": (_array(tmp_path, "h.zarr", x.astype(np.float16)), qs.QuantSpec(axis=0), {}),
+        "bfloat16": (
+            _array(tmp_path, "b.zarr", x.astype(bfloat16)),
+            qs.QuantSpec(dtype="uint8", symmetric=False),
+            {},
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "int8 per channel",
+        "uint8 per tensor, half_up",
+        "int16 on axis 1",
+        "percentile",
+        "blocks of 1 MiB",
+        "NaN to the zero point",
+        "float16",
+        "bfloat16",
+    ],
+)
+def test_a_small_store_job_writes_the_kernels_codes_parameters_and_figures(
+    tmp_path, monkeypatch, case
+):
+    src, spec, kw = _store_cases(tmp_path)[case]
+    from qstream.engine.jobs import QuantizeJob
+
+    job = QuantizeJob(src, spec)
+    assert job.numpy_kernels
+    job.close()
+    twins = qs.quantize_store(src, str(tmp_path / "twins"), spec, **kw).to_dict()
+    cal_twins = qs.calibrate(src, spec).to_dict()
+    monkeypatch.setattr(budget, "NUMPY_JOB", 0)
+    kernels = qs.quantize_store(src, str(tmp_path / "kernels"), spec, **kw).to_dict()
+    cal_kernels = qs.calibrate(src, spec).to_dict()
+    _same_figures(twins, kernels)
+    _same_figures(cal_twins, cal_kernels)
+    assert cal_twins["params"] == cal_kernels["params"]  # (exactly: the codes' parameters)
+    a, b = _files(tmp_path / "twins"), _files(tmp_path / "kernels")
+    assert a.keys() == b.keys()
+    for name in a:
+        if name.endswith("zarr.json"):
+            _same_figures(json.loads(a[name]), json.loads(b[name]), name)
+        else:  # codes, scales, zero points: the same bytes
+            assert a[name] == b[name], name
+
+
+def test_a_small_store_job_never_loads_numba(tmp_path):
+    x = (np.random.default_rng(4).standard_normal((256, 512)) * 0.1).astype(np.float32)
+    src = _array(tmp_path, "x.zarr", x, (64, 512))
+    seen, p = run_watched("quantize", src, str(tmp_path / "q.zarr"), "--axis", "0", cwd=tmp_path)
+    assert seen == {"code": 0, "numba": False}, p.stderr
+    assert "compiling" not in p.stderr and "sqnr_db" in p.stdout
+    seen, p = run_watched("calibrate", src, "--axis", "0", cwd=tmp_path)
+    assert seen == {"code": 0, "numba": False}, p.stderr
+    # above the bound: Numba's kernels, the same codes
+    env = {**os.environ, "QSTREAM_NUMPY_JOB": str(x.size - 1)}
+    seen, p = run_watched(
+        "quantize", src, str(tmp_path / "k.zarr"), "--axis", "0", cwd=tmp_path, env=env
+    )
+    assert seen == {"code": 0, "numba": True}, p.stderr
+    a, b = (qs.open_quantized(str(tmp_path / n)) for n in ("q.zarr", "k.zarr"))
+    np.testing.assert_array_equal(a.quantized(...), b.quantized(...))
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "spec", "small"),
+    [
+        ((512, 512), "float32", {"axis": 0}, True),
+        ((2048, 2048), "float32", {"axis": 0}, True),  # (4 Mi values: the bound)
+        ((2048, 2049), "float32", {"axis": 0}, False),
+        ((0, 16), "float32", {"axis": 0}, False),  # (nothing to quantize: as before)
+        ((64, 64), "float64", {"dtype": "uint16", "round_mode": "toward_zero"}, True),
+        ((64, 64), "bfloat16", {"method": "percentile", "percentile": 99.9}, True),
+        ((64, 64), "float32", {"dtype": "int4"}, False),
+        ((64, 64), "float32", {"dtype": "int32"}, False),
+        ((64, 64), "float32", {"dtype": "float8_e4m3fn"}, False),
+        ((64, 64), "float32", {"method": "entropy"}, False),
+        ((64, 64), "float32", {"axis": 1, "block_size": 32, "method": "dynamic"}, False),
+        ((64, 64), "int32", {}, False),
+    ],
+)
+def test_which_store_jobs_run_the_twins(shape, dtype, spec, small):
+    from ml_dtypes import bfloat16
+
+    from qstream.engine.jobs import small_array_job
+
+    dt = bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    assert small_array_job(shape, dt, qs.QuantSpec(**spec)) is small
+
+
+def test_a_quantize_plan_says_whether_its_run_loads_the_kernels(tmp_path, monkeypatch):
+    x = np.ones((64, 32), np.float32)
+    src = _array(tmp_path, "x.zarr", x)
+    assert not qs.plan_quantize(src, str(tmp_path / "q.zarr")).loads_kernels
+    monkeypatch.setattr(budget, "NUMPY_JOB", x.size - 1)
+    assert qs.plan_quantize(src, str(tmp_path / "q.zarr")).loads_kernels

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import qstream as qs
+from qstream import budget as qstream_budget
 from qstream.engine.blocks import blockmath, quantize_work
 from qstream.spec import QuantSpec
 
@@ -61,6 +62,8 @@ def test_runs_of_rows_give_the_whole_piece_codes_and_report(tmp_path, monkeypatc
         return got
 
     monkeypatch.setattr(quantize_work, "quantize_rows_with_errors", noted)
+    # (the kernels: a small array's twins take the whole piece at once)
+    monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
     out = {}
     for label, budget in (("whole", 0), ("runs", 7 * 66)):  # runs of 7 rows of 66 values
         monkeypatch.setattr(blockmath, "ROWS_IN_CACHE", budget)

@@ -24,9 +24,6 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from ml_dtypes import bfloat16
-
 from ... import budget
 from ...errors import InvalidParameterError, QStreamWarning
 from ...io.checkpoints import CheckpointSource
@@ -35,6 +32,7 @@ from ...io.storage import compression as compressions
 from ...io.storage import location, open_store
 from ...kernels.numpy_twins import using_numpy_kernels
 from ...spec import Recipe
+from ..jobs import twins_cover
 from ..run import LocalExecutor, executors, resolve
 from .conversion import Conversion, path_of
 from .events import TensorEvent, describe_target
@@ -235,17 +233,13 @@ def convert(
 
 AUTO_PACK_TENSORS = 64  # checkpoints of at least this many tensors are packed by default
 
-#: source dtypes the NumPy twins read (FP8 weights decoded with their scales do not qualify)
-TWIN_SOURCES = frozenset(np.dtype(d) for d in ("float16", "float32", "float64", bfloat16))
-
 
 def small_job(tensors: dict[str, Any], recipe: Recipe) -> bool:
     """Whether a conversion runs the NumPy twins of the kernels (``qstream.kernels.
     numpy_twins``) and never loads Numba: at most :data:`~qstream.budget.NUMPY_JOB` elements
-    to quantize in all, each tensor's spec one the twins cover (integer types of 8 or 16
-    bits, per tensor or per channel, minmax or percentile ranges or given parameters; any
-    round mode) on a float16, bfloat16, float32 or float64 source. Importing Numba and
-    loading its cached kernels takes ~0.3 s, more than such a job computes.
+    to quantize in all, each tensor's spec and type ones the twins cover
+    (:func:`~qstream.engine.jobs.kernel_choice.twins_cover`). Importing Numba and loading its
+    cached kernels takes ~0.3 s, more than such a job computes.
 
     Decided from the job alone (its tensors and recipe), not from how it runs: a re-run
     resumes on the same kernels, and a run on Dask or with packs writes what a local run
@@ -257,15 +251,7 @@ def small_job(tensors: dict[str, Any], recipe: Recipe) -> bool:
         spec = recipe.spec_for(name, t.shape, t.dtype)
         if spec is None:
             continue
-        qt = spec.qtype
-        if (
-            qt.is_float
-            or qt.bits not in (8, 16)
-            or spec.block_size
-            or spec.float_offset
-            or spec.method not in ("minmax", "percentile")
-            or np.dtype(getattr(t, "source_dtype", t.dtype)) not in TWIN_SOURCES
-        ):
+        if not twins_cover(spec, getattr(t, "source_dtype", t.dtype)):
             return False
         elements += math.prod(t.shape)
         if elements > budget.NUMPY_JOB:  # (a checkpoint of 16,384 tensors: known at once)

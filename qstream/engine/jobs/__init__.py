@@ -9,6 +9,7 @@ from .dequantize_job import (
 )
 from .job import QuantizeJob
 from .job_memory import quantize_in_memory
+from .kernel_choice import small_array_job, twins_cover
 from .passes import report_stage
 
 # the names the folders above may use; the submodules named here are loaded on demand
@@ -25,4 +26,6 @@ __all__ = [
     "quantize_direct",
     "quantize_in_memory",
     "report_stage",
+    "small_array_job",
+    "twins_cover",
 ]

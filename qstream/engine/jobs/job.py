@@ -46,6 +46,7 @@ from .dequantize_job import dequantize, dequantized_array, dequantized_fingerpri
 from .job_params import stored_calibration
 from .job_plan import plan_job
 from .job_report import Found
+from .kernel_choice import small_array_job
 from .passes import Progress, counter, fspath, report_stage
 from .quantize_pass import quantize_pass
 
@@ -169,6 +170,13 @@ class QuantizeJob:
     def memory(self) -> int:
         """The working memory this job may use: its share of ``max_memory``."""
         return memory_limit(self.max_memory) // self.memory_share
+
+    @property
+    def numpy_kernels(self) -> bool:
+        """Whether this job, run on its own (a store job), runs the NumPy twins of the
+        kernels and never loads Numba (:func:`~.kernel_choice.small_array_job`; a
+        conversion chooses once for all its tensors instead)."""
+        return small_array_job(tuple(self.source.shape), self.source.dtype, self.spec)
 
     def scan(
         self,
