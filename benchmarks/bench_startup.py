@@ -16,6 +16,11 @@ round to round, so a change in the machine's load falls on all of them):
   name has no ``norm`` (the tensors the recipe quantizes) per channel on axis 0, symmetric
   min/max (``absmax / 127``, round half to even, int8), and writes codes, scales and the
   kept tensors with ``safetensors.numpy.save_file``.
+- ``quantize_small``: ``qstream quantize SMALL.zarr OUT --axis 0 --quiet`` of a float32 Zarr
+  array of ``--small-shape`` (1024 x 1024, chunks of 256 rows: a small array's job, which
+  runs the NumPy twins of the kernels and loads no Numba). Peer: a zarr-python + NumPy
+  script that reads the array, quantizes it the same way (int8, per channel on axis 0,
+  ``absmax / 127``) and writes the codes and scales as Zarr arrays (zarr's default zstd).
 - ``checkpoint`` (with ``--checkpoint``): ``bench_checkpoint.py``'s 1 GiB checkpoint of 1024
   tensors (``--checkpoint-size``, ``--checkpoint-count``), ``qstream convert CK OUT --quiet
   --compression none`` against that script's NumPy loop.
@@ -107,6 +112,20 @@ for name, h in header.items():
 save_file(out, dst)
 """
 
+QUANTIZE_ZARR = """
+import sys
+import numpy as np
+import zarr
+src = zarr.open_array(sys.argv[1], mode="r")
+x = src[...]
+amax = np.abs(x).max(axis=1, keepdims=True)
+scale = np.where(amax > 0, amax / 127, 1).astype(np.float32)
+q = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
+out = zarr.open_group(sys.argv[2], mode="w")
+out.create_array("data", data=q, chunks=src.chunks)
+out.create_array("scale", data=scale[:, 0], chunks=(src.chunks[0],))
+"""
+
 SAMPLE = os.path.join(ROOT, "samples", "tiny-transformer.safetensors")
 RECIPE = os.path.join(ROOT, "samples", "recipe-int8.toml")
 
@@ -190,6 +209,21 @@ qs.quantize_store(x, {path!r}, qs.QuantSpec(dtype="int8", axis=0, symmetric=True
     subprocess.run([sys.executable, "-c", code], env=qstream_env(ROOT), check=True)
 
 
+def make_small_array(path: str, shape: tuple[int, int]) -> None:
+    """A float32 Zarr array of ``shape`` (chunks of a quarter of its rows) at ``path``,
+    unless it is there already."""
+    if os.path.exists(os.path.join(path, "zarr.json")):
+        return
+    code = f"""
+import numpy as np, zarr
+x = (np.random.default_rng(1).standard_normal({shape!r}) * 0.05).astype(np.float32)
+a = zarr.create_array({path!r}, shape=x.shape, chunks=(max(1, x.shape[0] // 4), x.shape[1]),
+                      dtype="float32")
+a[...] = x
+"""
+    subprocess.run([sys.executable, "-c", code], env=plain_env(), check=True)
+
+
 def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str, object]]:
     """For each case, each side's command maker: ``(round) -> (command, env)``."""
     work = args.workdir
@@ -199,8 +233,11 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
         return output(work, name, r, args.same_outputs)
 
     make_touch_output(touch, tuple(args.touch_shape))
+    small = os.path.join(work, "small-{}x{}.zarr".format(*args.small_shape))
+    make_small_array(small, tuple(args.small_shape))
     plain = plain_env()
     out: dict[str, dict[str, object]] = {"first_touch": {}, "convert_sample": {}}
+    out["quantize_small"] = {}
     for side, root in sides.items():
         env = qstream_env(root)
         out["first_touch"][side] = lambda r, env=env: (
@@ -214,9 +251,19 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
             return [*cmd, "--recipe", RECIPE, "--quiet"], env
 
         out["convert_sample"][side] = convert
+
+        def quantize(r: int, env=env, side=side, root=root) -> tuple[list[str], dict[str, str]]:
+            dst = output_of(f"small-{side}.zarr", r)
+            return [*qstream_command(root), "quantize", small, dst, "--axis", "0", "-q"], env
+
+        out["quantize_small"][side] = quantize
     out["first_touch"]["zarr"] = lambda r: ([sys.executable, "-c", TOUCH_ZARR, touch], plain)
     out["convert_sample"]["numpy"] = lambda r: (
         [sys.executable, "-c", CONVERT_NUMPY, SAMPLE, output_of("sample-numpy.st", r)],
+        plain,
+    )
+    out["quantize_small"]["zarr"] = lambda r: (
+        [sys.executable, "-c", QUANTIZE_ZARR, small, output_of("small-zarr.zarr", r)],
         plain,
     )
     if args.checkpoint:
@@ -255,6 +302,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/qstream-bench-startup")
     ap.add_argument("--baseline", default=None, help="another qstream checkout, run alongside")
     ap.add_argument("--touch-shape", type=int, nargs=2, default=[4096, 4096])
+    ap.add_argument("--small-shape", type=int, nargs=2, default=[1024, 1024])
     ap.add_argument("--checkpoint", action="store_true", help="also the 1 GiB checkpoint")
     ap.add_argument("--checkpoint-size", default="1GiB")
     ap.add_argument("--checkpoint-count", type=int, default=1024)
@@ -296,7 +344,12 @@ def main() -> None:
         )
         print(f"round {r + 1}: {line}", flush=True)
     remove_outputs(args.workdir)
-    peers = {"first_touch": "zarr", "convert_sample": "numpy", "checkpoint": "numpy"}
+    peers = {
+        "first_touch": "zarr",
+        "convert_sample": "numpy",
+        "quantize_small": "zarr",
+        "checkpoint": "numpy",
+    }
     rows = []
     for case, sides_t in times.items():
         peer = statistics.median(sides_t[peers[case]])

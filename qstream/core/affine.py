@@ -153,7 +153,7 @@ def affine_dequantize(
         y = q.astype(F32) * layout.expand(scale)
         out[...] = y.astype(out_dtype)
         return out
-    if not integer_difference and q.size <= NUMPY_BELOW:
+    if not integer_difference and (q.size <= NUMPY_BELOW or numpy_kernels()):
         return _dequantize_small(q, scale, zero_point, layout, qt, out, scale_dtype, zp_dtype)
     from ..kernels import runtime
     from ..kernels.affine import dequantize_affine, dequantize_affine_int
@@ -184,7 +184,8 @@ def affine_dequantize(
 
 #: regions of at most this many values are dequantized with NumPy, the same operations in
 #: the same types as the kernel (``dequantize_affine``), so that a first read of a few values
-#: loads no kernel (Numba's first call costs ~0.5-1.5 s; a 4x8 slice then takes milliseconds)
+#: loads no kernel (Numba's first call costs ~0.5-1.5 s; a 4x8 slice then takes milliseconds);
+#: so is every region of a job that runs the NumPy twins (a small array's dequantize job)
 NUMPY_BELOW = 1 << 16
 
 

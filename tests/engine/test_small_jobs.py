@@ -354,3 +354,40 @@ def test_a_quantize_plan_says_whether_its_run_loads_the_kernels(tmp_path, monkey
     assert not qs.plan_quantize(src, str(tmp_path / "q.zarr")).loads_kernels
     monkeypatch.setattr(budget, "NUMPY_JOB", x.size - 1)
     assert qs.plan_quantize(src, str(tmp_path / "q.zarr")).loads_kernels
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype"),
+    [
+        ({"axis": 0}, "float32"),
+        ({"dtype": "uint8", "symmetric": False}, "float16"),
+        ({"dtype": "int16", "axis": 1}, "bfloat16"),
+        ({"dtype": "int4", "axis": 1, "block_size": 32, "method": "dynamic"}, "float32"),
+    ],
+    ids=["int8 per channel", "uint8 per tensor", "int16 on axis 1", "int4 blocks"],
+)
+def test_a_small_dequantize_job_writes_the_kernels_bytes(tmp_path, monkeypatch, spec, dtype):
+    x = (np.random.default_rng(6).standard_normal((96, 700)) * 0.05).astype(np.float32)
+    q = str(tmp_path / "q.zarr")
+    qs.quantize_store(_array(tmp_path, "x.zarr", x, (32, 700)), q, qs.QuantSpec(**spec))
+    qs.dequantize_store(q, str(tmp_path / "twins.zarr"), dtype=dtype)
+    monkeypatch.setattr(budget, "NUMPY_JOB", 0)
+    qs.dequantize_store(q, str(tmp_path / "kernels.zarr"), dtype=dtype)
+    a, b = _files(tmp_path / "twins.zarr"), _files(tmp_path / "kernels.zarr")
+    assert a.keys() == b.keys()
+    for name in a:
+        if name.endswith("zarr.json"):  # (its job's token and timings aside)
+            continue
+        assert a[name] == b[name], name
+
+
+def test_a_small_dequantize_never_loads_numba(tmp_path):
+    x = (np.random.default_rng(7).standard_normal((256, 512)) * 0.1).astype(np.float32)
+    q = str(tmp_path / "q.zarr")
+    qs.quantize_store(_array(tmp_path, "x.zarr", x), q, qs.QuantSpec(axis=0))
+    seen, p = run_watched("dequantize", q, str(tmp_path / "y.zarr"), cwd=tmp_path)
+    assert seen == {"code": 0, "numba": False}, p.stderr
+    y = qs.open_quantized(q)[...]
+    import zarr
+
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "y.zarr"))[...], y)

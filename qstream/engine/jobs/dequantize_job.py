@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from ... import budget
 from ...budget import Block, check_fits, fit_workers, plan_blocks
 from ...core import dimension_names
 from ...errors import StoreError
 from ...io.outputs import Action, Destination, Lease, QuantizedArray, destination, qarray
 from ...io.storage import compression as compressions
 from ...io.storage import display, location
+from ...kernels.numpy_twins import using_numpy_kernels
 from ...qtypes import float_dtype
 from ..blocks import DequantizeWork
 from ..run import DestRef, check_shared, pipeline, resolve
@@ -148,24 +150,27 @@ def dequantize(
             out_dtype.name,
             max_memory,
         )
-        workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
-        report_stage(progress, "dequantize", len(blocks))
-        lease = Lease(out, token, dst)
-        tick = counter(progress, len(blocks))
+        # a small array's blocks are dequantized with NumPy, the kernel's bytes: no Numba
+        small = 0 < math.prod(arr.shape) <= budget.NUMPY_JOB
+        with using_numpy_kernels(small):
+            workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
+            report_stage(progress, "dequantize", len(blocks))
+            lease = Lease(out, token, dst)
+            tick = counter(progress, len(blocks))
 
-        def landed(b: Block) -> None:
-            lease.renew()
-            if tick is not None:
-                tick(b)
+            def landed(b: Block) -> None:
+                lease.renew()
+                if tick is not None:
+                    tick(b)
 
-        try:
-            pipeline.run(blocks, work, workers=workers, progress=landed, executor=executor)
-        except OSError as e:
-            if isinstance(e, StoreError):
-                raise
-            raise StoreError(f"cannot write {dst}: {e}") from None
-        finally:
-            executor.release(token)
+            try:
+                pipeline.run(blocks, work, workers=workers, progress=landed, executor=executor)
+            except OSError as e:
+                if isinstance(e, StoreError):
+                    raise
+                raise StoreError(f"cannot write {dst}: {e}") from None
+            finally:
+                executor.release(token)
         if not destination.is_local_node(out):  # (see qstream.engine.jobs.job_report.check_landed)
             qarray.check_writer(out, token, dst)
             missing = qarray.gaps(out)
