@@ -150,8 +150,9 @@ def dequantize(
             out_dtype.name,
             max_memory,
         )
-        # a small array's blocks are dequantized with NumPy, the kernel's bytes: no Numba
-        small = 0 < math.prod(arr.shape) <= budget.NUMPY_JOB
+        # a small array's blocks are dequantized with NumPy, the kernel's bytes: no Numba (but
+        # sub-byte codes, which a kernel unpacks)
+        small = 0 < math.prod(arr.shape) <= budget.NUMPY_JOB and arr.qtype.bits >= 8
         with using_numpy_kernels(small):
             workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
             report_stage(progress, "dequantize", len(blocks))
