@@ -40,7 +40,10 @@ Reported per case and side: the median and range of ``--rounds`` rounds of wall 
 one warm-up run of each side, which fills Numba's cache and writes the bytecode), the ratio
 of each qstream side's median to the peer's (and its range over the rounds), and the median
 CPU time (user + system) with its ratio: on a machine shared with other work the wall times
-move by a factor of 2 from run to run, the CPU times much less.
+move by a factor of 2 from run to run, the CPU times much less. Also printed, before and after
+the rounds: how long making 100 folders and 100 small files takes where the outputs go
+(:func:`inode_cost`), which on this VM's ext4 took 4 to 55 ms in one afternoon, depending on
+the folder and the hour.
 
     python benchmarks/bench_startup.py --rounds 7 --json /tmp/startup.json
     python benchmarks/bench_startup.py --baseline /tmp/qstream-old --checkpoint
@@ -289,6 +292,24 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
     return out
 
 
+def inode_cost(work: str, n: int = 100) -> float:
+    """Milliseconds to make ``n`` folders with a 300-byte file in each below ``work`` (then
+    removed): what the sample's output (112 folders, 167 files) costs where the runs write,
+    apart from the work. It moves by 10x between folders of one file system on some VMs."""
+    probe = os.path.join(work, "inode-probe")
+    shutil.rmtree(probe, ignore_errors=True)
+    os.makedirs(probe)
+    t = time.perf_counter()
+    for i in range(n):
+        d = os.path.join(probe, f"d{i}")
+        os.mkdir(d)
+        with open(os.path.join(d, "zarr.json"), "wb") as f:
+            f.write(b"x" * 300)
+    took = time.perf_counter() - t
+    shutil.rmtree(probe, ignore_errors=True)
+    return took * 1e3
+
+
 def summary(times: list[float]) -> dict[str, float]:
     return {"median": statistics.median(times), "min": min(times), "max": max(times)}
 
@@ -318,6 +339,8 @@ def main() -> None:
     if args.baseline:
         sides["baseline"] = os.path.abspath(args.baseline)
     plan = cases(args, sides)
+    inodes = [inode_cost(os.path.join(args.workdir, "rounds"))]
+    print(f"making 100 folders and 100 files under {args.workdir}: {inodes[0]:.1f} ms", flush=True)
     if args.cases:
         plan = {k: v for k, v in plan.items() if k in args.cases}
     cwd = args.workdir  # (outside every checkout)
@@ -343,7 +366,9 @@ def main() -> None:
             for case, sides_t in times.items()
         )
         print(f"round {r + 1}: {line}", flush=True)
+    inodes.append(inode_cost(os.path.join(args.workdir, "rounds")))
     remove_outputs(args.workdir)
+    print(f"the same after the rounds: {inodes[1]:.1f} ms")
     peers = {
         "first_touch": "zarr",
         "convert_sample": "numpy",
@@ -384,7 +409,15 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"git": git_state(), "args": vars(args), "sides": sides, "rows": rows}, f, indent=1
+                {
+                    "git": git_state(),
+                    "args": vars(args),
+                    "sides": sides,
+                    "rows": rows,
+                    "inode_ms": inodes,
+                },
+                f,
+                indent=1,
             )
 
 
