@@ -106,6 +106,24 @@ def test_dequantize_of_int4_codes_imports_nothing_in_its_worker_threads(tmp_path
     assert imports == []
 
 
+def test_a_small_arrays_quantize_and_dequantize_import_nothing_in_their_worker_threads(tmp_path):
+    """(Both run the NumPy twins, whose modules are imported before the workers start; four
+    blocks each, on the workers.)"""
+    out = str(tmp_path / "q.zarr")
+    code, imports, err = watched(
+        "quantize", f"{SAMPLES}/activations.zarr", out, "--axis", "1", "--chunks", "128,-1",
+        "-q", cwd=str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    assert imports == []
+    code, imports, err = watched(
+        "dequantize", out, str(tmp_path / "r.zarr"), "--dtype", "float16", "-q",
+        cwd=str(tmp_path),
+    )  # fmt: skip
+    assert code == 0, err
+    assert imports == []
+
+
 def _convert_many(llama: str, out: str, runs: int) -> list[str]:
     """The conversion that crashed, ``runs`` times, each in a fresh process (two at once)."""
 
