@@ -21,6 +21,10 @@ round to round, so a change in the machine's load falls on all of them):
   runs the NumPy twins of the kernels and loads no Numba). Peer: a zarr-python + NumPy
   script that reads the array, quantizes it the same way (int8, per channel on axis 0,
   ``absmax / 127``) and writes the codes and scales as Zarr arrays (zarr's default zstd).
+- ``read_small``: ``qs.open_quantized(OUT)[...]``, the whole of a small output
+  (``qs.quantize_store`` of a ``--small-shape`` float32 array, int8 per channel on axis 0),
+  against zarr-python decoding the same bytes by hand; both print a digest of the values,
+  which must be equal.
 - ``checkpoint`` (with ``--checkpoint``): ``bench_checkpoint.py``'s 1 GiB checkpoint of 1024
   tensors (``--checkpoint-size``, ``--checkpoint-count``), ``qstream convert CK OUT --quiet
   --compression none`` against that script's NumPy loop.
@@ -113,6 +117,25 @@ for name, h in header.items():
     out[name] = np.clip(np.rint(x / scale), -128, 127).astype(np.int8)
     out[name + "_scale"] = scale
 save_file(out, dst)
+"""
+
+READ_QSTREAM = """
+import hashlib, sys
+import qstream as qs
+y = qs.open_quantized(sys.argv[1])[...]
+sys.stdout.write(y.dtype.str + hashlib.sha256(y.tobytes()).hexdigest())
+"""
+
+READ_ZARR = """
+import hashlib, sys
+import numpy as np
+import zarr
+g = zarr.open_group(sys.argv[1], mode="r")
+codes = g["data"][...]
+scale = g["scale"][...]
+zp = g["zero_point"][...] if "zero_point" in g else np.zeros(scale.shape, np.float32)
+y = (codes.astype(np.float32) - zp.astype(np.float32)[:, None]) * scale[:, None]
+sys.stdout.write(y.dtype.str + hashlib.sha256(y.tobytes()).hexdigest())
 """
 
 QUANTIZE_ZARR = """
@@ -238,9 +261,12 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
     make_touch_output(touch, tuple(args.touch_shape))
     small = os.path.join(work, "small-{}x{}.zarr".format(*args.small_shape))
     make_small_array(small, tuple(args.small_shape))
+    small_out = os.path.join(work, "small-out-{}x{}.zarr".format(*args.small_shape))
+    make_touch_output(small_out, tuple(args.small_shape))
     plain = plain_env()
     out: dict[str, dict[str, object]] = {"first_touch": {}, "convert_sample": {}}
     out["quantize_small"] = {}
+    out["read_small"] = {}
     for side, root in sides.items():
         env = qstream_env(root)
         out["first_touch"][side] = lambda r, env=env: (
@@ -260,11 +286,16 @@ def cases(args: argparse.Namespace, sides: dict[str, str]) -> dict[str, dict[str
             return [*qstream_command(root), "quantize", small, dst, "--axis", "0", "-q"], env
 
         out["quantize_small"][side] = quantize
+        out["read_small"][side] = lambda r, env=env: (
+            [sys.executable, "-c", READ_QSTREAM, small_out],
+            env,
+        )
     out["first_touch"]["zarr"] = lambda r: ([sys.executable, "-c", TOUCH_ZARR, touch], plain)
     out["convert_sample"]["numpy"] = lambda r: (
         [sys.executable, "-c", CONVERT_NUMPY, SAMPLE, output_of("sample-numpy.st", r)],
         plain,
     )
+    out["read_small"]["zarr"] = lambda r: ([sys.executable, "-c", READ_ZARR, small_out], plain)
     out["quantize_small"]["zarr"] = lambda r: (
         [sys.executable, "-c", QUANTIZE_ZARR, small, output_of("small-zarr.zarr", r)],
         plain,
@@ -359,8 +390,8 @@ def main() -> None:
                 times[case][side].append(seconds)
                 cpus[case][side].append(cpu)
                 outputs[side] = stdout
-            if case == "first_touch" and len(set(outputs.values())) != 1:
-                raise RuntimeError(f"first touch: the sides read different values: {outputs}")
+            if case in ("first_touch", "read_small") and len(set(outputs.values())) != 1:
+                raise RuntimeError(f"{case}: the sides read different values: {outputs}")
         line = "  ".join(
             f"{case} " + " ".join(f"{s}={t[-1]:.2f}" for s, t in sides_t.items())
             for case, sides_t in times.items()
@@ -373,6 +404,7 @@ def main() -> None:
         "first_touch": "zarr",
         "convert_sample": "numpy",
         "quantize_small": "zarr",
+        "read_small": "zarr",
         "checkpoint": "numpy",
     }
     rows = []

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
+from .. import budget
 from ..errors import InvalidParameterError
 from ..kernels.numpy_twins import numpy_kernels
 from ..qtypes import QType
@@ -153,7 +155,7 @@ def affine_dequantize(
         y = q.astype(F32) * layout.expand(scale)
         out[...] = y.astype(out_dtype)
         return out
-    if not integer_difference and (q.size <= NUMPY_BELOW or numpy_kernels()):
+    if not integer_difference and numpy_dequantizes(q.size):
         return _dequantize_small(q, scale, zero_point, layout, qt, out, scale_dtype, zp_dtype)
     from ..kernels import runtime
     from ..kernels.affine import dequantize_affine, dequantize_affine_int
@@ -184,9 +186,21 @@ def affine_dequantize(
 
 #: regions of at most this many values are dequantized with NumPy, the same operations in
 #: the same types as the kernel (``dequantize_affine``), so that a first read of a few values
-#: loads no kernel (Numba's first call costs ~0.5-1.5 s; a 4x8 slice then takes milliseconds);
-#: so is every region of a job that runs the NumPy twins (a small array's dequantize job)
+#: loads no kernel (Numba's first call costs ~0.5-1.5 s; a 4x8 slice then takes milliseconds)
 NUMPY_BELOW = 1 << 16
+#: the module whose import loads Numba's dequantize kernels
+KERNELS = "qstream.kernels.affine"
+
+
+def numpy_dequantizes(n: int) -> bool:
+    """Whether a region of ``n`` values is dequantized with NumPy (the kernel's bytes either
+    way): a small one (:data:`NUMPY_BELOW`), every one of a job that runs the NumPy twins (a
+    small array's dequantize job), and one of at most :data:`~qstream.budget.NUMPY_JOB`
+    values while the kernels are not loaded (reading a small output whole loads no Numba:
+    0.2 s instead of 0.5 s in a fresh process; once they are, the kernel is the faster)."""
+    if n <= NUMPY_BELOW or numpy_kernels():
+        return True
+    return n <= budget.NUMPY_JOB and KERNELS not in sys.modules
 
 
 def _dequantize_small(

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qstream import budget
 from qstream.core import affine
 from qstream.core.layout import plan_layout
 from qstream.qtypes import QTYPES
@@ -84,14 +85,15 @@ def test_numpy_path_gives_the_kernels_bytes_for_every_combination_of_types(case)
 def _same_bytes(case):
     q, scale, zp, layout, qt, out, scale_dtype, zp_dtype = case
     kw = {"scale_dtype": scale_dtype, "zp_dtype": zp_dtype}
-    old = affine.NUMPY_BELOW
+    old = affine.NUMPY_BELOW, budget.NUMPY_JOB
     with np.errstate(all="ignore"):  # (float16 outputs overflow to inf: both paths alike)
         small = affine.affine_dequantize(q, scale, zp, layout, qt, out, **kw)
-        affine.NUMPY_BELOW = -1  # (the kernel)
+        affine.NUMPY_BELOW = budget.NUMPY_JOB = -1  # (the kernel, loaded or not)
         try:
+            assert not affine.numpy_dequantizes(q.size)
             kernel = affine.affine_dequantize(q, scale, zp, layout, qt, out, **kw)
         finally:
-            affine.NUMPY_BELOW = old
+            affine.NUMPY_BELOW, budget.NUMPY_JOB = old
     assert small.dtype == kernel.dtype
     assert small.tobytes() == kernel.tobytes()
 
@@ -118,3 +120,32 @@ def test_a_first_small_read_of_an_int8_output_loads_no_kernel(tmp_path):
     assert raw == want.tobytes()
     if flag != b"False":
         pytest.fail("the first 4x8 read of an int8 per-tensor output imported numba")
+
+
+def test_a_whole_read_of_a_small_output_loads_no_kernel_and_gives_the_kernels_bytes(
+    tmp_path, monkeypatch
+):
+    """Reading a per-channel output of 120,000 values whole in a fresh process (more than
+    ``NUMPY_BELOW``, at most ``NUMPY_JOB``, no kernel loaded yet): NumPy, the kernel's bytes."""
+    import subprocess
+    import sys
+
+    import qstream as qs
+
+    x = np.random.default_rng(1).standard_normal((300, 400)).astype(np.float32)
+    qs.quantize_store(x, tmp_path / "q.zarr", qs.QuantSpec(axis=0, dtype="uint8"))
+    monkeypatch.setattr(budget, "NUMPY_JOB", -1)  # (here: the kernel)
+    monkeypatch.setattr(affine, "NUMPY_BELOW", -1)
+    want = qs.open_quantized(tmp_path / "q.zarr")[...]
+    assert x.size > 1 << 16
+    code = (
+        "import sys, numpy as np, qstream as qs\n"
+        f"v = qs.open_quantized({str(tmp_path / 'q.zarr')!r})[...]\n"
+        "print('numba' in sys.modules)\n"
+        "sys.stdout.buffer.write(np.ascontiguousarray(v).tobytes())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    flag, raw = done.stdout.split(b"\n", 1)
+    assert raw == want.tobytes()
+    assert flag == b"False", "a whole read of a small output imported numba"
