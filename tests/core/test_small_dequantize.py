@@ -98,28 +98,33 @@ def _same_bytes(case):
     assert small.tobytes() == kernel.tobytes()
 
 
-def test_a_first_small_read_of_an_int8_output_loads_no_kernel(tmp_path):
+def _read_fresh(path, key: str) -> tuple[bool, bytes]:
+    """``qs.open_quantized(path)[key]`` in a fresh process: (whether it imported Numba, the
+    values' bytes)."""
     import subprocess
     import sys
 
-    import qstream as qs
-
-    x = np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32)
-    qs.quantize_store(x, tmp_path / "q.zarr")
-    want = qs.open_quantized(tmp_path / "q.zarr")[100:104, 0:8]
     code = (
         "import sys, numpy as np, qstream as qs\n"
-        f"a = qs.open_quantized({str(tmp_path / 'q.zarr')!r})\n"
-        "v = a[100:104, 0:8]\n"
+        f"v = qs.open_quantized({str(path)!r})[{key}]\n"
         "print('numba' in sys.modules)\n"
         "sys.stdout.buffer.write(np.ascontiguousarray(v).tobytes())\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     flag, raw = done.stdout.split(b"\n", 1)
+    return flag == b"True", raw
+
+
+def test_a_first_small_read_of_an_int8_output_loads_no_kernel(tmp_path):
+    import qstream as qs
+
+    x = np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32)
+    qs.quantize_store(x, tmp_path / "q.zarr")
+    want = qs.open_quantized(tmp_path / "q.zarr")[100:104, 0:8]
+    numba, raw = _read_fresh(tmp_path / "q.zarr", "100:104, 0:8")
     assert raw == want.tobytes()
-    if flag != b"False":
-        pytest.fail("the first 4x8 read of an int8 per-tensor output imported numba")
+    assert not numba, "the first 4x8 read of an int8 per-tensor output imported numba"
 
 
 def test_a_whole_read_of_a_small_output_loads_no_kernel_and_gives_the_kernels_bytes(
@@ -127,9 +132,6 @@ def test_a_whole_read_of_a_small_output_loads_no_kernel_and_gives_the_kernels_by
 ):
     """Reading a per-channel output of 120,000 values whole in a fresh process (more than
     ``NUMPY_BELOW``, at most ``NUMPY_JOB``, no kernel loaded yet): NumPy, the kernel's bytes."""
-    import subprocess
-    import sys
-
     import qstream as qs
 
     x = np.random.default_rng(1).standard_normal((300, 400)).astype(np.float32)
@@ -138,14 +140,6 @@ def test_a_whole_read_of_a_small_output_loads_no_kernel_and_gives_the_kernels_by
     monkeypatch.setattr(affine, "NUMPY_BELOW", -1)
     want = qs.open_quantized(tmp_path / "q.zarr")[...]
     assert x.size > 1 << 16
-    code = (
-        "import sys, numpy as np, qstream as qs\n"
-        f"v = qs.open_quantized({str(tmp_path / 'q.zarr')!r})[...]\n"
-        "print('numba' in sys.modules)\n"
-        "sys.stdout.buffer.write(np.ascontiguousarray(v).tobytes())\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True)
-    assert done.returncode == 0, done.stderr.decode()
-    flag, raw = done.stdout.split(b"\n", 1)
+    numba, raw = _read_fresh(tmp_path / "q.zarr", "...")
     assert raw == want.tobytes()
-    assert flag == b"False", "a whole read of a small output imported numba"
+    assert not numba, "a whole read of a small output imported numba"

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-from ... import budget
 from ...budget import Block, check_fits, fit_workers, plan_blocks
 from ...core import dimension_names
 from ...errors import StoreError
@@ -28,6 +27,7 @@ from ...kernels.numpy_twins import using_numpy_kernels
 from ...qtypes import float_dtype
 from ..blocks import DequantizeWork
 from ..run import DestRef, check_shared, pipeline, resolve
+from .kernel_choice import small_array
 from .passes import Progress, counter, fspath, report_stage
 
 
@@ -152,8 +152,7 @@ def dequantize(
         )
         # a small array's blocks are dequantized with NumPy, the kernel's bytes: no Numba (but
         # sub-byte codes, which a kernel unpacks)
-        small = 0 < math.prod(arr.shape) <= budget.NUMPY_JOB and arr.qtype.bits >= 8
-        with using_numpy_kernels(small):
+        with using_numpy_kernels(small_array(arr.shape) and arr.qtype.bits >= 8):
             workers = fit_workers(max_memory, blocks, 4, pipeline.default_workers())
             report_stage(progress, "dequantize", len(blocks))
             lease = Lease(out, token, dst)

@@ -41,10 +41,15 @@ def twins_cover(spec: QuantSpec, dtype: Any) -> bool:
     )
 
 
+def small_array(shape: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` is small enough for a job on it to run NumPy rather than
+    load Numba: at most :data:`~qstream.budget.NUMPY_JOB` elements (an empty array: the
+    kernels, as before; ``QSTREAM_NUMPY_JOB=0``: never)."""
+    return 0 < math.prod(shape) <= budget.NUMPY_JOB
+
+
 def small_array_job(shape: tuple[int, ...], dtype: Any, spec: QuantSpec) -> bool:
     """Whether a store job quantizing an array of ``shape`` and ``dtype`` with ``spec`` runs
-    the NumPy twins: at most :data:`~qstream.budget.NUMPY_JOB` elements (an empty array: the
-    kernels, as before; ``QSTREAM_NUMPY_JOB=0``: never), and a spec and type they cover
+    the NumPy twins: a small array (:func:`small_array`) and a spec and type they cover
     (:func:`twins_cover`)."""
-    small = 0 < math.prod(shape) <= budget.NUMPY_JOB
-    return small and twins_cover(spec, dtype)
+    return small_array(shape) and twins_cover(spec, dtype)
