@@ -86,14 +86,15 @@ def inspect(
             save_plot(arr, store, plot)
         if as_json:
             emit_json(summary)
+            figure_written(plot, as_json)
             return
         if show and whole:  # the whole checkpoint: SQNR and size per tensor, bounded
             show_checkpoint(arr.view)
-            if plot is not None:
-                typer.echo(f"figure written to {plot}")
+            figure_written(plot, as_json)
             return
         if isinstance(arr, qs.QuantizedCheckpoint):
             checkpoint_table(store, len(arr), summary)
+            figure_written(plot, as_json)
             return
         shown = {**summary, "compression": fmt_compression(summary["compression"])}
         rows = [[k, str(shown[k])] for k in FIELDS]
@@ -104,8 +105,7 @@ def inspect(
         error_table("quantization error", summary.get("error"), worst=not show)
         if show:
             show_report(arr.view, store)
-        if plot is not None:
-            typer.echo(f"figure written to {plot}")
+        figure_written(plot, as_json)
 
 
 #: summary keys not printed as a line (the table shows the tensors; types have their line)
@@ -138,6 +138,7 @@ def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
         plot_export_bytes(listed, path, plot)
     if as_json:
         emit_json(summary)
+        figure_written(plot, as_json)
         return
     for k, v in summary.items():
         if v is not None and k not in _NOT_LINES:
@@ -153,8 +154,19 @@ def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
     heads = {"target": "target", "sqnr_db": "SQNR dB"}
     table(f"{len(listed)} tensors", ["tensor", "type", "shape", "size"]
           + [heads[c] for c in extra], rows)  # fmt: skip
+    figure_written(plot, as_json)
+
+
+def figure_written(plot: Path | None, as_json: bool) -> None:
+    """Say where the figure went (on stderr under ``--json``: stdout holds the JSON alone)."""
     if plot is not None:
-        typer.echo(f"figure written to {plot}")
+        typer.echo(f"figure written to {plot}", err=as_json)
+
+
+def figure_folder(plot: Path) -> None:
+    """Make the folder ``plot`` goes in, as every command makes its output's (just before the
+    figure is written: a failed job leaves no folder behind)."""
+    plot.parent.mkdir(parents=True, exist_ok=True)
 
 
 def plot_export_bytes(listed: list[dict[str, Any]], path: str, plot: Path) -> None:
@@ -176,6 +188,7 @@ def plot_export_bytes(listed: list[dict[str, Any]], path: str, plot: Path) -> No
     ax.set_ylabel("MiB stored")
     ax.set_title(f"{Path(path).name}: bytes per stored type ({len(listed)} tensors)")
     ax.margins(y=0.15)
+    figure_folder(plot)
     fig.savefig(plot)
     plt.close(fig)
 
@@ -210,6 +223,9 @@ def check_plot(path: Path) -> None:
     """Refuse a --plot file qstream cannot write, before any work."""
     if path.suffix.lower() not in (".png", ".svg"):
         raise typer.BadParameter(f"--plot {path}: the figure is written as .png or .svg")
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise typer.BadParameter(f"--plot {path}: {existing} is a file, not a folder")
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -220,4 +236,5 @@ def check_plot(path: Path) -> None:
 
 def save_plot(arr: qs.QuantizedArray | qs.QuantizedCheckpoint, store: str, plot: Path) -> None:
     """Write the one-page figure of ``arr`` to ``plot``."""
+    figure_folder(plot)
     qs.save_plot(arr, plot, title=str(store))

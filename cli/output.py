@@ -162,14 +162,18 @@ def fmt_num(v: object) -> str:
 def table(
     title: str | None, columns: list[str], rows: list[list[str]], *, header: bool = True
 ) -> None:
-    """A Rich table on a terminal, the names in the first column on one line each (long
-    ones abbreviated to fit: :func:`abbreviate`); plain aligned lines otherwise (never
-    wrapped, full names)."""
+    """A Rich table on a terminal, every cell whole but the names in the first column, each on
+    one line (long ones abbreviated to fit: :func:`abbreviate`); where the other columns
+    leave a name less than :data:`NAME_MIN` characters, each row on two lines instead
+    (:func:`stacked_table`). Plain aligned lines otherwise (never wrapped, full names)."""
     out = console()
     if out.is_terminal:
         from rich.table import Table
 
         widths = column_widths(out.width, columns, rows)
+        if widths is None:
+            stacked_table(out, title, columns, rows, header=header)
+            return
         t = Table(title=title, show_header=header)
         for c, w in zip(columns, widths, strict=True):
             t.add_column(c, no_wrap=True, overflow="ellipsis", width=w)
@@ -185,27 +189,55 @@ def table(
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
 
 
-#: a narrow terminal's first (name) column: at least this many characters, or this share of
-#: the width, whichever is more (the other columns give way first, cut with an ellipsis)
-NAME_MIN, NAME_SHARE = 24, 0.4
+#: the fewest characters a terminal table's first (name) column is given beside the others;
+#: with less room its rows are stacked (name, then the other cells), every cell whole
+NAME_MIN = 24
 
 
-def column_widths(total: int, columns: list[str], rows: list[list[str]]) -> list[int]:
+def column_widths(total: int, columns: list[str], rows: list[list[str]]) -> list[int] | None:
     """The widths of a terminal table's columns, every row on one line within ``total``
-    characters: each column as wide as its widest cell where that fits; else the first
-    (names) keeps what the others leave of it, but not less than :data:`NAME_MIN` nor
-    :data:`NAME_SHARE` of the width, and the others give up the rest, the widest first."""
+    characters: each column as wide as its widest cell where that fits; else every column
+    but the first (names) still whole and the first given the rest, when that is at least
+    :data:`NAME_MIN` (or its widest name); else None: the table does not fit side by side
+    (:func:`stacked_table`)."""
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     room = total - 3 * len(columns) - 1  # (borders and padding)
-    if sum(widths) <= room or len(widths) == 1:
-        return widths if len(widths) > 1 else [min(widths[0], max(room, 1))]
-    floor = min(widths[0], max(NAME_MIN, int(total * NAME_SHARE)))
-    name = max(min(widths[0], room - sum(widths[1:])), floor)
-    others, left = widths[1:], max(room - name, 3 * len(widths[1:]))
-    level = max(others)
-    while level > 3 and sum(min(w, level) for w in others) > left:
-        level -= 1  # (the widest columns are cut first, to the same width)
-    return [name, *(min(w, level) for w in others)]
+    if sum(widths) <= room:
+        return widths
+    name = room - sum(widths[1:])
+    if name >= min(widths[0], NAME_MIN):
+        return [name, *widths[1:]]
+    return None
+
+
+def stacked_table(
+    out: Console, title: str | None, columns: list[str], rows: list[list[str]], *, header: bool
+) -> None:
+    """A table too wide for the terminal side by side: each row's first cell (a name) on a
+    line of its own (abbreviated only if longer than the terminal is wide), its other cells
+    on the next line, indented and aligned under one header line; no cell cut but a values
+    line wider than the terminal."""
+    from rich.text import Text
+
+    def say(text: str, style: str = "") -> None:
+        out.print(Text(text, style=style), no_wrap=True, overflow="ellipsis", crop=True)
+
+    heads = columns[1:]
+    widths = [
+        max([len(h) if header else 0, *(len(r[i + 1]) for r in rows)]) for i, h in enumerate(heads)
+    ]
+
+    def values(cells: list[str]) -> str:
+        return ("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))).rstrip()
+
+    if title:
+        out.print(Text(title, style="italic"))  # (wrapped, as a side-by-side table's title)
+    if header:
+        say(columns[0], "bold")
+        say(values(heads), "bold")
+    for r in rows:
+        say(abbreviate(r[0], out.width))
+        say(values(r[1:]))
 
 
 def abbreviate(name: str, width: int) -> str:

@@ -221,6 +221,32 @@ def test_inspect_plot_writes_a_one_page_png_or_svg(tmp_path, converted):
     assert "per-channel SQNR (128 channels)" in text and "worst 5 channels" in text
 
 
+def test_inspect_plot_of_a_checkpoint_says_where_the_figure_went_making_its_folder(
+    tmp_path, converted
+):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "figures" / "new" / "ck.png"  # (a folder not made yet)
+    r = run("inspect", converted, "--plot", png)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == f"figure written to {png}"
+    assert _png_size(png) == (1000, 700)
+    svg = tmp_path / "ck.svg"
+    r = run("inspect", converted, "--plot", svg, "--json")
+    assert r.exit_code == 0, r.output
+    assert strict_json(r.stdout)["tensors"]  # (stdout: the JSON alone)
+    assert r.stderr.strip() == f"figure written to {svg}" and svg.stat().st_size > 0
+
+
+def test_inspect_plot_under_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "taken").write_text("not a folder")
+    r = run("inspect", tmp_path / "none.zarr", "--plot", tmp_path / "taken" / "x.png")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (
+        f"error: --plot {tmp_path / 'taken' / 'x.png'}: {tmp_path / 'taken'} is a file, not a"
+        " folder"
+    )
+
+
 def test_inspect_plot_refuses_other_formats_before_any_work(tmp_path):
     r = run("inspect", tmp_path / "none.zarr", "--plot", tmp_path / "x.pdf")
     assert r.exit_code == 2

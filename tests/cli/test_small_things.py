@@ -90,31 +90,51 @@ def test_long_names_are_abbreviated_apart_keeping_numbers_and_the_last_part():
             short, [(3, 0), (3, 117), (11, 0), (11, 117)], strict=True))  # fmt: skip
     assert abbreviate("embed_tokens.weight", 30) == "embed_tokens.weight"
     widths = column_widths(80, ["tensor", "shape", "SQNR dB"], [[names[0], "[16, 32]", "44.89"]])
-    assert sum(widths) + 3 * 3 + 1 <= 80 and widths[1:] == [8, 7]  # (the others fit whole)
+    assert widths is not None  # (the others fit whole)
+    assert sum(widths) + 3 * 3 + 1 <= 80 and widths[1:] == [8, 7]
 
 
-def test_tables_in_an_80_column_terminal_keep_a_tensor_a_line(tmp_path):
+def _terminal_lines(tmp_path, columns: int, *args) -> list[str]:
+    """What ``qstream *args`` prints on a terminal ``columns`` wide, escapes removed."""
+    env = {**os.environ, "FORCE_COLOR": "1", "NO_COLOR": "1", "COLUMNS": str(columns)}
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", *map(str, args)],
+        capture_output=True, text=True, env=env, cwd=ROOT, check=True,
+    ).stdout  # fmt: skip
+    return [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln) for ln in out.splitlines()]
+
+
+def test_tables_in_an_80_column_terminal_keep_names_on_one_line_and_every_value_whole(tmp_path):
     rng = np.random.default_rng(0)
     names = [LONG.format(i, j) for i in range(2) for j in range(3)]
     save_file({n: rng.standard_normal((16, 32)).astype(np.float32) for n in names},
               str(tmp_path / "m.safetensors"))  # fmt: skip
     assert run("convert", tmp_path / "m.safetensors", tmp_path / "m.zarr", "-q").exit_code == 0
-    env = {**os.environ, "FORCE_COLOR": "1", "NO_COLOR": "1", "COLUMNS": "80"}
-    out = subprocess.run(
-        [sys.executable, "-m", "cli.main", "inspect", str(tmp_path / "m.zarr")],
-        capture_output=True, text=True, env=env, cwd=ROOT, check=True,
-    ).stdout  # fmt: skip
-    lines = [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", ln) for ln in out.splitlines()]
+    listed = json.loads(run("inspect", tmp_path / "m.zarr", "--json").stdout)["tensors"]
+    assert list(listed) == names
+    lines = _terminal_lines(tmp_path, 80, "inspect", tmp_path / "m.zarr")
     assert lines and all(len(ln) <= 80 for ln in lines), lines
-    body = [ln for ln in lines if ln.startswith("│")]
-    assert len(body) == len(names)  # one line each: no name folded over several
-    shown = [ln.split("│")[1].strip() for ln in body]
-    assert len(set(shown)) == len(names) and all("…" in s for s in shown)
+    # (names and values do not fit side by side: a name a line, whole, its values below it)
+    at = [lines.index(n) for n in names]
+    for n, i in zip(names, at, strict=True):
+        cells = lines[i + 1].split()
+        assert cells[:3] == ["[16,", "32]", "float32"], lines[i + 1]
+        assert cells[3] == "int8/axis0/minmax" and "…" not in lines[i + 1]
+        sqnr = listed[n]["error"]["sqnr_db"]
+        assert cells[-1] == f"{sqnr:.2f}"
     plain = run("inspect", tmp_path / "m.zarr")  # (not a terminal: full names, for grep)
     assert all(n in plain.stdout for n in names)
-    assert list(json.loads(run("inspect", tmp_path / "m.zarr", "--json").stdout)["tensors"]) == (
-        names
-    )
+
+
+def test_a_terminal_table_cuts_names_part_by_part_where_the_values_leave_room(tmp_path):
+    names = [LONG.format(i, j) for i in range(2) for j in range(3)]
+    rows = [[n, "[16, 32]", "44.89"] for n in names]
+    widths = column_widths(60, ["tensor", "shape", "SQNR dB"], rows)
+    assert widths is not None and widths[1:] == [8, 7] and sum(widths) + 3 * 3 + 1 == 60
+    assert column_widths(200, ["tensor", "shape", "SQNR dB"], rows) == [len(names[0]), 8, 7]
+    wide = [[n, "[16, 32]", "float32", "int8/axis0/percentile", "2.0 KiB -> 640 B", "44.89"]
+            for n in names]  # fmt: skip
+    assert column_widths(80, ["tensor", "shape", "dtype", "as", "bytes", "SQNR"], wide) is None
 
 
 def test_a_numpy_source_is_named_as_one_in_the_notebook_view():

@@ -276,6 +276,28 @@ def test_plot_draws_the_thresholds_and_returns_the_figure(acts):
     assert ax.get_yscale() == "log"  # (per-channel SQNR: log counts, the worst channels show)
 
 
+def test_a_plot_saved_as_it_is_keeps_its_labels_inside_and_its_markers_off_the_border(acts):
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    report = qs.quantize_store(acts, "memory://views-inside", qs.QuantSpec(axis=1), overwrite=True)
+    fig = report.plot()  # (a figure of its own, saved with a plain savefig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    (ax,) = fig.axes
+    for label in (ax.xaxis.label, ax.yaxis.label, ax.title):
+        box = label.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    lo, hi = ax.get_xlim()
+    xs = [ln.get_xdata()[0] for ln in ax.get_lines()]  # median and worst channel
+    assert len(xs) == 2 and all(lo < x < hi for x in xs)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def test_figure_files_are_valid_images_of_the_page_size(tmp_path, acts):
     pytest.importorskip("matplotlib")
     from qstream.viz.mpl import save_figure

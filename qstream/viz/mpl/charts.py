@@ -45,13 +45,14 @@ def new_axes(figsize: tuple[float, float] = (8, 3.5)) -> Axes:
     ``.plot()`` returns once, where pyplot's inline backend would show it a second time."""
     from ...jupyter import jupyter_cell
 
+    # (constrained layout: the axis labels stay inside the figure a plain ``savefig`` writes)
     if jupyter_cell() is not None:
         from matplotlib.figure import Figure
 
-        return Figure(figsize=figsize).add_subplot()
+        return Figure(figsize=figsize, layout="constrained").add_subplot()
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=figsize)[1]
+    return plt.subplots(figsize=figsize, layout="constrained")[1]
 
 
 #: the largest count from which a count axis is drawn log scale (below, linear reads better)
@@ -102,7 +103,10 @@ def plot_histogram(
         top = max(1.0, float(hist.counts.max(initial=0)))
         ax.set_ylim(top=top * (10 ** max(0.6, 0.35 * math.log10(top)) if log else 1.35))
         ax.legend(fontsize=8, loc="upper center", ncols=min(3, len(seen)))
-    ax.set_xlim(hist.lo, hist.hi)
+    # (a margin on either side: a marker at the first or last edge, the worst channel's
+    # SQNR say, stays a visible line and not the axes' own border)
+    pad = 0.02 * (hist.hi - hist.lo) if hist.hi > hist.lo else 0.5
+    ax.set_xlim(hist.lo - pad, hist.hi + pad)
     ax.set_xlabel(xlabel or ("|x|" if hist.abs else "x"))
     ax.set_ylabel("count (log)" if log else "count")
     return ax
