@@ -20,9 +20,12 @@ def open_quantized(
 
     A quantized group opens as a :class:`~qstream.QuantizedArray`. A converted checkpoint
     opens as a :class:`~qstream.QuantizedCheckpoint` whatever its layout (``ck.layout``):
-    its Zarr root (one group per tensor, or packs of alike tensors), or a ``.safetensors``
-    file or index that qstream exported (its quantized tensors read as their dequantized
-    float32 values). Each is a mapping of tensor names to lazy arrays, in order, with
+    its Zarr root (one group per tensor, or packs of alike tensors), a ``.safetensors``
+    file or index that qstream exported, or a ``.gguf`` file (qstream's export or another
+    tool's: its tensors under Hugging Face names for the architectures qstream knows, else
+    their GGUF names) (quantized tensors read as their dequantized float32 values, a GGUF
+    tensor as gguf-py's ``dequantize`` gives it). Each is a mapping of tensor names to lazy
+    arrays, in order, with
     ``ck.tensors`` (name -> shape, dtype, target, bytes, error where recorded),
     ``ck.summary()`` (what ``qstream inspect --json`` prints) and ``ck.view``.
 

@@ -1,7 +1,7 @@
 """One reader type: ``qs.open_quantized`` gives a ``QuantizedCheckpoint`` for a converted
 checkpoint in every layout (Zarr groups, packs, safetensors exports in both formats, sharded
-or not), with ``.tensors``, iteration, the mapping protocol, ``summary()`` and ``view``, and
-the same values whichever layout it reads."""
+or not, GGUF files), with ``.tensors``, iteration, the mapping protocol, ``summary()`` and
+``view``, and the same values whichever layout it reads."""
 
 import json
 import struct
@@ -101,3 +101,35 @@ def test_a_safetensors_file_qstream_did_not_export_is_still_refused(tmp_path):
     save_file({"w": np.ones((4, 4), np.float32)}, str(tmp_path / "plain.safetensors"))
     with pytest.raises(qs.StoreError, match="not a qstream export"):
         qs.open_quantized(tmp_path / "plain.safetensors")
+
+
+def test_a_gguf_file_opens_as_a_quantized_checkpoint_with_the_values_gguf_py_decodes(
+    tmp_path, recwarn
+):
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    ref = qs.open_quantized(
+        qs.convert_checkpoint(SAMPLE, tmp_path / "q8.zarr", recipe=recipe)["destination"]
+    )
+    path = tmp_path / "model.gguf"
+    qs.export_gguf(tmp_path / "q8.zarr", path)
+    ck = qs.open_quantized(path)
+    assert not [w for w in recwarn if issubclass(w.category, qs.QStreamWarning)]
+    assert isinstance(ck, qs.QuantizedCheckpoint) and ck.layout == "export"
+    assert ck.meta["format"] == "gguf" and list(ck) == list(ref)  # (the source's own names)
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(path))
+    stored = {t.name: t for t in reader.tensors}
+    for name, row in ck.tensors.items():
+        t = stored[name]
+        assert row["shape"] == ref.tensors[name]["shape"] and row["error"] is None
+        assert row["bytes_after"] == int(t.n_bytes)
+        assert row["kept"] == ref.tensors[name]["kept"]
+        assert row["target"] == ("keep" if row["kept"] else t.tensor_type.name)
+        want = gguf.quants.dequantize(t.data, t.tensor_type).reshape(row["shape"])
+        np.testing.assert_array_equal(ck[name][...], want)
+        np.testing.assert_array_equal(ck[name][...], ref[name][...].astype(np.float32))
+    assert ck.view.quantized == sum(not r["kept"] for r in ref.tensors.values())

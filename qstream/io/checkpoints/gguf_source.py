@@ -325,17 +325,29 @@ def _named(header: GGUFHeader) -> dict[str, TensorLike]:
     return out
 
 
+#: GGML types that store float values as they are (a tensor of one was kept, not quantized)
+GGUF_FLOATS = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_type(t: Any) -> str | None:
+    """The GGML type a tensor of :func:`open_gguf` is stored as (None for another tensor)."""
+    base = t.base if isinstance(t, Unpermuted | Shifted) else t
+    return base.type if isinstance(base, GGUFTensor) else None
+
+
 def open_gguf(
     path: str,
     *,
     hf_names: bool = True,
+    warn_unnamed: bool = True,
     storage_options: dict[str, Any] | None = None,
     store: str | None = None,
 ) -> dict[str, TensorLike]:
     """The tensors of the GGUF file ``path`` by name, in file order, each read lazily as
     float32 (see the module's text); only the header is read here. ``hf_names``: Hugging
     Face names (and layouts) for known architectures; otherwise, or for another
-    architecture (a warning says so), the GGUF names and layouts. ``path`` may be the URL of
+    architecture (a warning says so, unless not ``warn_unnamed``), the GGUF names and
+    layouts. ``path`` may be the URL of
     a GGUF object (read through ``store`` with ``storage_options``): its header is read by
     ranged requests, each tensor region by one ranged request for its rows."""
     header = read_header(path, storage_options=storage_options, store=store)
@@ -346,7 +358,9 @@ def open_gguf(
     arch = architecture(header)
     if hf_names and arch in KNOWN:
         return _named(header)
-    if hf_names:
+    # (architecture "qstream": qstream's export of a model without a config, its tensors
+    # under the source's own names already)
+    if hf_names and warn_unnamed and arch != "qstream":
         warnings.warn(
             f"GGUF file {path}: architecture {arch!r} has no Hugging Face naming in qstream"
             f" (known: {', '.join(KNOWN)}); its tensors keep their GGUF names",

@@ -25,6 +25,7 @@ import numpy as np
 
 from ...errors import StoreError
 from ..checkpoints import DequantizedTensor, open_checkpoint
+from ..checkpoints.gguf_source import GGUF_FLOATS, gguf_type, open_gguf
 from ..storage import read_all
 from .existing import is_checkpoint
 from .ondisk import (
@@ -97,6 +98,8 @@ def open_quantized(
         (".safetensors", ".safetensors.index.json")
     ):
         return _open_export(os.fspath(path))
+    if isinstance(path, str | os.PathLike) and os.fspath(path).lower().endswith(".gguf"):
+        return open_gguf(os.fspath(path), warn_unnamed=False)
     return open_output(
         path,
         allow_incomplete=allow_incomplete,
@@ -116,13 +119,23 @@ def exported_checkpoint(path: Any, tensors: dict[str, Any]) -> QuantizedCheckpoi
     """The export ``path`` (its tensors as :func:`open_quantized` gives them: quantized ones
     read dequantized) as a :class:`QuantizedCheckpoint` of ``layout`` ``export``, each
     tensor's row from the file's entries: its shape, the type its values read as, its target
-    (``int8/axis0``, ``int4/axis1:b32``, ``keep``) and the bytes its entries (codes and
-    parameters) take. The file records no error: rows have ``error`` None."""
+    (``int8/axis0``, ``int4/axis1:b32``, a GGUF tensor's GGML type ``Q8_0``, ``Q4_K``...,
+    ``keep``) and the bytes its entries (codes and parameters; a GGUF tensor's blocks) take.
+    The file records no error: rows have ``error`` None."""
     rows: dict[str, dict[str, Any]] = {}
     formats = set()
     for pos, (name, t) in enumerate(tensors.items()):
         row: dict[str, Any] = {"name": name, "pos": pos, "shape": [int(d) for d in t.shape]}
-        if isinstance(t, DequantizedTensor):
+        ggml = gguf_type(t)
+        if ggml is not None:  # a GGUF tensor: its GGML type, stored as it is or in blocks
+            formats.add("gguf")
+            kept = ggml in GGUF_FLOATS
+            target = "keep" if kept else ggml
+            row.update(key=name, dtype="float32", target=target, kept=kept)
+            row["bytes_after"] = int(t.nbytes)
+            if kept:
+                row["bytes_before"] = int(t.nbytes)
+        elif isinstance(t, DequantizedTensor):
             formats.add(t.fmt)
             where = "tensor" if t.axis is None else f"axis{t.axis}"
             where += f":b{t.block}" if t.block else ""

@@ -67,8 +67,8 @@ class QuantizedCheckpoint(Mapping[str, Any]):
     float32, the original dtype in ``attrs["qstream"]["dtype"]``), in conversion order.
 
     The one type :func:`qstream.open_quantized` returns for a checkpoint of any
-    :attr:`layout`: Zarr groups, packs, or a safetensors export (:meth:`from_tensors`; its
-    tensors read as their dequantized float32 values). All have :attr:`tensors` (name -> row),
+    :attr:`layout`: Zarr groups, packs, or a safetensors or GGUF export (:meth:`from_tensors`;
+    its tensors read as their dequantized float32 values). All have :attr:`tensors` (name -> row),
     iteration and ``ck[name]``, :meth:`summary`, :attr:`view`."""
 
     def __init__(
@@ -128,7 +128,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
     def layout(self) -> str:
         """How it is stored: ``groups`` (a Zarr group per tensor), ``packed`` (runs of alike
         tensors stacked, :mod:`qstream.io.outputs.pack_layout`) or ``export`` (a safetensors
-        file or index qstream exported)."""
+        file or index qstream exported, or a GGUF file)."""
         return str(self.meta.get("layout") or "groups")
 
     def key_of(self, name: str) -> str:
