@@ -55,6 +55,26 @@ def test_info_prints_integer_ranges_in_full():
     assert "e+" not in r.stdout
 
 
+def test_info_and_version_print_json_with_the_version_and_whole_integer_ranges():
+    r = run("info", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["qstream_version"] == qs.__version__
+    assert data["types"]["int32"] == {
+        "kind": "int", "bits": 32, "min": -(2**31), "max": 2**31 - 1,
+    }  # fmt: skip
+    assert data["types"]["float8_e4m3fn"]["max"] == 448 and data["round_modes"] == list(
+        qs.ROUND_MODES
+    )
+    assert data["summary"] == {"types": len(qs.QTYPES), "round_modes": len(qs.ROUND_MODES)}
+    r = run("version", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["qstream_version"] == qs.__version__ and data["dependencies"]["numpy"] == (
+        np.__version__
+    )
+
+
 @pytest.mark.parametrize(
     "option, shown",
     [
