@@ -237,16 +237,21 @@ def convert(
             print_plan(plan, as_json)
             return
         show = not (quiet or as_json)
-        finished = plan.action == "complete"
+        complete = plan.action == "complete"
         if plan.loads_kernels:  # (not a finished output, nor a small job's NumPy twins)
             qs.warm_up(rec.specs(), background=True)  # first run: see quantize
         again = resumed(plan)  # (a re-run after an interruption: what is done already)
         if again is not None and show:
             typer.echo(again.line(), err=True)
 
+        finished = [again.done if again is not None else 0]
+
         def on_tensor(ev: qs.TensorEvent) -> None:
             if ev.result is None or (again is not None and ev.name in again.names):
                 return
+            finished[0] += 1
+            if reporter is not None:
+                reporter.tensors(finished[0], ev.total)
             r = ev.result
             tag = "kept" if r["kept"] else ev.target
             sq = "" if r["kept"] else f"  SQNR {fmt_db(r['error']['sqnr_db'])} dB"
@@ -256,7 +261,7 @@ def convert(
                 f" -> {fmt_bytes(r['bytes_after'])}{sq}"
             )
 
-        with open_executor(scheduler) as ex, progress("convert", not show or finished):
+        with open_executor(scheduler) as ex, progress("convert", not show or complete) as reporter:
             report = qs.convert_checkpoint(
                 checkpoint,
                 dst,

@@ -14,6 +14,7 @@ from .failures import library_errors
 from .helptext import examples
 from .options import JSON, MAX_MEMORY, QUIET, parse_size, require_input
 from .output import done_already, emit_json, fmt_bytes
+from .progress import progress
 
 
 @examples(
@@ -84,10 +85,11 @@ def export(
         limit = parse_size(max_memory, "--max-memory")
         require_input(src, "SRC")
         if out.endswith(".gguf"):
-            result = qs.export_gguf(
-                src, out, type=gguf_type, config=config, overwrite=overwrite, max_memory=limit,
-                tokenizer=not no_tokenizer,
-            )  # fmt: skip
+            with progress("export", quiet or as_json) as cb:
+                result = qs.export_gguf(
+                    src, out, type=gguf_type, config=config, overwrite=overwrite,
+                    max_memory=limit, tokenizer=not no_tokenizer, progress=cb,
+                )  # fmt: skip
             if as_json:
                 emit_json(result)
             elif not quiet:
@@ -97,16 +99,18 @@ def export(
             return
         if no_tokenizer:
             raise typer.BadParameter("--no-tokenizer applies to a .gguf OUT only")
-        result = qs.export_safetensors(
-            src,
-            out,
-            format=fmt,
-            config=config,
-            max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
-            overwrite=overwrite,
-            name=name,
-            max_memory=limit,
-        )
+        with progress("export", quiet or as_json) as cb:
+            result = qs.export_safetensors(
+                src,
+                out,
+                format=fmt,
+                config=config,
+                max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
+                overwrite=overwrite,
+                name=name,
+                max_memory=limit,
+                progress=cb,
+            )
         if done_already(out, result, as_json, quiet):
             return
         if as_json:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import qstream as qs
 
-from .output import console
+from .output import console, fmt_bytes
 
 if TYPE_CHECKING:
     import rich.progress
@@ -50,6 +50,23 @@ class Progress:
             self.bar.remove_task(self.task)  # (thousands of tensors: no pile of hidden bars)
             self.task = None
 
+    overall: rich.progress.TaskID | None = None  # a checkpoint's tensors, finished of all
+
+    def tensors(self, done: int, total: int) -> None:
+        """``done`` of a checkpoint's ``total`` tensors are finished: a bar of their own on a
+        terminal, under which each big tensor's passes show (nothing otherwise: each tensor
+        prints its line)."""
+        if self.bar is None:
+            return
+        self.started()
+        count = f"{done}/{total} tensors"
+        if self.overall is None:
+            self.overall = self.bar.add_task(
+                f"{self.label}: tensors", total=total, completed=done, count=count
+            )
+        else:
+            self.bar.update(self.overall, completed=done, total=total, count=count)
+
     def _title(self) -> str:
         """What a bar or line is headed by: the pass, after the tensor if there is one."""
         if not self.subject:
@@ -63,6 +80,8 @@ class Progress:
         self.unit = "channels" if name.startswith("search") else "blocks"
         if name.endswith("builds"):  # (warm-up: kernel builds)
             self.unit = "builds"
+        if name == "write":  # (an export's files: bytes of tensors written)
+            self.unit = "bytes"
         self.last = -1
         if self.bar is not None:
             if self.task is not None:
@@ -74,6 +93,8 @@ class Progress:
             self(done, total)
 
     def _count(self, done: int, total: int) -> str:
+        if self.unit == "bytes":
+            return f"{fmt_bytes(done)} of {fmt_bytes(total)}"
         return f"{done}/{total} {self.unit}"
 
     waiting: rich.progress.TaskID | None = None  # the "starting" line, until a pass starts
@@ -100,7 +121,7 @@ class Progress:
         pct = int(100 * done / max(total, 1))
         if self.last < 0 or pct // 10 != self.last // 10 or done == total:
             self.last = pct
-            line = f"{self._title()}: {done}/{total} {self.unit} ({pct}%)"
+            line = f"{self._title()}: {self._count(done, total)} ({pct}%)"
             print(line, file=sys.stderr, flush=True)
 
 

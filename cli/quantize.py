@@ -222,14 +222,17 @@ def dequantize(
     with library_errors():
         show = not (quiet or as_json)
         with open_executor(scheduler) as ex, progress("dequantize", not show) as cb:
+            finished = [0]
 
             def on_tensor(ev: qs.TensorEvent) -> None:
                 """A converted checkpoint's tensor: a line each, as convert prints."""
                 which = f"[{ev.index + 1:>{len(str(ev.total))}}/{ev.total}] {ev.name}"
+                assert cb is not None  # (on_tensor is passed only when progress shows)
                 if ev.result is None:
-                    assert cb is not None  # (on_tensor is passed only when progress shows)
                     cb.tensor(which)  # (its progress lines name it)
                     return
+                finished[0] += 1
+                cb.tensors(finished[0], ev.total)
                 r = ev.result
                 typer.echo(
                     f"{which} {list(ev.shape)} {ev.dtype} -> "

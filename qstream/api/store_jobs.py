@@ -248,7 +248,7 @@ def dequantize_store(
             )
         if str(dst).endswith(".safetensors"):
             return dequantize_files.to_safetensors(
-                *paths, dtype, overwrite, storage_options, max_memory
+                *paths, dtype, overwrite, storage_options, max_memory, progress=progress
             )
         with store_errors(_remote(dst, src)):
             return _dequantize_any(

@@ -49,9 +49,33 @@ def split_shards(entries: list[Entry], limit: int) -> list[list[Entry]]:
     return shards
 
 
-def write_safetensors(path: str, entries: list[Entry], metadata: dict[str, str]) -> None:
+#: called with the bytes of each slab a writer has written
+Tick = Callable[[int], None]
+
+
+def byte_ticks(progress: Any, total: int) -> Tick | None:
+    """A writer's :data:`Tick` that reports an export's ``write`` pass to ``progress`` (a
+    ``(done, total)`` reporter, with ``stage`` where it has one): bytes written of ``total``.
+    None without a reporter."""
+    if progress is None:
+        return None
+    stage = getattr(progress, "stage", None)
+    if stage is not None:
+        stage("write", total, 0)
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        progress(done[0], total)
+
+    return tick
+
+
+def write_safetensors(
+    path: str, entries: list[Entry], metadata: dict[str, str], tick: Tick | None = None
+) -> None:
     """Write ``entries`` as the safetensors file ``path``, each read and written in slabs
-    of about :data:`SLAB` bytes."""
+    of about :data:`SLAB` bytes (``tick``: told each slab's bytes)."""
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
     for e in entries:
@@ -74,6 +98,8 @@ def write_safetensors(path: str, entries: list[Entry], metadata: dict[str, str])
                     chunk = e.read(r0, min(rows, r0 + step))
                     f.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8).data)
                     written += chunk.nbytes
+                    if tick is not None:
+                        tick(chunk.nbytes)
                 if written != e.nbytes:
                     raise StoreError(f"{e.name}: wrote {written} bytes, expected {e.nbytes}")
         os.replace(tmp, path)

@@ -54,6 +54,7 @@ from ..io.checkpoints import source_config as source_config
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, check_writable, open_quantized
 from ..io.storage import location
 from ..paths import kind_of, open_regular
+from ..viz.cell_progress import reporting
 from . import compressed_tensors as ct
 from .entries import (
     FLOAT_TYPES,
@@ -63,7 +64,14 @@ from .entries import (
     float_entry,
     quantized_entries,
 )
-from .files import Entry, remove_stale_partials, split_shards, write_json, write_safetensors
+from .files import (
+    Entry,
+    byte_ticks,
+    remove_stale_partials,
+    split_shards,
+    write_json,
+    write_safetensors,
+)
 from .model_files import copy_files, manifest, plan_copies
 from .targets import check_targets, export_lock, finished_export, job_digest, other_forms
 from .targets import shard_pattern as shard_pattern
@@ -92,6 +100,7 @@ def export_safetensors(
     max_memory: int | None = None,
     files: Sequence[str] = (),
     dry_run: bool = False,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
@@ -126,7 +135,11 @@ def export_safetensors(
     template, generation config; :func:`qstream.exports.find_model_files` finds them
     beside a checkpoint) copied beside ``out``, so that the folder deploys as it is; a file
     there that qstream did not write is refused, never replaced. Every identity and name
-    written is free of local paths: the job is recorded as its SHA-256."""
+    written is free of local paths: the job is recorded as its SHA-256.
+
+    ``progress``: called ``(done, total)`` with the bytes of tensors written (after
+    ``progress.stage("write", total, 0)`` where it has a ``stage``); in a notebook without
+    one, a line of the cell shows it."""
     if dtype not in FLOAT_TYPES:
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
@@ -242,7 +255,8 @@ def export_safetensors(
     if job is not None:
         job = job_digest(job)  # (the identity names the source: only its digest is written)
         meta["qstream_job"] = job
-    with export_lock(out):  # one export at a time into a folder (see export_lock)
+    with reporting(progress, "export") as shown, export_lock(out):  # (see export_lock)
+        tick = byte_ticks(shown, sum(e.nbytes for e in found))
         write_config, targets, stale, todo = plan()  # (another export may have written meanwhile)
         for f in targets:
             remove_stale_partials(f)
@@ -256,7 +270,7 @@ def export_safetensors(
             os.unlink(f)
         for path, shard in zip(paths, shards, strict=True):
             if path != last:
-                write_safetensors(path, shard, meta)
+                write_safetensors(path, shard, meta, tick)
         copy_files(todo, folder)
         targets += [os.path.join(folder, n) for n in todo]
         if write_config and model_config is not None:
@@ -265,7 +279,7 @@ def export_safetensors(
                 model_config["qstream_export"]["files"] = copied
             write_json(config_path, model_config)
         if last is not None:
-            write_safetensors(last, shards[0], meta)
+            write_safetensors(last, shards[0], meta, tick)
         else:
             weight_map = {
                 e.name: os.path.basename(f) for f, s in zip(paths, shards, strict=True) for e in s

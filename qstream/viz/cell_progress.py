@@ -46,7 +46,11 @@ class NotebookProgress:
         where = f"{self.name} " if self.name else ""
         if self.total > 0:
             pct = 100.0 * self.done / self.total
-            return f"{self.job}: {where}{self.done}/{self.total} blocks ({pct:.0f}%), {took:.1f} s"
+            if self.name == "write":  # (an export: bytes of tensors written)
+                count = f"{self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
+            else:
+                count = f"{self.done}/{self.total} blocks"
+            return f"{self.job}: {where}{count} ({pct:.0f}%), {took:.1f} s"
         return f"{self.job}: {where}{took:.1f} s"
 
     def _draw(self, force: bool = False) -> None:

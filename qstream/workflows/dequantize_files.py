@@ -232,9 +232,11 @@ def to_safetensors(
     storage_options: StorageOptions | None,
     max_memory: int | None,
     dry_run: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """A qstream output's values exported as ``dst`` (a ``.safetensors``); ``dry_run``:
-    decided and refused as the export is, nothing written (``entries``: what it writes)."""
+    decided and refused as the export is, nothing written (``entries``: what it writes);
+    ``progress``: told the bytes written (a ``write`` pass)."""
     import json
     import os
     import time
@@ -259,6 +261,7 @@ def to_safetensors(
             job=job,
             max_memory=max_memory,
             dry_run=dry_run,
+            progress=progress,
         )
     if dry_run:
         return {**out, "destination": path, "dtype": dtype}

@@ -145,6 +145,37 @@ def test_a_terminal_shows_a_live_line_from_the_start_then_the_passes(tmp_path):
     assert "convert: starting" in text or "compiling kernels" in text
     assert "\x1b[2K" in text  # (a line redrawn in place: Rich's live display)
     assert re.search(r"\[ *1/\d+\]", text) and "quantized tensors, worst SQNR first" in text
+    # (the starting line gives way to the tensors' bar, counted as they finish)
+    assert "convert: tensors" in text and "34/34 tensors" in text
+
+
+@pytest.mark.parametrize("out", ["x.gguf", "x.safetensors", "restored/x.safetensors"])
+def test_export_and_a_checkpoints_dequantize_show_the_bytes_they_write(tmp_path, out):
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    cache = Path(os.environ.get("NUMBA_CACHE_DIR") or tmp_path / "cache")
+    src = tmp_path / "q8.zarr"
+    made = subprocess.run(
+        [sys.executable, "-m", "cli.main", "convert", str(SAMPLE), str(src), "--recipe",
+         str(recipe), "-q"], cwd=ROOT, env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+    )  # fmt: skip
+    assert made.returncode == 0
+    command = "dequantize" if out.startswith("restored") else "export"
+    term = Terminal([command, str(src), str(tmp_path / out)], cache)
+    term.wait(120)
+    assert term.status == 0, term.text()[-2000:]
+    assert re.search(rf"{command}: write .* of [0-9.]+ [KM]iB", term.text()), term.text()[-2000:]
+    piped = subprocess.run(
+        [sys.executable, "-m", "cli.main", command, str(src), str(tmp_path / f"p-{out}")],
+        cwd=ROOT, env={**os.environ, "NUMBA_CACHE_DIR": str(cache)}, capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    lines = [ln for ln in piped.stderr.splitlines() if ln.startswith(f"{command}: write:")]
+    assert lines[0].endswith("(0%)") and lines[-1].endswith("(100%)"), piped.stderr
 
 
 def test_warm_up_reports_each_build_as_its_process_finishes_it():

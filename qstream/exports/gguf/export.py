@@ -38,7 +38,8 @@ from ...compat import gguf as q
 from ...errors import InvalidParameterError, QStreamWarning, StoreError
 from ...paths import kind_of
 from ...spec import QuantSpec, Recipe
-from ..files import SLAB
+from ...viz.cell_progress import reporting
+from ..files import SLAB, byte_ticks
 from ..targets import export_lock
 from .file import MARK, STR, GGUFTensor, Value, identity, write_gguf
 from .plan import GGUFPlan, is_output, plan_gguf, spec_type
@@ -84,6 +85,7 @@ def export_gguf(
     tokenizer: bool = True,
     pure: bool = False,
     imatrix: str | os.PathLike[str] | None = None,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
     the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
@@ -102,7 +104,9 @@ def export_gguf(
     Q4_0, Q4_1, Q8_0): each tensor's type chosen as llama-quantize chooses it (its Q4_0 file
     has ``output.weight`` in Q6_K), unless ``pure`` (``type`` everywhere); ``imatrix``: an
     importance-matrix file (llama-imatrix's or :func:`qstream.compute_imatrix`'s) used as
-    ``llama-quantize --imatrix`` uses it.
+    ``llama-quantize --imatrix`` uses it. ``progress``: called ``(done, total)`` with the
+    bytes of tensors written (after ``progress.stage("write", total, 0)`` where it has a
+    ``stage``); in a notebook without one, a line of the cell shows it.
 
     Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type; a merged
     expert tensor's name reads ``experts.*``), ``bytes`` (the file's size), ``architecture``,
@@ -118,7 +122,7 @@ def export_gguf(
                      pure=pure, imatrix=imatrix)  # fmt: skip
     for warning in plan.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=2)
-    return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory)
+    return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory, progress=progress)
 
 
 def _job(plan: GGUFPlan) -> str:
@@ -166,22 +170,25 @@ def write_plan(
     *,
     overwrite: bool = False,
     max_memory: int | None = None,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Write the GGUF file ``out`` as ``plan`` (:func:`plan_gguf`) says; the report of
-    :func:`export_gguf`."""
+    :func:`export_gguf` (``progress``: as there)."""
     out = os.fspath(out)
     done = {"file": out, "already_complete": True, "tensors": {}, "bytes": 0,
             "plan": plan.rows(), "error": {}}  # fmt: skip
     if destination_action(plan, out, overwrite=overwrite) == "complete":
         return done
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # (the rule of every command)
-    with export_lock(out):  # (one export at a time writes a folder, as safetensors exports)
+    with reporting(progress, "export") as shown, export_lock(out):  # (one export at a time)
         if destination_action(plan, out, overwrite=overwrite) == "complete":
             return done  # (another process finished it meanwhile)
-        return _write_locked(plan, out, max_memory)
+        return _write_locked(plan, out, max_memory, shown)
 
 
-def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str, Any]:
+def _write_locked(
+    plan: GGUFPlan, out: str, max_memory: int | None, progress: Any = None
+) -> dict[str, Any]:
     job = _job(plan)
     budget = max(1 << 20, min(SLAB, (max_memory or SLAB) // 8))
     tensors: list[GGUFTensor] = []
@@ -211,7 +218,7 @@ def _write_locked(plan: GGUFPlan, out: str, max_memory: int | None) -> dict[str,
     for item in plan.meta:
         kv[item.key] = (item.type, item.value) if item.element is None else (
             item.type, item.value, item.element)  # fmt: skip
-    write_gguf(out, kv, tensors)
+    write_gguf(out, kv, tensors, byte_ticks(progress, sum(t.nbytes for t in tensors)))
     for name, s in sums.items():
         errors[name] = s.summary()
     return {

@@ -21,7 +21,7 @@ import numpy as np
 from ...compat import gguf as q
 from ...errors import StoreError
 from ...paths import open_regular
-from ..files import ReadRows, remove_stale_partials
+from ..files import ReadRows, Tick, remove_stale_partials
 
 ALIGN = 32
 VERSION = 3
@@ -71,9 +71,11 @@ def _value(kind: int, v: Any, element: int | None = None) -> bytes:
     return struct.pack("<" + _FORMATS[kind], v)
 
 
-def write_gguf(path: str, kv: dict[str, Value], tensors: list[GGUFTensor]) -> None:
+def write_gguf(
+    path: str, kv: dict[str, Value], tensors: list[GGUFTensor], tick: Tick | None = None
+) -> None:
     """Write the GGUF file ``path``: the keys ``kv`` (in order; arrays of strings and
-    numbers too), then ``tensors``."""
+    numbers too), then ``tensors`` (``tick``: told the bytes of each slab written)."""
     parts = [struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))]
     for k, value in kv.items():
         kind, v = value[0], value[1]
@@ -98,6 +100,8 @@ def write_gguf(path: str, kv: dict[str, Value], tensors: list[GGUFTensor]) -> No
                     chunk = t.read(r0, min(t.rows, r0 + t.step))
                     f.write(np.ascontiguousarray(chunk).reshape(-1).view(np.uint8).data)
                     written += chunk.nbytes
+                    if tick is not None:
+                        tick(chunk.nbytes)
                 if written != t.nbytes:
                     raise StoreError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
                 f.write(b"\0" * (-t.nbytes % ALIGN))
