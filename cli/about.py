@@ -56,7 +56,7 @@ def version(as_json: bool = JSON) -> None:
         from importlib.metadata import PackageNotFoundError
         from importlib.metadata import version as installed
 
-        found = {}
+        found: dict[str, str | None] = {}
         for name in ("numpy", "numba", "zarr", "ml_dtypes", "typer", "rich"):
             try:
                 found[name] = installed(name)

@@ -44,10 +44,14 @@ def convert(
         ...,
         metavar="CHECKPOINT",
         help="safetensors (file, folder or .index.json; also at an s3:// or other store URL,"
-        " read by byte ranges), .npz, .npy, a Zarr group, or a torch .pt/.bin state dict.",
+        " read by byte ranges), .npz, .npy, a .gguf file, a Zarr group, or a torch .pt/.bin"
+        " state dict.",
     ),
     dst: str = typer.Argument(
-        ..., metavar="DST", help="A directory (becomes a Zarr group) or a .safetensors file."
+        ...,
+        metavar="DST",
+        help="A directory (becomes a Zarr group), a .safetensors file (compressed-tensors, or"
+        " --format qstream) or a .gguf file (llama.cpp).",
     ),
     recipe: Path | None = typer.Option(
         None,
@@ -185,8 +189,9 @@ def convert(
     """Quantize a model checkpoint tensor by tensor, as a recipe (or the spec flags) says.
 
     Sizes: "after" is every byte the output holds for a tensor, uncompressed: its codes and
-    its parameters (scales, zero points unless all 0); the same in --dry-run, the table,
-    --json and inspect."""
+    its parameters (scales, zero points unless all 0; in a .safetensors or .gguf file, its
+    entries as the file stores them, an lm_head the export unties included); the same in
+    --dry-run, the table, --json and inspect."""
     with library_errors():
         require_input(checkpoint, "CHECKPOINT")
         if gguf_type is not None and not dst.endswith(".gguf"):

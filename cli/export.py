@@ -80,7 +80,11 @@ def export(
 ) -> None:
     """Export quantized tensors for an inference stack, streaming, with bounded memory:
     safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
-    or qstream's own layout (N, N_scale, N_zero_point)."""
+    or qstream's own layout (N, N_scale, N_zero_point).
+
+    Sizes: a tensor's "after" is every byte the file holds for it, its entries (codes and
+    parameters as the format stores them), as convert --dry-run, convert and inspect of the
+    file count it; the file's header is not counted (--json: file_bytes)."""
     with library_errors():
         limit = parse_size(max_memory, "--max-memory")
         require_input(src, "SRC")
@@ -116,9 +120,11 @@ def export(
         if as_json:
             emit_json(result)
         elif not quiet:
+            added = "".join(f"; {n} added, untied from {t}" for n, t in result["untied"].items())
             typer.echo(
-                f"{src} -> {', '.join(result['files'])}: {len(result['tensors'])} tensors,"
-                f" {fmt_bytes(result['bytes'])}, for {result['loader']}"
+                f"{src} -> {', '.join(result['files'])}: {len(result['tensor_bytes'])} tensors"
+                f" ({len(result['tensors'])} entries{added}), {fmt_bytes(result['bytes'])},"
+                f" for {result['loader']}"
             )
             if result.get("config") and not has_model_type(result["config"]):
                 typer.echo(
@@ -191,8 +197,9 @@ def gguf_summary(src: str, result: dict[str, Any]) -> str:
         kinds[t] = kinds.get(t, 0) + 1
     mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     return (
-        f"{src} -> {result['file']}: {mix}; {fmt_bytes(result['bytes'])}, architecture"
-        f" {result['architecture']}, for llama.cpp / gguf-py"
+        f"{src} -> {result['file']}: {mix}; {fmt_bytes(result['bytes'])} of tensors"
+        f" ({fmt_bytes(result['file_bytes'])} file), architecture {result['architecture']},"
+        " for llama.cpp / gguf-py"
     )
 
 

@@ -30,6 +30,7 @@ FIELDS = (
     "round_mode",
     "compression",
     "complete",
+    "size",
 )
 
 
@@ -96,7 +97,11 @@ def inspect(
             checkpoint_table(store, len(arr), summary)
             figure_written(plot, as_json)
             return
-        shown = {**summary, "compression": fmt_compression(summary["compression"])}
+        shown = {
+            **summary,
+            "compression": fmt_compression(summary["compression"]),
+            "size": f"{fmt_bytes(summary['bytes_after'])} (codes and parameters)",
+        }
         rows = [[k, str(shown[k])] for k in FIELDS]
         for name in ("scale", "zero_point"):
             p = summary[name]

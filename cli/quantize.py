@@ -168,7 +168,8 @@ def quantize(
             return
         resumed = f", resumed after {report.resumed_blocks} blocks" if report.resumed_blocks else ""
         typer.echo(
-            f"{src} -> {dst}: {spec.dtype} {spec.granularity}, {report.passes} passes,"
+            f"{src} -> {dst}: {spec.dtype} {spec.granularity}, {fmt_bytes(report.bytes_before)}"
+            f" -> {fmt_bytes(report.bytes_after)}, {report.passes} passes,"
             f" {report.seconds:.1f} s{resumed}"
         )
         if report.missing_chunks:

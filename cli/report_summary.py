@@ -47,6 +47,9 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
         _worst(out, {n: t.get("error") for n, t in tensors.items() if not t.get("kept")})
     elif isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows):  # plans, GGUF
         _count(out, {r["name"]: _kept_row(r) for r in rows})
+    elif isinstance(tensors, list) and isinstance(report.get("tensor_bytes"), Mapping):
+        quantized = set(report.get("quantized") or ())  # an export: its tensors, not entries
+        _count(out, {n: n not in quantized for n in report["tensor_bytes"]})
     elif isinstance(tensors, list):  # an export's file entries
         _count(out, _export_entries(tensors))
     elif isinstance(tensors, int) and not isinstance(tensors, bool):  # an export, inspected

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.convert import open_checkpoint as open_checkpoint
     from .api.convert import plan_conversion as plan_conversion
     from .api.convert import plan_convert as plan_convert
+    from .api.exports import export_gguf as export_gguf
+    from .api.exports import export_safetensors as export_safetensors
     from .api.readers import open_quantized as open_quantized
     from .api.store_jobs import calibrate as calibrate
     from .api.store_jobs import dequantize_store as dequantize_store
@@ -42,11 +44,9 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .errors import QStreamError as QStreamError
     from .errors import QStreamWarning as QStreamWarning
     from .errors import StoreError as StoreError
-    from .exports.gguf.export import export_gguf as export_gguf
     from .exports.gguf.importance import ImatrixSummary as ImatrixSummary
     from .exports.gguf.importance import compute_imatrix as compute_imatrix
     from .exports.safetensors import describe_export as describe_export
-    from .exports.safetensors import export_safetensors as export_safetensors
     from .io.outputs.qarray import QuantizedArray as QuantizedArray
     from .io.outputs.qarray import QuantizedCheckpoint as QuantizedCheckpoint
     from .io.outputs.xarrays import open_xarray as open_xarray
@@ -78,8 +78,8 @@ _EXPORTS = {
     "QuantizedArray": "qstream.io.outputs.qarray",
     "QuantizedCheckpoint": "qstream.io.outputs.qarray",
     "open_xarray": "qstream.io.outputs.xarrays",
-    "export_safetensors": "qstream.exports.safetensors",
-    "export_gguf": "qstream.exports.gguf.export",
+    "export_safetensors": "qstream.api.exports",
+    "export_gguf": "qstream.api.exports",
     "compute_imatrix": "qstream.exports.gguf.importance",
     "ImatrixSummary": "qstream.exports.gguf.importance",
     "describe_export": "qstream.exports.safetensors",

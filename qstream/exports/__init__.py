@@ -1,5 +1,6 @@
 """Files for other loaders: safetensors, compressed-tensors folders, GGUF."""
 
+from .entries import exported_nbytes
 from .model_files import MODEL_FILES, files_to_copy, find_model_files, plan_copies
 from .safetensors import FORMATS, export_safetensors, source_config
 from .targets import check_targets, finished_export, shard_pattern
@@ -11,6 +12,7 @@ __all__ = [
     "check_targets",
     "compressed_tensors",
     "export_safetensors",
+    "exported_nbytes",
     "files_to_copy",
     "find_model_files",
     "finished_export",

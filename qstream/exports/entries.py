@@ -10,6 +10,8 @@ kept tensor in its own type (:func:`entries`). Every reader opens its tensor thr
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -193,6 +195,47 @@ def ct_entries(name: str, arr: QuantizedArray, lay: ct.Layout, get: Tensors) -> 
         tag, size = ("I8", 1) if lay.bits == 8 else ("I32", 4)
         found.append(Entry(f"{m}weight_zero_point", tag, zshape, size, read_zp))
     return found
+
+
+def exported_nbytes(name: str, shape: Sequence[int], spec: Any, format: str) -> int:
+    """Every byte a ``.safetensors`` export in ``format`` holds for the tensor ``name`` of
+    ``shape`` quantized under ``spec``: its entries as :func:`ct_entries` and
+    :func:`quantized_entries` write them (compressed-tensors: int8 codes, or 4-bit codes
+    packed in int32 words row by row plus the ``weight_shape`` entry; qstream's layout: each
+    code in its widened type); scales in float32 (float16 or bfloat16 where stored so); a
+    zero point where quantized_nbytes counts one (not a signed symmetric type). What
+    ``qstream inspect`` of the file counts: a conversion's "after" for such a destination."""
+    dims = [int(d) for d in shape]
+    n = math.prod(dims)
+    each = 2 if spec.scale_dtype in ("float16", "bfloat16") else 4
+    qt = spec.qtype
+    if format == "compressed-tensors":
+        lay = ct.layout(name, dims, spec)
+        out, cols = dims
+        # (4 bits: words of 32 bits a row, and the logical shape as two int64)
+        codes = out * cols if lay.bits == 8 else out * -(-cols * lay.bits // 32) * 4 + 16
+        if lay.strategy == "tensor":
+            pshape = (1, 1)
+        elif lay.strategy == "channel":
+            pshape = (out, 1)
+        else:
+            pshape = (out, -(-cols // int(lay.group_size or cols)))
+        total = codes + pshape[0] * pshape[1] * each
+        if not lay.symmetric:
+            zp_rows = pshape[0] if lay.bits == 8 else -(-pshape[0] * lay.bits // 32) * 4
+            total += zp_rows * pshape[1]
+        return total
+    params = 1
+    if spec.axis is not None and dims:
+        axis = spec.axis % len(dims)
+        params = dims[axis]
+        if spec.block_size:
+            params = n // max(1, dims[axis]) * -(-dims[axis] // spec.block_size)
+    width = np.dtype(qt.widened).itemsize if qt.name in _INT_TAGS else 1
+    total = n * width + params * each
+    if not qt.is_float and (not spec.symmetric or not qt.signed):
+        total += params * width
+    return total
 
 
 def param_shape(arr: QuantizedArray) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -54,7 +54,6 @@ from ..io.checkpoints import source_config as source_config
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, check_writable, open_quantized
 from ..io.storage import location
 from ..paths import kind_of, open_regular
-from ..viz.cell_progress import reporting
 from . import compressed_tensors as ct
 from .entries import (
     FLOAT_TYPES,
@@ -105,8 +104,9 @@ def export_safetensors(
     """Write the quantized output ``src`` (a converted checkpoint's root, or one quantized
     group, exported as the tensor ``name``) to the safetensors file ``out`` (or shards beside
     it, with an index, above ``max_shard_size`` bytes); see the module docstring for the two
-    layouts (``format``). Returns the files written, the tensors' names, the format and the
-    loader it targets.
+    layouts (``format``). Returns the files, the entries' names, ``tensor_bytes`` (each
+    tensor's entries' bytes, as inspect counts them), ``quantized``, ``untied`` (an added
+    ``lm_head.weight`` -> the embedding), ``bytes`` (their sum), the format and loader.
 
     ``config`` (compressed-tensors only): the model's ``config.json`` (a path or a dict) into
     which the ``quantization_config`` is merged; None: the ``config.json`` inside ``src``
@@ -137,9 +137,7 @@ def export_safetensors(
     there that qstream did not write is refused, never replaced. Every identity and name
     written is free of local paths: the job is recorded as its SHA-256.
 
-    ``progress``: called ``(done, total)`` with the bytes of tensors written (after
-    ``progress.stage("write", total, 0)`` where it has a ``stage``); in a notebook without
-    one, a line of the cell shows it."""
+    ``progress``: called ``(done, total)`` with the bytes written (a ``write`` stage)."""
     if dtype not in FLOAT_TYPES:
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
@@ -169,7 +167,10 @@ def export_safetensors(
     described: dict[str, dict[str, Any]] = {}
     layouts: list[ct.Layout] = []
     kept: list[str] = []
+    owned: dict[str, int] = {}  # tensor -> the bytes of its entries
+    untied: dict[str, str] = {}  # a tensor the export adds -> the tensor it copies
     for n in tensors.names():
+        first = len(found)
         t = tensors(n)
         if isinstance(t, QuantizedArray) and t.spec.float_offset and format != "dequantized":
             raise InvalidParameterError(
@@ -184,6 +185,7 @@ def export_safetensors(
                 found += ct_entries(n, t, lay, tensors)
             elif format == "dequantized":
                 found.append(float_entry(n, t, tensors, dtype))
+                owned[n] = found[-1].nbytes
                 continue
             else:
                 found += quantized_entries(n, t, tensors)
@@ -192,6 +194,7 @@ def export_safetensors(
             found += entries(n, t, tensors)
             if len(t.shape) == 2 and n.endswith("weight"):
                 kept.append(n[: -len("weight")])
+        owned[n] = sum(e.nbytes for e in found[first:])
     model_config: dict[str, Any] | None = None
     if format == "compressed-tensors":
         model_config = _model_config(config, src)
@@ -202,7 +205,10 @@ def export_safetensors(
             lay = next(x for x in layouts if x.module + "weight" == tied)
             head = dataclasses.replace(lay, module=ct.HEAD[: -len("weight")])
             layouts.append(head)
+            first = len(found)
             found += ct_entries(tied, tensors(tied), head, tensors)
+            owned[ct.HEAD] = sum(e.nbytes for e in found[first:])
+            untied[ct.HEAD] = tied
             if tied in described:  # (so that qstream's own reader decodes it too)
                 described[ct.HEAD] = described[tied]
             model_config["tie_word_embeddings"] = False
@@ -255,8 +261,8 @@ def export_safetensors(
     if job is not None:
         job = job_digest(job)  # (the identity names the source: only its digest is written)
         meta["qstream_job"] = job
-    with reporting(progress, "export") as shown, export_lock(out):  # (see export_lock)
-        tick = byte_ticks(shown, sum(e.nbytes for e in found))
+    with export_lock(out):  # one export at a time into a folder (see export_lock)
+        tick = byte_ticks(progress, sum(e.nbytes for e in found))
         write_config, targets, stale, todo = plan()  # (another export may have written meanwhile)
         for f in targets:
             remove_stale_partials(f)
@@ -296,6 +302,9 @@ def export_safetensors(
         "already_complete": False,
         "files": targets,
         "tensors": names,
+        "tensor_bytes": owned,
+        "quantized": list(described),
+        "untied": untied,
         "bytes": sum(e.nbytes for e in found),
         "format": format,
         "loader": LOADERS[format],

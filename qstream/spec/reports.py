@@ -146,10 +146,14 @@ class QuantReport:
     passes: int
     seconds: float
     bytes_read: int
-    bytes_written: int
+    bytes_written: int  # the codes
     resumed_blocks: int = 0  # blocks an interrupted run had finished
     missing_chunks: int = 0  # source chunks never written: read as the fill value
     already_complete: bool = False  # the output was complete: nothing was done
+    # the source's values, and every byte the output holds for them (codes and parameters:
+    # the "after" of a dry run, inspect and convert); 0 in reports of older outputs
+    bytes_before: int = 0
+    bytes_after: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         # (calibration and error are JSON-ready summaries already: not walked again)

@@ -11,19 +11,17 @@ the parent folders to create. ``convert_checkpoint`` runs the plan it makes (or 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..errors import InvalidParameterError, StoreError
-from ..io.outputs import qarray
 from ..io.storage import compression as compressions
 from ..spec import Recipe
+from . import plan_rows
 from .gguf_job import gguf_plan
+from .plan_rows import tensor_rows
 from .scheme_plan import scheme_plan
 
 if TYPE_CHECKING:
@@ -314,7 +312,7 @@ def _plan_safetensors(
     _check_layout(prepared.tensors, recipe, format, dst)
     tied = None
     if format == "compressed-tensors":
-        tied = _tied_note(prepared.tensors, recipe, model_config)
+        tied = plan_rows.tied(prepared.tensors, recipe, model_config)
     sources = prepared.sources
     for target in (dst, index, work):
         check_separate(sources, target)
@@ -343,7 +341,7 @@ def _plan_safetensors(
                     )
     elif overwrite and any(os.path.lexists(f) for f in (dst, index)):
         action = "replace"
-    notes = [tied] if tied else []
+    notes = [plan_rows.tied_note(tied, model_config is None)] if tied else []
     if isinstance(model_config, dict):
         notes.append("the source's quantization_config is replaced by the export's")
     return ConversionPlan(
@@ -351,7 +349,7 @@ def _plan_safetensors(
         destination=dst,
         kind="safetensors",
         action=action,
-        rows=lambda: tensor_rows(prepared.tensors, recipe),
+        rows=lambda: tensor_rows(prepared.tensors, recipe, export=format, untied=tied),
         creates=missing_parents(dst),
         config=model_config,
         notes=notes,
@@ -427,31 +425,6 @@ def _plain_config(path: str) -> str:
     return path
 
 
-def _tied_note(
-    tensors: dict[str, Any], recipe: Recipe, config: str | dict[str, Any] | None
-) -> str | None:
-    """What the export does with a quantized embedding the model ties its output layer to:
-    it unties them, as llm-compressor does (``lm_head.weight`` written with the embedding's
-    quantized values, ``tie_word_embeddings: false``); transformers would otherwise run
-    lm_head on the embedding's codes. None when nothing is tied. Quantized MoE experts are
-    refused here (:func:`~qstream.exports.compressed_tensors.refuse_recipe_experts`)."""
-    from ..exports import compressed_tensors as ct
-    from ..io.checkpoints import read_json
-
-    doc = read_json(config) if isinstance(config, str) else config
-    quantized = [n for n, t in tensors.items() if recipe.spec_for(n, t.shape, t.dtype)]
-    ct.refuse_recipe_experts(tensors, recipe, quantized, doc)
-    tied = ct.tied_embedding(quantized, list(tensors), doc)
-    if tied is None:
-        return None
-    return (
-        f"{tied} is tied to the output layer (tie_word_embeddings) and quantized: untied as"
-        f" llm-compressor does, {ct.HEAD} written with its quantized values and"
-        " tie_word_embeddings: false (keep the embedding, --exclude '*embed_tokens*', to stay"
-        " tied)"
-    )
-
-
 def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str) -> None:
     """Refuse, before any work, a tensor the recipe quantizes that the export layout cannot
     express (see :mod:`qstream.exports.compressed_tensors`), and a ``config.json`` beside ``dst``
@@ -466,34 +439,3 @@ def _check_layout(tensors: dict[str, Any], recipe: Recipe, format: str, dst: str
         spec = recipe.spec_for(name, t.shape, t.dtype)
         if spec is not None:
             compressed_tensors.layout(name, t.shape, spec)
-
-
-def tensor_rows(tensors: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]:
-    """A row per tensor: its name, shape, stored dtype, target (the spec, or ``keep``) and
-    bytes before and after (codes and parameters: ``qarray.quantized_nbytes``)."""
-    from ..engine.convert import describe_target
-
-    rows = []
-    for name, t in tensors.items():
-        shape = tuple(int(d) for d in t.shape)
-        n = math.prod(shape)
-        stored = np.dtype(getattr(t, "source_dtype", t.dtype))
-        spec = recipe.spec_for(name, shape, t.dtype)
-        if spec is None:
-            keep = recipe.keep_dtype(name, shape, t.dtype)
-            after = n * (np.dtype(keep).itemsize if keep else np.dtype(t.dtype).itemsize)
-            target = f"keep/{keep}" if keep else "keep"
-        else:
-            after = qarray.quantized_nbytes(shape, spec)
-            target = describe_target(spec)
-        rows.append(
-            {
-                "name": name,
-                "shape": list(shape),
-                "dtype": stored.name,
-                "target": target,
-                "bytes_before": int(n * stored.itemsize),
-                "bytes_after": int(after),
-            }
-        )
-    return rows

@@ -205,8 +205,23 @@ def _export_locked(
     on_disk = sum(os.path.getsize(f) for f in exported["files"] if os.path.isfile(f))
     return {
         **result,
+        "tensors": exported_rows(result["tensors"], exported),
         "destination": dst,
         "files": exported["files"],
-        "bytes_after": on_disk,  # the files' sizes, not the working group's
+        # "after": every byte the file holds for its tensors, as the plan and inspect count
+        "bytes_after": exported["bytes"],
+        "file_bytes": on_disk,  # (and their headers)
         "already_complete": False,
     }
+
+
+def exported_rows(rows: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:
+    """The conversion's rows with each tensor's "after" as the export's file holds it (its
+    entries' bytes), and a row for a tensor the export added (an untied ``lm_head.weight``:
+    the embedding's row, nothing before)."""
+    owned: dict[str, int] = exported["tensor_bytes"]
+    out = {n: {**r, "bytes_after": owned.get(n, r["bytes_after"])} for n, r in rows.items()}
+    for name, source in exported.get("untied", {}).items():
+        out[name] = {**rows[source], "name": name, "target": f"untied {source}",
+                     "bytes_before": 0, "bytes_after": owned[name]}  # fmt: skip
+    return out

@@ -178,3 +178,85 @@ def test_every_kind_of_parameters_is_counted_as_the_output_holds_it(tmp_path, pa
     if packs == "--packs":
         shown = run_json("inspect", tmp_path / "out.zarr", "--json")["tensors"]
         assert any(t.get("pack") for t in shown.values())
+
+
+RECIPE_EXPORTABLE = """
+[defaults]
+dtype = "int8"
+axis = 0
+
+[[rules]]
+pattern = "asym.*"
+spec = { dtype = "uint8", symmetric = false, axis = 0 }
+
+[[rules]]
+pattern = "int4.*"
+spec = { dtype = "int4", axis = -1, block_size = 32 }
+
+[[rules]]
+pattern = "uint4.*"
+spec = { dtype = "uint4", symmetric = false, axis = -1, block_size = 32 }
+
+"""
+
+
+@pytest.mark.parametrize("fmt", ["compressed-tensors", "qstream"])
+def test_a_safetensors_destination_counts_the_files_entries_in_the_plan_the_run_and_inspect(
+    tmp_path, fmt
+):
+    rng = np.random.default_rng(3)
+    tensors = {
+        f"{kind}.weight": (rng.standard_normal((24, 96)) + (0.5 if "asym" in kind else 0)).astype(
+            np.float32
+        )
+        for kind in ("plain", "asym", "int4", "uint4")
+    }
+    tensors["model.embed_tokens.weight"] = rng.standard_normal((40, 64)).astype(np.float32)
+    tensors["norm.weight"] = rng.standard_normal(96).astype(np.float32)
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(RECIPE_EXPORTABLE)
+    dst = tmp_path / "out" / "model.safetensors"
+    args = ("convert", tmp_path / "m.safetensors", dst, "--recipe", recipe, "--format", fmt)
+    plan = {r["name"]: r["bytes_after"] for r in run_json(*args, "--dry-run", "--json")["plan"]}
+    report = run_json(*args, "--json")
+    ran = {n: r["bytes_after"] for n, r in report["tensors"].items()}
+    header = dst.read_bytes()
+    n = int.from_bytes(header[:8], "little")
+    entries = {k: v for k, v in json.loads(header[8 : 8 + n]).items() if k != "__metadata__"}
+    held = sum(v["data_offsets"][1] - v["data_offsets"][0] for v in entries.values())
+    inspected = run_json("inspect", dst, "--json")
+    assert plan == ran  # (each tensor, the untied lm_head of a compressed-tensors export too)
+    assert ("lm_head.weight" in plan) == (fmt == "compressed-tensors")
+    assert sum(plan.values()) == report["bytes_after"] == inspected["bytes"] == held
+    assert dst.stat().st_size == held + 8 + n  # (entries and header: no byte counted twice)
+    assert report["file_bytes"] == sum(Path(f).stat().st_size for f in report["files"])
+    for name, after in ran.items():  # (each tensor: its own entries, parameters included)
+        if name != "lm_head.weight" or fmt != "compressed-tensors":
+            own = [k for k in entries if k == name or k.startswith(name.removesuffix("weight"))]
+            spans = [entries[k]["data_offsets"] for k in own]
+            assert after == sum(b - a for a, b in spans), (name, own)
+    if fmt == "compressed-tensors":  # (4-bit codes in int32 words a row, and their shape)
+        assert {"int4.weight_packed", "int4.weight_shape", "uint4.weight_zero_point"} <= set(
+            entries
+        )
+
+
+def test_a_gguf_destination_counts_its_tensors_bytes_not_the_files_size(tmp_path):
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    dst = tmp_path / "m.gguf"
+    plan = run_json("convert", SAMPLE, dst, "--recipe", recipe, "--dry-run", "--json")["plan"]
+    report = run_json("convert", SAMPLE, dst, "--recipe", recipe, "--json")
+    gguf = pytest.importorskip("gguf")
+    held = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(dst)).tensors)
+    assert sum(r["bytes_after"] for r in plan) == report["bytes"] == held
+    assert report["file_bytes"] == dst.stat().st_size > held
+    run_json("convert", SAMPLE, tmp_path / "q8.zarr", "--recipe", recipe, "--json")
+    exported = run_json("export", tmp_path / "q8.zarr", tmp_path / "x.gguf", "--json")
+    assert (
+        exported["bytes"] == held and exported["file_bytes"] == (tmp_path / "x.gguf").stat().st_size
+    )

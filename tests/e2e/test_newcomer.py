@@ -104,13 +104,17 @@ def test_unknown_destination_suffixes_are_refused_before_anything_is_written(
     assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_convert_summary_reports_the_bytes_on_disk_and_export_reruns_are_no_ops(ck, tmp_path):
+def test_convert_summary_reports_the_files_entries_and_their_sizes_and_export_reruns_are_no_ops(
+    ck, tmp_path
+):
     (tmp_path / "o").mkdir()
     r = run("convert", ck, tmp_path / "o" / "model.safetensors", "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     on_disk = sum(os.path.getsize(f) for f in report["files"])
-    assert report["bytes_after"] == on_disk
+    assert report["file_bytes"] == on_disk  # (the files: entries, headers, config.json)
+    shown = json.loads(run("inspect", tmp_path / "o" / "model.safetensors", "--json").stdout)
+    assert report["bytes_after"] == shown["bytes"] < on_disk  # ("after": the entries)
     assert run("convert", ck, tmp_path / "q.zarr", "-q").exit_code == 0
     (tmp_path / "e").mkdir()
     first = run("export", tmp_path / "q.zarr", tmp_path / "e" / "model.safetensors")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -580,3 +581,34 @@ def test_an_export_of_something_not_a_qstream_output_is_refused_by_name(tmp_path
     qs.export_safetensors(q, tmp_path / "e.safetensors", format="qstream")
     with pytest.raises(qs.InvalidParameterError, match="not a qstream output"):
         qs.export_safetensors(tmp_path / "e.safetensors", tmp_path / "f.safetensors")
+
+
+class _Recorder:
+    """A progress reporter that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.stages: list[tuple[str, int, int]] = []
+        self.calls: list[tuple[int, int]] = []
+
+    def stage(self, name: str, total: int, done: int = 0) -> None:
+        self.stages.append((name, total, done))
+
+    def __call__(self, done: int, total: int) -> None:
+        self.calls.append((done, total))
+
+
+def test_exports_report_the_bytes_they_write_to_a_progress_reporter(tmp_path):
+    sample = Path(__file__).resolve().parents[2] / "samples" / "tiny-transformer.safetensors"
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    qs.convert_checkpoint(sample, tmp_path / "q8.zarr", recipe=recipe)
+    for out in ("m.safetensors", "m.gguf"):
+        seen = _Recorder()
+        export = qs.export_gguf if out.endswith(".gguf") else qs.export_safetensors
+        result = export(tmp_path / "q8.zarr", tmp_path / out, progress=seen)
+        assert seen.stages == [("write", result["bytes"], 0)]
+        done = [d for d, _ in seen.calls]
+        assert done == sorted(done) and seen.calls[-1] == (result["bytes"], result["bytes"])

@@ -9,6 +9,7 @@ the output's complete metadata and the :class:`~qstream.spec.QuantReport`, and
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -68,6 +69,8 @@ def finished(
         bytes_written=qarray.stored_nbytes(plan.shape, qt),
         resumed_blocks=resumed,
         missing_chunks=job.source.missing_chunks(),
+        bytes_before=math.prod(plan.shape) * np.dtype(job.source.dtype).itemsize,
+        bytes_after=qarray.quantized_nbytes(plan.shape, spec),
     )
     from ...io.outputs import codes_attrs, coordinates, source_attrs
 

@@ -2,7 +2,7 @@
 
 from ...compat.gguf_names import EXPERTS, LAYER_NAMES, expert_of, gguf_name, row_order, skipped
 from .arch import architecture_of
-from .export import destination_action, write_plan
+from .export import destination_action, export_gguf, write_plan
 from .file import describe, written_by_qstream
 from .imatrix import read_imatrix, write_imatrix
 from .importance import ImatrixSummary, compute_imatrix
@@ -18,6 +18,7 @@ __all__ = [
     "describe",
     "destination_action",
     "expert_of",
+    "export_gguf",
     "gguf_name",
     "plan_gguf",
     "read_imatrix",

@@ -38,7 +38,6 @@ from ...compat import gguf as q
 from ...errors import InvalidParameterError, QStreamWarning, StoreError
 from ...paths import kind_of
 from ...spec import QuantSpec, Recipe
-from ...viz.cell_progress import reporting
 from ..files import SLAB, byte_ticks
 from ..targets import export_lock
 from .file import MARK, STR, GGUFTensor, Value, identity, write_gguf
@@ -106,10 +105,11 @@ def export_gguf(
     importance-matrix file (llama-imatrix's or :func:`qstream.compute_imatrix`'s) used as
     ``llama-quantize --imatrix`` uses it. ``progress``: called ``(done, total)`` with the
     bytes of tensors written (after ``progress.stage("write", total, 0)`` where it has a
-    ``stage``); in a notebook without one, a line of the cell shows it.
+    ``stage``); in a notebook without one, ``qstream.export_gguf`` shows a line of the cell.
 
     Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type; a merged
-    expert tensor's name reads ``experts.*``), ``bytes`` (the file's size), ``architecture``,
+    expert tensor's name reads ``experts.*``), ``bytes`` (its tensors' bytes, as the plan and
+    ``inspect`` count them), ``file_bytes`` (the file's size), ``architecture``,
     ``tokenizer`` (whether written), ``plan`` (a row per tensor:
     :meth:`GGUFPlan.rows`) and ``error`` (source name -> ``sqnr_db``, ``mse``, ``cosine``,
     ``count``, ``max_abs``: each quantized tensor's GGUF values against its source values,
@@ -180,10 +180,10 @@ def write_plan(
     if destination_action(plan, out, overwrite=overwrite) == "complete":
         return done
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)  # (the rule of every command)
-    with reporting(progress, "export") as shown, export_lock(out):  # (one export at a time)
+    with export_lock(out):  # (one export at a time writes a folder, as safetensors exports)
         if destination_action(plan, out, overwrite=overwrite) == "complete":
             return done  # (another process finished it meanwhile)
-        return _write_locked(plan, out, max_memory, shown)
+        return _write_locked(plan, out, max_memory, progress)
 
 
 def _write_locked(
@@ -225,7 +225,8 @@ def _write_locked(
         "file": out,
         "already_complete": False,
         "tensors": types,
-        "bytes": os.path.getsize(out),
+        "bytes": sum(t.nbytes for t in tensors),  # (every byte it holds for its tensors)
+        "file_bytes": os.path.getsize(out),
         "architecture": plan.architecture,
         "tokenizer": plan.tokenizer,
         "plan": plan.rows(),

@@ -24,6 +24,7 @@ __all__ = [
     "dtype_facts",
     "export_metadata",
     "gguf_metadata",
+    "gguf_source",
     "is_activation_param",
     "is_url",
     "map_file_run",

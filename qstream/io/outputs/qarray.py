@@ -25,7 +25,6 @@ import numpy as np
 
 from ...errors import StoreError
 from ..checkpoints import DequantizedTensor, open_checkpoint
-from ..checkpoints.gguf_source import GGUF_FLOATS, gguf_type, open_gguf
 from ..storage import read_all
 from .existing import is_checkpoint
 from .ondisk import (
@@ -99,7 +98,9 @@ def open_quantized(
     ):
         return _open_export(os.fspath(path))
     if isinstance(path, str | os.PathLike) and os.fspath(path).lower().endswith(".gguf"):
-        return open_gguf(os.fspath(path), warn_unnamed=False)
+        from ..checkpoints import gguf_source  # (loaded for GGUF files only)
+
+        return gguf_source.open_gguf(os.fspath(path), warn_unnamed=False)
     return open_output(
         path,
         allow_incomplete=allow_incomplete,
@@ -122,6 +123,8 @@ def exported_checkpoint(path: Any, tensors: dict[str, Any]) -> QuantizedCheckpoi
     (``int8/axis0``, ``int4/axis1:b32``, a GGUF tensor's GGML type ``Q8_0``, ``Q4_K``...,
     ``keep``) and the bytes its entries (codes and parameters; a GGUF tensor's blocks) take.
     The file records no error: rows have ``error`` None."""
+    from ..checkpoints.gguf_source import GGUF_FLOATS, gguf_type
+
     rows: dict[str, dict[str, Any]] = {}
     formats = set()
     for pos, (name, t) in enumerate(tensors.items()):

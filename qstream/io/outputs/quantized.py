@@ -21,7 +21,7 @@ from ...errors import InvalidParameterError, StoreError
 from ...qtypes import qtype
 from ...spec import QuantSpec
 from ..storage import chunk_files, compression, read_all
-from .ondisk import data_encoding
+from .ondisk import data_encoding, quantized_nbytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -213,6 +213,9 @@ class QuantizedArray:
             "symmetric": self.spec.symmetric,
             "round_mode": self.spec.round_mode,
             "complete": bool(self.meta.get("complete")),
+            # (every byte the output holds for the tensor: codes and parameters, as the
+            # dry run and the job's report count them)
+            "bytes_after": quantized_nbytes(self.shape, self.spec),
             "compression": compression.describe(self.data.compressors),
             "scale": {**stats(self.scale), "shape": list(self.scale.shape)},
             "zero_point": {**stats(self.zero_point), "shape": list(self.zero_point.shape)},
