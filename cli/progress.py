@@ -312,4 +312,6 @@ def resumed(plan: qs.ConversionPlan) -> Resumed | None:
     total = ck.meta.get("tensors_total")
     if not isinstance(total, int) or isinstance(total, bool):
         total = len(plan.tensors)
-    return Resumed(len(ck.tensors), total, frozenset(ck.tensors))
+    # (and those a kill left finished but not listed yet: the run reuses them)
+    done = frozenset(ck.tensors) | ck.finished_unlisted(r["name"] for r in plan.tensors)
+    return Resumed(len(done), total, done)

@@ -67,3 +67,64 @@ def test_json_reports_resumed_counts_and_null_for_a_fresh_run(tmp_path):
     assert fresh["resumed"] is None and set(fresh["tensors"]) == set(report["tensors"])
     r = run("convert", SAMPLE, tmp_path / "fresh.zarr")  # finished: nothing resumed
     assert r.exit_code == 0 and "resuming" not in r.output
+
+
+KILLED = """
+import os, signal, sys
+import qstream as qs
+
+seen = []
+
+def stop(ev):
+    if ev.result is not None:
+        seen.append(ev.name)
+        if len(seen) == int(sys.argv[3]):  # (finished, and not listed yet: a kill loses no work)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+qs.convert_checkpoint(sys.argv[1], sys.argv[2], qs.Recipe.from_dict({"defaults": {}, "rules": []}),
+                      on_tensor=stop, packs=False)
+"""
+
+
+def _files(root: Path) -> dict[str, object]:
+    """Every file of an output, a document without the run's own timing and path."""
+    out: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            raw = p.read_bytes()
+            if p.name == "zarr.json":
+                doc = json.loads(raw)
+                report = doc.get("attributes", {}).get("qstream", {}).get("report")
+                if isinstance(report, dict):
+                    report.pop("seconds", None)
+                    report.pop("destination", None)
+                raw = doc
+            out[str(p.relative_to(root))] = raw
+    return out
+
+
+def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_reused(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(5)
+    tensors = {f"layers.{i}.w.weight": rng.standard_normal((8, 16 + i)).astype(np.float32)
+               for i in range(180)}  # fmt: skip
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    dst = tmp_path / "out.zarr"
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "m.safetensors"),
+                             str(dst), "150"], capture_output=True, text=True)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    listed = set(qs.open_quantized(dst, allow_incomplete=True).tensors)
+    assert len(listed) == 128  # (the rows of one batch; the rest was pending when killed)
+    r = run("convert", tmp_path / "m.safetensors", dst)
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0] == "resuming: 150 of 180 tensors already done"
+    lines = [ln for ln in r.stdout.splitlines() if re.match(r"\[\s*\d+/\d+\]", ln)]
+    assert len(lines) == 30
+    fresh = run("convert", tmp_path / "m.safetensors", tmp_path / "fresh.zarr", "-q", "--no-packs")
+    assert fresh.exit_code == 0, fresh.output
+    assert _files(dst) == _files(tmp_path / "fresh.zarr")  # (the bytes of an uninterrupted run)

@@ -36,6 +36,7 @@ import contextlib
 import os
 import re
 import shutil
+from collections.abc import Container, Iterable
 from typing import Any
 
 from ...errors import StoreError
@@ -47,6 +48,7 @@ from ..storage import (
     read_local_doc,
     remove_array_files,
     remove_if_empty,
+    tensor_key,
     write_doc,
 )
 from .ondisk import TMP_PREFIX
@@ -199,3 +201,28 @@ def error_summary(cols: dict[str, Any], i: int) -> dict[str, Any]:
             )
         ]
     return out
+
+
+def finished_unlisted(root: str, names: Iterable[str], listed: Container[str]) -> set[str]:
+    """The tensors of ``names`` not ``listed`` in the index of the converted checkpoint in the
+    local folder ``root`` whose own group, or pack, says it is complete: a run killed before
+    it listed them had finished them, and a re-run finds them so (each reused after its job
+    checks it is this job's)."""
+    done: set[str] = set()
+    for name in names:
+        if name in listed:
+            continue
+        doc = read_local_doc(os.path.join(root, tensor_key(name), "zarr.json")) or {}
+        attrs = doc.get("attributes")
+        meta = attrs.get("qstream") if isinstance(attrs, dict) else None
+        if doc.get("node_type") == "group" and isinstance(meta, dict) and meta.get("complete"):
+            done.add(name)
+    folder = os.path.join(root, PACKS)
+    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        meta = _pack_doc(os.path.join(folder, entry)) if pack_number(entry) is not None else None
+        if not meta or meta.get("complete") is not True:
+            continue
+        packed = (meta.get("tensors") or {}).get("name")
+        if isinstance(packed, list):
+            done.update(n for n in packed if isinstance(n, str) and n not in listed)
+    return done

@@ -12,13 +12,13 @@ public :func:`qstream.open_quantized` (:mod:`qstream.io.outputs.qarray`) opens e
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreError
 from ...paths import check_tree, child, local_path
 from ..storage import LocalGroup, open_group, open_local
-from .pack_layout import PACKS, check_pack_name
+from .pack_layout import PACKS, check_pack_name, finished_unlisted
 from .packreader import PackReader
 from .quantized import QuantizedArray
 from .rootindex import RootIndex
@@ -192,6 +192,16 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             "layout": self.layout,
             "tensors": self.tensors,
         }
+
+    def finished_unlisted(self, names: Iterable[str]) -> set[str]:
+        """The tensors of ``names`` this (local, interrupted) conversion finished but had not
+        listed in its index yet when it was stopped (a kill between two batches of rows):
+        their groups or packs say they are complete; a re-run reuses them. Empty for a
+        checkpoint not on a local disk."""
+        local = local_path(self.path)
+        if local is None or self.layout == "export":
+            return set()
+        return finished_unlisted(local, names, self.tensors)
 
     # ---- views (qstream.viz): from the root's index rows, no tensor opened; bounded
 
