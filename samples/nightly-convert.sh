@@ -16,8 +16,10 @@ fi
 ckpt=$1; out=$2; recipe=${3:-$(dirname "$0")/recipe-int8.toml}
 report="${out%/}.report.json"
 # Every line on stderr: an ISO 8601 UTC timestamp, the script's name, what happened; the first
-# says "start: ...", the last "end: exit N after S s" (qstream's own error: lines in between).
+# says "start: ...", the last "end: exit N after S s"; qstream's own lines (error:, warning:)
+# in between, stamped too ("... nightly-convert: qstream: error: ...").
 log() { echo "$(date -u '+%Y-%m-%dT%H:%M:%SZ') nightly-convert: $*" >&2; }
+stamped() { while IFS= read -r line || [ -n "$line" ]; do log "qstream: $line"; done; }
 started=$SECONDS
 finish() { log "end: exit $1 after $((SECONDS - started)) s"; exit "$1"; }
 log "start: $ckpt -> $out (recipe $recipe)"
@@ -31,37 +33,48 @@ if [[ "$ckpt" != *://* ]] && [ ! -e "$ckpt" ]; then  # (s3://... is read by qstr
   finish 2
 fi
 
-# The report goes to a temporary file first: a failed or no-op run keeps the last real report.
-tmp="$report.partial.$$"
+# The report goes to a temporary file first: a failed or no-op run keeps the last real report
+# (and makes no folder: OUT_DIR's may not exist yet; qstream makes it once the run is decided).
+tmp=$(mktemp "${TMPDIR:-/tmp}/nightly-convert.XXXXXX") || finish 1
+keep_report() {  # the new report in place of the last, whole (a rename beside it)
+  mkdir -p "$(dirname "$report")" && cp "$tmp" "$report.partial.$$" &&
+    mv -f "$report.partial.$$" "$report"
+}
 child=
 on_term() {  # cron/systemd/Airflow stop the job: pass it on, say so, exit as qstream does
   log "SIGTERM received: stopping the conversion (re-run to resume)"
   [ -n "$child" ] && kill -TERM "$child" 2>/dev/null && wait "$child"
+  exec 3>&-
+  wait "$filter" 2>/dev/null
   rm -f "$tmp"
   finish 143
 }
 trap on_term TERM
-trap 'rm -f "$tmp"' EXIT
+trap 'rm -f "$tmp" "$report.partial.$$"' EXIT
 
 cmd=(qstream convert "$ckpt" "$out" --recipe "$recipe" --json)
 if [ -n "${QSTREAM_TIMEOUT:-}" ]; then
   cmd=(timeout --signal=TERM "$QSTREAM_TIMEOUT" "${cmd[@]}")
 fi
-"${cmd[@]}" > "$tmp" &
+exec 3> >(stamped)  # (qstream's stderr, a timestamp on each line)
+filter=$!
+"${cmd[@]}" > "$tmp" 2>&3 &
 child=$!
 wait "$child"
 status=$?
 child=
+exec 3>&-
+wait "$filter" 2>/dev/null  # (its last lines logged before the script's own)
 case $status in
   0) if grep -q '"already_complete": *true' "$tmp"; then
        if [ -f "$report" ]; then
          log "$out is already complete; nothing converted (last report kept: $report)"
        else  # finished by a run that was stopped before it could keep its report
-         mv -f "$tmp" "$report"
+         keep_report
          log "$out is already complete; nothing converted (no earlier report: this one in $report)"
        fi
      else
-       mv -f "$tmp" "$report"
+       keep_report
        log "converted $ckpt -> $out; report in $report"
      fi ;;
   2) log "bad usage, or a plan qstream refused before any work (exit 2); see the message above" ;;

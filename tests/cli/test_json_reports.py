@@ -157,19 +157,33 @@ def test_the_sample_recipe_is_quiet_on_a_checkpoint_without_biases(tmp_path):
 def test_nightly_sample_logs_start_and_end_with_timestamps(tmp_path):
     if shutil.which("qstream") is None:
         pytest.skip("qstream console script not on PATH")
-    r = subprocess.run(
-        ["bash", str(SAMPLES / "nightly-convert.sh"), str(SAMPLE), str(tmp_path / "o.zarr")],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ},
-        timeout=300,
-    )
+
+    def nightly(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(SAMPLES / "nightly-convert.sh"), *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            timeout=300,
+        )
+
+    out = tmp_path / "nightly" / "o.zarr"  # (its folder not made yet)
+    r = nightly(str(SAMPLE), str(out))
     assert r.returncode == 0, r.stderr
     lines = r.stderr.strip().splitlines()
     stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ nightly-convert: "
     assert re.match(stamp + r"start: ", lines[0]), lines
     assert re.match(stamp + r"end: exit 0 after \d+ s$", lines[-1]), lines
     assert all(re.match(stamp, ln) for ln in lines), lines
-    report = json.loads((tmp_path / "o.zarr.report.json").read_text())
+    # a failure: qstream's own error line stamped too, between the script's start and end
+    failed = nightly(str(SAMPLE), str(tmp_path / "other" / "o.zarr"), str(tmp_path / "no.toml"))
+    assert failed.returncode == 2
+    said = failed.stderr.strip().splitlines()
+    assert all(re.match(stamp, ln) for ln in said), said
+    assert re.match(stamp + r"qstream: error: recipe file not found: ", said[1]), said
+    assert re.match(stamp + r"end: exit 2 after \d+ s$", said[-1]), said
+    assert not (tmp_path / "other").exists()  # (a refused run makes no folder)
+    assert not list(tmp_path.glob("nightly-convert.*"))  # (nor leaves a temporary report)
+    report = json.loads((tmp_path / "nightly" / "o.zarr.report.json").read_text())
     assert report["summary"]["tensors"] == len(report["tensors"])
