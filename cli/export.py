@@ -77,6 +77,12 @@ def export(
     max_memory: str | None = MAX_MEMORY,
     as_json: bool = JSON,
     quiet: bool = QUIET,
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="Print what would be written (each tensor's type and bytes, OUT's fate) and"
+        " refuse as the export would; read no value, write nothing.",
+    ),
 ) -> None:
     """Export quantized tensors for an inference stack, streaming, with bounded memory:
     safetensors in the compressed-tensors layout with its config.json (transformers, vLLM),
@@ -88,12 +94,30 @@ def export(
     with library_errors():
         limit = parse_size(max_memory, "--max-memory")
         require_input(src, "SRC")
+        if no_tokenizer and not out.endswith(".gguf"):
+            raise typer.BadParameter("--no-tokenizer applies to a .gguf OUT only")
+        gguf = {"type": gguf_type, "config": config, "overwrite": overwrite,
+                "max_memory": limit, "tokenizer": not no_tokenizer}  # fmt: skip
+        safetensors = {
+            "format": fmt,
+            "config": config,
+            "max_shard_size": parse_size(max_shard_size, "--max-shard-size"),
+            "overwrite": overwrite,
+            "name": name,
+            "max_memory": limit,
+        }
+    with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
+        if out.endswith(".gguf"):
+            planned = qs.export_gguf(src, out, dry_run=True, **gguf)
+        else:
+            planned = qs.export_safetensors(src, out, dry_run=True, **safetensors)
+    if dry_run:
+        print_export_plan(out, planned, as_json)
+        return
+    with library_errors():
         if out.endswith(".gguf"):
             with progress("export", quiet or as_json) as cb:
-                result = qs.export_gguf(
-                    src, out, type=gguf_type, config=config, overwrite=overwrite,
-                    max_memory=limit, tokenizer=not no_tokenizer, progress=cb,
-                )  # fmt: skip
+                result = qs.export_gguf(src, out, progress=cb, **gguf)
             if as_json:
                 emit_json(result)
             elif not quiet:
@@ -101,20 +125,8 @@ def export(
                 if no_tokenizer:
                     typer.echo(NO_TOKENIZER_NOTE)
             return
-        if no_tokenizer:
-            raise typer.BadParameter("--no-tokenizer applies to a .gguf OUT only")
         with progress("export", quiet or as_json) as cb:
-            result = qs.export_safetensors(
-                src,
-                out,
-                format=fmt,
-                config=config,
-                max_shard_size=parse_size(max_shard_size, "--max-shard-size"),
-                overwrite=overwrite,
-                name=name,
-                max_memory=limit,
-                progress=cb,
-            )
+            result = qs.export_safetensors(src, out, progress=cb, **safetensors)
         if done_already(out, result, as_json, quiet):
             return
         if as_json:
@@ -132,6 +144,36 @@ def export(
                     " keeps no model config.json): pass --config MODEL/config.json (the"
                     " converted model's) to merge it, or merge it in yourself"
                 )
+
+
+def print_export_plan(out: str, planned: dict[str, Any], as_json: bool) -> None:
+    """An export's dry run: each tensor's type and bytes (as the export writes them), what
+    happens to ``out``, the total."""
+    from .output import table
+
+    if as_json:
+        emit_json({**planned, "dry_run": True})
+        return
+    if planned.get("already_complete") or planned.get("action") == "complete":
+        typer.echo(f"{out}: already complete (same job); nothing to do")
+        return
+    if "plan" in planned:  # GGUF: a row per tensor, its GGML type
+        rows = [[r["name"], str(r["shape"]), r["target"], fmt_bytes(r["bytes_after"])]
+                for r in planned["plan"]]  # fmt: skip
+        table("export plan (nothing written)", ["tensor", "shape", "type", "bytes"], rows)
+        typer.echo(f"{out}: {planned['action']}; {fmt_bytes(planned['bytes'])} of tensors")
+        return
+    quantized = set(planned["quantized"])
+    rows = [
+        [n, "quantized" if n in quantized else "kept", fmt_bytes(b)]
+        for n, b in planned["tensor_bytes"].items()
+    ]
+    table("export plan (nothing written)", ["tensor", "written", "bytes"], rows)
+    added = "".join(f"; {n} added, untied from {t}" for n, t in planned["untied"].items())
+    typer.echo(
+        f"{', '.join(planned['files'])}: {len(rows)} tensors ({len(planned['entries'])}"
+        f" entries{added}), {fmt_bytes(planned['bytes'])}"
+    )
 
 
 NO_TOKENIZER_NOTE = (

@@ -1,9 +1,10 @@
 """How the command line fails: one line on stderr, an exit code, and the flags a user types
 instead of the library's argument names.
 
-Exit codes: 0 success (or already complete), 1 failure (bad data, missing/corrupt store, I/O),
-2 bad usage or refused input (unknown option or value, missing argument, bad axis, bad scale, a
-plan refused before any work...), 75 another qstream process holds DST (temporary: run again
+Exit codes: 0 success (or already complete), 1 failure while working (bad data, a corrupt
+chunk, I/O), 2 bad usage or refused input (unknown option or value, missing argument, bad axis,
+bad scale, whatever a command's plan refuses before any work...), 75 another qstream process
+holds DST (temporary: run again
 later), 130 interrupted (Ctrl-C), 143
 terminated (SIGTERM: a scheduler's timeout, ``kill``), 141 a closed pipe (``| head``: quiet).
 ``--debug`` (anywhere on the line) shows the traceback instead.
@@ -77,6 +78,10 @@ _FLAGS = (
     (
         re.compile(r"\b(block_size|round_mode|nan_policy|max_memory|max_shard_size|scale_dtype)\b"),
         None,
+    ),
+    (
+        re.compile(r", or pass allow_incomplete=True to read the finished tensors"),
+        " (qstream inspect lists the tensors it finished)",
     ),
     (re.compile(r"\bqstream\.convert_checkpoint\b"), "`qstream convert`"),
     (re.compile(r"\bqstream\.dequantize_store\b"), "`qstream dequantize`"),

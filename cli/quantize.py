@@ -149,7 +149,7 @@ def quantize(
             "store": store, "histogram": histogram, "compression": compression,
             "layout": layout, "chunks": parse_chunks(chunks),
         }  # fmt: skip
-    with library_errors():  # (what the run refuses, with its exit code; no value read)
+    with library_errors(refusals=True):  # (every refusal: here, before any value is read)
         plan = qs.plan_quantize(src, dst, spec, **job)
     if dry_run:
         print_plan(plan, as_json, "quantization plan (nothing written)")

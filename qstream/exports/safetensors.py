@@ -135,9 +135,8 @@ def export_safetensors(
     template, generation config; :func:`qstream.exports.find_model_files` finds them
     beside a checkpoint) copied beside ``out``, so that the folder deploys as it is; a file
     there that qstream did not write is refused, never replaced. Every identity and name
-    written is free of local paths: the job is recorded as its SHA-256.
-
-    ``progress``: called ``(done, total)`` with the bytes written (a ``write`` stage)."""
+    written is free of local paths: the job is recorded as its SHA-256. ``progress``:
+    called ``(done, total)`` with the bytes written (a ``write`` stage)."""
     if dtype not in FLOAT_TYPES:
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
@@ -250,8 +249,9 @@ def export_safetensors(
         return {"files": written, "already_complete": False, "format": format,
                 "loader": LOADERS[format], "tensors": names,
                 "entries": [{"name": e.name, "dtype": e.tag, "shape": list(e.shape),
-                             "bytes": e.nbytes} for e in found],
-                "bytes": sum(e.nbytes for e in found)}  # fmt: skip
+                             "bytes": e.nbytes} for e in found], "tensor_bytes": owned,
+                "quantized": list(described), "untied": untied,
+                "bytes": sum(owned.values())}  # fmt: skip
     os.makedirs(folder, exist_ok=True)  # (every command makes DST's missing folders)
     meta = {
         "format": "pt",

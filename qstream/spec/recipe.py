@@ -44,7 +44,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidParameterError
+from ..errors import InvalidDTypeError, InvalidParameterError
 from ..paths import open_regular
 from ..qtypes import is_float_dtype
 from .json_helpers import check_keys, jsonable_dict
@@ -377,6 +377,8 @@ class Recipe:
             raise InvalidParameterError(f"recipe {path} is larger than {MAX_RECIPE} bytes")
         try:
             return cls.from_dict(tomllib.loads(raw.decode("utf-8")))
+        except (InvalidParameterError, InvalidDTypeError) as e:  # (naming the file too)
+            raise type(e)(f"{path}: {e}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise InvalidParameterError(f"recipe {path} is not valid TOML: {e}") from None
         except RecursionError:
@@ -394,5 +396,5 @@ def _spec(where: str, fields: dict[str, Any]) -> QuantSpec:
         spec = QuantSpec.from_dict(fields)
         check_block_size(spec.block_size)
         return spec
-    except InvalidParameterError as e:
-        raise InvalidParameterError(f"{where}: {e}") from None
+    except (InvalidParameterError, InvalidDTypeError) as e:  # (an unknown dtype is the latter)
+        raise type(e)(f"{where}: {e}") from None

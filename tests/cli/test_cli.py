@@ -62,7 +62,7 @@ def test_dequantize_calibrate_inspect_and_resume_overwrite(src, tmp_path):
     r = run("quantize", src, tmp_path / "q.zarr", "--axis", "0", "--quiet")  # resume: no-op
     assert r.exit_code == 0
     r = run("quantize", src, tmp_path / "q.zarr", "--axis", "1", "--quiet")
-    assert r.exit_code == 1 and "overwrite" in r.output
+    assert r.exit_code == 2 and "overwrite" in r.output  # (refused before any work)
     assert (
         run("quantize", src, tmp_path / "q.zarr", "--axis", "1", "--overwrite", "--quiet").exit_code
         == 0
@@ -167,7 +167,7 @@ def test_unwritable_destination(src, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     r = run("quantize", src, blocker / "q.zarr")
-    assert r.exit_code == 1, r.output
+    assert r.exit_code == 2, r.output  # (refused by its plan, before any work)
     assert r.output.startswith("error:") and "Traceback" not in r.output
     assert "file" in r.output and blocker.read_text() == "not a directory"
 
@@ -330,7 +330,7 @@ def test_library_errors_name_the_flags_and_plain_values(src, tmp_path):
     cases = [
         (
             ["quantize", src, tmp_path / "q.zarr", "--axis", "0", "--resume"],
-            1,
+            2,
             "pass --overwrite to replace it",
         ),
         (
@@ -376,7 +376,7 @@ def test_checkpoints_and_folders_given_to_quantize_say_what_they_are(tmp_path):
     ]
     for path, what in cases:
         r = run("quantize", path, tmp_path / "o.zarr")
-        assert r.exit_code == 1
+        assert r.exit_code == 2  # (refused by its plan, before any work)
         assert r.stderr.strip() == (
             f"error: {path} {what}; checkpoints are read by `qstream convert`"
         )

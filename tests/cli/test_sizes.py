@@ -260,3 +260,22 @@ def test_a_gguf_destination_counts_its_tensors_bytes_not_the_files_size(tmp_path
     assert (
         exported["bytes"] == held and exported["file_bytes"] == (tmp_path / "x.gguf").stat().st_size
     )
+
+
+@pytest.mark.parametrize("out", ["e/model.safetensors", "e/model.gguf"])
+def test_export_dry_run_plans_the_bytes_the_export_writes_and_writes_nothing(tmp_path, out):
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    run_json("convert", SAMPLE, tmp_path / "q8.zarr", "--recipe", recipe, "--json")
+    planned = run_json("export", tmp_path / "q8.zarr", tmp_path / out, "--dry-run", "--json")
+    assert planned["dry_run"] is True and not (tmp_path / "e").exists()
+    table = runner.invoke(app, ["export", str(tmp_path / "q8.zarr"), str(tmp_path / out),
+                                "--dry-run"])  # fmt: skip
+    assert table.exit_code == 0 and "export plan (nothing written)" in table.output
+    done = run_json("export", tmp_path / "q8.zarr", tmp_path / out, "--json")
+    assert planned["bytes"] == done["bytes"] and planned["tensors"] == done["tensors"]
+    r = runner.invoke(app, ["export", str(tmp_path / "q8.zarr"), str(tmp_path / "x" / "m.bin")])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()  # (refused by the plan)

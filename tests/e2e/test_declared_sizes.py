@@ -142,7 +142,7 @@ def test_a_pack_declaring_gigabytes_is_refused_naming_the_bound(crafted_pack, tm
         assert code == 3, err
         return
     code, err, peak = _run([*args, "--quiet"])
-    assert code == 1, err
+    assert code == (2 if command.startswith("export") else 1), err  # (export: in its plan)
     line = _one_line_error(err)
     assert "_packs/p000000" in line and "[70, 16, 4000000]" in line and bound in line, line
     assert peak < PEAK

@@ -56,7 +56,7 @@ def test_a_directory_of_other_files_is_never_deleted(src, tmp_path):
         with pytest.raises(StoreError, match="not empty and is not a Zarr store"):
             qs.dequantize_store(tmp_path / "q.zarr", notes, overwrite=overwrite)
     r = cli("quantize", src, notes, "--overwrite")
-    assert r.exit_code == 1 and "will not delete it" in r.output
+    assert r.exit_code == 2 and "will not delete it" in r.output  # (refused by the plan)
     assert _tree(notes) == before
 
 
@@ -69,7 +69,7 @@ def test_a_zarr_node_qstream_did_not_write_is_never_replaced(src, tmp_path):
         with pytest.raises(StoreError, match=r"did not write; .*will not delete it"):
             qs.quantize_store(src, other, overwrite=overwrite)
     r = cli("quantize", src, other, "--overwrite")
-    assert r.exit_code == 1 and "--overwrite" in r.output and "overwrite=True" not in r.output
+    assert r.exit_code == 2 and "--overwrite" in r.output and "overwrite=True" not in r.output
     assert _tree(other) == before
 
 

@@ -228,7 +228,7 @@ def test_a_crafted_converted_checkpoint_is_refused_by_every_reader(sandbox, key,
         ("inspect", out),
     ):
         r = cli(*args)
-        code = 2 if args[0] == "dequantize" else 1  # (dequantize: refused in its plan)
+        code = 1 if args[0] == "inspect" else 2  # (refused in the plan; inspect has none)
         assert r.exit_code == code and "not a path inside it" in r.output, r.output
     ck = sandbox / "ck.safetensors"
     r = cli("convert", ck, out, "--overwrite")  # replacing it deletes nothing outside
@@ -441,8 +441,8 @@ def test_fifos_are_refused_without_blocking(tmp_path, where):
             (tmp_path / "doc.json").write_bytes(body)
         args = ["quantize", src, dst]
     r = _fifo_run(args)
-    # (a conversion's plan refuses its checkpoint: 2; a store job meets its source's: 1)
-    assert r.returncode == (2 if args[0] == "convert" else 1), r.stderr
+    # (each command's plan refuses it: 2)
+    assert r.returncode == 2, r.stderr
     assert "not a regular file" in r.stderr and "internal error" not in r.stderr, r.stderr
 
 
@@ -710,7 +710,8 @@ def test_links_inside_a_converted_checkpoint_or_a_zarr_checkpoint_are_never_read
     chunk.symlink_to(secret)
     for args in (("export", out, sandbox / "leak.safetensors"), ("dequantize", out, sandbox / "r")):
         r = cli(*args)
-        assert r.exit_code == 1 and "holds a link" in r.output, r.output
+        code = 2 if args[0] == "export" else 1  # (export's plan opens the tensors)
+        assert r.exit_code == code and "holds a link" in r.output, r.output
     assert not (sandbox / "leak.safetensors").exists()
     # a Zarr group given as checkpoint: no link out of it
     g = zarr.open_group(str(sandbox / "ckg.zarr"), mode="w")
@@ -743,7 +744,7 @@ def test_fifos_inside_outputs_are_refused_without_blocking(tmp_path, where):
     os.mkfifo(target)
     for args in cmds:
         r = _fifo_run(args)
-        code = 2 if args[0] == "dequantize" else 1  # (dequantize: refused in its plan)
+        code = 2 if args[0] in ("dequantize", "export") else 1  # (refused in the plan)
         assert r.returncode == code and "not a regular file" in r.stderr, r.stderr
 
 

@@ -112,7 +112,7 @@ def test_cli_refuses_plain_http_that_aws_allow_http_forbids_naming_why(
     env = _environment(endpoint, AWS_ALLOW_HTTP="false", AWS_REGION="us-east-1")
     src = _put_source(endpoint, f"forbid-{backend}/src.zarr", np.ones((8, 8), np.float32), (8, 8))
     r = _qstream(env, "quantize", src, f"s3://{BUCKET}/forbid-{backend}/q.zarr", "--store", backend)
-    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert r.returncode == 2, (r.returncode, r.stderr)  # (refused by the plan)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert src in lines[0] and "AWS_ALLOW_HTTP=false" in lines[0] and endpoint in lines[0]

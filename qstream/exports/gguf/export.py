@@ -85,6 +85,7 @@ def export_gguf(
     pure: bool = False,
     imatrix: str | os.PathLike[str] | None = None,
     progress: Any = None,
+    dry_run: bool = False,
 ) -> dict[str, Any]:
     """Write ``src`` (a float checkpoint, or a qstream output) as the GGUF file ``out``; see
     the module docstring. Everything is decided first by :func:`plan_gguf`, before any tensor
@@ -106,6 +107,8 @@ def export_gguf(
     ``llama-quantize --imatrix`` uses it. ``progress``: called ``(done, total)`` with the
     bytes of tensors written (after ``progress.stage("write", total, 0)`` where it has a
     ``stage``); in a notebook without one, ``qstream.export_gguf`` shows a line of the cell.
+    ``dry_run``: everything decided and refused as for the export, nothing written; returns
+    ``action`` (what happens to ``out``), ``plan``, ``tensors`` and ``bytes``.
 
     Returns ``file``, ``already_complete``, ``tensors`` (source name -> GGUF type; a merged
     expert tensor's name reads ``experts.*``), ``bytes`` (its tensors' bytes, as the plan and
@@ -122,6 +125,12 @@ def export_gguf(
                      pure=pure, imatrix=imatrix)  # fmt: skip
     for warning in plan.warnings:
         warnings.warn(warning, QStreamWarning, stacklevel=2)
+    if dry_run:  # (decided and refused as the export is; nothing written)
+        action = destination_action(plan, out, overwrite=overwrite)
+        rows = plan.rows()
+        return {"file": out, "dry_run": True, "action": action, "plan": rows,
+                "tensors": {r["name"]: r["target"] for r in rows},
+                "bytes": sum(r["bytes_after"] for r in rows)}  # fmt: skip
     return write_plan(plan, out, overwrite=overwrite, max_memory=max_memory, progress=progress)
 
 
