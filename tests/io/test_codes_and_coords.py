@@ -90,9 +90,12 @@ def test_the_sources_coordinates_reach_the_output_with_their_values_and_attribut
         assert got[name].attrs == src[name].attrs, name
     assert got["time"].encoding["units"] == "hours since 2000-01-01"  # (decoded as CF time)
     ours = qs.open_xarray(out)
-    for name in ("lat", "lon"):
+    for name in ("time", "lat", "lon"):  # (CF-decoded as xr.open_zarr decodes them)
         np.testing.assert_array_equal(ours[name].values, src[name].values)
         assert ours[name].attrs == src[name].attrs
+    assert ours["time"].dtype.kind == "M" and ours["time"].encoding["units"] == (
+        "hours since 2000-01-01"
+    )
     assert qs.open_quantized(out).meta["complete"]
 
 
@@ -157,3 +160,23 @@ def test_a_dequantized_copy_outside_any_group_gets_no_coordinates(era5, tmp_path
     result = qs.dequantize_store(q, tmp_path / "copy.zarr")
     assert result["coordinates"] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy.zarr", "era5.zarr", "q.zarr"]
+
+
+def test_a_copy_named_inside_a_new_zarr_folder_makes_it_a_group_with_the_coordinates(
+    era5, tmp_path
+):
+    q = tmp_path / "q.zarr"
+    qs.quantize_store(era5 / "t2m", q, qs.QuantSpec(dtype="int8", axis=1))
+    result = qs.dequantize_store(q, tmp_path / "copy.zarr" / "t2m")  # (copy.zarr: not there)
+    assert sorted(result["coordinates"]) == ["lat", "lon", "time"]
+    got = xr.open_zarr(tmp_path / "copy.zarr", consolidated=False)
+    src = xr.open_zarr(era5, consolidated=False)
+    for name in ("time", "lat", "lon"):
+        np.testing.assert_array_equal(got[name].values, src[name].values)
+        assert got[name].attrs == src[name].attrs
+    assert got["t2m"].dtype == np.float32
+    # a folder that holds anything else is left as it is: no group made in it
+    (tmp_path / "mine.zarr").mkdir()
+    (tmp_path / "mine.zarr" / "notes.txt").write_text("mine")
+    result = qs.dequantize_store(q, tmp_path / "mine.zarr" / "t2m")
+    assert result["coordinates"] == [] and not (tmp_path / "mine.zarr" / "zarr.json").exists()

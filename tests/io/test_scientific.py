@@ -284,8 +284,9 @@ def test_chunks_follow_the_source_or_the_option(field, tmp_path):
 @pytest.mark.skipif(CODEC, reason="this zarr has the codecs")
 def test_codec_layout_refused_on_older_zarr(field, tmp_path):
     src, _ = field
-    with pytest.raises(InvalidParameterError, match=r"zarr >= 3\.2"):
+    with pytest.raises(InvalidParameterError, match=r"zarr >= 3\.2") as refused:
         qs.quantize_store(src, tmp_path / "c.zarr", qs.QuantSpec(dtype="uint8"), layout="codec")
+    assert "pip install 'qstream-zarr[codec]'" in str(refused.value)  # (the extra named)
     assert not os.path.exists(tmp_path / "c.zarr")
 
 

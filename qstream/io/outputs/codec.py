@@ -47,15 +47,16 @@ def unavailable() -> str | None:
     if not hasattr(codecs, "ScaleOffset") or not hasattr(codecs, "CastValue"):
         return (
             f"layout 'codec' needs zarr >= 3.2 (its scale_offset and cast_value codecs; zarr"
-            f" >= 3.2 needs Python >= 3.12), this is zarr {zarr.__version__}: use the default"
-            " layout, which xarray decodes through CF attributes"
+            f" >= 3.2 needs Python >= 3.12), this is zarr {zarr.__version__}: pip install"
+            " 'qstream-zarr[codec]' on Python >= 3.12 (zarr >= 3.2 and cast-value-rs), or use"
+            " the default layout, which xarray decodes through CF attributes"
         )
     try:
         import cast_value_rs  # noqa: F401
     except ImportError:
         return (
             "layout 'codec' needs the cast-value-rs package for zarr's cast_value codec:"
-            " pip install 'zarr[cast-value-rs]'"
+            " pip install 'qstream-zarr[codec]'"
         )
     return None
 

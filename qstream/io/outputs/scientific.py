@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,10 +30,12 @@ from ...paths import local_path, walk_below
 from ..storage import (
     ARRAY_KEY,
     delete_keys,
+    group_doc,
     is_array_doc,
     is_array_doc_at,
     remove_array_files,
     remove_if_empty,
+    write_doc,
 )
 
 # Attributes that describe how the source's values were stored, not what they mean: never
@@ -273,6 +276,7 @@ def copy_coords_beside(
 
     from ..storage import open_store
 
+    _group_for_copy(parent, path)
     try:
         store = open_store(parent, mode="w", storage_options=storage_options)
         group = zarr.open_group(store=store, mode="r+")  # (an existing group only)
@@ -293,6 +297,24 @@ def copy_coords_beside(
         _write_coord(group, dim, values, attrs, overwrite=False)
         beside.append(dim)
     return beside
+
+
+def _group_for_copy(parent: str, path: str) -> None:
+    """Make the local folder ``parent`` a Zarr group where a copy ``path`` asked to be a
+    member of one that does not exist yet (``copy.zarr/t2m``: the folder, named ``.zarr``,
+    made for the copy and holding nothing else), so that its coordinates go beside it and
+    ``xr.open_zarr(parent)`` opens both. A folder holding anything else is left as it is."""
+    local = local_path(parent)
+    if local is None or not local.endswith(".zarr") or os.path.islink(local):
+        return
+    try:
+        held = os.listdir(local)
+    except OSError:
+        return
+    if held != [os.path.basename(path)] or not os.path.isdir(os.path.join(local, held[0])):
+        return
+    with contextlib.suppress(FileExistsError):  # (made meanwhile: a group already)
+        write_doc(local, group_doc({}), new=True)
 
 
 def drop_progress(dst: object, group: Any, storage_options: dict[str, Any] | None = None) -> None:

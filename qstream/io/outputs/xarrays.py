@@ -88,6 +88,8 @@ def _source_name(source: Any) -> str:
 def _with_coords(out: xr.DataArray, arr: QuantizedArray) -> xr.DataArray:
     """``out`` with the 1-D arrays of ``arr``'s group named by its dimensions (as long as
     the axis; values read now, attributes kept) as coordinates."""
+    import xarray as xr
+
     group = getattr(arr, "group", None)
     if group is None:
         return out
@@ -104,8 +106,14 @@ def _with_coords(out: xr.DataArray, arr: QuantizedArray) -> xr.DataArray:
         from .scientific import carried_attrs
 
         attrs = {k: v for k, v in carried_attrs(dict(member.attrs)).items() if k != "qstream"}
-        coords[dim] = (dim, np.asarray(member[...]), attrs)
-    return out.assign_coords(coords) if coords else out
+        coords[dim] = xr.Variable((dim,), np.asarray(member[...]), attrs)
+    if not coords:
+        return out
+    try:  # (CF-decoded as xr.open_zarr decodes them: "hours since ..." times as datetime64)
+        decoded = xr.decode_cf(xr.Dataset(coords=coords))
+        return out.assign_coords({dim: decoded[dim] for dim in coords})
+    except (ValueError, TypeError, OverflowError):  # (units xarray cannot decode: as stored)
+        return out.assign_coords(coords)
 
 
 def _check_chunks(lazy: Any, stored: Any, itemsize: int, name: str, max_memory: int | None) -> None:
