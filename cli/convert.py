@@ -10,7 +10,7 @@ import typer
 
 import qstream as qs
 
-from .export import NO_TOKENIZER_NOTE, gguf_summary
+from .export import gguf_summary, tokenizer_note
 from .failures import library_errors
 from .helptext import examples
 from .options import (
@@ -289,8 +289,9 @@ def convert(
             return
         if dst.endswith(".gguf"):
             typer.echo(gguf_summary(checkpoint, report))
-            if no_tokenizer:
-                typer.echo(NO_TOKENIZER_NOTE)
+            note = tokenizer_note(report, no_tokenizer)
+            if note is not None:
+                typer.echo(note)
             return
         if scheme is not None:  # (no per-tensor error is measured: compressed-tensors' values)
             typer.echo(f"{scheme}: written " + ", ".join(report["files"]))

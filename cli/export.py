@@ -122,8 +122,9 @@ def export(
                 emit_json(result)
             elif not quiet:
                 typer.echo(gguf_summary(src, result))
-                if no_tokenizer:
-                    typer.echo(NO_TOKENIZER_NOTE)
+                note = tokenizer_note(result, no_tokenizer)
+                if note is not None:
+                    typer.echo(note)
             return
         with progress("export", quiet or as_json) as cb:
             result = qs.export_safetensors(src, out, progress=cb, **safetensors)
@@ -180,6 +181,25 @@ NO_TOKENIZER_NOTE = (
     "note: --no-tokenizer: the file holds tensors and hyperparameters only; llama.cpp will not"
     " load it (key not found: tokenizer.ggml.model)"
 )
+
+
+def tokenizer_note(result: dict[str, Any], no_tokenizer: bool) -> str | None:
+    """What a written GGUF file lacks for llama.cpp, if anything (None: nothing)."""
+    if no_tokenizer:
+        return NO_TOKENIZER_NOTE
+    if result.get("already_complete") or result.get("tokenizer"):
+        return None
+    if result.get("architecture") == "qstream":  # (no model config.json was found)
+        return (
+            "note: no model config.json was found, so the file holds tensors only (architecture"
+            " qstream): gguf-py reads it, llama.cpp does not load it; pass --config"
+            " MODEL/config.json, with the model's tokenizer files beside it"
+        )
+    return (
+        "note: no tokenizer was found beside the model's config.json (tokenizer.json or"
+        " tokenizer.model): llama.cpp will not load the file (key not found:"
+        " tokenizer.ggml.model)"
+    )
 
 
 def gguf_summary(src: str, result: dict[str, Any]) -> str:
@@ -241,7 +261,7 @@ def gguf_summary(src: str, result: dict[str, Any]) -> str:
     return (
         f"{src} -> {result['file']}: {mix}; {fmt_bytes(result['bytes'])} of tensors"
         f" ({fmt_bytes(result['file_bytes'])} file), architecture {result['architecture']},"
-        " for llama.cpp / gguf-py"
+        f" for {'llama.cpp / gguf-py' if result.get('tokenizer') else 'gguf-py'}"
     )
 
 

@@ -279,3 +279,16 @@ def test_export_dry_run_plans_the_bytes_the_export_writes_and_writes_nothing(tmp
     assert planned["bytes"] == done["bytes"] and planned["tensors"] == done["tensors"]
     r = runner.invoke(app, ["export", str(tmp_path / "q8.zarr"), str(tmp_path / "x" / "m.bin")])
     assert r.exit_code == 2 and not (tmp_path / "x").exists()  # (refused by the plan)
+
+
+def test_a_gguf_llama_cpp_cannot_load_says_so(tmp_path):
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text(
+        '[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\nmethod = "dynamic"\n'
+        'scale_dtype = "float16"\n'
+    )
+    run_json("convert", SAMPLE, tmp_path / "q8.zarr", "--recipe", recipe, "--json")
+    r = runner.invoke(app, ["export", str(tmp_path / "q8.zarr"), str(tmp_path / "x.gguf")])
+    assert r.exit_code == 0, r.output
+    assert "architecture qstream, for gguf-py" in r.stdout  # (no model config beside it)
+    assert "note: no model config.json was found" in r.stdout and "llama.cpp does not" in r.stdout
