@@ -106,14 +106,15 @@ def export(
             "name": name,
             "max_memory": limit,
         }
-    with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
-        if out.endswith(".gguf"):
-            planned = qs.export_gguf(src, out, dry_run=True, **gguf)
-        else:
-            planned = qs.export_safetensors(src, out, dry_run=True, **safetensors)
     if dry_run:
+        with library_errors(refusals=True):  # (refused as the export refuses)
+            if out.endswith(".gguf"):
+                planned = qs.export_gguf(src, out, dry_run=True, **gguf)
+            else:
+                planned = qs.export_safetensors(src, out, dry_run=True, **safetensors)
         print_export_plan(out, planned, as_json)
         return
+    # (an error before the export writes a byte is its plan's refusal: exit 2, see failures)
     with library_errors():
         if out.endswith(".gguf"):
             with progress("export", quiet or as_json) as cb:

@@ -213,8 +213,8 @@ def library_errors(refusals: bool = False) -> Iterator[None]:
             fail(str(e), 2, "invalid", name)
         if isinstance(e, qs.DestinationBusyError):
             fail(str(e), BUSY, "busy", name)
-        if refusals and isinstance(e, qs.QStreamError):
-            fail(str(e), 2, "refused", name)
+        if isinstance(e, qs.QStreamError) and (refusals or getattr(e, "refused", False)):
+            fail(str(e), 2, "refused", name)  # (a plan's refusal: before any work)
         if isinstance(e, qs.QStreamError):
             fail(str(e), 1, "failed", name)
         if isinstance(e, OSError):

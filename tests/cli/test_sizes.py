@@ -16,6 +16,7 @@ import pytest
 from safetensors.numpy import save_file
 from typer.testing import CliRunner
 
+import qstream as qs
 from cli.main import app
 from cli.output import fmt_bytes
 
@@ -292,3 +293,18 @@ def test_a_gguf_llama_cpp_cannot_load_says_so(tmp_path):
     assert r.exit_code == 0, r.output
     assert "architecture qstream, for gguf-py" in r.stdout  # (no model config beside it)
     assert "note: no model config.json was found" in r.stdout and "llama.cpp does not" in r.stdout
+
+
+def test_an_export_refused_by_its_plan_exits_2_and_one_failing_while_it_writes_exits_1(tmp_path):
+    out = tmp_path / "q.zarr"
+    run_json("convert", SAMPLE, out, "--json", "--no-packs")
+    (tmp_path / "taken").write_text("a file")
+    with pytest.raises(qs.StoreError) as refused:  # (an unwritable place: refused, unwritten)
+        qs.export_safetensors(out, tmp_path / "taken" / "x" / "m.safetensors")
+    assert getattr(refused.value, "refused", False)
+    chunk = next(p for p in (out / "layers.3.mlp.down_proj.weight" / "data").rglob("*")
+                 if p.is_file() and p.name != "zarr.json")  # fmt: skip
+    chunk.write_bytes(chunk.read_bytes()[:7])  # (a truncated chunk: found while writing)
+    r = runner.invoke(app, ["export", str(out), str(tmp_path / "e" / "m.safetensors")])
+    assert r.exit_code == 1 and "corrupt chunk" in r.output, r.output
+    assert not (tmp_path / "e" / "m.safetensors").exists()
