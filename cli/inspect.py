@@ -10,7 +10,7 @@ import typer
 
 import qstream as qs
 
-from .failures import library_errors
+from .failures import fail, library_errors
 from .helptext import examples
 from .options import JSON, MAX_MEMORY, parse_size, require_input
 from .output import emit_json, error_table, fmt_bytes, fmt_compression, fmt_db, table
@@ -88,6 +88,7 @@ def inspect(
         if as_json:
             emit_json(summary)
             figure_written(plot, as_json)
+            refuse_damaged(store, summary.get("damaged"), as_json)
             return
         if show and whole:  # the whole checkpoint: SQNR and size per tensor, bounded
             show_checkpoint(arr.view)
@@ -103,6 +104,8 @@ def inspect(
             "size": f"{fmt_bytes(summary['bytes_after'])} (codes and parameters)",
         }
         rows = [[k, str(shown[k])] for k in FIELDS]
+        if summary["damaged"]:
+            rows.append(["damaged", damaged_text(summary["damaged"])])
         for name in ("scale", "zero_point"):
             p = summary[name]
             rows.append([name, f"{p['shape']} min {p['min']:.6g} max {p['max']:.6g}"])
@@ -111,6 +114,30 @@ def inspect(
         if show:
             show_report(arr.view, store)
         figure_written(plot, as_json)
+        refuse_damaged(store, summary["damaged"], as_json)
+
+
+def damaged_text(damaged: list[str]) -> str:
+    """The parts a finished output lacks, the first three named."""
+    more = f" and {len(damaged) - 3} more" if len(damaged) > 3 else ""
+    return f"{', '.join(damaged[:3])}{more} absent or of the wrong size"
+
+
+def refuse_damaged(store: str, damaged: list[str] | None, as_json: bool) -> None:
+    """Exit 1 naming what the finished output ``store`` lacks (after it was described: what
+    is there is worth seeing), if anything; with ``--json`` the report on stdout is the
+    one JSON document (``damaged`` lists them), the error on stderr."""
+    if not damaged:
+        return
+    message = (
+        f"{store} is damaged: {damaged_text(damaged)}; qstream writes every chunk of a"
+        " finished output: make it again (the quantize or convert that wrote it, with"
+        " --overwrite)"
+    )
+    if as_json:
+        typer.echo(f"error: {message}", err=True)
+        raise typer.Exit(1)
+    fail(message, 1, "damaged", "StoreError")
 
 
 #: summary keys not printed as a line (the table shows the tensors; types have their line)

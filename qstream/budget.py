@@ -192,15 +192,28 @@ WORK_FACTOR = 4
 BUDGET_WORKERS = 4  # max_memory is shared by up to this many blocks in flight
 
 
+MIN_MEMORY = 1 << 20  # the smallest memory bound a job takes
+
+
+def check_max_memory(max_memory: int | None) -> None:
+    """Refuse a memory bound below :data:`MIN_MEMORY` (or not a number of bytes): every
+    entry point calls it first, so a refused bound writes nothing."""
+    from .errors import InvalidParameterError
+
+    if max_memory is None:
+        return
+    if isinstance(max_memory, bool) or not isinstance(max_memory, int | float):
+        raise InvalidParameterError(f"max_memory must be a number of bytes, got {max_memory!r}")
+    if max_memory < MIN_MEMORY:
+        raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
+
+
 def block_budget(max_memory: int | None) -> int:
     """Source bytes of one block. It does not depend on the number of workers, so neither do
     the blocks, nor the order in which float error sums are merged."""
     if max_memory is None:
         return DEFAULT_BLOCK_BYTES
-    if max_memory < 1 << 20:
-        from .errors import InvalidParameterError
-
-        raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")
+    check_max_memory(max_memory)
     return max(1 << 16, int(max_memory) // (WORK_FACTOR * BUDGET_WORKERS))
 
 

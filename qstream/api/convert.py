@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..budget import check_max_memory
 from ..engine.convert import TensorEvent
 from ..spec import Recipe
 from ..viz import reporting
@@ -117,6 +118,7 @@ def convert_checkpoint(
     complete as it was made; ``overwrite`` makes it again by the default);
     ``open_quantized`` reads packed tensors as any other.
     """
+    check_max_memory(max_memory)  # (a refused bound writes nothing)
     with reporting(progress, "convert") as shown:
         return conversion_run.convert(
             checkpoint,

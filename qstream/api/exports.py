@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from ..budget import check_max_memory
 from ..errors import QStreamError
 from ..exports import export_safetensors as _export_safetensors
 from ..exports.gguf import export_gguf as _export_gguf
@@ -36,6 +37,7 @@ class _Phase:
 
 
 def _export(write: Callable[..., dict[str, Any]], progress: Any, *args: Any, **kw: Any) -> Any:
+    check_max_memory(kw.get("max_memory"))  # (a refused bound writes nothing)
     with reporting(progress, "export") as shown:
         phase = _Phase(shown)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..budget import check_max_memory
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, exported_checkpoint
 from ..io.outputs import open_quantized as open_output_or_export
 
@@ -34,6 +35,7 @@ def open_quantized(
     checkpoint's tensors: each when it is taken): parameters that need more than half of
     the bound, and packs read whole of more than half of it, are refused before a byte of
     them is read."""
+    check_max_memory(max_memory)
     opened = open_output_or_export(
         path,
         allow_incomplete=allow_incomplete,

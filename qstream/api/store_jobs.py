@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, cast
 
+from ..budget import check_max_memory
 from ..engine.convert import look_restore, restore
 from ..engine.jobs import QuantizeJob, look_dequantize
 from ..engine.jobs import dequantize as dequantize_group
@@ -126,6 +127,7 @@ def quantize_store(
     """
     from ..io.storage import check_destination_suffix
 
+    check_max_memory(max_memory)  # (a refused bound writes nothing)
     check_destination_suffix(dst, (), "a quantization")
     with store_errors(_remote(dst, src)):
         job = _quantize_job(src, spec, max_memory, storage_options, executor, store, histogram,
@@ -163,6 +165,7 @@ def plan_quantize(
     from ..io.storage import check_destination_suffix
     from ..workflows import missing_parents
 
+    check_max_memory(max_memory)
     check_destination_suffix(dst, (), "a quantization")
     with store_errors(_remote(dst, src)):
         job = _quantize_job(src, spec, max_memory, storage_options, executor, store, histogram,
@@ -233,6 +236,7 @@ def dequantize_store(
     ``format="dequantized"``), streaming with bounded memory."""
     from ..io.storage import check_destination_suffix
 
+    check_max_memory(max_memory)  # (a refused bound writes nothing)
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
     with reporting(progress, "dequantize") as progress:
         # (both go through files: their source and destination are paths)
@@ -288,6 +292,7 @@ def plan_dequantize(
     from ..qtypes import float_dtype
     from ..workflows import missing_parents
 
+    check_max_memory(max_memory)
     check_destination_suffix(dst, (".safetensors",), "a dequantization")
     float_dtype(dtype)  # (refused as the run refuses it)
     paths = cast("PathLike", src), cast("PathLike", dst)

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import InvalidParameterError
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint
+from ..io.storage import read_region
 from . import compressed_tensors as ct
 from .files import Entry
 
@@ -84,7 +85,7 @@ def entries(name: str, t: Any, get: Tensors) -> list[Entry]:
 
     def read(r0: int, r1: int) -> np.ndarray:
         t = get(name)
-        v = np.asarray(t[r0:r1] if t.ndim else t[...])
+        v = read_region(t, (slice(r0, r1),) if t.ndim else ())  # (a corrupt chunk named)
         return np.ascontiguousarray(v.astype(out, copy=False))
 
     return [Entry(name, _PLAIN_TAGS[dtype], t.shape, out.itemsize, read)]

@@ -103,13 +103,11 @@ def write_safetensors(
                 if written != e.nbytes:
                     raise StoreError(f"{e.name}: wrote {written} bytes, expected {e.nbytes}")
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise StoreError(f"cannot write {path}: {e}") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if isinstance(e, OSError) and not isinstance(e, StoreError):  # (a read's: as raised)
+            raise StoreError(f"cannot write {path}: {e}") from None
         raise
 
 

@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 from collections.abc import Iterable
+from typing import Any
 
 from ..errors import StoreError
 from ..io.checkpoints import CONFIG, read_json
@@ -131,3 +132,25 @@ def copy_files(todo: dict[str, str], folder: str) -> None:
 def manifest(files: Iterable[str]) -> dict[str, str]:
     """``name -> SHA-256`` of the source files an export copies (recorded in its config)."""
     return {os.path.basename(f): digest(f) for f in sorted(files)}
+
+
+def same_config(path: str, doc: dict[str, Any], copied: dict[str, str]) -> bool:
+    """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` and
+    the same copied model files (two exports of one model into one folder share it)."""
+    if kind_of(path) != "file":
+        return False
+    old = read_json(path)
+    if old is None or not isinstance(old.get("qstream_export"), dict):
+        return False
+    files = old.pop("qstream_export").get("files") or {}
+    return old == doc and files == copied
+
+
+def recorded_files(path: str) -> dict[str, str]:
+    """The model files (name -> SHA-256) a config.json qstream wrote says it copied."""
+    if kind_of(path) != "file":
+        return {}
+    old = read_json(path) or {}
+    export = old.get("qstream_export")
+    files = export.get("files") if isinstance(export, dict) else None
+    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}

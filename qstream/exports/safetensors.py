@@ -40,6 +40,7 @@ so that wherever an export stops, no index names shards that are not there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -71,7 +72,7 @@ from .files import (
     write_json,
     write_safetensors,
 )
-from .model_files import copy_files, manifest, plan_copies
+from .model_files import copy_files, manifest, plan_copies, recorded_files, same_config
 from .targets import check_targets, export_lock, finished_export, job_digest, other_forms
 from .targets import shard_pattern as shard_pattern
 
@@ -236,11 +237,11 @@ def export_safetensors(
         """Whether config.json is written, the files written, an earlier export's other
         form to remove, and the model files to copy; refused here, before the lock and again
         under it."""
-        write = model_config is not None and not _same_config(config_path, model_config, copied)
+        write = model_config is not None and not same_config(config_path, model_config, copied)
         written = paths + ([config_path] if write else [])
         written += [index] if len(shards) > 1 else []
         check_targets(written, replace, marker=last or index)
-        todo = plan_copies(files, folder, _recorded_files(config_path)) if copied else {}
+        todo = plan_copies(files, folder, recorded_files(config_path)) if copied else {}
         return write, written, other_forms(out, index, written, replace), todo
 
     last = None if len(shards) > 1 else paths[0]  # the file that marks a finished export
@@ -285,7 +286,13 @@ def export_safetensors(
                 model_config["qstream_export"]["files"] = copied
             write_json(config_path, model_config)
         if last is not None:
-            write_safetensors(last, shards[0], meta, tick)
+            try:
+                write_safetensors(last, shards[0], meta, tick)
+            except BaseException:  # (no config.json of this export left without its weights)
+                if write_config:
+                    with contextlib.suppress(OSError):
+                        os.unlink(config_path)
+                raise
         else:
             weight_map = {
                 e.name: os.path.basename(f) for f, s in zip(paths, shards, strict=True) for e in s
@@ -342,28 +349,6 @@ def _export_job(
     ident = {"export": where, "stamp": stamp, "format": format, "name": name, "dtype": dtype}
     ident["max_shard_size"] = int(shard)
     return json.dumps({**ident, "config": conf}, sort_keys=True, default=str)
-
-
-def _same_config(path: str, doc: dict[str, Any], copied: dict[str, str]) -> bool:
-    """Whether ``path`` is a config.json qstream wrote with the same content as ``doc`` and
-    the same copied model files (two exports of one model into one folder share it)."""
-    if kind_of(path) != "file":
-        return False
-    old = read_json(path)
-    if old is None or not isinstance(old.get("qstream_export"), dict):
-        return False
-    files = old.pop("qstream_export").get("files") or {}
-    return old == doc and files == copied
-
-
-def _recorded_files(path: str) -> dict[str, str]:
-    """The model files (name -> SHA-256) a config.json qstream wrote says it copied."""
-    if kind_of(path) != "file":
-        return {}
-    old = read_json(path) or {}
-    export = old.get("qstream_export")
-    files = export.get("files") if isinstance(export, dict) else None
-    return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
 
 
 def _model_config(

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..budget import check_max_memory
 from ..errors import InvalidParameterError, StoreError
 from ..io.storage import compression as compressions
 from ..spec import Recipe
@@ -171,6 +172,7 @@ def plan_convert(
     ``tokenizer``, ``pure``, ``imatrix``: a ``.gguf`` destination's (see
     :func:`qstream.export_gguf`; ``format`` names its type or mix). ``scale_dtype``: see
     :func:`scaled_recipe`."""
+    check_max_memory(max_memory)
     from ..io.outputs import check_writable
     from ..io.storage import check_destination_suffix
 

@@ -23,11 +23,11 @@ class DequantizeWork:
     max_memory: int | None = None  # the bound the source is opened under
 
     def __call__(self, b: Block) -> None:
-        from ...io.storage import ArrayWriter, open_source
+        from ...io.storage import ArrayWriter
 
         token = self.dest.token
         arr = worker_cached((token, "qarray"), self._open_quantized)
-        reader = worker_cached((token, "qreader"), lambda: open_source(arr.data))
+        reader = worker_cached((token, "qreader"), lambda: _code_reader(arr))
         writer = worker_cached((token, "deq-writer"), self._open_writer(ArrayWriter))
         out_dtype = np.dtype(self.dtype) if self.dtype != "bfloat16" else _bf16()
         q = reader.view(b.key)  # a mapped uncompressed chunk, else read into a buffer
@@ -56,6 +56,17 @@ class DequantizeWork:
             return cls(zarr.open_array(store=store, mode="r+"))
 
         return make
+
+
+def _code_reader(arr: Any) -> Any:
+    """The reader of ``arr``'s codes: a chunk of a finished output's codes that is absent is
+    refused (see :attr:`qstream.io.outputs.QuantizedArray.complete`)."""
+    from ...io.storage import open_source
+
+    reader = open_source(arr.data)
+    if reader.files is not None:
+        reader.files.required = arr.complete
+    return reader
 
 
 def _bf16() -> np.dtype:

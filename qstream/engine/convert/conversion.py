@@ -82,7 +82,7 @@ class Conversion:
         self.executor = executor
         self.max_memory, self.overwrite, self.compression = max_memory, overwrite, compression
         self.checkpoint = checkpoint  # a CheckpointSource (workers open it themselves)
-        self.results: dict[str, dict] = index.rows()
+        self.results: dict[str, dict] = index.rows(whole=True)
         self.resumed = bool(self.results)  # (then the index is settled once all are listed)
         self.pending: list[dict] = []
         self.keep_dtypes: dict[str, str | None] = {}

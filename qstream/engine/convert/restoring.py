@@ -23,7 +23,7 @@ from ...core import dimension_names
 from ...io.outputs import Action, Destination, destination, qarray
 from ...io.outputs import pack_layout as packs
 from ...io.storage import compression as compressions
-from ...io.storage import location, open_group, read_all, tensor_key
+from ...io.storage import location, open_group, read_all, read_region, tensor_key
 from ...qtypes import float_dtype
 from . import kept
 from .events import TensorEvent
@@ -211,7 +211,7 @@ def _copy_kept(a: Any, path: str, compression: str, local: bool) -> int:
         path,
         kw,
         dict(a.attrs),
-        lambda key: read_all(a) if key == whole else a[key],
+        lambda key: read_all(a) if key == whole else read_region(a, key),
         itemsize=a.dtype.itemsize,
         local=local,
     )

@@ -70,7 +70,10 @@ class PackReader:
         self.max_memory = max_memory
         meta = read_pack_doc(path)
         if meta is None:
-            raise StoreError(f"{path}: the pack is missing or damaged; re-run the conversion")
+            raise StoreError(
+                f"{path}: the pack is missing or damaged; convert the checkpoint again (with"
+                " overwrite=True if that conversion finished)"
+            )
         tensors = meta.get("tensors")
         tensors = tensors if isinstance(tensors, dict) else {}
         names = tensors.get("name")
@@ -148,7 +151,10 @@ class PackReader:
         """All of the pack's ``member`` array, read once."""
         with self._lock:
             if member not in self._values:
-                self._values[member] = read_all(self.array(member))
+                # (a pack is published whole: its codes and scales are all there, or it is
+                # damaged; its all-zero zero points are never written)
+                required = member != "zero_point"
+                self._values[member] = read_all(self.array(member), required=required)
             return self._values[member]
 
     def tensor_meta(self, slot: int) -> dict[str, Any]:

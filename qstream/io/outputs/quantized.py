@@ -21,7 +21,7 @@ from ...errors import InvalidParameterError, StoreError
 from ...qtypes import qtype
 from ...spec import QuantSpec
 from ..storage import chunk_files, compression, read_all
-from .ondisk import data_encoding, quantized_nbytes
+from .ondisk import data_encoding, gaps, quantized_nbytes
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -95,7 +95,7 @@ class QuantizedArray:
             n, dtypes = math.prod(scale.shape), [np.dtype(m.dtype) for m in members]
         self._check_bound(where, n, dtypes)  # (before a byte of them is read)
         with _damaged(where):
-            self.scale = np.asarray(read_all(scale), np.float32)
+            self.scale = np.asarray(read_all(scale, required=self.complete), np.float32)
             self.zero_point = np.asarray(read_all(zero_point))
             #: float offsets (spec.offset), float64
             self.offset: npt.NDArray[np.float64] | None = None
@@ -169,6 +169,22 @@ class QuantizedArray:
         return tuple(self.data.shape)
 
     @property
+    def complete(self) -> bool:
+        """Whether the job that wrote it finished: then every chunk of its codes and scales
+        was written, and one that is absent is refused as damage, never read as zeros."""
+        return bool(self.meta.get("complete"))
+
+    def damaged(self) -> list[str]:
+        """What a finished output lacks, from one listing of its store: member documents,
+        and chunks of its codes and scales absent or of the wrong size (an uncompressed
+        chunk must have its exact size), as keys below the group (``data/c.0.0``). Empty
+        for an unfinished output (its chunks come as its job runs) and for a tensor of a
+        pack (published whole). Garbage of the right size shows only when read."""
+        if not self.complete or getattr(self.group, "store_path", None) is None:
+            return []
+        return gaps(self.group)
+
+    @property
     def dtype(self) -> np.dtype[np.float32]:
         """float32: what indexing returns."""
         return np.dtype(np.float32)
@@ -212,7 +228,8 @@ class QuantizedArray:
             "method": self.spec.method if self.spec.scale is None else "explicit",
             "symmetric": self.spec.symmetric,
             "round_mode": self.spec.round_mode,
-            "complete": bool(self.meta.get("complete")),
+            "complete": self.complete,
+            "damaged": self.damaged(),
             # (every byte the output holds for the tensor: codes and parameters, as the
             # dry run and the job's report count them)
             "bytes_after": quantized_nbytes(self.shape, self.spec),
@@ -258,7 +275,7 @@ class QuantizedArray:
     def quantized(self, key: Any = ...) -> np.ndarray[Any, Any]:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
         region, squeeze = step1_slices(key, self.shape) if self.shape else (None, [])
-        files = chunk_files(self.data) if region else None
+        files = chunk_files(self.data, required=self.complete) if region else None
         raw: np.ndarray[Any, Any]
         if files is not None and region is not None:  # straight from the chunk files
             raw = np.empty(tuple(k.stop - k.start for k in region), files.dtype)

@@ -87,7 +87,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
                 " resume it, or pass allow_incomplete=True to read the finished tensors"
             )
         store = group.store_path.store if local_path(path) is None else None
-        rows = RootIndex.open(path, dict(meta), store).rows()
+        rows = RootIndex.open(path, dict(meta), store).rows(whole=True)
         self._setup(path, group, dict(meta), rows, storage_options, None)
 
     def _setup(

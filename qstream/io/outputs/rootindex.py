@@ -306,9 +306,12 @@ class RootIndex:
             raise StoreError(f"{self.root}: index batch {name} is damaged")
         return rows
 
-    def rows(self) -> dict[str, dict[str, Any]]:
+    def rows(self, *, whole: bool = False) -> dict[str, dict[str, Any]]:
         """Every listed tensor's row by name, in checkpoint order, keys checked (an output of
-        version 1 gives its ``tensors`` entries, their keys defaulting to their names)."""
+        version 1 gives its ``tensors`` entries, their keys defaulting to their names).
+        ``whole``: a finished root must list every tensor it converted (``tensors_total``),
+        else it is refused as damaged (a batch of its index removed), never read as a
+        checkpoint of fewer tensors."""
         if self.meta.get("version", 1) < VERSION:
             tensors = self.meta.get("tensors", {})
             if not isinstance(tensors, dict) or not all(
@@ -326,6 +329,12 @@ class RootIndex:
                 out[name] = r
         for name, r in out.items():
             check_key(r.get("key", name), self.root)
+        total = self.meta.get("tensors_total")
+        if whole and self.meta.get("complete") and type(total) is int and len(out) != total:
+            raise StoreError(
+                f"{self.root} is damaged: its index ({INDEX}) lists {len(out)} of the {total}"
+                " tensors it converted; convert the checkpoint again with overwrite=True"
+            )
         return out
 
     @classmethod

@@ -22,7 +22,7 @@ from .removal import (
     remove_partials,
 )
 from .sources import ArrayWriter, Source
-from .stores import open_group, open_source, open_store, stored_sizes
+from .stores import open_group, open_source, open_store, read_region, stored_sizes
 from .suffixes import check_destination_suffix
 
 # the names the folders above may use; the submodules named here are loaded on demand
@@ -64,6 +64,7 @@ __all__ = [
     "plain_array",
     "read_all",
     "read_local_doc",
+    "read_region",
     "remove_array_files",
     "remove_if_empty",
     "remove_partials",

@@ -70,6 +70,9 @@ class ChunkFiles:
     # each chunk written under a temporary name and renamed (False: straight to its name, for
     # an array in a folder no reader sees yet)
     atomic: bool = True
+    # every chunk was written (a finished quantized output's codes and scales): an absent one
+    # is damage, refused, never read as the fill value
+    required: bool = False
 
     def path(self, coords: tuple[int, ...]) -> str:
         """The file of chunk ``coords``."""
@@ -97,6 +100,8 @@ class ChunkFiles:
             if not os.path.lexists(self.path(coords)):
                 # never written: the fill value, without the declared chunk's buffer (memory
                 # as the region, whatever chunk a crafted document declares)
+                if self.required:
+                    raise _missing(self.path(coords))
                 dest[...] = self.fill_value
                 continue
             chunk = scratch("chunk-read", self.chunks, self.dtype)
@@ -149,6 +154,8 @@ class ChunkFiles:
                 buf = scratch("chunk-bytes", (size,), np.uint8)
                 _read_exact(f, buf.data, path)
         except FileNotFoundError:
+            if self.required:
+                raise _missing(path) from None
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
             return False
         # every decoder here accepts a frame that decodes to fewer bytes than ``out`` holds and
@@ -302,8 +309,19 @@ class ChunkFiles:
             yield coords, tuple(inner), tuple(outer)
 
 
-def chunk_files(arr: Any) -> ChunkFiles | None:
-    """Direct access to ``arr``'s chunk files, or None where zarr must do the work."""
+def _missing(path: str) -> StoreError:
+    """The refusal of the absent chunk ``path`` of an array whose every chunk was written."""
+    return StoreError(
+        f"missing chunk {path}: qstream writes every chunk of a finished output's codes and"
+        " scales; the output is damaged: make it again (the quantize or convert that wrote"
+        " it, overwriting it)"
+    )
+
+
+def chunk_files(arr: Any, *, required: bool = False) -> ChunkFiles | None:
+    """Direct access to ``arr``'s chunk files, or None where zarr must do the work.
+    ``required``: every chunk was written, so an absent one is refused (see
+    :attr:`ChunkFiles.required`)."""
     try:
         import zarr
     except ImportError:  # pragma: no cover - zarr is a dependency
@@ -360,6 +378,7 @@ def chunk_files(arr: Any) -> ChunkFiles | None:
         encode_key=meta.encode_chunk_key,
         bits=bits,
         signed=signed,
+        required=required,
     )
 
 

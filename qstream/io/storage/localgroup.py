@@ -23,12 +23,16 @@ from .stores import open_store
 _PARSED: dict[bytes, Any] = {}  # array documents -> their parsed metadata
 
 
-def read_all(arr: Any) -> np.ndarray[Any, Any]:
+def read_all(arr: Any, *, required: bool = False) -> np.ndarray[Any, Any]:
     """All of the Zarr array ``arr``: straight from its chunk files where it can (no event
-    loop hop: a conversion's small parameter arrays are read by the thousand)."""
-    files = chunk_files(arr) if arr.shape else None
+    loop hop: a conversion's small parameter arrays are read by the thousand). ``required``:
+    an absent chunk is refused, not read as the fill value (see
+    :attr:`~qstream.io.storage.chunks.ChunkFiles.required`)."""
+    files = chunk_files(arr, required=required) if arr.shape else None
     if files is None:
-        return np.asarray(arr[...])
+        from .stores import read_region
+
+        return read_region(arr, tuple(slice(0, n) for n in arr.shape))
     out = np.empty(arr.shape, files.dtype if not files.bits else arr.dtype)
     files.read(tuple(slice(0, n) for n in arr.shape), out)
     return out

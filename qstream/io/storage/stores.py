@@ -138,6 +138,15 @@ def stored_sizes(store: Any, prefix: str = "") -> dict[str, int]:
     return listed
 
 
+def read_region(arr: Any, key: tuple[slice, ...]) -> np.ndarray:
+    """The values of the region ``key`` (step-1 slices; ``()`` for a 0-d array) of the Zarr
+    array ``arr`` (a kept tensor of an output, say): from its chunk files where it can, a
+    corrupt chunk named; else through zarr, whose errors become one :class:`StoreError`
+    naming the array and the region. Axes past ``key``'s are taken whole."""
+    key = (*key, *(slice(0, n) for n in arr.shape[len(key) :]))
+    return open_source(arr).read(key)
+
+
 def open_source(
     src: Any, *, storage_options: dict[str, Any] | None = None, path: str | None = None
 ) -> Source:
