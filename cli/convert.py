@@ -319,6 +319,8 @@ def recipe_of(
             flags.setdefault("axis", -1)
             flags.setdefault("method", "dynamic")
         d["defaults"] = {**d["defaults"], **flags}
+        if not path:  # (a bad flag named as the flag, not as a recipe's [defaults])
+            qs.QuantSpec.from_dict(d["defaults"])
     d["rules"] = [{"pattern": p, "action": "keep"} for p in exclude] + d.get("rules", [])
     if include:
         d["include"] = list(include)

@@ -65,7 +65,6 @@ def quiet_pipe() -> None:
 
 # library wording -> command-line wording, applied in order
 _FLAGS = (
-    (re.compile(r"\bnan_policy='(\w+)'"), r"--nan-policy \1"),
     (re.compile(r"\boverwrite=True\b"), "--overwrite"),
     (re.compile(r"\bresume=False\b"), "--overwrite"),
     (re.compile(r"\bunknown method '"), "unknown --method '"),
@@ -115,6 +114,14 @@ def show_warnings() -> None:
 
 # arguments no recipe has: mapped in every message (a recipe's keep their names)
 _ARGUMENT_FLAGS = (
+    (re.compile(r"\bnan_policy='(\w+)'"), r"--nan-policy \1", "--nan-policy"),
+    # (convert: a spec's NaN policy is a recipe's)
+    (
+        re.compile(r"\bUse nan_policy='(\w+)' or nan_policy='(\w+)'"),
+        r'Set nan_policy = "\1" (or "\2") in a --recipe spec',
+        "--recipe",
+    ),
+    (re.compile(r"^percentile must be\b"), "--percentile must be", "--percentile"),
     (re.compile(r"\s*\(type='[\w.]+'\)"), "", "--gguf-type"),  # (beside the flag it names)
     (re.compile(r"\btype='([\w.]+)'"), r"--gguf-type \1", "--gguf-type"),
     (re.compile(r"\bformat='([\w-]+)'"), r"--format \1", "--format"),

@@ -298,13 +298,14 @@ class Resumed:
 
 
 def resumed(plan: qs.ConversionPlan) -> Resumed | None:
-    """What an interrupted conversion into the Zarr group the ``plan`` resumes finished
+    """What an interrupted conversion into the Zarr group the ``plan`` resumes (its
+    destination, or a safetensors export's working group) finished
     already, from the group's own index (None: the plan resumes nothing, or the group
     cannot say)."""
-    if plan.action != "resume" or plan.kind != "zarr":
+    if plan.action != "resume" or plan.group is None:
         return None
     try:
-        ck = qs.open_quantized(plan.destination, allow_incomplete=True)
+        ck = qs.open_quantized(plan.group, allow_incomplete=True)
     except (qs.QStreamError, OSError, ValueError, KeyError):
         return None
     if not isinstance(ck, qs.QuantizedCheckpoint):

@@ -186,13 +186,23 @@ def quantize(
     qstream dequantize q.zarr restored.zarr
     qstream dequantize q.zarr restored.zarr --dtype bfloat16
     qstream dequantize model-int8.zarr model-restored.zarr
+    qstream dequantize model-int8.zarr out/model.safetensors --dtype bfloat16
+    qstream dequantize model.Q4_K_M.gguf out/model.safetensors
     """
 )
 def dequantize(
     src: str = typer.Argument(
-        ..., metavar="SRC", help="A quantized group, or a converted checkpoint, from qstream."
+        ...,
+        metavar="SRC",
+        help="A quantized group or converted checkpoint from qstream, a .safetensors export,"
+        " a .gguf file, or a quantized model folder (compressed-tensors, FP8, MXFP4).",
     ),
-    dst: str = typer.Argument(..., metavar="DST", help="Destination Zarr array (or group)."),
+    dst: str = typer.Argument(
+        ...,
+        metavar="DST",
+        help="Destination: a Zarr array (a group for a checkpoint), or a .safetensors file"
+        " (a model folder beside it where SRC is a model).",
+    ),
     dtype: str = typer.Option(
         "float32", "--dtype", metavar="TYPE", help="float32, float16 or bfloat16."
     ),
@@ -207,7 +217,8 @@ def dequantize(
         False, "--dry-run", help="Print what would be decoded and written; write nothing."
     ),
 ) -> None:
-    """Dequantize a quantized group into a plain Zarr array."""
+    """Dequantize a quantized array or model into plain floats (a Zarr array or group, or a
+    .safetensors file)."""
     with library_errors():
         require_input(src, "SRC")
         if dtype not in ("float32", "float16", "bfloat16"):

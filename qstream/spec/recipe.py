@@ -44,7 +44,7 @@ import ml_dtypes
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import InvalidDTypeError, InvalidParameterError
+from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
 from ..paths import open_regular
 from ..qtypes import is_float_dtype
 from .json_helpers import check_keys, jsonable_dict
@@ -333,11 +333,16 @@ class Recipe:
             check_keys(r, ("pattern", "action", "spec", "dtype"), f"recipe rule {i + 1}")
             if not isinstance(r.get("pattern"), str):
                 raise InvalidParameterError(f"recipe rule {i + 1} has no pattern (a string)")
-            if "action" in r and (r["action"] != "keep" or "spec" in r):
+            if "action" in r and r["action"] != "keep":
                 raise InvalidParameterError(
-                    f'recipe rule {i + 1} ({r["pattern"]!r}): action must be "keep" (and'
-                    " without a spec), got"
+                    f'recipe rule {i + 1} ({r["pattern"]!r}): action must be "keep", got'
                     f" {r['action']!r}"
+                )
+            if "action" in r and "spec" in r:
+                raise InvalidParameterError(
+                    f'recipe rule {i + 1} ({r["pattern"]!r}): a "keep" rule has no spec (it'
+                    " keeps the tensors as they are); remove its spec, or its action to"
+                    " quantize them with the spec"
                 )
             if "dtype" in r and (r.get("action") != "keep" or r["dtype"] not in KEEP_DTYPES):
                 raise InvalidParameterError(
@@ -373,6 +378,8 @@ class Recipe:
                 raw = f.read(MAX_RECIPE + 1)
         except FileNotFoundError:
             raise InvalidParameterError(f"recipe file not found: {path}") from None
+        except StoreError as e:  # (a folder, a FIFO, a link: a bad input, refused as one)
+            raise InvalidParameterError(str(e)) from None
         if len(raw) > MAX_RECIPE:
             raise InvalidParameterError(f"recipe {path} is larger than {MAX_RECIPE} bytes")
         try:

@@ -64,6 +64,15 @@ class ConversionPlan:
     )
 
     @property
+    def group(self) -> str | None:
+        """The Zarr group the conversion writes its tensors into (and a resumed run reads what
+        it finished from): the destination, or for a safetensors export its working group
+        beside it (:func:`work_group`); None for a GGUF file."""
+        if self.kind == "zarr":
+            return self.destination
+        return work_group(self.destination) if self.kind == "safetensors" else None
+
+    @property
     def loads_kernels(self) -> bool:
         """Whether the run loads Numba: not into a complete output, nor for a small job."""
         twins = self.kind != "gguf" and getattr(self.prepared, "numpy_kernels", False)
@@ -104,6 +113,12 @@ class ConversionPlan:
             config=d.get("config"),
             notes=list(d.get("notes", [])),
         )
+
+
+def work_group(dst: str) -> str:
+    """Where a conversion into the safetensors file ``dst`` keeps its working Zarr group (read
+    once by the export, then removed; a re-run after an interruption resumes it)."""
+    return f"{dst}.qstream-work"
 
 
 def kind_of_destination(dst: PathLike) -> str:
@@ -284,7 +299,7 @@ def _plan_safetensors(
             f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)}"
         )
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
-    work = f"{dst}.qstream-work"
+    work = work_group(dst)
     work_root = inspect_destination(work)
     if work_root.kind not in ("absent", "empty", "checkpoint"):
         raise StoreError(

@@ -17,6 +17,7 @@ from .conversion_plan import (
     make_parents,
     plan_convert,
     scaled_recipe,
+    work_group,
 )
 
 if TYPE_CHECKING:
@@ -142,7 +143,7 @@ def _to_safetensors(
 
     from ..io.outputs import locked
 
-    work = f"{dst}.qstream-work"
+    work = work_group(dst)
     if plan.action == "complete":  # a finished run of this conversion: nothing to do
         from ..exports import finished_export
 

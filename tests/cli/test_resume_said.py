@@ -128,3 +128,31 @@ def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_r
     fresh = run("convert", tmp_path / "m.safetensors", tmp_path / "fresh.zarr", "-q", "--no-packs")
     assert fresh.exit_code == 0, fresh.output
     assert _files(dst) == _files(tmp_path / "fresh.zarr")  # (the bytes of an uninterrupted run)
+
+
+def test_a_resumed_conversion_into_safetensors_says_so_and_ends_byte_identical(tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    tensors = {f"layers.{i}.w.weight": rng.standard_normal((8, 16 + i)).astype(np.float32)
+               for i in range(180)}  # fmt: skip
+    src = str(tmp_path / "m.safetensors")
+    save_file(tensors, src)
+    dst = tmp_path / "out" / "model.safetensors"
+    dst.parent.mkdir()
+    killed = subprocess.run([sys.executable, "-c", KILLED, src, f"{dst}.qstream-work", "150"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    r = run("convert", src, dst, "--format", "qstream", "--dry-run", "--json")
+    assert json.loads(r.stdout)["action"] == "resume"
+    r = run("convert", src, dst, "--format", "qstream")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.splitlines()[0] == "resuming: 150 of 180 tensors already done"
+    fresh = tmp_path / "fresh" / "model.safetensors"
+    r = run("convert", src, fresh, "--format", "qstream", "-q", "--no-packs")
+    assert r.exit_code == 0, r.output
+    assert dst.read_bytes() == fresh.read_bytes()

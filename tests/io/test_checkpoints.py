@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zarr
+from safetensors import safe_open
 from safetensors.numpy import save_file as save_numpy
 
 from qstream.errors import StoreError
@@ -311,6 +312,34 @@ F32_2x2 = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}
 )
 def test_safetensors_corrupt(tmp_path, name, header, data, length, words):
     _raises(_st_file(tmp_path / f"{name}.safetensors", header, data, length=length), *words)
+
+
+def _two(a: list[int], b: list[int]) -> dict:
+    return {
+        "a": {"dtype": "F32", "shape": [2], "data_offsets": a},
+        "b": {"dtype": "F32", "shape": [2], "data_offsets": b},
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "header", "data", "words"),
+    [
+        ("aliasing", _two([0, 8], [0, 8]), b"\0" * 8, ["'b'", "overlaps"]),
+        ("overlapping", _two([0, 8], [4, 12]), b"\0" * 12, ["'b'", "overlaps"]),
+        ("hole_first", _two([4, 12], [12, 20]), b"\0" * 20, ["'a'", "leaves 4 bytes"]),
+        ("hole_between", _two([0, 8], [12, 20]), b"\0" * 20, ["'b'", "leaves 4 bytes"]),
+        ("trailing", _two([0, 8], [8, 16]), b"\0" * 20, ["end at byte 16 of", "20 bytes"]),
+        ("metadata", {"__metadata__": {"n": 1}, **_two([0, 8], [8, 16])}, b"\0" * 16,
+         ["__metadata__"]),
+    ],
+)  # fmt: skip
+def test_safetensors_headers_the_format_refuses_are_refused_as_its_library_does(
+    tmp_path, name, header, data, words
+):
+    path = _st_file(tmp_path / f"{name}.safetensors", header, data)
+    _raises(path, *words)
+    with pytest.raises(Exception):  # noqa: B017 (the reference refuses it too)
+        safe_open(str(path), framework="np")
 
 
 def test_safetensors_invalid_json_and_short(tmp_path):

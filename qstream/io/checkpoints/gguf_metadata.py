@@ -101,8 +101,10 @@ def config_of(header: GGUFHeader, *, dtype: str = "float32") -> dict[str, Any]:
     arch = architecture(header)
     if arch not in KNOWN:
         raise StoreError(
-            f"GGUF file {header.path}: no config.json for architecture {arch!r}; known:"
-            f" {', '.join(KNOWN)}"
+            f"GGUF file {header.path}: no config.json for architecture {arch!r} (known:"
+            f" {', '.join(KNOWN)}), so its tensors cannot become a model folder; dequantize"
+            " it into a Zarr group instead (a DST not ending in .safetensors), which keeps"
+            " every tensor under its name"
         )
     m = _Meta(header, arch)
     names = {t.name for t in header.tensors}

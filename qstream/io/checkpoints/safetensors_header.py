@@ -41,12 +41,44 @@ def header_tensors(
     header = json_object(raw, f"{where}: invalid JSON header")
     data_start, data_size = 8 + n, size - 8 - n
     out: dict[str, CheckpointTensor] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
-        if name == "__metadata__" or (only is not None and name not in only):
+        if name == "__metadata__":
+            _check_metadata(where, info)
             continue
         dtype, shape, start = _check_entry(where, name, info, data_size)
-        out[name] = make(name, dtype, shape, data_start + start)
+        spans.append((start, start + math.prod(shape) * dtype.itemsize, name))
+        if only is None or name in only:
+            out[name] = make(name, dtype, shape, data_start + start)
+    _check_layout(where, spans, data_size)
     return out
+
+
+def _check_metadata(where: str, info: Any) -> None:
+    """``__metadata__``: names to strings, as the format (and its own library) requires."""
+    if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+        raise StoreError(f"{where}: its header's __metadata__ does not map names to strings")
+
+
+def _check_layout(where: str, spans: list[tuple[int, int, str]], data_size: int) -> None:
+    """The tensors' bytes, in order of their offsets, fill the data region one after another
+    from its start to its end: no two tensors share a byte, no byte is left between or
+    after them (the rule of the format, which its own library enforces: a header that breaks
+    it is crafted or corrupt, and aliasing tensors would read each other's values)."""
+    at = 0
+    for start, end, name in sorted(spans):
+        if start != at:
+            what = "overlaps the tensor before it" if start < at else f"leaves {start - at} bytes"
+            raise StoreError(
+                f"{where}: tensor {name!r} at data_offsets [{start}, {end}] {what} (its bytes"
+                f" must start at {at}); the header is corrupt or crafted"
+            )
+        at = end
+    if at != data_size:
+        raise StoreError(
+            f"{where}: its tensors end at byte {at} of a data region of {data_size} bytes; the"
+            " header is corrupt or crafted, or the file holds more than its header lists"
+        )
 
 
 def _check_entry(

@@ -144,7 +144,8 @@ def read_region(arr: Any, key: tuple[slice, ...]) -> np.ndarray:
     corrupt chunk named; else through zarr, whose errors become one :class:`StoreError`
     naming the array and the region. Axes past ``key``'s are taken whole."""
     key = (*key, *(slice(0, n) for n in arr.shape[len(key) :]))
-    return open_source(arr).read(key)
+    values = open_source(arr).read(key)
+    return values.reshape([k.stop - k.start for k in key])  # (a 0-d array stays one)
 
 
 def open_source(
