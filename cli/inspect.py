@@ -83,6 +83,8 @@ def inspect(
         assert not isinstance(arr, dict)  # (an export opens as a dict: described above)
         whole = isinstance(arr, qs.QuantizedCheckpoint)
         summary = arr.summary()
+        if whole:  # (a listing per tensor folder and pack: what a finished one lacks)
+            summary["damaged"] = arr.damaged()
         if plot is not None:
             save_plot(arr, store, plot)
         if as_json:
@@ -93,10 +95,12 @@ def inspect(
         if show and whole:  # the whole checkpoint: SQNR and size per tensor, bounded
             show_checkpoint(arr.view)
             figure_written(plot, as_json)
+            refuse_damaged(store, summary["damaged"], as_json)
             return
         if isinstance(arr, qs.QuantizedCheckpoint):
             checkpoint_table(store, len(arr), summary)
             figure_written(plot, as_json)
+            refuse_damaged(store, summary["damaged"], as_json)
             return
         shown = {
             **summary,

@@ -205,3 +205,30 @@ def test_a_corrupt_chunk_of_a_kept_tensor_is_named_not_an_internal_error(
     if command[0] == "export":  # no config.json left without the weights it describes
         folder = os.path.dirname(args[2])
         assert not [n for n in os.listdir(folder) if n.endswith((".json", ".safetensors"))]
+
+
+def test_a_kept_tensor_is_written_whole_and_its_absent_chunk_refused(tmp_path):
+    rng = np.random.default_rng(55)
+    ck = str(tmp_path / "ck.safetensors")
+    save_file(
+        {
+            "layers.0.mlp.up_proj.weight": rng.standard_normal((32, 64)).astype(np.float32),
+            "layers.0.norm.weight": np.zeros(64, np.float32),  # (all zero: written all the same)
+        },
+        ck,
+    )
+    out = str(tmp_path / "o.zarr")
+    qs.convert_checkpoint(ck, out)
+    chunk = os.path.join(out, "layers.0.norm.weight", "c.0")
+    assert os.path.getsize(chunk) > 0
+    assert qs.open_quantized(out).damaged() == []
+    os.remove(chunk)
+    os.remove(os.path.join(out, "layers.0.mlp.up_proj.weight", "scale", "c.0"))
+    ckpt = qs.open_quantized(out)
+    assert ckpt.damaged() == ["layers.0.mlp.up_proj.weight/scale/c.0", "layers.0.norm.weight/c.0"]
+    with pytest.raises(StoreError, match=r"kept tensor 'layers.0.norm.weight' is damaged"):
+        ckpt["layers.0.norm.weight"]
+    r = runner.invoke(app, ["inspect", out])
+    assert r.exit_code == 1 and "layers.0.norm.weight/c.0" in r.stderr
+    r = runner.invoke(app, ["dequantize", out, str(tmp_path / "d.zarr"), "-q"])
+    assert r.exit_code == 1 and "damaged" in r.output

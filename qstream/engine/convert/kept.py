@@ -13,8 +13,8 @@ from ...budget import check_fits
 from ...core import dimension_names
 from ...errors import StoreError
 from ...io.checkpoints import read_rows
-from ...io.outputs import FLAT_KEYS, destination, publish
-from ...io.storage import auto_chunks
+from ...io.outputs import FLAT_KEYS, destination, publish, qarray
+from ...io.storage import ALL_CHUNKS, auto_chunks
 from ...io.storage import compression as compressions
 
 #: a kept tensor of at most this many bytes is read and written whole (local outputs)
@@ -64,7 +64,7 @@ def keep_tensor(
         "compressors": compressions.compressors(compression),
         "dimension_names": dimension_names(len(t.shape)),
     }
-    attrs = {"qstream": {"kept": True, "dtype": kept.name}}
+    attrs = {"qstream": {"kept": True, "dtype": kept.name, ALL_CHUNKS: True}}
     local = destination.local_path(path)
     store_kept(
         local if local is not None else path,
@@ -99,14 +99,17 @@ def store_kept(
     shape = tuple(kw["shape"])
     if local and shape and 0 < math.prod(shape) * itemsize <= WHOLE:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        publish.write_array(path, kw, rows((slice(0, shape[0]),)), attrs, empty=False)
+        publish.write_array(path, kw, rows((slice(0, shape[0]),)), attrs)
         return
     import zarr
 
     from ...io.zarr_types.zarr_ext import register_zarr_types
 
     register_zarr_types()  # (bfloat16)
-    a = zarr.create_array(path, **kw, attributes=attrs, storage_options=storage_options)
+    every = qarray.WRITE_ALL_CHUNKS  # (all-zero chunks too: an absent one is damage)
+    a = zarr.create_array(
+        path, **kw, attributes=attrs, storage_options=storage_options, config=every
+    )
     if math.prod(shape):
         step = max(1, ROWS // max(1, math.prod(shape[1:]) * itemsize))
         n = shape[0] if shape else 1

@@ -34,13 +34,16 @@ import itertools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import StoreError
 from ...qtypes import QType
 from ..storage import localmeta, open_store, stored_sizes
+
+if TYPE_CHECKING:
+    from zarr.core.array_spec import ArrayConfigParams
 
 FORMAT_VERSION = 3
 MEMBERS = ("data", "scale", "zero_point", "_progress")  # of a quantized group
@@ -50,7 +53,7 @@ TMP_PREFIX = ".qstream-tmp-"
 LOCK = ".qstream-lock"  # a local destination's lock file (qstream.io.outputs.destination.locked)
 # Every output chunk is written: skipping zarr's "is this chunk all fill value?" scan saves a
 # full pass over the data, and quantized/dequantized chunks are almost never empty.
-WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
+WRITE_ALL_CHUNKS: ArrayConfigParams = {"write_empty_chunks": True}
 # Chunk files side by side ("c.0.0"), not one directory per chunk row ("c/0/0"): creating a
 # directory costs as much as a file, and a block writes one chunk.
 FLAT_KEYS = {"name": "default", "separator": "."}

@@ -28,7 +28,7 @@ import numpy as np
 from ...errors import StoreError
 from ...paths import local_path, mkdir_new, remove_child, rename_in, write_new
 from ..storage import chunk_files, encode_doc, group_doc, plain_array
-from .ondisk import TMP_PREFIX, array_metadata
+from .ondisk import TMP_PREFIX, WRITE_ALL_CHUNKS, array_metadata
 
 # create_array keywords -> (metadata, document, chunk files)
 _PREPARED: dict[str, tuple[Any, bytes, Any]] = {}
@@ -91,7 +91,7 @@ def _write_member(
         return
     values = np.asarray(values)
     if files is None or not values.shape:
-        _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values)
+        _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values, empty)
     else:
         out = dataclasses.replace(files, root=where, atomic=False)
         out.write(tuple(slice(0, n) for n in values.shape), values, made={where}, empty=empty)
@@ -157,10 +157,13 @@ def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) ->
     _publish(path, build)
 
 
-def _zarr_write(root: str, name: str, meta: Any, values: np.ndarray) -> None:
-    """Write ``values`` to the array ``name`` of the local folder ``root`` through zarr."""
+def _zarr_write(root: str, name: str, meta: Any, values: np.ndarray, empty: bool) -> None:
+    """Write ``values`` to the array ``name`` of the local folder ``root`` through zarr
+    (``empty``: its all-zero chunks too)."""
     import zarr
     from zarr.core.array import AsyncArray
 
     store = zarr.storage.LocalStore(root)
-    zarr.Array(AsyncArray(meta, zarr.storage.StorePath(store, name)))[...] = values
+    where = zarr.storage.StorePath(store, name)
+    config = WRITE_ALL_CHUNKS if empty else None
+    zarr.Array(AsyncArray(meta, where, config=config))[...] = values

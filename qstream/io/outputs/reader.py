@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreError
 from ...paths import check_tree, child, local_path
-from ..storage import LocalGroup, open_group, open_local
+from ..storage import LocalGroup, all_chunks, open_group, open_local
+from .ondisk import gaps
 from .pack_layout import PACKS, check_pack_name, finished_unlisted
 from .packreader import PackReader
 from .quantized import QuantizedArray
@@ -49,7 +50,13 @@ def open_output(
     if isinstance(group, LocalGroup):  # read through nothing that leads elsewhere
         check_tree(group.path, "the quantized output")
     meta = group.attrs.get("qstream")
-    if not isinstance(meta, dict) or not meta or "dequantized_from" in meta:
+    if isinstance(meta, dict) and "dequantized_from" in meta:
+        raise StoreError(
+            f"{path} is a dequantized array (plain {meta.get('dtype', 'float')} values, from"
+            f" {meta['dequantized_from']}), not a quantized one: read it with zarr"
+            " (zarr.open_array)"
+        )
+    if not isinstance(meta, dict) or not meta:
         raise StoreError(f"{path} is not a qstream quantized array (no 'qstream' attributes)")
     if not meta.get("complete") and not allow_incomplete:
         raise StoreError(
@@ -149,7 +156,14 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         if local is not None:  # never a link out of the checkpoint, nor a link or FIFO in it
             check_tree(child(local, key, self.path), "the converted tensor")
         if self.tensors[name].get("kept"):
-            return self.group[key]
+            kept = self.group[key]
+            if self.meta.get("complete") and all_chunks(kept) and (missing := gaps(kept)):
+                raise StoreError(
+                    f"{self.path}: the kept tensor {name!r} is damaged ({key}/{missing[0]}"
+                    " absent or of the wrong size, and every chunk of it was written);"
+                    " convert the checkpoint again with overwrite=True"
+                )
+            return kept
         return open_output(
             f"{os.fspath(self.path).rstrip('/')}/{key}",
             storage_options=self._storage_options,
@@ -192,6 +206,43 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             "layout": self.layout,
             "tensors": self.tensors,
         }
+
+    def damaged(self) -> list[str]:
+        """What a finished checkpoint on a local disk lacks, as paths below its root: of
+        each quantized tensor's group and each pack, member documents and chunks of codes
+        and scales absent or of the wrong size (:func:`~qstream.io.outputs.ondisk.gaps`);
+        of each kept tensor written whole (:func:`~qstream.io.storage.all_chunks`), its
+        chunks; a pack or tensor that is gone. One listing per tensor folder and pack (a
+        checkpoint of 16,384 tensors in packs: a few ms). Empty for an unfinished one, an
+        export, or one in an object store."""
+        local = local_path(self.path)
+        if local is None or self.layout == "export" or not self.meta.get("complete"):
+            return []
+        out: list[str] = []
+        packs: set[str] = set()
+        for name, row in self.tensors.items():
+            pack = row.get("pack")
+            if pack is not None:
+                if pack in packs:
+                    continue
+                packs.add(pack)
+                where = f"{PACKS}/{check_pack_name(pack, self.path)}"
+            else:
+                where = self._keys[name]
+            folder = os.path.join(local, *where.split("/"))
+            if not os.path.isdir(folder):
+                out.append(f"{where}/")
+                continue
+            kept = bool(row.get("kept")) and pack is None
+            try:
+                node = self.group[where] if kept else open_local(folder)
+            except (StoreError, OSError, ValueError, KeyError, TypeError):
+                node = None
+            if node is None:
+                out.append(f"{where}/zarr.json")
+            elif not kept or all_chunks(node):
+                out += [f"{where}/{m}" for m in gaps(node)]
+        return out
 
     def finished_unlisted(self, names: Iterable[str]) -> set[str]:
         """The tensors of ``names`` this (local, interrupted) conversion finished but had not

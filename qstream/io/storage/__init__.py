@@ -22,11 +22,20 @@ from .removal import (
     remove_partials,
 )
 from .sources import ArrayWriter, Source
-from .stores import open_group, open_source, open_store, read_region, stored_sizes
+from .stores import (
+    ALL_CHUNKS,
+    all_chunks,
+    open_group,
+    open_source,
+    open_store,
+    read_region,
+    stored_sizes,
+)
 from .suffixes import check_destination_suffix
 
 # the names the folders above may use; the submodules named here are loaded on demand
 __all__ = [
+    "ALL_CHUNKS",
     "ARRAY_KEY",
     "MEMORY_STORES",
     "NONE",
@@ -34,6 +43,7 @@ __all__ = [
     "ArrayWriter",
     "LocalGroup",
     "Source",
+    "all_chunks",
     "auto_chunks",
     "check_destination_suffix",
     "check_key",

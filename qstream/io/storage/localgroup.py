@@ -23,11 +23,16 @@ from .stores import open_store
 _PARSED: dict[bytes, Any] = {}  # array documents -> their parsed metadata
 
 
-def read_all(arr: Any, *, required: bool = False) -> np.ndarray[Any, Any]:
+def read_all(arr: Any, *, required: bool | None = None) -> np.ndarray[Any, Any]:
     """All of the Zarr array ``arr``: straight from its chunk files where it can (no event
     loop hop: a conversion's small parameter arrays are read by the thousand). ``required``:
     an absent chunk is refused, not read as the fill value (see
-    :attr:`~qstream.io.storage.chunks.ChunkFiles.required`)."""
+    :attr:`~qstream.io.storage.chunks.ChunkFiles.required`; None: where the array says every
+    chunk was written, :func:`~qstream.io.storage.stores.all_chunks`)."""
+    from .stores import all_chunks
+
+    if required is None:
+        required = all_chunks(arr)
     files = chunk_files(arr, required=required) if arr.shape else None
     if files is None:
         from .stores import read_region

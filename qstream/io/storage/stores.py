@@ -138,13 +138,32 @@ def stored_sizes(store: Any, prefix: str = "") -> dict[str, int]:
     return listed
 
 
+#: an array's ``attrs["qstream"]`` flag: every chunk was written (all-zero ones too), so an
+#: absent one is damage (a kept tensor of a conversion; earlier versions left zero chunks out)
+ALL_CHUNKS = "all_chunks"
+
+
+def all_chunks(arr: Any) -> bool:
+    """Whether the Zarr array ``arr`` says every chunk of it was written (:data:`ALL_CHUNKS`)."""
+    try:
+        own = arr.attrs.get("qstream")
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return isinstance(own, dict) and own.get(ALL_CHUNKS) is True
+
+
 def read_region(arr: Any, key: tuple[slice, ...]) -> np.ndarray:
     """The values of the region ``key`` (step-1 slices; ``()`` for a 0-d array) of the Zarr
     array ``arr`` (a kept tensor of an output, say): from its chunk files where it can, a
-    corrupt chunk named; else through zarr, whose errors become one :class:`StoreError`
-    naming the array and the region. Axes past ``key``'s are taken whole."""
+    corrupt chunk named (and an absent one refused where the array says every chunk was
+    written: :func:`all_chunks`); else through zarr, whose errors become one
+    :class:`StoreError` naming the array and the region. Axes past ``key``'s are taken
+    whole."""
     key = (*key, *(slice(0, n) for n in arr.shape[len(key) :]))
-    values = open_source(arr).read(key)
+    source = open_source(arr)
+    if source.files is not None:  # (an absent chunk of an array written whole: refused)
+        source.files.required = all_chunks(arr)
+    values = source.read(key)
     return values.reshape([k.stop - k.start for k in key])  # (a 0-d array stays one)
 
 
@@ -285,8 +304,14 @@ def open_group(
     try:
         return zarr.open_group(store=store, mode=mode, zarr_format=3 if mode == "w" else None)
     except zarr.errors.ContainsArrayError:
+        try:  # (one qstream dequantized: said, with where it came from)
+            own = zarr.open_array(store=store, mode="r").attrs.get("qstream")
+            came = own.get("dequantized_from") if isinstance(own, dict) else None
+        except Exception:
+            came = None
+        what = f" (values qstream dequantized from {came}: read it with zarr)" if came else ""
         raise StoreError(
-            f"{dst} is a plain Zarr array, not a qstream quantized array (a group)"
+            f"{dst} is a plain Zarr array{what}, not a qstream quantized array (a group)"
         ) from None
     except FileNotFoundError as e:
         raise StoreError(f"no Zarr group at {dst}: {e}") from None
