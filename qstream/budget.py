@@ -198,11 +198,17 @@ MIN_MEMORY = 1 << 20  # the smallest memory bound a job takes
 def check_max_memory(max_memory: int | None) -> None:
     """Refuse a memory bound below :data:`MIN_MEMORY` (or not a number of bytes): every
     entry point calls it first, so a refused bound writes nothing."""
+    import numbers
+
     from .errors import InvalidParameterError
 
     if max_memory is None:
         return
-    if isinstance(max_memory, bool) or not isinstance(max_memory, int | float):
+    if (
+        isinstance(max_memory, bool)
+        or not isinstance(max_memory, numbers.Real)
+        or not math.isfinite(max_memory)
+    ):
         raise InvalidParameterError(f"max_memory must be a number of bytes, got {max_memory!r}")
     if max_memory < MIN_MEMORY:
         raise InvalidParameterError(f"max_memory must be at least 1 MiB, got {max_memory}")

@@ -402,14 +402,14 @@ def remove_child(root: str, name: str) -> None:
         return  # (no such folder: nothing to delete)
 
 
-def check_tree(root: str, what: str, *, links: str = "refuse") -> None:
+def check_tree(root: str, what: str, *, links: str = "refuse", sizes: dict | None = None) -> None:
     """Refuse a local tree that holds a FIFO, device or socket (reading one could block
     forever), or a link: any link (``links="refuse"``: qstream never writes one into an
     output), or one that resolves outside ``root`` (``"inside"``: a source's own links stay
     in it). Walked without following links, the entries' kinds from the listing (no
     ``lstat``): a finished checkpoint of 16,384 tensors in packs (102 entries) 0.3 ms, the
     same without packs (164,100 entries in 65,666 folders) ~0.85 s, nearly all of it the
-    kernel listing the folders (``find`` takes as long)."""
+    kernel listing the folders (``find`` takes as long); ``sizes``: gets each file's size."""
     stack = [root]
     while stack:
         try:
@@ -436,6 +436,9 @@ def check_tree(root: str, what: str, *, links: str = "refuse") -> None:
                     f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular file"
                     " (a FIFO, device or socket)"
                 )
+            elif sizes is not None:  # (keys "a/b/c" below root)
+                key = os.path.relpath(entry.path, root).replace(os.sep, "/")
+                sizes[key] = entry.stat(follow_symlinks=False).st_size
 
 
 def kind_of(path: str) -> str | None:

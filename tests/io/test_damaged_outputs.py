@@ -232,3 +232,31 @@ def test_a_kept_tensor_is_written_whole_and_its_absent_chunk_refused(tmp_path):
     assert r.exit_code == 1 and "layers.0.norm.weight/c.0" in r.stderr
     r = runner.invoke(app, ["dequantize", out, str(tmp_path / "d.zarr"), "-q"])
     assert r.exit_code == 1 and "damaged" in r.output
+
+
+def test_a_zero_d_tensor_written_through_zarr_is_not_called_damaged_without_its_zero_chunk(
+    tmp_path,
+):
+    # (earlier versions wrote 0-d members through zarr, which leaves an all-zero chunk out)
+    ck = str(tmp_path / "ck.safetensors")
+    save_file({"scalar": np.zeros((), np.float32), "w.weight": _values()}, ck)
+    out = str(tmp_path / "o.zarr")
+    recipe = qs.Recipe(defaults=qs.QuantSpec(dtype="int8", axis=None, symmetric=True), min_rank=0)
+    qs.convert_checkpoint(ck, out, recipe)
+    data = os.path.join(out, "scalar", "data")
+    for n in os.listdir(data):
+        if n != "zarr.json":
+            os.remove(os.path.join(data, n))
+    ckpt = qs.open_quantized(out)
+    assert ckpt.damaged() == []
+    assert float(ckpt["scalar"][...]) == 0.0
+    assert runner.invoke(app, ["inspect", out]).exit_code == 0
+
+
+def test_max_memory_takes_any_real_number_of_bytes_and_refuses_nan(tmp_path):
+    q = str(tmp_path / "q.zarr")
+    qs.quantize_store(_values(), q, SPEC, max_memory=np.int64(1 << 30))
+    assert qs.open_quantized(q, max_memory=np.int64(1 << 30)).shape == (64, 96)
+    for bad in (float("nan"), float("inf"), "1GiB"):
+        with pytest.raises(qs.InvalidParameterError, match="max_memory must be a number"):
+            qs.open_quantized(q, max_memory=bad)

@@ -60,12 +60,12 @@ class DequantizeWork:
 
 def _code_reader(arr: Any) -> Any:
     """The reader of ``arr``'s codes: a chunk of a finished output's codes that is absent is
-    refused (see :attr:`qstream.io.outputs.QuantizedArray.complete`)."""
+    refused (see :attr:`qstream.io.outputs.QuantizedArray.written_whole`)."""
     from ...io.storage import open_source
 
     reader = open_source(arr.data)
     if reader.files is not None:
-        reader.files.required = arr.complete
+        reader.files.required = arr.written_whole
     return reader
 
 

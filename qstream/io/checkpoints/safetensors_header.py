@@ -45,17 +45,31 @@ def header_tensors(
     for name, info in header.items():
         if name == "__metadata__":
             _check_metadata(where, info)
-            continue
-        dtype, shape, start = _check_entry(where, name, info, data_size)
-        spans.append((start, start + math.prod(shape) * dtype.itemsize, name))
-        if only is None or name in only:
+        elif only is None or name in only:
+            dtype, shape, start = _check_entry(where, name, info, data_size)
+            spans.append((start, start + math.prod(shape) * dtype.itemsize, name))
             out[name] = make(name, dtype, shape, data_start + start)
+        else:  # (a tensor not taken: its bytes' place only, whatever its type)
+            spans.append((*_offsets(where, name, info), name))
     _check_layout(where, spans, data_size)
     return out
 
 
+def _offsets(where: str, name: str, info: Any) -> tuple[int, int]:
+    """The ``data_offsets`` of a header entry whose tensor is not read."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))):
+        raise StoreError(f"{where}: tensor {name!r}: invalid data_offsets {offsets!r}")
+    start, end = offsets
+    if start > end:
+        raise StoreError(f"{where}: tensor {name!r}: data_offsets {offsets} are out of range")
+    return start, end
+
+
 def _check_metadata(where: str, info: Any) -> None:
-    """``__metadata__``: names to strings, as the format (and its own library) requires."""
+    """``__metadata__``: names to strings (or null), as the format's own library takes it."""
+    if info is None:
+        return
     if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
         raise StoreError(f"{where}: its header's __metadata__ does not map names to strings")
 
@@ -68,10 +82,11 @@ def _check_layout(where: str, spans: list[tuple[int, int, str]], data_size: int)
     at = 0
     for start, end, name in sorted(spans):
         if start != at:
-            what = "overlaps the tensor before it" if start < at else f"leaves {start - at} bytes"
+            what = "lies inside the bytes before it" if start < at else f"leaves {start - at} bytes"
             raise StoreError(
                 f"{where}: tensor {name!r} at data_offsets [{start}, {end}] {what} (its bytes"
-                f" must start at {at}); the header is corrupt or crafted"
+                f" must start at {at}, where the tensor before it ends); the header is corrupt"
+                " or crafted"
             )
         at = end
     if at != data_size:

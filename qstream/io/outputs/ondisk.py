@@ -33,14 +33,14 @@ import dataclasses
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import StoreError
 from ...qtypes import QType
-from ..storage import localmeta, open_store, stored_sizes
+from ..storage import chunk_files, localmeta, open_store, stored_sizes
 
 if TYPE_CHECKING:
     from zarr.core.array_spec import ArrayConfigParams
@@ -221,30 +221,38 @@ def missing_members(group: Any) -> list[str]:
     return [f"{m}/zarr.json" for m in MEMBERS if f"{m}/zarr.json" not in sizes]
 
 
-def gaps(node: Any) -> list[str]:
+def gaps(node: Any, sizes: Mapping[str, int] | None = None, *, strict: bool = True) -> list[str]:
     """What the quantized group (or plain array) ``node`` lacks in its store, from one
-    listing: member documents, and chunks of ``data`` and ``scale`` (of a plain array, its
-    own) absent or of the wrong size (raw chunks must have their exact size, compressed ones
-    must not be empty). ``zero_point`` chunks are not listed: zarr does not store all-zero
-    ones."""
+    listing (``sizes``: its files' sizes by key below it, listed already): member
+    documents, and chunks of ``data`` and ``scale`` (of a plain array, its own) absent or of
+    the wrong size (raw chunks must have their exact size, compressed ones must not be
+    empty). ``zero_point`` chunks are not listed: zarr does not store all-zero ones.
+    ``strict=False``: nor the chunks of arrays written through zarr rather than their chunk
+    files (0-d ones, and layouts :func:`~qstream.io.storage.chunk_files` does not write),
+    whose all-zero chunks earlier versions left out (what an output of any version lacks)."""
     import zarr
 
-    sizes = stored_sizes(node.store_path.store, node.store_path.path)
+    if sizes is None:
+        sizes = stored_sizes(node.store_path.store, node.store_path.path)
     if isinstance(node, zarr.Array):
-        return ["zarr.json"] if "zarr.json" not in sizes else _chunk_gaps(node, "", sizes)
+        if "zarr.json" not in sizes:
+            return ["zarr.json"]
+        return _chunk_gaps(node, "", sizes, strict)
     members = ("data", "scale", "zero_point")
     missing = [f"{m}/zarr.json" for m in members if f"{m}/zarr.json" not in sizes]
     if "zarr.json" not in sizes:
         missing.insert(0, "zarr.json")
     for m in ("data", "scale"):
         if f"{m}/zarr.json" in sizes:
-            missing += _chunk_gaps(node[m], f"{m}/", sizes)
+            missing += _chunk_gaps(node[m], f"{m}/", sizes, strict)
     return missing
 
 
-def _chunk_gaps(arr: Any, prefix: str, sizes: dict[str, int]) -> list[str]:
+def _chunk_gaps(arr: Any, prefix: str, sizes: Mapping[str, int], strict: bool) -> list[str]:
     from zarr.codecs import BytesCodec
 
+    if not strict and (not arr.shape or chunk_files(arr) is None):
+        return []  # (written through zarr: all-zero chunks may be left out)
     meta = arr.metadata
     plain = isinstance(getattr(arr, "serializer", None), BytesCodec)
     raw = plain and not arr.compressors and not getattr(arr, "filters", ())

@@ -95,7 +95,7 @@ class QuantizedArray:
             n, dtypes = math.prod(scale.shape), [np.dtype(m.dtype) for m in members]
         self._check_bound(where, n, dtypes)  # (before a byte of them is read)
         with _damaged(where):
-            self.scale = np.asarray(read_all(scale, required=self.complete), np.float32)
+            self.scale = np.asarray(read_all(scale, required=self.written_whole), np.float32)
             self.zero_point = np.asarray(read_all(zero_point))
             #: float offsets (spec.offset), float64
             self.offset: npt.NDArray[np.float64] | None = None
@@ -170,9 +170,15 @@ class QuantizedArray:
 
     @property
     def complete(self) -> bool:
-        """Whether the job that wrote it finished: then every chunk of its codes and scales
-        was written, and one that is absent is refused as damage, never read as zeros."""
+        """Whether the job that wrote it finished."""
         return bool(self.meta.get("complete"))
+
+    @property
+    def written_whole(self) -> bool:
+        """Whether every chunk of its codes and scales was written (a finished output, but
+        the codec layout's, whose codes go through zarr's codecs, which may leave an all-fill
+        chunk out): then a chunk that is absent is refused as damage, never read as zeros."""
+        return self.complete and self.meta.get("layout") != "codec"
 
     def damaged(self) -> list[str]:
         """What a finished output lacks, from one listing of its store: member documents,
@@ -182,7 +188,7 @@ class QuantizedArray:
         pack (published whole). Garbage of the right size shows only when read."""
         if not self.complete or getattr(self.group, "store_path", None) is None:
             return []
-        return gaps(self.group)
+        return gaps(self.group, strict=False)
 
     @property
     def dtype(self) -> np.dtype[np.float32]:
@@ -275,7 +281,7 @@ class QuantizedArray:
     def quantized(self, key: Any = ...) -> np.ndarray[Any, Any]:
         """The stored values of ``key`` as the quantized dtype (ml_dtypes for sub-byte/float)."""
         region, squeeze = step1_slices(key, self.shape) if self.shape else (None, [])
-        files = chunk_files(self.data, required=self.complete) if region else None
+        files = chunk_files(self.data, required=self.written_whole) if region else None
         raw: np.ndarray[Any, Any]
         if files is not None and region is not None:  # straight from the chunk files
             raw = np.empty(tuple(k.stop - k.start for k in region), files.dtype)
