@@ -260,3 +260,15 @@ def test_max_memory_takes_any_real_number_of_bytes_and_refuses_nan(tmp_path):
     for bad in (float("nan"), float("inf"), "1GiB"):
         with pytest.raises(qs.InvalidParameterError, match="max_memory must be a number"):
             qs.open_quantized(q, max_memory=bad)
+
+
+def test_an_output_in_a_memory_store_that_lost_a_chunk_is_refused_when_read():
+    qs.quantize_store(_values(), "memory://damaged-read", SPEC, chunks=(32, 96), overwrite=True)
+    arr = qs.open_quantized("memory://damaged-read")
+    whole = arr[...]
+    arr.group.store_path.store._store_dict.pop("data/c.1.0")  # (zarr's MemoryStore's dict)
+    arr = qs.open_quantized("memory://damaged-read")
+    np.testing.assert_array_equal(arr[0:32], whole[0:32])
+    with pytest.raises(StoreError, match=r"missing chunk .*data/c\.1\.0"):
+        arr[32:40]
+    assert arr.summary()["damaged"] == ["data/c.1.0"]

@@ -132,7 +132,9 @@ class DestRef:
             check_writer(node, self.token, self.url)
 
     def array(self, name: str) -> Any:
-        """The member array ``name`` (a ``zarr.Array``), opened once per process."""
+        """The member array ``name`` (a ``zarr.Array``), opened once per process, writing
+        every chunk (all-zero ones too, as a local run writes them: a reader refuses an
+        absent chunk of a finished output)."""
         from ...io.storage import open_group
 
         def make() -> Any:
@@ -140,6 +142,7 @@ class DestRef:
                 (self.token, "group"),
                 lambda: open_group(self.url, mode="a", storage_options=self.storage_options),
             )
-            return group[name]
+            arr = group[name]
+            return arr.with_config({"write_empty_chunks": True})
 
         return worker_cached((self.token, "array", name), make)

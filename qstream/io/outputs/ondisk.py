@@ -227,9 +227,10 @@ def gaps(node: Any, sizes: Mapping[str, int] | None = None, *, strict: bool = Tr
     documents, and chunks of ``data`` and ``scale`` (of a plain array, its own) absent or of
     the wrong size (raw chunks must have their exact size, compressed ones must not be
     empty). ``zero_point`` chunks are not listed: zarr does not store all-zero ones.
-    ``strict=False``: nor the chunks of arrays written through zarr rather than their chunk
-    files (0-d ones, and layouts :func:`~qstream.io.storage.chunk_files` does not write),
-    whose all-zero chunks earlier versions left out (what an output of any version lacks)."""
+    ``strict=False``: nor the chunks of local arrays written through zarr rather than their
+    chunk files (0-d ones, and layouts :func:`~qstream.io.storage.chunk_files` does not
+    write), whose all-zero chunks earlier versions left out (what an output of any version
+    lacks; in object stores every chunk is written, and read so)."""
     import zarr
 
     if sizes is None:
@@ -248,11 +249,17 @@ def gaps(node: Any, sizes: Mapping[str, int] | None = None, *, strict: bool = Tr
     return missing
 
 
+def _local(arr: Any) -> bool:
+    import zarr
+
+    return isinstance(arr.store_path.store, zarr.storage.LocalStore)
+
+
 def _chunk_gaps(arr: Any, prefix: str, sizes: Mapping[str, int], strict: bool) -> list[str]:
     from zarr.codecs import BytesCodec
 
-    if not strict and (not arr.shape or chunk_files(arr) is None):
-        return []  # (written through zarr: all-zero chunks may be left out)
+    if not strict and (not arr.shape or (_local(arr) and chunk_files(arr) is None)):
+        return []  # (written through zarr locally: earlier versions left all-zero chunks out)
     meta = arr.metadata
     plain = isinstance(getattr(arr, "serializer", None), BytesCodec)
     raw = plain and not arr.compressors and not getattr(arr, "filters", ())

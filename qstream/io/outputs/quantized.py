@@ -20,7 +20,7 @@ from ...core import affine_dequantize, blocked_param_shape, param_region, plan_l
 from ...errors import InvalidParameterError, StoreError
 from ...qtypes import qtype
 from ...spec import QuantSpec
-from ..storage import chunk_files, compression, read_all
+from ..storage import chunk_files, compression, read_all, require_chunks
 from .ondisk import data_encoding, gaps, quantized_nbytes
 
 if TYPE_CHECKING:
@@ -54,6 +54,15 @@ def _damaged(where: str) -> Iterator[None]:
         ) from None
 
 
+def _through_zarr(group: Group) -> bool:
+    """Whether the group's arrays are read through zarr's stores, not local chunk files: an
+    object, memory or zip store (a packed tensor's slot is neither: its pack is local)."""
+    import zarr
+
+    store = getattr(getattr(group, "store_path", None), "store", None)
+    return store is not None and not isinstance(store, zarr.storage.LocalStore)
+
+
 class QuantizedArray:
     """A quantized array on disk, dequantized on indexing (float32)."""
 
@@ -84,6 +93,8 @@ class QuantizedArray:
             self.spec = spec if spec is not None else QuantSpec.from_dict(meta["spec"])
             self.qtype = qtype(self.spec.dtype)
             scale, zero_point = group["scale"], group["zero_point"]
+            if self.written_whole and _through_zarr(group):  # (an absent chunk refused)
+                self.data, scale = require_chunks(self.data), require_chunks(scale)
             self.scale_dtype = np.dtype(scale.dtype)
             self.axis: int | None = meta.get("axis")
             # (the declared shapes first: a crafted output could declare billions)

@@ -21,6 +21,7 @@ from .removal import (
     remove_if_empty,
     remove_partials,
 )
+from .required import require_chunks
 from .sources import ArrayWriter, Source
 from .stores import (
     ALL_CHUNKS,
@@ -78,6 +79,7 @@ __all__ = [
     "remove_array_files",
     "remove_if_empty",
     "remove_partials",
+    "require_chunks",
     "store_errors",
     "stored_sizes",
     "tensor_key",

@@ -101,7 +101,7 @@ class ChunkFiles:
                 # never written: the fill value, without the declared chunk's buffer (memory
                 # as the region, whatever chunk a crafted document declares)
                 if self.required:
-                    raise _missing(self.path(coords))
+                    raise missing_chunk(self.path(coords))
                 dest[...] = self.fill_value
                 continue
             chunk = scratch("chunk-read", self.chunks, self.dtype)
@@ -155,7 +155,7 @@ class ChunkFiles:
                 _read_exact(f, buf.data, path)
         except FileNotFoundError:
             if self.required:
-                raise _missing(path) from None
+                raise missing_chunk(path) from None
             dest[...] = self.fill_value  # never written: the fill value, as zarr reads it
             return False
         # every decoder here accepts a frame that decodes to fewer bytes than ``out`` holds and
@@ -309,7 +309,7 @@ class ChunkFiles:
             yield coords, tuple(inner), tuple(outer)
 
 
-def _missing(path: str) -> StoreError:
+def missing_chunk(path: str) -> StoreError:
     """The refusal of the absent chunk ``path`` of an array whose every chunk was written."""
     return StoreError(
         f"missing chunk {path}: qstream writes every chunk of a finished output's codes and"
