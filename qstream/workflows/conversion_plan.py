@@ -192,6 +192,11 @@ def plan_convert(
     from ..io.storage import check_destination_suffix
 
     check_destination_suffix(dst, (".safetensors", ".gguf"), "a conversion")
+    if str(dst).startswith("memory://"):  # (its tensors' groups would be written elsewhere)
+        raise InvalidParameterError(
+            f"{dst}: a checkpoint is converted into a local folder or an object store, not a"
+            " memory:// store (qstream.quantize_store writes one array there)"
+        )
     compression = compressions.canonical(compression)
     if recipe is not None and not isinstance(recipe, Recipe):
         recipe = Recipe.load(recipe)

@@ -57,3 +57,13 @@ def test_a_recipe_that_is_a_folder_is_a_bad_input(tmp_path):
         app, ["convert", str(SAMPLE), str(tmp_path / "o"), "--recipe", str(tmp_path / "rdir")]
     )
     assert r.exit_code == 2 and "not a regular file" in r.stderr
+
+
+def test_a_memory_destination_for_a_checkpoint_is_refused_in_the_plan():
+    # (its tensors' groups were written where no reader of memory://NAME looks)
+    import qstream as qs
+
+    with pytest.raises(qs.InvalidParameterError, match="not a memory:// store"):
+        qs.plan_convert(SAMPLE, "memory://ck-plan")
+    r = runner.invoke(app, ["convert", str(SAMPLE), "memory://ck-cli"])
+    assert r.exit_code == 2 and "not a memory:// store" in r.stderr

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreError
 from ...paths import check_tree, child, local_path
-from ..storage import LocalGroup, all_chunks, open_group, open_local
+from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks
 from .ondisk import gaps
 from .pack_layout import PACKS, check_pack_name, finished_unlisted
 from .packreader import PackReader
@@ -157,7 +157,11 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             check_tree(child(local, key, self.path), "the converted tensor")
         if self.tensors[name].get("kept"):
             kept = self.group[key]
-            if self.meta.get("complete") and all_chunks(kept) and (missing := gaps(kept)):
+            if not (self.meta.get("complete") and all_chunks(kept)):
+                return kept
+            if local is None:  # (read through zarr: an absent chunk refused when read)
+                return require_chunks(kept)
+            if missing := gaps(kept):  # (its folder listed: its chunk files read as they are)
                 raise StoreError(
                     f"{self.path}: the kept tensor {name!r} is damaged ({key}/{missing[0]}"
                     " absent or of the wrong size, and every chunk of it was written);"

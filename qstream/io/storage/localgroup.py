@@ -18,7 +18,7 @@ import numpy as np
 from ...paths import local_path, open_regular, walk_below
 from .chunks import chunk_files
 from .localmeta import read_local_doc
-from .stores import open_store
+from .stores import all_chunks, open_store, read_region
 
 _PARSED: dict[bytes, Any] = {}  # array documents -> their parsed metadata
 
@@ -29,14 +29,10 @@ def read_all(arr: Any, *, required: bool | None = None) -> np.ndarray[Any, Any]:
     an absent chunk is refused, not read as the fill value (see
     :attr:`~qstream.io.storage.chunks.ChunkFiles.required`; None: where the array says every
     chunk was written, :func:`~qstream.io.storage.stores.all_chunks`)."""
-    from .stores import all_chunks
-
     if required is None:
         required = all_chunks(arr)
     files = chunk_files(arr, required=required) if arr.shape else None
     if files is None:
-        from .stores import read_region
-
         return read_region(arr, tuple(slice(0, n) for n in arr.shape))
     out = np.empty(arr.shape, files.dtype if not files.bits else arr.dtype)
     files.read(tuple(slice(0, n) for n in arr.shape), out)
