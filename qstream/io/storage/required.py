@@ -5,6 +5,7 @@ own answer to the read (nothing there) is what is refused."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from .chunks import missing_chunk
@@ -13,6 +14,7 @@ from .locations import location
 _DOCUMENTS = ("zarr.json", ".zarray", ".zattrs", ".zgroup")
 
 
+@functools.cache
 def _store_class() -> Any:
     from zarr.storage import WrapperStore
 
@@ -29,16 +31,11 @@ def _store_class() -> Any:
     return ChunksRequired
 
 
-_CLASS: list[Any] = []
-
-
 def require_chunks(arr: Any) -> Any:
     """``arr`` (a ``zarr.Array``) read through a store that refuses an absent chunk."""
     import zarr
     from zarr.core.array import AsyncArray
 
-    if not _CLASS:
-        _CLASS.append(_store_class())
     path = arr.store_path
-    store = _CLASS[0](path.store)
+    store = _store_class()(path.store)
     return zarr.Array(AsyncArray(arr.metadata, zarr.storage.StorePath(store, path.path)))
