@@ -219,9 +219,9 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         chunks; a pack or tensor that is gone. One walk of the root (a link or FIFO in it
         refused, naming it), then each tensor's and pack's array documents: 10,000 tensors
         (half of them kept norms) 0.24 s in packs, 0.9 s each in a group of its own (the
-        walk of 25,000 folders 0.4 s of it). Empty for an unfinished one, an export, or one in an object store (whose
-        listing costs requests; its reads refuse what they miss all the same, see
-        :attr:`QuantizedArray.written_whole`)."""
+        walk of 25,000 folders 0.4 s of it). Empty for an unfinished one, an export, or one
+        in an object store (whose listing costs requests; its reads refuse what they miss
+        all the same, see :attr:`QuantizedArray.written_whole`)."""
         local = local_path(self.path)
         if local is None or self.layout == "export" or not self.meta.get("complete"):
             return []
