@@ -10,11 +10,11 @@ when first used.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..budget import TILE
 from . import rounding as r
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 
 @njit(inline="always", cache=True)

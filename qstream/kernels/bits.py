@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
+
+from .runtime import njit
 
 EXP = np.int64(0x7FF0000000000000)  # float64 exponent bits
 MAG = np.int64(0x7FFFFFFFFFFFFFFF)  # every bit but the sign

@@ -10,7 +10,7 @@ s) + z``, saturated to ``[lo, hi]``, masked), so the results are bit-identical t
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..qtypes import TINY_SCALE
 from .affine import TILE
@@ -37,7 +37,7 @@ from .error_stats import (
     run_sums,
 )
 from .prefetch import prefetch
-from .runtime import parallel_kernel, specialize
+from .runtime import njit, parallel_kernel, specialize
 from .stats import slot_range_keys32
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2

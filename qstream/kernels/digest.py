@@ -9,9 +9,9 @@ The caller hashes the tile hashes with BLAKE2b.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 TILE = 1 << 20
 _M1 = np.uint64(0x9E3779B97F4A7C15)

@@ -16,14 +16,14 @@ inf, or x^2 overflowed) is summed again, skipping and counting the non-finite va
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .affine import TILE, tile_coords
 from .bits import bits as _bits
 from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
 from .numpy_twins import N_SUMS
-from .runtime import parallel_kernel, run
+from .runtime import njit, parallel_kernel, run
 from .stats import channel_rows
 
 # (N_SUMS: the columns of the result, count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .kquants_layout import pack_2bit, pack_k3, pack_k4, scale_k3, scale_min_k4
 from .kquants_layout import pairwise_program as pairwise_program  # (the SQNR sums of exports)
@@ -39,7 +39,7 @@ from .kquants_search import (
     qp_scale,
     qx_scale,
 )
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 #: GGML type numbers of the K-quants (``gguf.GGMLQuantizationType``)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14

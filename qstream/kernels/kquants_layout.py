@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .kquants_search import QK_K
+from .runtime import njit
 
 _OPTS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 

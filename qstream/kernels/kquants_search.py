@@ -25,9 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .bits import bits32, from_bits32
+from .runtime import njit
 
 #: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it is all zero
 QK_K = 256  # values per super-block

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .kquants_search import (
     QKX_WORK,
@@ -40,7 +40,7 @@ from .kquants_search import (
     qkx_scale_min,
     qx_scale,
 )
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 #: GGML type numbers (``gguf.GGMLQuantizationType``)
 Q4_0, Q4_1, Q5_0, Q5_1 = 2, 3, 6, 7

@@ -14,11 +14,11 @@ multiply-add: Numba does not contract them without fastmath).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from . import rounding as r
 from .affine import TILE, tile_coords
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 
 @njit(inline="always", cache=True)

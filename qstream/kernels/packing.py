@@ -8,7 +8,8 @@ per width (4 and 2 bits) so that LLVM vectorises them."""
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .runtime import njit
 
 
 @njit(cache=True, nogil=True)

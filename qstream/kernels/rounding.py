@@ -9,7 +9,8 @@ NaN stays NaN and infinities stay infinite, so saturation decides them.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .runtime import njit
 
 _inline = njit(inline="always", cache=True)
 

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from .runtime import njit
 
 
 @njit(cache=True, nogil=True)

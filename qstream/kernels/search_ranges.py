@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .runtime import parallel_kernel
+from .runtime import njit, parallel_kernel
 
 
 @njit(cache=True, nogil=True)

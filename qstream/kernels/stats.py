@@ -8,7 +8,7 @@ same whatever the thread count; min/max and integer counts are exact whatever th
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .affine import TILE, tile_coords
 from .bits import (
@@ -23,7 +23,7 @@ from .bits import (
     order_key,
     order_key32,
 )
-from .runtime import parallel_kernel, run
+from .runtime import njit, parallel_kernel, run
 
 
 def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):

@@ -1,5 +1,6 @@
 """Serial twins of parallel kernels give the same bytes; compile notices fire on cache misses."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -138,3 +139,51 @@ def test_prefetch_hints_anywhere_without_faulting_or_changing_data():
     for reach in (0, 16, 4096, 1 << 40):  # in the array, past its end, far off any mapping
         assert hint_and_sum(x, reach) == before.sum(dtype=np.float64)
     np.testing.assert_array_equal(x, before)
+
+
+def test_cached_kernels_load_without_numbas_registry_refresh_and_compute_the_same(tmp_path):
+    # a build loaded from Numba's cache skips Numba's registry refresh (numba.np.linalg is one
+    # of the modules it imports); a build compiled after that in the same process still works
+    code = textwrap.dedent(
+        """
+        import hashlib, json, sys
+        import numpy as np
+        import qstream as qs
+        from qstream.kernels import runtime
+        seen = []
+        runtime.on_compile(seen.append)
+        x = np.random.default_rng(3).standard_normal((700, 600)).astype(np.float32)
+        out = {}
+        for dtype in sys.argv[1:]:
+            q = qs.quantize(x.astype(dtype), 0.01, 0, dtype="int8")
+            out[dtype] = hashlib.sha256(np.asarray(q).tobytes()).hexdigest()
+            out["refreshed after " + dtype] = "numba.np.linalg" in sys.modules
+        out["compiled"] = seen
+        print(json.dumps(out))
+        """
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run(*dtypes):
+        r = subprocess.run(
+            [sys.executable, "-c", code, *dtypes], env=env, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    x = np.random.default_rng(3).standard_normal((700, 600)).astype(np.float32)
+    want = np.clip(np.rint(x / np.float32(0.01)), -128, 127).astype(np.int8)
+    digest = hashlib.sha256(want.tobytes()).hexdigest()
+    first = run("float32")
+    assert first["compiled"] and first["refreshed after float32"]
+    assert first["float32"] == digest
+    again = run("float32", "float64")
+    assert again["float32"] == digest
+    assert not again["refreshed after float32"]  # loaded from the cache: no refresh
+    assert again["compiled"]  # the float64 build: compiled here, after the load
+    assert (
+        again["float64"]
+        == hashlib.sha256(
+            np.clip(np.rint(x.astype(np.float64) / 0.01), -128, 127).astype(np.int8).tobytes()
+        ).hexdigest()
+    )
