@@ -98,23 +98,20 @@ def main() -> None:  # pragma: no cover - console entry point
 def console() -> None:  # pragma: no cover - console entry point
     """The ``qstream`` console script (entered through :func:`cli.launch.console`, which
     imports NumPy first): :func:`main` with Python's cycle collector run rarely,
-    freed memory kept for reuse, Numba's probes for BLAS and CFFI skipped and its cached
-    kernels loaded without its compiler's set-up (:func:`~cli.process.collect_rarely`,
-    :func:`~cli.process.keep_freed_memory`, :func:`~cli.process.skip_numba_probes`,
-    :func:`~cli.process.load_kernels_lean`), then the process ends at once, without
+    freed memory kept for reuse and Numba's probes for BLAS and CFFI skipped
+    (:func:`~cli.process.collect_rarely`, :func:`~cli.process.keep_freed_memory`,
+    :func:`~cli.process.skip_numba_probes`), then the process ends at once, without
     the interpreter's teardown (:func:`~cli.process.leave`)."""
     from .process import (
         collect_rarely,
         keep_freed_memory,
         leave,
-        load_kernels_lean,
         skip_numba_probes,
     )
 
     collect_rarely()
     keep_freed_memory()
     skip_numba_probes()
-    load_kernels_lean()
     code: object = 0
     try:
         main()

@@ -1,6 +1,5 @@
 """The ``qstream`` process's own housekeeping: its cycle collector run rarely, its freed
-memory kept for reuse, Numba's probes for SciPy's BLAS and for CFFI skipped, its cached
-kernels loaded without Numba's compiler set-up, and its end
+memory kept for reuse, Numba's probes for SciPy's BLAS and for CFFI skipped, and its end
 quick once a command is done. Only the console script (:func:`cli.main.console`)
 does these, for the process it owns.
 
@@ -38,20 +37,8 @@ packages were absent: Numba then leaves ``np.dot``, ``@`` and CFFI calls unsuppo
 process (as it does without them), and ``import scipy.linalg`` or ``import cffi`` still works
 for anyone else, later too.
 
-Before Numba loads a kernel from its cache it "refreshes" its CPU target: it imports some
-forty of its own modules (its implementations of Python and NumPy: ``numba.np.arraymath``,
-``numba.cpython.unicode``, ...) and installs their typing and lowering registries, 0.35-0.45 s
-of the first kernel call of every process (0.56 s of it, against 0.12 s without, on the
-2-core test machine), which is most of what a small job waits for. All of that serves
-*compiling* (typing and lowering new code, which does its own refresh first); a cached
-kernel is machine code that needs only Numba's runtime (``rtsys``, set up here as Numba
-does) and the symbols its object code links to. :func:`load_kernels_lean` has
-``Cache.load_overload`` read the cached kernel, list the symbols its object code leaves
-undefined (an ELF reader, :func:`undefined_symbols`), run the kernel's own load-time set-up
-(a parallel kernel's threading layer) and, when LLVM finds every one of those symbols
-already, load it without the refresh; anything else (another object format, a symbol not
-there yet) takes Numba's whole path. The kernel loaded is the same machine code either way:
-a conversion's every output file is the same (tests/cli/test_lean_kernel_loads.py).
+Numba's cached kernels load without its compiler set-up in any process, not only here
+(:mod:`qstream.kernels.cache_loads`).
 
 After a command, the interpreter's own shutdown (freeing every module, Numba's and LLVM's
 objects) takes 0.2-0.4 s, as long as a small conversion's work. Nothing of it is needed: the
@@ -70,12 +57,10 @@ import atexit
 import contextlib
 import ctypes
 import gc
-import importlib.util
 import os
-import struct
 import sys
 import threading
-from typing import Any, NoReturn
+from typing import NoReturn
 
 #: gc thresholds of the console script: young objects every 50,000 new ones; the oldest
 #: generation only after 50 x 1000 of those
@@ -157,143 +142,6 @@ def skip_numba_probes() -> bool:
     if not any(isinstance(f, _NoNumbaProbes) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoNumbaProbes())  # type: ignore[arg-type]
     return True
-
-
-#: the Numba module whose ``Cache.load_overload`` :func:`load_kernels_lean` replaces
-NUMBA_CACHING = "numba.core.caching"
-
-
-def load_kernels_lean() -> bool:
-    """Have Numba load a cached kernel without first setting up what only compiling needs
-    (see the module's docstring); whether it will (False: this Numba's cache has not the
-    form this was written for, and it loads as it always did). Numba's cache module is
-    changed when it is imported (at once if it is already)."""
-    module = sys.modules.get(NUMBA_CACHING)
-    if module is not None:
-        return _lean_loads(module)
-    if not any(isinstance(f, _AfterNumbaCaching) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterNumbaCaching())  # type: ignore[arg-type]
-    return True
-
-
-class _AfterNumbaCaching:
-    """An import finder that lets :data:`NUMBA_CACHING` load as usual, then changes it
-    (:func:`_lean_loads`); it is gone after that one import."""
-
-    def find_spec(self, name: str, path: object = None, target: object = None) -> Any:
-        if name != NUMBA_CACHING:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # type: ignore[arg-type]
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenLean(spec.loader)  # type: ignore[assignment]
-        return spec
-
-
-class _ThenLean:
-    """A module loader that runs ``loader``'s module, then :func:`_lean_loads` on it."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: Any) -> Any:
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.loader.exec_module(module)
-        _lean_loads(module)
-
-    def __getattr__(self, name: str) -> Any:  # (get_source, get_code, ...: the loader's)
-        return getattr(self.loader, name)
-
-
-def _lean_loads(caching: Any) -> bool:
-    """Replace ``caching.Cache.load_overload`` (see :func:`load_kernels_lean`), where this
-    Numba's cache has the parts it uses."""
-    cache = getattr(caching, "Cache", None)
-    parts = ("load_overload", "_load_overload", "_index_key", "_guard_against_spurious_io_errors")
-    if cache is None or not all(hasattr(cache, p) for p in parts):
-        return False
-    if getattr(cache.load_overload, "qstream_lean", False):
-        return True
-    whole = cache.load_overload
-
-    def load_overload(self: Any, sig: Any, target_context: Any) -> Any:
-        from numba.core.cpu import CPUContext
-        from numba.core.runtime import rtsys
-
-        if not isinstance(target_context, CPUContext) or not all(
-            hasattr(self, a) for a in ("_enabled", "_cache_file", "_impl")
-        ):
-            return whole(self, sig, target_context)
-        rtsys.initialize(target_context)  # (Numba's runtime: what every kernel links to)
-        with self._guard_against_spurious_io_errors():
-            if not self._enabled:
-                return None
-            data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
-            if data is None:
-                return None
-            if not links_as_it_is(data):
-                target_context.refresh()  # (what Numba always does first)
-            return self._impl.rebuild(target_context, data)
-
-    load_overload.qstream_lean = True  # type: ignore[attr-defined]
-    cache.load_overload = load_overload
-    return True
-
-
-def links_as_it_is(payload: Any) -> bool:
-    """Whether a cached kernel (Numba's ``CompileResult`` payload: its library first, the
-    functions to run when it is loaded eighth) needs no symbol but those the process already
-    has: every symbol its object code leaves undefined is found by LLVM's own look-up once
-    the load's own set-up (``reload_init``: the threading layer of a parallel kernel) has run.
-    False for anything else (another payload or object format): the caller then sets
-    Numba's target up in full, as Numba does."""
-    try:
-        (_name, kind, (obj, _bitcode)), *rest = payload
-        reload_init = rest[6]
-    except (TypeError, ValueError, IndexError):
-        return False
-    if kind != "object" or not isinstance(obj, bytes):
-        return False
-    names = undefined_symbols(obj)
-    if names is None:
-        return False
-    for fn in reload_init or ():
-        fn()
-    import llvmlite.binding as ll
-
-    return all(ll.address_of_symbol(n) for n in names)
-
-
-def undefined_symbols(obj: bytes) -> list[str] | None:
-    """The names of the symbols an ELF64 little-endian object file leaves undefined (weak
-    ones aside: the linker may leave those null), or None if ``obj`` is not one."""
-    if obj[:6] != b"\x7fELF\x02\x01" or len(obj) < 64:
-        return None
-    try:
-        (shoff,) = struct.unpack_from("<Q", obj, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
-        sections = [
-            struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize) for i in range(shnum)
-        ]
-        names: list[str] = []
-        for sh in sections:
-            if sh[1] != 2:  # SHT_SYMTAB
-                continue
-            strtab = sections[sh[6]]
-            s0, offset, size, entsize = strtab[4], sh[4], sh[5], sh[9] or 24
-            for k in range(1, size // entsize):  # (symbol 0 is the null symbol)
-                st_name, st_info, _, st_shndx, _, _ = struct.unpack_from(
-                    "<IBBHQQ", obj, offset + k * entsize
-                )
-                if st_shndx == 0 and st_name and st_info >> 4 != 2:  # undefined, not weak
-                    end = obj.index(b"\0", s0 + st_name)
-                    names.append(obj[s0 + st_name : end].decode())
-        return names
-    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
-        return None
 
 
 def exit_code(code: object) -> int:

@@ -12,11 +12,9 @@ word of first-run compilation.
 - Numba's ``workqueue`` layer aborts the process when two Python threads run parallel kernels
   at once. qstream prefers ``omp`` then ``tbb``; if Numba still ends up on ``workqueue``,
   parallel kernel calls are serialised with a lock instead of crashing.
-- :func:`njit` is Numba's, with one change to loading a build from Numba's on-disk cache: Numba
-  first "refreshes" its target context, importing and registering every typing and lowering
-  rule it has (~0.1 s, once per process), which only compiling needs. A qstream kernel's
-  build is loaded without it (:class:`_CacheLoads`); a kernel that must compile still gets the
-  refresh from Numba's compiler. Every qstream kernel is defined with it (and
+- :func:`njit` is Numba's, with one change: a build in Numba's on-disk cache is loaded without
+  Numba's compiler set-up where it links as it is (:mod:`.cache_loads`), in any process (the
+  console script, a notebook). Every qstream kernel is defined with it (and with
   :func:`parallel_kernel`, which uses it).
 - :func:`~qstream.compile_events.on_compile` lets a front end say "compiling kernels (first run
   only)" while Numba compiles one (a cache miss), instead of pausing silently (listening loads
@@ -35,11 +33,10 @@ from typing import Any, overload
 
 import numba
 import numpy as np
-from numba.core.caching import FunctionCache
-from numba.core.runtime import nrt
 
 from .. import budget, compile_events
 from ..compile_events import on_compile as on_compile  # (its users import it from here too)
+from .cache_loads import lean
 
 if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
     # (numba.config sets its settings at import: no declared attributes)
@@ -52,27 +49,6 @@ _serial: bool | None = None  # unknown until the first parallel call has chosen 
 SERIAL_BELOW = budget.SERIAL_BELOW  # (a global of its own: warm-up changes it for a while)
 
 
-class _CacheLoads(FunctionCache):
-    """Numba's on-disk cache of one qstream kernel, loading a build without first refreshing
-    the target context (see the module docstring): the build is machine code already; what
-    it calls at run time is Numba's C helpers (registered when the context is made) and its
-    runtime (NRT, started here as the refresh would)."""
-
-    def load_overload(self, sig: Any, target_context: Any) -> Any:
-        """The build of ``sig`` in the cache, or None (then Numba compiles, refreshing)."""
-        nrt.rtsys.initialize(target_context)
-        with self._guard_against_spurious_io_errors():
-            return self._load_overload(sig, target_context)
-
-
-def _loads_quickly(dispatcher: Any) -> Any:
-    """``dispatcher`` with its cache loading builds as :class:`_CacheLoads` does (unchanged
-    when it has no on-disk cache, or a cache of another kind)."""
-    if type(getattr(dispatcher, "_cache", None)) is FunctionCache:
-        dispatcher._cache.__class__ = _CacheLoads
-    return dispatcher
-
-
 @overload
 def njit(fn: Callable[..., Any], **options: Any) -> Any: ...
 
@@ -83,10 +59,10 @@ def njit(fn: None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]
 
 def njit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """``numba.njit(**options)``, as a decorator with or without options, whose cached
-    builds load without Numba's registry refresh (see the module docstring)."""
+    builds load lean (:mod:`.cache_loads`)."""
     if fn is None:
         return lambda f: njit(f, **options)
-    return _loads_quickly(numba.njit(**options)(fn))
+    return lean(numba.njit(**options)(fn))
 
 
 @overload

@@ -1,6 +1,6 @@
-"""The console script loads Numba's cached kernels without Numba's compiler set-up
-(:func:`cli.process.load_kernels_lean`): the same machine code, so a conversion writes the
-same files, and only where every symbol a kernel links to is there already."""
+"""qstream's kernels load from Numba's cache without Numba's compiler set-up
+(:mod:`qstream.kernels.cache_loads`): the same machine code, so a conversion writes the same
+files, and only where every symbol a kernel links to is there already."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from cli.process import links_as_it_is, undefined_symbols
+from qstream.kernels.cache_loads import links_as_it_is, undefined_symbols
 
 IR = """
 declare double @qstream_test_{name}(double)
@@ -83,9 +83,8 @@ def _convert(tmp_path, out: str, lean: bool) -> dict:
     seen = tmp_path / f"{out}.json"
     code = textwrap.dedent(f"""
         import atexit, json, sys
-        import cli.process
-        if not {lean!r}:
-            cli.process.load_kernels_lean = lambda: False
+        import qstream.kernels.cache_loads
+        qstream.kernels.cache_loads.LEAN = {lean!r}
         def seen():
             with open({str(seen)!r}, "w") as f:
                 json.dump({{"arraymath": "numba.np.arraymath" in sys.modules}}, f)
