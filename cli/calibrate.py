@@ -130,6 +130,7 @@ def calibrate(
         if cal.params is None:
             typer.echo("per-block parameters: each block takes its own range when quantized")
             return
+        what = str(src) if tensor is None else f"{tensor} of {src}"
         rows = []
         for name, arr in (("scale", cal.scale), ("zero_point", cal.zero_point)):
             a = arr.reshape(-1)
@@ -139,12 +140,12 @@ def calibrate(
                 ["data range", f"{cal.stats.min.min():.6g}", f"{cal.stats.max.max():.6g}", ""]
             )
         table(
-            f"calibration of {source} ({spec.method}, {spec.granularity})",
+            f"calibration of {what} ({spec.method}, {spec.granularity})",
             ["", "min", "max", "mean"],
             rows,
         )
         if show or compare:
-            show_calibration(cal, source)
+            show_calibration(cal, what)
 
 
 def importance_matrix(

@@ -274,3 +274,10 @@ def dequantize(
                 else str(tuple(report["shape"]))
             )
             typer.echo(f"{src} -> {dst}: {report['dtype']} {what}, {report['seconds']:.1f} s")
+            if dtype == "bfloat16" and not str(dst).lower().endswith(".safetensors"):
+                typer.echo(
+                    "note: bfloat16 is not a Zarr v3 core type: zarr-python opens this output"
+                    " after `import qstream; qstream.register_zarr_types()`; --dtype float32"
+                    " or float16 is read by any Zarr reader",
+                    err=True,
+                )

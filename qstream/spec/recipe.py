@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -218,15 +219,22 @@ class Recipe:
                     " its own rule (a spec with another axis, or keep)"
                 ) from None
             fine.add((id(spec), len(shape)))
-        like = f" (names look like {next(iter(tensors), '?')!r})"
+        missed = [p for p in self.include if not any(fnmatch.fnmatchcase(n, p) for n in tensors)]
+        if self.include and len(missed) == len(self.include) and tensors:
+            raise InvalidParameterError(
+                f"include pattern{'s' if len(missed) > 1 else ''}"
+                f" {', '.join(repr(p) for p in missed)} match{'' if len(missed) > 1 else 'es'}"
+                f" no tensor of the checkpoint{_like(missed[0], tensors)}: nothing would be"
+                " quantized"
+            )
         return [
-            f"recipe rule {i + 1} ({r.pattern!r}) matches no tensor of the checkpoint{like}"
+            f"recipe rule {i + 1} ({r.pattern!r}) matches no tensor of the checkpoint"
+            f"{_like(r.pattern, tensors)}"
             for i, r in enumerate(self.rules)
             if i not in used
         ] + [
-            f"recipe include pattern {p!r} matches no tensor of the checkpoint{like}"
-            for p in self.include
-            if not any(fnmatch.fnmatchcase(n, p) for n in tensors)
+            f"recipe include pattern {p!r} matches no tensor of the checkpoint{_like(p, tensors)}"
+            for p in missed
         ]
 
     def check_blocks(self, tensors: Mapping[str, Shaped], max_memory: int | None) -> None:
@@ -405,3 +413,16 @@ def _spec(where: str, fields: dict[str, Any]) -> QuantSpec:
         return spec
     except (InvalidParameterError, InvalidDTypeError) as e:  # (an unknown dtype is the latter)
         raise type(e)(f"{where}: {e}") from None
+
+
+def _like(pattern: str, names: Iterable[str]) -> str:
+    """The hint ``(names look like 'NAME')``: a name holding the longest plain piece of ``pattern``
+    (what the pattern meant to match, most likely: ``layers.*.mlp.*`` shows a name with
+    ``.mlp.``, and its missing prefix), else the first name."""
+    pieces = sorted(re.split(r"[*?\[\]]", pattern), key=len, reverse=True)
+    first = None
+    for n in names:
+        first = n if first is None else first
+        if pieces[0] and pieces[0] in n:
+            return f" (names look like {n!r})"
+    return f" (names look like {first if first is not None else '?'!r})"

@@ -136,13 +136,21 @@ def test_the_sample_recipe_matches_hugging_face_names(ck):
     assert spec is not None and spec.method == "percentile"
 
 
+def test_an_include_that_matches_nothing_is_refused_before_anything_is_written(ck, tmp_path):
+    r = cli("convert", ck, "out.zarr", "--include", "nomatch*", "-q", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "include pattern 'nomatch*' matches no tensor" in r.stderr
+    assert "nothing would be quantized" in r.stderr
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_a_rule_that_matches_nothing_is_warned_about(ck, tmp_path):
     (tmp_path / "r.toml").write_text('[[rules]]\npattern = "embed_tokens.*"\naction = "keep"\n')
     r = cli("convert", ck, "out.zarr", "--recipe", "r.toml", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stderr.strip() == (
         "warning: recipe rule 1 ('embed_tokens.*') matches no tensor of the checkpoint (names"
-        " look like 'lm_head.weight')"
+        " look like 'model.embed_tokens.weight')"
     )
 
 

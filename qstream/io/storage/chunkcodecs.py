@@ -83,7 +83,7 @@ def numcodecs_of(compressors: Any) -> Any:
     if isinstance(c, ZstdCodec):
         return numcodecs.Zstd(level=cfg.get("level", 0), checksum=cfg.get("checksum", False))
     if isinstance(c, GzipCodec):
-        return numcodecs.GZip(level=cfg.get("level", 5))
+        return _gzip_codec(cfg.get("level", 5))
     if isinstance(c, BloscCodec):
         shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[cfg["shuffle"]]
         return numcodecs.Blosc(  # typesize: chunks are encoded as bytes, shuffled as zarr does
@@ -94,6 +94,27 @@ def numcodecs_of(compressors: Any) -> Any:
             typesize=cfg.get("typesize"),
         )
     return False
+
+
+def _gzip_codec(level: int) -> Any:
+    """numcodecs' GZip at ``level``, whose chunks carry no time: gzip's header has a field for
+    the time it was written, which numcodecs fills with the clock, so two runs (or a resumed
+    one) would write different bytes for the same codes; here it is 0, as gzip allows ("no
+    time stamp is available"). Decoding is numcodecs'."""
+    import gzip
+
+    import numcodecs
+    from numcodecs.compat import ensure_contiguous_ndarray
+
+    class GZipNoTime(numcodecs.GZip):  # type: ignore[misc]
+        def encode(self, buf: Any) -> bytes:
+            return gzip.compress(
+                ensure_contiguous_ndarray(buf).data.cast("B"),
+                compresslevel=self.level,
+                mtime=0,
+            )
+
+    return GZipNoTime(level=level)
 
 
 def is_bounded(codec: Any) -> bool:
