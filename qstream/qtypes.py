@@ -127,10 +127,11 @@ def did_you_mean(given: object, names: Iterable[str]) -> str:
 
     if not isinstance(given, str):
         return ""
-    near = difflib.get_close_matches(given.lower(), list(names), n=1, cutoff=0.6)
+    by_lower = {str(n).lower(): n for n in names}  # (case aside: q4_k_m finds Q4_K_M)
+    near = difflib.get_close_matches(given.lower(), list(by_lower), n=1, cutoff=0.6)
     if not near:
         return ""
-    return f" (did you mean {near[0]!r}?)"
+    return f" (did you mean {by_lower[near[0]]!r}?)"
 
 
 def is_qtype_dtype(dtype: npt.DTypeLike) -> bool:

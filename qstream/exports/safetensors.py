@@ -55,6 +55,7 @@ from ..io.checkpoints import source_config as source_config
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, check_writable, open_quantized
 from ..io.storage import location
 from ..paths import kind_of, open_regular
+from ..qtypes import did_you_mean
 from . import compressed_tensors as ct
 from .entries import (
     FLOAT_TYPES,
@@ -142,7 +143,8 @@ def export_safetensors(
         raise InvalidParameterError(f"dtype must be one of {', '.join(FLOAT_TYPES)}, got {dtype!r}")
     if format not in FORMATS:
         raise InvalidParameterError(
-            f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)} (GGUF:"
+            f"unknown export format {format!r}{did_you_mean(format, FORMATS)};"
+            f" expected one of: {', '.join(FORMATS)} (GGUF:"
             " an output path ending in .gguf, see qstream.export_gguf)"
         )
     out = os.fspath(out)

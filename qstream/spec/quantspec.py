@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InvalidParameterError
-from ..qtypes import QType, qtype
+from ..qtypes import QType, did_you_mean, qtype
 from ..rounding import ROUND_MODES
 from .json_helpers import NON_FINITE, check_keys, field_values, jsonable_dict
 
@@ -108,15 +108,19 @@ class QuantSpec:
         object.__setattr__(self, "dtype", qt.name)
         if self.method not in METHODS:
             raise InvalidParameterError(
-                f"unknown method {self.method!r}; expected one of: {', '.join(METHODS)}"
+                f"unknown method {self.method!r}{did_you_mean(self.method, METHODS)};"
+                f" expected one of: {', '.join(METHODS)}"
             )
         if self.round_mode not in ROUND_MODES:
             raise InvalidParameterError(
-                f"unknown round_mode {self.round_mode!r}; expected one of: {', '.join(ROUND_MODES)}"
+                f"unknown round_mode {self.round_mode!r}"
+                f"{did_you_mean(self.round_mode, ROUND_MODES)};"
+                f" expected one of: {', '.join(ROUND_MODES)}"
             )
         if self.nan_policy not in NAN_POLICIES:
             raise InvalidParameterError(
-                f"unknown nan_policy {self.nan_policy!r};"
+                f"unknown nan_policy {self.nan_policy!r}"
+                f"{did_you_mean(self.nan_policy, NAN_POLICIES)};"
                 f" expected one of: {', '.join(NAN_POLICIES)}"
             )
         if not 0 < float(self.percentile) <= 100:
@@ -142,7 +146,8 @@ class QuantSpec:
             raise InvalidParameterError("zero_point is given without scale")
         if self.scale_dtype not in SCALE_DTYPES:
             raise InvalidParameterError(
-                f"unknown scale_dtype {self.scale_dtype!r}; expected one of:"
+                f"unknown scale_dtype {self.scale_dtype!r}"
+                f"{did_you_mean(self.scale_dtype, SCALE_DTYPES)}; expected one of:"
                 f" {', '.join(SCALE_DTYPES)}"
             )
 
@@ -158,7 +163,8 @@ class QuantSpec:
         self._check_offset(qt)
         if self.symmetric_levels not in SYMMETRIC_LEVELS:
             raise InvalidParameterError(
-                f"unknown symmetric_levels {self.symmetric_levels!r}; expected one of:"
+                f"unknown symmetric_levels {self.symmetric_levels!r}"
+                f"{did_you_mean(self.symmetric_levels, SYMMETRIC_LEVELS)}; expected one of:"
                 f" {', '.join(SYMMETRIC_LEVELS)}"
             )
         if self.full_levels:

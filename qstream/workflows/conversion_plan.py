@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..budget import check_max_memory
 from ..errors import InvalidParameterError, StoreError
 from ..io.storage import compression as compressions
+from ..qtypes import did_you_mean
 from ..spec import Recipe
 from . import plan_rows
 from .gguf_job import gguf_plan
@@ -301,7 +302,8 @@ def _plan_safetensors(
         )
     if format not in FORMATS:
         raise InvalidParameterError(
-            f"unknown export format {format!r}; expected one of: {', '.join(FORMATS)}"
+            f"unknown export format {format!r}{did_you_mean(format, FORMATS)};"
+            f" expected one of: {', '.join(FORMATS)}"
         )
     index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
     work = work_group(dst)

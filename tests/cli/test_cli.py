@@ -558,7 +558,8 @@ def test_float16_scales_from_the_command_line_are_stored_and_exported_as_float16
     r = run("quantize", src, tmp_path / "b.zarr", "--scale-dtype", "bf16")
     assert r.exit_code == 2
     assert r.stderr.strip() == (
-        "error: unknown --scale-dtype 'bf16'; expected one of: float32, float16, bfloat16, source"
+        "error: unknown --scale-dtype 'bf16' (did you mean 'bfloat16'?); expected one of:"
+        " float32, float16, bfloat16, source"
     )
 
 

@@ -24,6 +24,11 @@ runner = CliRunner()
         (["--dtype", "int9"], "error: unknown --dtype 'int9' (did you mean 'int8'?)"),
         (["--block-size", "0"], "error: --block-size must be > 0, got 0"),
         (["--method", "foo"], "error: unknown --method 'foo'"),
+        (["--method", "entrpy"], "error: unknown --method 'entrpy' (did you mean 'entropy'?)"),
+        (
+            ["--scale-dtype", "bf16"],
+            "error: unknown --scale-dtype 'bf16' (did you mean 'bfloat16'?)",
+        ),
     ],
 )
 def test_a_bad_spec_flag_is_named_as_the_flag(tmp_path, flags, said):

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...compat import gguf as q
 from ...errors import InvalidParameterError
+from ...qtypes import did_you_mean
 from ...spec import DEFAULT_SPEC, QuantSpec, Recipe
 
 #: how each GGUF type makes its values (what the plan states for every tensor of that type)
@@ -116,7 +117,8 @@ def explicit_type(type: str | None) -> str | None:
     known = tuple(dict.fromkeys((*q.TYPES, *q.K_TYPES, *FTYPE)))
     if gtype not in known:
         raise InvalidParameterError(
-            f"unknown GGUF type {type!r}; expected one of: {', '.join(known)}"
+            f"unknown GGUF type {type!r}{did_you_mean(str(type), known)};"
+            f" expected one of: {', '.join(known)}"
         )
     return gtype
 
