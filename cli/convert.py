@@ -336,8 +336,9 @@ def print_plan(
     """``--dry-run``: what the run would do with DST, which tensor gets what (GGUF: its type
     and rule), and the sizes (``counted``: what the tensors that are not kept, and the kept
     ones, are called)."""
+    again = resumed(plan)  # (a re-run after an interruption: what it would reuse)
     if as_json:
-        emit_json(plan.to_dict())
+        emit_json({**plan.to_dict(), "resumed": None if again is None else again.to_dict()})
         return
     rows = plan.tensors
     rules = any("rule" in r for r in rows)
@@ -352,7 +353,8 @@ def print_plan(
         ],
     )  # fmt: skip
     made = f"; creates {', '.join(plan.creates)}" if plan.creates else ""
-    typer.echo(f"{plan.destination} ({plan.kind}): {plan.action}{made}")
+    done = "" if again is None else f" ({again.done} of {again.total} tensors already done)"
+    typer.echo(f"{plan.destination} ({plan.kind}): {plan.action}{done}{made}")
     for note in plan.notes:
         typer.echo(f"note: {note}")
     quantized = sum(1 for r in rows if not r.get("kept", r["target"].startswith("keep")))

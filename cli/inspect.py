@@ -247,12 +247,23 @@ def checkpoint_table(store: str, tensors: int, summary: dict[str, Any]) -> None:
     source = summary.get("checkpoint")  # provenance, as recorded: shown, never opened
     if source is not None:  # (as written by whoever wrote the output: no control characters)
         source = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(source))
+    compression = summary.get("compression")
     table(
         f"{store}: {tensors} tensors{f' from {source}' if source else ''},"
-        f" complete: {summary['complete']}",
+        f" complete: {summary['complete']}"
+        f"{f', compression {fmt_compression(compression)}' if compression else ''}",
         ["tensor", "shape", "dtype", "stored as", "bytes", "SQNR dB"],
         rows,
     )
+    unlisted = summary.get("unlisted") or []
+    if unlisted:  # (an interrupted run: finished, not listed in the index yet)
+        more = f", ... ({len(unlisted) - 5} more)" if len(unlisted) > 5 else ""
+        shown = ", ".join(unlisted[:5]) + more
+        typer.echo(
+            f"and {len(unlisted)} more finished but not listed in the index yet (the run was"
+            f" stopped between two of its batches; a re-run of the same convert reuses them):"
+            f" {shown}"
+        )
 
 
 def check_plot(path: Path) -> None:

@@ -120,6 +120,12 @@ def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_r
     assert killed.returncode == -9, killed.stderr
     listed = set(qs.open_quantized(dst, allow_incomplete=True).tensors)
     assert len(listed) == 128  # (the rows of one batch; the rest was pending when killed)
+    unlisted = qs.open_quantized(dst, allow_incomplete=True).unlisted()
+    assert len(unlisted) == 22 and not set(unlisted) & listed  # (inspect shows them too)
+    seen = run("inspect", dst)
+    assert seen.exit_code == 0 and "and 22 more finished but not listed" in seen.stdout
+    plan = run("convert", tmp_path / "m.safetensors", dst, "--dry-run")
+    assert "resume (150 of 180 tensors already done)" in plan.stdout
     r = run("convert", tmp_path / "m.safetensors", dst)
     assert r.exit_code == 0, r.output
     assert r.stderr.splitlines()[0] == "resuming: 150 of 180 tensors already done"

@@ -203,6 +203,27 @@ def error_summary(cols: dict[str, Any], i: int) -> dict[str, Any]:
     return out
 
 
+def unlisted_tensors(root: str, listed: Container[str]) -> set[str]:
+    """The tensors the interrupted conversion in the local folder ``root`` finished but had
+    not listed in its index (:func:`finished_unlisted`), found without the checkpoint: the
+    names its complete tensor groups record as their source (a group under its name's own
+    key) and its complete packs list."""
+    names = []
+    with os.scandir(confined(root)) as it:
+        folders = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+    for entry in folders:
+        if entry.startswith("_"):
+            continue
+        doc = read_local_doc(os.path.join(root, entry, "zarr.json")) or {}
+        attrs = doc.get("attributes")
+        meta = attrs.get("qstream") if isinstance(attrs, dict) else None
+        source = meta.get("source") if isinstance(meta, dict) else None
+        name = source.get("path") if isinstance(source, dict) else None
+        if isinstance(name, str) and tensor_key(name) == entry:
+            names.append(name)
+    return finished_unlisted(root, names, listed)
+
+
 def finished_unlisted(root: str, names: Iterable[str], listed: Container[str]) -> set[str]:
     """The tensors of ``names`` not ``listed`` in the index of the converted checkpoint in the
     local folder ``root`` whose own group, or pack, says it is complete: a run killed before

@@ -19,7 +19,7 @@ from ...errors import StoreError
 from ...paths import check_tree, child, local_path
 from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks
 from .ondisk import gaps
-from .pack_layout import PACKS, check_pack_name, finished_unlisted
+from .pack_layout import PACKS, check_pack_name, finished_unlisted, unlisted_tensors
 from .packreader import PackReader
 from .quantized import QuantizedArray
 from .rootindex import RootIndex
@@ -203,13 +203,19 @@ class QuantizedCheckpoint(Mapping[str, Any]):
 
     def summary(self) -> dict[str, Any]:
         """Per tensor: shape, dtype, target, bytes and error summary (JSON-ready), with the
-        checkpoint it came from and its :attr:`layout`."""
-        return {
+        checkpoint it came from, its :attr:`layout` and compression; an unfinished one also
+        names the tensors it finished but had not listed yet (``unlisted``, see
+        :meth:`unlisted`)."""
+        out = {
             "checkpoint": self.meta.get("source"),
             "complete": bool(self.meta.get("complete")),
             "layout": self.layout,
+            "compression": self.meta.get("compression"),
             "tensors": self.tensors,
         }
+        if not out["complete"]:  # (finished by an interrupted run, not listed yet)
+            out["unlisted"] = self.unlisted()
+        return out
 
     def damaged(self) -> list[str]:
         """What a finished checkpoint on a local disk lacks, as paths below its root: of
@@ -269,6 +275,16 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         if local is None or self.layout == "export":
             return set()
         return finished_unlisted(local, names, self.tensors)
+
+    def unlisted(self) -> list[str]:
+        """The tensors this (local, interrupted) conversion finished but had not listed in
+        its index yet (:meth:`finished_unlisted`), found without the source checkpoint:
+        what ``inspect`` adds to the listed ones, and a re-run reuses. Empty for a finished
+        checkpoint, an export, or one not on a local disk."""
+        local = local_path(self.path)
+        if local is None or self.layout == "export" or self.meta.get("complete"):
+            return []
+        return sorted(unlisted_tensors(local, self.tensors))
 
     # ---- views (qstream.viz): from the root's index rows, no tensor opened; bounded
 
