@@ -80,7 +80,40 @@ def decoded_plan(
                         storage_options=storage_options, store=store)  # fmt: skip
     if plain_model and fmt == "qstream":
         _leave_out_activation_params(plan)
+    decoded = _decoded_rows(plan.prepared.tensors, plan.tensors, dtype)
+    plan.rows = decoded
     return plan
+
+
+def _decoded_rows(
+    tensors: dict[str, Any], rows: list[dict[str, Any]], dtype: str
+) -> list[dict[str, Any]]:
+    """The plan's rows as a decoding makes them: a tensor stored quantized (a GGUF block
+    type; an exported tensor's codes, scales and zero points) is ``decode/<dtype>`` from its
+    stored type and bytes, the others ``keep`` as the plan says (the conversion that decodes
+    reads every tensor as its float values, so its own rows call them all kept)."""
+    out = []
+    for r in rows:
+        t = tensors.get(r["name"])
+        stored = _stored_form(t)
+        if stored is not None:
+            kind, nbytes = stored
+            r = {**r, "dtype": kind, "target": f"decode/{dtype}", "bytes_before": nbytes}
+        out.append(r)
+    return out
+
+
+def _stored_form(t: Any) -> tuple[str, int] | None:
+    """(stored type, stored bytes) of a tensor a decoding reads quantized, else None."""
+    gtype = getattr(t, "type", None)
+    if isinstance(gtype, str) and hasattr(t, "row_bytes"):  # (a GGUF tensor)
+        return None if gtype in ("F32", "F16", "BF16", "F64") else (gtype, int(t.nbytes))
+    qt = getattr(t, "qtype", None)
+    codes = getattr(t, "codes", None)
+    if qt is not None and codes is not None:  # (an exported tensor: codes and parameters)
+        parts = (codes, getattr(t, "scale_t", None), getattr(t, "zp_t", None))
+        return str(qt.name), int(sum(int(getattr(p, "nbytes", 0) or 0) for p in parts))
+    return None
 
 
 def _leave_out_activation_params(plan: Any) -> None:
