@@ -145,7 +145,7 @@ def refuse_damaged(store: str, damaged: list[str] | None, as_json: bool) -> None
 
 
 #: summary keys not printed as a line (the table shows the tensors; types have their line)
-_NOT_LINES = ("quantized", "tensor_list", "types", "hf_names", "refused")
+_NOT_LINES = ("quantized", "tensor_list", "tensor_bytes", "types", "hf_names", "refused")
 
 
 def model_folder(path: str) -> bool:
@@ -181,15 +181,27 @@ def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
             typer.echo(f"{k:<14} {v}")
     if summary.get("types"):
         typer.echo(f"{'types':<14} {', '.join(f'{t} {n}' for t, n in summary['types'].items())}")
-    extra = [c for c in ("target", "sqnr_db") if any(t.get(c) is not None for t in listed)]
+    owned = summary.get("tensor_bytes")
+    shown = listed
+    if isinstance(owned, dict):  # a safetensors export: a row per tensor, its entries' bytes
+        first: dict[str, dict[str, Any]] = {}
+        for t in listed:  # (the tensor's own entry, else its first: a packed form's codes)
+            name = t.get("tensor", t["name"])
+            if name not in first or t["name"] == name:
+                first[name] = {**t, "name": name, "bytes": owned.get(name, t["bytes"])}
+        shown = list(first.values())
+    extra = [c for c in ("target", "sqnr_db") if any(t.get(c) is not None for t in shown)]
     rows = [
         [t["name"], str(t.get("type") or t.get("dtype")), str(t["shape"]), fmt_bytes(t["bytes"])]
         + [str(t.get(c) or "") if c == "target" else fmt_db(t.get(c)) for c in extra]
-        for t in listed
+        for t in shown
     ]
     heads = {"target": "target", "sqnr_db": "SQNR dB"}
-    table(f"{len(listed)} tensors", ["tensor", "type", "shape", "size"]
-          + [heads[c] for c in extra], rows)  # fmt: skip
+    title = f"{len(shown)} tensors"
+    if len(shown) != len(listed):
+        title += f" ({len(listed)} entries in the file: a quantized tensor's size is its codes"
+        title += " and parameters)"
+    table(title, ["tensor", "type", "shape", "size"] + [heads[c] for c in extra], rows)
     figure_written(plot, as_json)
 
 

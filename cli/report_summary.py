@@ -53,7 +53,10 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
     elif isinstance(tensors, list):  # an export's file entries
         _count(out, _export_entries(tensors))
     elif isinstance(tensors, int) and not isinstance(tensors, bool):  # an export, inspected
-        out["entries"] = tensors  # (the file's: a quantized tensor's parameters are entries)
+        out["tensors"] = tensors  # (a safetensors export's as convert counts them...)
+        entries = report.get("entries")
+        if isinstance(entries, int):  # (...and its entries: a quantized tensor's parameters)
+            out["entries"] = entries
         if isinstance(report.get("quantized"), Mapping):
             out["quantized"] = len(report["quantized"])
     if "tensors" not in out and isinstance(tensors, Mapping) and tensors:  # GGUF: name -> type

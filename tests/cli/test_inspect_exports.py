@@ -77,7 +77,14 @@ def test_safetensors_export_lists_every_entry_as_safe_open_reads_it(exports):
     doc = inspected(exports["single"])
     got = {t["name"]: (t["dtype"], t["shape"]) for t in doc["tensor_list"]}
     assert got == safe_open_entries([exports["single"]])
-    assert doc["tensors"] == len(got)
+    assert doc["entries"] == len(got)
+    # tensors as convert and export count them: a quantized one's codes and parameters
+    assert doc["tensors"] == len(doc["tensor_bytes"]) == len(got) - len(doc["quantized"])
+    assert sum(doc["tensor_bytes"].values()) == doc["bytes"]
+    for name in doc["quantized"]:
+        assert doc["tensor_bytes"][name] == sum(
+            t["bytes"] for t in doc["tensor_list"] if t["name"] in (name, f"{name}_scale")
+        )
     quantized = {t["name"]: t["target"] for t in doc["tensor_list"] if t["target"]}
     assert quantized and all(v == "int8 axis 0" for v in quantized.values())
     assert all(got[n][0] == "I8" for n in quantized)  # (the codes are the quantized entries)

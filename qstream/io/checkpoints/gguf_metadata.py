@@ -228,7 +228,8 @@ def describe_gguf(
         "tensors": len(header.tensors),
         "types": dict(sorted(types.items(), key=lambda item: -item[1])),
         "parameters": params,
-        "bytes": header.size,
+        "bytes": sum(t["bytes"] for t in listed),  # (its tensors', as convert counts them)
+        "file_bytes": header.size,  # (the tensors, the header and the alignment padding)
         "tokenizer": tokenizer if isinstance(tokenizer, str) else None,
         "vocab_size": vocab,
         "context_length": count("context_length"),
