@@ -17,10 +17,12 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -96,14 +98,15 @@ def warm_common(
         stage("kernel builds", total, 0)
     elif progress is not None:
         progress(0, total)
-    procs = [
+    procs = [  # (the last share also converts tiny GGUF files)
         subprocess.Popen(
-            [sys.executable, "-m", "qstream.engine.warmup", json.dumps(share), "--full"],
+            [sys.executable, "-m", "qstream.engine.warmup", json.dumps(share), "--full"]
+            + (["--gguf"] if i == len(shares) - 1 else []),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        for share in shares
+        for i, share in enumerate(shares)
     ]
     try:
         failed = _wait_reporting(procs, total, progress)
@@ -191,32 +194,157 @@ def _shares(specs: Sequence[dict[str, Any]], n: int) -> list[list[dict[str, Any]
     return [[specs[i] for i in sorted(d)] for d in dealt if d]
 
 
-def _run_full_jobs(specs: Sequence[QuantSpec]) -> None:
+def _run_full_jobs(specs: Sequence[QuantSpec], gguf: bool = False) -> None:
     """Whole tiny jobs (calibration, quantize, report, dequantize) of ``specs``, with the
-    serial and then the parallel builds of the kernels."""
+    serial and then the parallel builds of the kernels, and the jobs of
+    :func:`_run_checkpoint_jobs`; with ``gguf``, those of :func:`_run_gguf_jobs` too."""
     import numpy as np
 
+    from .. import budget
     from ..io.storage import MEMORY_STORES
     from ..kernels import runtime
     from .jobs import QuantizeJob, dequantize
 
     x = np.linspace(-1.0, 1.0, 64 * 256, dtype=np.float32).reshape(64, 256)
     before = runtime.SERIAL_BELOW
-    try:
-        for serial_below in (1 << 62, 0):
-            runtime.SERIAL_BELOW = serial_below
-            for spec in specs:
-                names = [f"qstream-warmup-{uuid.uuid4().hex}" for _ in range(2)]
-                try:
-                    QuantizeJob(x, spec).run(f"memory://{names[0]}")
-                    dequantize(f"memory://{names[0]}", f"memory://{names[1]}")
-                finally:
-                    for name in names:
-                        MEMORY_STORES.pop(name, None)
-                _run_fused(spec, x)
-                print(json.dumps(spec.to_dict()), flush=True)  # (a line for warm_common)
-    finally:
-        runtime.SERIAL_BELOW = before
+    budget.NUMPY_JOB = 0  # (this process's jobs are tiny: they would run the NumPy twins)
+    with tempfile.TemporaryDirectory(prefix="qstream-warm-up-") as folder:
+        try:
+            for serial_below in (1 << 62, 0):
+                runtime.SERIAL_BELOW = serial_below
+                for spec in specs:
+                    names = [f"qstream-warmup-{uuid.uuid4().hex}" for _ in range(2)]
+                    try:
+                        QuantizeJob(x, spec).run(f"memory://{names[0]}")
+                        dequantize(f"memory://{names[0]}", f"memory://{names[1]}")
+                    finally:
+                        for name in names:
+                            MEMORY_STORES.pop(name, None)
+                    _run_fused(spec, x)
+                    _run_checkpoint_jobs([spec], folder)
+                    print(json.dumps(spec.to_dict()), flush=True)  # (a line for warm_common)
+                if gguf:
+                    _run_gguf_jobs(folder)
+        finally:
+            runtime.SERIAL_BELOW = before
+
+
+def _run_checkpoint_jobs(specs: Sequence[QuantSpec], folder: str) -> None:
+    """What users' jobs run beyond tiny in-memory arrays, for ``specs``: a source whose rows
+    are longer than a tile (the tiled calibration and report kernels: a weight matrix of a
+    real model quantized per tensor), one of several row blocks (their report's sums land
+    in a part of the channels' accumulators), and a tiny checkpoint of alike tensors
+    converted into packs (their stacked, read-only, mapped tensors), float32 and bfloat16;
+    files in ``folder``."""
+    import numpy as np
+
+    from ..api.convert import convert_checkpoint
+    from ..errors import QStreamError
+    from ..io.storage import MEMORY_STORES
+    from ..spec import Recipe
+    from .jobs import QuantizeJob
+
+    wide = np.linspace(-1.0, 1.0, 2 * 20000, dtype=np.float32).reshape(2, 20000)
+    tall = np.linspace(-1.0, 1.0, 2000 * 512, dtype=np.float32).reshape(2000, 512)
+    sources = {}
+    for dtype in ("float32", "bfloat16"):
+        path = os.path.join(folder, f"warm-up-{dtype}.safetensors")
+        if not os.path.exists(path):
+            _tiny_checkpoint(path, dtype)
+        sources[dtype] = path
+    for spec in specs:
+        for x in (wide, tall):
+            name = f"qstream-warmup-{uuid.uuid4().hex}"
+            try:
+                QuantizeJob(x, spec).run(f"memory://{name}")
+            except Exception:  # a spec this array cannot take (an axis, a block size): skip
+                pass
+            finally:
+                MEMORY_STORES.pop(name, None)
+        recipe = Recipe.from_dict({"defaults": spec.to_dict()})
+        for source in sources.values():
+            out = os.path.join(folder, f"out-{uuid.uuid4().hex}.zarr")
+            with contextlib.suppress(QStreamError):  # (a spec these tensors cannot take)
+                convert_checkpoint(source, out, recipe, compression="none")
+
+
+def _run_gguf_jobs(folder: str) -> None:
+    """Tiny GGUF conversions (K-quant mixes and their fallbacks for rows that are not whole
+    super-blocks, Q8_0, and the default types) of two one-layer llamas: rows of whole
+    K-quant super-blocks (256 values) and of fewer (96, 64); files in ``folder``."""
+    from ..api.convert import convert_checkpoint
+
+    for hidden, inner in ((256, 96), (64, 64)):
+        config = {**LLAMA, "hidden_size": hidden, "intermediate_size": inner}
+        source = os.path.join(folder, f"warm-up-gguf-{hidden}.safetensors")
+        _tiny_checkpoint(source, "float32", gguf=config)
+        for kind in ("compressed-tensors", "Q4_K_M", "Q8_0"):
+            out = os.path.join(folder, f"out-{uuid.uuid4().hex}.gguf")
+            convert_checkpoint(source, out, format=kind, config=config, tokenizer=False)
+
+
+#: the config of :func:`_run_gguf_jobs`' llamas (their sizes set there)
+LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 96,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 64,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 128,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+}
+
+
+def _tiny_checkpoint(path: str, dtype: str, gguf: dict[str, Any] | None = None) -> None:
+    """A tiny safetensors checkpoint at ``path``: 64 alike expert weights (packed by a
+    conversion), a norm; with ``gguf`` (a config like :data:`LLAMA`), that llama's one layer."""
+    import struct
+
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    tensors: dict[str, np.ndarray] = {}
+    if gguf is not None:
+        h, f, v = gguf["hidden_size"], gguf["intermediate_size"], gguf["vocab_size"]
+        layer = "model.layers.0"
+        for name, shape in (
+            ("model.embed_tokens.weight", (v, h)),
+            *((f"{layer}.self_attn.{p}_proj.weight", (h, h)) for p in "qkvo"),
+            (f"{layer}.mlp.gate_proj.weight", (f, h)),
+            (f"{layer}.mlp.up_proj.weight", (f, h)),
+            (f"{layer}.mlp.down_proj.weight", (h, f)),
+            (f"{layer}.input_layernorm.weight", (h,)),
+            (f"{layer}.post_attention_layernorm.weight", (h,)),
+            ("model.norm.weight", (h,)),
+            ("lm_head.weight", (v, h)),
+        ):
+            tensors[name] = rng.standard_normal(shape).astype(np.float32)
+    else:
+        for i in range(64):
+            tensors[f"model.layers.0.mlp.experts.{i}.up_proj.weight"] = rng.standard_normal(
+                (32, 64)
+            ).astype(np.float32)
+        tensors["model.layers.0.post_attention_layernorm.weight"] = np.ones(64, np.float32)
+    kind = {"float32": ("F32", np.float32), "bfloat16": ("BF16", ml_dtypes.bfloat16)}[dtype]
+    header: dict[str, Any] = {}
+    offset, blobs = 0, []
+    for name, t in tensors.items():
+        raw = t.astype(kind[1]).tobytes()
+        header[name] = {"dtype": kind[0], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}  # fmt: skip
+        offset += len(raw)
+        blobs.append(raw)
+    doc = json.dumps(header).encode()
+    doc += b" " * (-len(doc) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(doc)) + doc + b"".join(blobs))
 
 
 def _run_fused(spec: QuantSpec, x: np.ndarray) -> None:
@@ -369,7 +497,7 @@ if __name__ == "__main__":  # the background process of warm_up, or one of warm_
     from ..spec import QuantSpec
 
     wanted = [QuantSpec.from_dict(d) for d in json.loads(sys.argv[1])]
-    if sys.argv[2:] == ["--full"]:
-        _run_full_jobs(wanted)
+    if sys.argv[2:3] == ["--full"]:
+        _run_full_jobs(wanted, gguf=sys.argv[3:] == ["--gguf"])
     else:
         warm_up(wanted)
