@@ -164,8 +164,9 @@ def table(
 ) -> None:
     """A Rich table on a terminal, every cell whole but the names in the first column, each on
     one line (long ones abbreviated to fit: :func:`abbreviate`); where the other columns
-    leave a name less than :data:`NAME_MIN` characters, each row on two lines instead
-    (:func:`stacked_table`). Plain aligned lines otherwise (never wrapped, full names)."""
+    leave the names less than :data:`NAME_MIN` characters or cut them past
+    :func:`readable`, each row on two lines instead (:func:`stacked_table`). Plain aligned lines
+    otherwise (never wrapped, full names)."""
     out = console()
     if out.is_terminal:
         from rich.table import Table
@@ -192,22 +193,36 @@ def table(
 #: the fewest characters a terminal table's first (name) column is given beside the others;
 #: with less room its rows are stacked (name, then the other cells), every cell whole
 NAME_MIN = 24
+#: the fewest characters a cut part of a name keeps in a side-by-side table (:func:`readable`):
+#: names cut more (``m….l….0.m….ex….0.do….weight``) say less than the same rows stacked
+PART_KEPT = 4
 
 
 def column_widths(total: int, columns: list[str], rows: list[list[str]]) -> list[int] | None:
     """The widths of a terminal table's columns, every row on one line within ``total``
     characters: each column as wide as its widest cell where that fits; else every column
     but the first (names) still whole and the first given the rest, when that is at least
-    :data:`NAME_MIN` (or its widest name); else None: the table does not fit side by side
-    (:func:`stacked_table`)."""
+    :data:`NAME_MIN` (or its widest name) and its longest name cut to it stays
+    :func:`readable`; else None: the table does not fit side by side (:func:`stacked_table`)."""
     widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)]
     room = total - 3 * len(columns) - 1  # (borders and padding)
     if sum(widths) <= room:
         return widths
     name = room - sum(widths[1:])
-    if name >= min(widths[0], NAME_MIN):
+    longest = max((r[0] for r in rows), key=len, default="")
+    if name >= min(widths[0], NAME_MIN) and readable(abbreviate(longest, name)):
         return [name, *widths[1:]]
     return None
+
+
+def readable(short: str) -> bool:
+    """Whether an :func:`abbreviate`d name still says what it names: every part it cuts
+    keeps at least :data:`PART_KEPT` characters (``model.langu….layers.0``, not
+    ``m….l….0.m….ex….0.do….weight``), and no middle is left out."""
+    parts = short.split(".")
+    if any("…" in p[:-1] for p in parts):
+        return False
+    return all(len(p) - 1 >= PART_KEPT for p in parts if p.endswith("…"))
 
 
 def stacked_table(

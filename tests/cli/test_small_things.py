@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
-from cli.output import abbreviate, column_widths
+from cli.output import abbreviate, column_widths, readable
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "tiny-transformer.safetensors"
@@ -149,9 +149,13 @@ def test_tables_in_an_80_column_terminal_keep_names_on_one_line_and_every_value_
 def test_a_terminal_table_cuts_names_part_by_part_where_the_values_leave_room(tmp_path):
     names = [LONG.format(i, j) for i in range(2) for j in range(3)]
     rows = [[n, "[16, 32]", "44.89"] for n in names]
-    widths = column_widths(60, ["tensor", "shape", "SQNR dB"], rows)
-    assert widths is not None and widths[1:] == [8, 7] and sum(widths) + 3 * 3 + 1 == 60
+    widths = column_widths(80, ["tensor", "shape", "SQNR dB"], rows)
+    assert widths is not None and widths[1:] == [8, 7] and sum(widths) + 3 * 3 + 1 == 80
+    assert readable(abbreviate(names[0], widths[0]))
     assert column_widths(200, ["tensor", "shape", "SQNR dB"], rows) == [len(names[0]), 8, 7]
+    # a cut that leaves parts of 1-3 letters (m….la….0.mlp.ex….) says less than stacked rows
+    assert column_widths(60, ["tensor", "shape", "SQNR dB"], rows) is None
+    assert not readable(abbreviate("model.layers.0.mlp.experts.0.down_proj.weight", 29))
     wide = [[n, "[16, 32]", "float32", "int8/axis0/percentile", "2.0 KiB -> 640 B", "44.89"]
             for n in names]  # fmt: skip
     assert column_widths(80, ["tensor", "shape", "dtype", "as", "bytes", "SQNR"], wide) is None

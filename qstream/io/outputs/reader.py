@@ -206,11 +206,14 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         checkpoint it came from, its :attr:`layout` and compression; an unfinished one also
         names the tensors it finished but had not listed yet (``unlisted``, see
         :meth:`unlisted`)."""
+        compression = self.meta.get("compression")
+        if compression == "auto":  # (the source's codecs, else zstd: what was written)
+            compression = self._written_compression() or compression
         out = {
             "checkpoint": self.meta.get("source"),
             "complete": bool(self.meta.get("complete")),
             "layout": self.layout,
-            "compression": self.meta.get("compression"),
+            "compression": compression,
             "tensors": self.tensors,
         }
         if not out["complete"]:  # (finished by an interrupted run, not listed yet)
@@ -275,6 +278,34 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         if local is None or self.layout == "export":
             return set()
         return finished_unlisted(local, names, self.tensors)
+
+    def _written_compression(self) -> str | None:
+        """How the codes of this (local) checkpoint's first quantized tensor are compressed,
+        from its codes' document, in ``--compression``'s spelling; None where it cannot say."""
+        from ..storage import read_local_doc
+
+        local = local_path(self.path)
+        row = next((r for r in self.tensors.values() if not r.get("kept")), None)
+        if local is None or row is None or self.layout == "export":
+            return None
+        pack = row.get("pack")
+        where = f"{PACKS}/{check_pack_name(pack, self.path)}" if pack else row.get("key")
+        if not isinstance(where, str):
+            return None
+        doc = read_local_doc(os.path.join(local, where, "data", "zarr.json")) or {}
+        codecs = [c for c in doc.get("codecs") or () if isinstance(c, dict)]
+        said = []
+        for c in codecs:
+            name, cfg = c.get("name"), c.get("configuration") or {}
+            if name in ("bytes", "transpose") or not isinstance(name, str):
+                continue
+            if name in ("zstd", "gzip") and "level" in cfg:
+                said.append(f"{name}:{cfg['level']}")
+            elif name == "blosc" and "cname" in cfg:
+                said.append(f"blosc:{cfg['cname']}:{cfg.get('clevel')}")
+            else:
+                said.append(name)
+        return "+".join(said) or "none" if codecs else None
 
     def unlisted(self) -> list[str]:
         """The tensors this (local, interrupted) conversion finished but had not listed in
