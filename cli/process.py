@@ -38,7 +38,7 @@ process (as it does without them), and ``import scipy.linalg`` or ``import cffi`
 for anyone else, later too.
 
 Numba's cached kernels load without its compiler set-up in any process, not only here
-(:mod:`qstream.kernels.cache_loads`).
+(:func:`qstream.kernels.runtime.lean_load`).
 
 After a command, the interpreter's own shutdown (freeing every module, Numba's and LLVM's
 objects) takes 0.2-0.4 s, as long as a small conversion's work. Nothing of it is needed: the

@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .engine.run.dask import DaskExecutor as DaskExecutor
     from .engine.run.dask import QstreamWorkerPlugin as QstreamWorkerPlugin
     from .engine.run.executors import LocalExecutor as LocalExecutor
-    from .engine.warmup import warm_common as warm_common
     from .engine.warmup import warm_up as warm_up
     from .errors import DestinationBusyError as DestinationBusyError
     from .errors import InvalidDTypeError as InvalidDTypeError
@@ -59,6 +58,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .spec import QuantSpec as QuantSpec
     from .spec.recipe import Recipe as Recipe
     from .workflows.source_description import describe_checkpoint as describe_checkpoint
+    from .workflows.warm_up import warm_common as warm_common
 
 __version__ = "0.1.0"
 
@@ -109,7 +109,7 @@ _EXPORTS = {
     "QstreamWorkerPlugin": "qstream.engine.run.dask",
     "on_compile": "qstream.compile_events",
     "warm_up": "qstream.engine.warmup",
-    "warm_common": "qstream.engine.warmup",
+    "warm_common": "qstream.workflows.warm_up",
     "register_zarr_types": "qstream.io.zarr_types.zarr_ext",
 }
 _SUBMODULES = ("compat",)

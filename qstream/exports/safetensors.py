@@ -46,7 +46,7 @@ import json
 import os
 import stat
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
@@ -64,6 +64,7 @@ from .entries import (
     entries,
     float_entry,
     quantized_entries,
+    tensor_bytes,
 )
 from .files import (
     Entry,
@@ -489,29 +490,3 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
         "tensor_bytes": owned,
         "tensor_list": listed,
     }
-
-
-def tensor_bytes(listed: list[dict[str, Any]], quantized: Mapping[str, Any]) -> dict[str, int]:
-    """Each tensor's stored bytes, as convert and export count them: a quantized tensor's
-    codes and its parameters' entries (``NAME_scale``, ``NAME_zero_point``, a packed form's
-    ``NAME_packed``...: the entries named after it), every other entry its own; in the
-    file's order. Each entry of ``listed`` gets its ``tensor``."""
-    owners = sorted((n for n in quantized if isinstance(n, str)), key=len, reverse=True)
-    names = {e["name"] for e in listed}
-    out: dict[str, int] = {}
-    for e in listed:
-        name = e["name"]
-        owner = name if name in quantized else next(
-            (q for q in owners if name.startswith((f"{q}_", f"{q}."))), None
-        )  # fmt: skip
-        if owner is None:  # (a compressed-tensors preset's: NAME_packed, NAME_scale, ...)
-            base = next((name[: -len(x)] for x in _PARAMETERS if name.endswith(x)), None)
-            owned = base is not None and (base in names or f"{base}_packed" in names)
-            owner = base if owned and base is not None else name
-        e["tensor"] = owner
-        out[owner] = out.get(owner, 0) + int(e["bytes"])
-    return out
-
-
-# the entries compressed-tensors stores beside a weight NAME: its codes and parameters
-_PARAMETERS = ("_packed", "_global_scale", "_scale", "_zero_point", "_shape", "_g_idx")

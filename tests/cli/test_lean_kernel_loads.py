@@ -1,5 +1,5 @@
 """qstream's kernels load from Numba's cache without Numba's compiler set-up
-(:mod:`qstream.kernels.cache_loads`): the same machine code, so a conversion writes the same
+(:func:`qstream.kernels.runtime.lean_load`): the same machine code, so a conversion writes the same
 files, and only where every symbol a kernel links to is there already."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from qstream.kernels.cache_loads import links_as_it_is, undefined_symbols
+from qstream.kernels.runtime import links_as_it_is, undefined_symbols
 
 IR = """
 declare double @qstream_test_{name}(double)
@@ -83,8 +83,8 @@ def _convert(tmp_path, out: str, lean: bool) -> dict:
     seen = tmp_path / f"{out}.json"
     code = textwrap.dedent(f"""
         import atexit, json, sys
-        import qstream.kernels.cache_loads
-        qstream.kernels.cache_loads.LEAN = {lean!r}
+        import qstream.kernels.runtime
+        qstream.kernels.runtime.LEAN = {lean!r}
         def seen():
             with open({str(seen)!r}, "w") as f:
                 json.dump({{"arraymath": "numba.np.arraymath" in sys.modules}}, f)

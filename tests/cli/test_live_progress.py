@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from qstream.engine.warmup import _wait_reporting
+from qstream.workflows.warm_up import _wait_reporting
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "samples" / "tiny-transformer.safetensors"

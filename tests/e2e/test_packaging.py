@@ -90,7 +90,7 @@ def test_warm_up_writes_the_bytecode_python_then_loads(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not any(Path(importlib.util.cache_from_source(str(s))).exists() for s in sources)
 
-    code = "from qstream.engine.warmup import write_bytecode; print(write_bytecode())"
+    code = "from qstream.workflows.warm_up import write_bytecode; print(write_bytecode())"
     r = python("-c", code, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True"]

@@ -144,7 +144,7 @@ def test_background_warm_up_of_a_dynamic_spec_runs_on_a_first_run_only(tmp_path)
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_warm_up_gives_specs_of_the_same_fused_builds_to_one_process(n):
-    from qstream.engine.warmup import COMMON_SPECS, _shares
+    from qstream.workflows.warm_up import COMMON_SPECS, _shares
 
     shares = _shares(COMMON_SPECS, n)
     assert len(shares) <= n
