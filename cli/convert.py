@@ -344,11 +344,10 @@ def print_plan(
     rules = any("rule" in r for r in rows)
     table(
         title,
-        ["tensor", "shape", "dtype", "target", *(["rule"] if rules else []), "before", "after"],
+        ["tensor", "shape", "dtype", "target", "before", "after", *(["rule"] if rules else [])],
         [
-            [r["name"], str(r["shape"]), r["dtype"], r["target"],
-             *([r.get("rule", "")] if rules else []), fmt_bytes(r["bytes_before"]),
-             fmt_bytes(r["bytes_after"])]
+            [r["name"], str(r["shape"]), r["dtype"], r["target"], fmt_bytes(r["bytes_before"]),
+             fmt_bytes(r["bytes_after"]), *([brief_rule(r.get("rule", ""))] if rules else [])]
             for r in rows
         ],
     )  # fmt: skip
@@ -364,6 +363,14 @@ def print_plan(
         f"{quantized} {counted[0]}, {len(rows) - quantized} {counted[1]};"
         f" {fmt_bytes(before)} -> {fmt_bytes(after)}"
     )
+
+
+def brief_rule(rule: str) -> str:
+    """A GGUF plan's rule as a table shows it: what chose the type (``--gguf-type Q4_K_M
+    (llama-quantize's Q4_K_M: Q5_0)``), without the type's description (``--json`` has the
+    whole rule)."""
+    head, sep, _ = rule.partition("): ")
+    return f"{head})" if sep else rule
 
 
 def print_quantized(report: dict[str, Any]) -> None:

@@ -166,11 +166,12 @@ def quantize(
             return
         if quiet:
             return
-        resumed = f", resumed after {report.resumed_blocks} blocks" if report.resumed_blocks else ""
+        done = report.resumed_blocks
+        resumed = f", resumed ({done} block{'s' * (done != 1)} already done)" if done else ""
+        passes = f"{report.passes} pass{'es' * (report.passes != 1)}"
         typer.echo(
             f"{src} -> {dst}: {spec.dtype} {spec.granularity}, {fmt_bytes(report.bytes_before)}"
-            f" -> {fmt_bytes(report.bytes_after)}, {report.passes} passes,"
-            f" {report.seconds:.1f} s{resumed}"
+            f" -> {fmt_bytes(report.bytes_after)}, {passes}, {report.seconds:.1f} s{resumed}"
         )
         if report.missing_chunks:
             typer.echo(
