@@ -59,6 +59,7 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
             out["entries"] = entries
         if isinstance(report.get("quantized"), Mapping):
             out["quantized"] = len(report["quantized"])
+            _worst(out, {n: q for n, q in report["quantized"].items() if isinstance(q, Mapping)})
     if "tensors" not in out and isinstance(tensors, Mapping) and tensors:  # GGUF: name -> type
         out["tensors"] = len(tensors)
     errors = report.get("error")

@@ -43,5 +43,26 @@ def open_quantized(
         max_memory=max_memory,
     )
     if isinstance(opened, dict):  # an export: its tensors by name
-        return exported_checkpoint(path, opened)
+        return exported_checkpoint(path, opened, _recorded_errors(path))
     return opened
+
+
+def _recorded_errors(path: Any) -> dict[str, dict[str, Any]]:
+    """The error figures a qstream ``.safetensors`` export records for its quantized tensors
+    (the SQNR its conversion measured), by name; none for another file."""
+    import os
+
+    from ..errors import StoreError
+    from ..exports import describe_export
+
+    if not str(os.fspath(path)).endswith((".safetensors", ".safetensors.index.json")):
+        return {}
+    try:
+        said = describe_export(path).get("quantized") or {}
+    except (StoreError, OSError, ValueError):
+        return {}
+    return {
+        n: {"sqnr_db": q["sqnr_db"]}
+        for n, q in said.items()
+        if isinstance(q, dict) and isinstance(q.get("sqnr_db"), int | float)
+    }

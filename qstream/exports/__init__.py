@@ -2,7 +2,7 @@
 
 from .entries import exported_nbytes
 from .model_files import MODEL_FILES, files_to_copy, find_model_files, plan_copies
-from .safetensors import FORMATS, export_safetensors, source_config
+from .safetensors import FORMATS, describe_export, export_safetensors, source_config
 from .targets import check_targets, finished_export, shard_pattern
 
 # the names the folders above may use; the submodules named here are loaded on demand
@@ -11,6 +11,7 @@ __all__ = [
     "MODEL_FILES",
     "check_targets",
     "compressed_tensors",
+    "describe_export",
     "export_safetensors",
     "exported_nbytes",
     "files_to_copy",

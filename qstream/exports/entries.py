@@ -274,3 +274,18 @@ def tensor_bytes(listed: list[dict[str, Any]], quantized: Mapping[str, Any]) -> 
 
 # the entries compressed-tensors stores beside a weight NAME: its codes and parameters
 _PARAMETERS = ("_packed", "_global_scale", "_scale", "_zero_point", "_shape", "_g_idx")
+
+
+def recorded_sqnr(opened: Any, name: str) -> float | None:
+    """The SQNR (dB) the conversion measured for the tensor ``name`` of ``opened`` (a
+    checkpoint's index row, or one array's report), rounded to 0.01 dB; None where it has
+    none or it is not finite."""
+    if isinstance(opened, QuantizedCheckpoint):
+        row = opened.tensors.get(name) or {}
+        error = row.get("error")
+    else:
+        error = (getattr(opened, "report", None) or {}).get("error")
+    value = error.get("sqnr_db") if isinstance(error, dict) else None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return round(float(value), 2)

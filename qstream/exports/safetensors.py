@@ -64,6 +64,7 @@ from .entries import (
     entries,
     float_entry,
     quantized_entries,
+    recorded_sqnr,
     tensor_bytes,
 )
 from .files import (
@@ -193,6 +194,9 @@ def export_safetensors(
             else:
                 found += quantized_entries(n, t, tensors)
             described[n] = {"dtype": t.spec.dtype, "axis": t.axis, "block_size": t.spec.block_size}
+            sqnr = recorded_sqnr(opened, n)
+            if sqnr is not None:  # (what convert measured: inspect of the file shows it)
+                described[n]["sqnr_db"] = sqnr
         else:
             found += entries(n, t, tensors)
             if len(t.shape) == 2 and n.endswith("weight"):

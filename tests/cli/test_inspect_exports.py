@@ -170,3 +170,23 @@ def test_plot_of_an_export_writes_a_bar_chart(exports, tmp_path, kind):
     assert r.exit_code == 0, r.output
     assert f"figure written to {png}" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+def test_a_safetensors_export_records_the_sqnr_its_conversion_measured(tmp_path):
+    import qstream as qs
+
+    measured = tmp_path / "m.zarr"
+    assert run("convert", SAMPLE, measured, "-q").exit_code == 0
+    one, shards = tmp_path / "one" / "model.safetensors", tmp_path / "s" / "model.safetensors"
+    assert run("export", measured, one, "-q").exit_code == 0
+    assert run("export", measured, shards, "--max-shard-size", "300KB", "-q").exit_code == 0
+    rows = qs.open_quantized(measured).tensors
+    want = {n: round(r["error"]["sqnr_db"], 2) for n, r in rows.items() if not r["kept"]}
+    for path in (one, shards.parent / "model.safetensors.index.json"):
+        doc = inspected(path)
+        said = {n: q["sqnr_db"] for n, q in doc["quantized"].items()}
+        assert said == {**want, "lm_head.weight": want["embed_tokens.weight"]}  # (untied)
+        assert doc["summary"]["worst_sqnr_db"] == min(said.values())
+        opened = qs.open_quantized(path).tensors
+        assert {n: opened[n]["error"]["sqnr_db"] for n in said} == said
+        assert all(opened[n]["error"] is None for n in opened if n not in said)

@@ -116,13 +116,16 @@ def _open_export(path: str) -> dict[str, Any]:
     return tensors
 
 
-def exported_checkpoint(path: Any, tensors: dict[str, Any]) -> QuantizedCheckpoint:
+def exported_checkpoint(
+    path: Any, tensors: dict[str, Any], errors: dict[str, dict[str, Any]] | None = None
+) -> QuantizedCheckpoint:
     """The export ``path`` (its tensors as :func:`open_quantized` gives them: quantized ones
     read dequantized) as a :class:`QuantizedCheckpoint` of ``layout`` ``export``, each
     tensor's row from the file's entries: its shape, the type its values read as, its target
     (``int8/axis0``, ``int4/axis1:b32``, a GGUF tensor's GGML type ``Q8_0``, ``Q4_K``...,
-    ``keep``) and the bytes its entries (codes and parameters; a GGUF tensor's blocks) take.
-    The file records no error: rows have ``error`` None."""
+    ``keep``) and the bytes its entries (codes and parameters; a GGUF tensor's blocks) take;
+    its ``error``: what the file records of it (``errors``: qstream's safetensors exports
+    record the SQNR its conversion measured), else None."""
     from ..checkpoints.gguf_source import GGUF_FLOATS, gguf_type
 
     rows: dict[str, dict[str, Any]] = {}
@@ -153,6 +156,6 @@ def exported_checkpoint(path: Any, tensors: dict[str, Any]) -> QuantizedCheckpoi
         else:
             row.update(key=name, dtype=np.dtype(t.dtype).name, target="keep", kept=True)
             row.update(bytes_before=int(t.nbytes), bytes_after=int(t.nbytes))
-        rows[name] = {**row, "error": None}
+        rows[name] = {**row, "error": (errors or {}).get(name)}
     meta = {"layout": "export", "format": "/".join(sorted(formats)), "source": None}
     return QuantizedCheckpoint.from_tensors(path, meta, rows, tensors)
