@@ -236,10 +236,10 @@ class _NotebookNotice:
         self.lock = threading.Lock()
 
     def text(self) -> str:
-        took = time.perf_counter() - self.t0
+        took = time.perf_counter() - self.t0  # (since the first began: none for the first)
         return (
             f"compiling kernels (first run only; later runs load them from the cache):"
-            f" {self.count} so far, {took:.1f} s"
+            f" {self.count} so far" + (f", {took:.1f} s" if self.count > 1 else "")
         )
 
     def __call__(self, name: str) -> None:
