@@ -3,9 +3,11 @@ every layout (the readers are in :mod:`qstream.io.outputs`)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..budget import check_max_memory
+from ..errors import StoreError
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, exported_checkpoint
 from ..io.outputs import open_quantized as open_output_or_export
 
@@ -50,10 +52,7 @@ def open_quantized(
 def _recorded_errors(path: Any) -> dict[str, dict[str, Any]]:
     """The error figures a qstream ``.safetensors`` export records for its quantized tensors
     (the SQNR its conversion measured), by name; none for another file."""
-    import os
-
-    from ..errors import StoreError
-    from ..exports import describe_export
+    from ..exports import describe_export  # (loaded when an export is opened)
 
     if not str(os.fspath(path)).endswith((".safetensors", ".safetensors.index.json")):
         return {}

@@ -32,9 +32,12 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
+import llvmlite.binding as ll
 import numba
 import numpy as np
 from numba.core.caching import FunctionCache
+from numba.core.cpu import CPUContext
+from numba.core.runtime import rtsys
 
 from .. import budget, compile_events
 from ..compile_events import on_compile as on_compile  # (its users import it from here too)
@@ -325,9 +328,6 @@ _PARTS = (
 def lean_load(cache: Any, sig: Any, target_context: Any) -> Any:
     """What Numba's ``Cache.load_overload`` returns, without its refresh of
     ``target_context`` where the cached kernel links as it is (:func:`links_as_it_is`)."""
-    from numba.core.cpu import CPUContext
-    from numba.core.runtime import rtsys
-
     if not isinstance(target_context, CPUContext):
         return FunctionCache.load_overload(cache, sig, target_context)
     rtsys.initialize(target_context)  # (Numba's runtime: what every kernel links to)
@@ -361,8 +361,6 @@ def links_as_it_is(payload: Any) -> bool:
         return False
     for fn in reload_init or ():
         fn()
-    import llvmlite.binding as ll
-
     return all(ll.address_of_symbol(n) for n in names)
 
 

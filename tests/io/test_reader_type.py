@@ -94,7 +94,11 @@ def test_an_exports_rows_count_every_byte_of_its_entries(outputs):
     assert (
         row["bytes_after"] == entries["embed_tokens.weight"] + entries["embed_tokens.weight_scale"]
     )
-    assert row["error"] is None and ck.meta["format"] == "compressed-tensors"
+    assert ck.meta["format"] == "compressed-tensors"
+    # the SQNR the conversion measured, as the export recorded it (kept tensors: none)
+    measured = qs.open_quantized(outputs["groups"]).tensors["embed_tokens.weight"]["error"]
+    assert row["error"] == {"sqnr_db": round(measured["sqnr_db"], 2)}
+    assert all(r["error"] is None for r in ck.tensors.values() if r["kept"])
 
 
 def test_a_safetensors_file_qstream_did_not_export_is_still_refused(tmp_path):
