@@ -187,8 +187,12 @@ def print_export(path: str, as_json: bool, plot: Path | None = None) -> None:
         first: dict[str, dict[str, Any]] = {}
         for t in listed:  # (the tensor's own entry, else its first: a packed form's codes)
             name = t.get("tensor", t["name"])
-            if name not in first or t["name"] == name:
-                first[name] = {**t, "name": name, "bytes": owned.get(name, t["bytes"])}
+            row = first.get(name)
+            if row is None or t["name"] == name:
+                said = {c: t.get(c) or (row or {}).get(c) for c in ("target", "sqnr_db")}
+                first[name] = {**t, "name": name, "bytes": owned.get(name, t["bytes"]), **said}
+            else:  # (a parameter: what its tensor's first entry did not say)
+                row.update({c: row.get(c) or t.get(c) for c in ("target", "sqnr_db")})
         shown = list(first.values())
     extra = [c for c in ("target", "sqnr_db") if any(t.get(c) is not None for t in shown)]
     rows = [
@@ -272,9 +276,10 @@ def checkpoint_table(store: str, tensors: int, summary: dict[str, Any]) -> None:
         more = f", ... ({len(unlisted) - 5} more)" if len(unlisted) > 5 else ""
         shown = ", ".join(unlisted[:5]) + more
         typer.echo(
-            f"and {len(unlisted)} more finished but not listed in the index yet (the run was"
-            f" stopped between two of its batches; a re-run of the same convert reuses them):"
-            f" {shown}"
+            f"{'and ' if summary['tensors'] else ''}{len(unlisted)}"
+            f"{' more' if summary['tensors'] else ''} finished but not listed in the index yet"
+            f" (the run was stopped between two of its batches; a re-run of the same convert"
+            f" reuses them): {shown}"
         )
 
 

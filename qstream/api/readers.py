@@ -52,7 +52,7 @@ def open_quantized(
 def _recorded_errors(path: Any) -> dict[str, dict[str, Any]]:
     """The error figures a qstream ``.safetensors`` export records for its quantized tensors
     (the SQNR its conversion measured), by name; none for another file."""
-    from ..exports import describe_export  # (loaded when an export is opened)
+    from ..exports import describe_export, recorded_db  # (loaded when an export is opened)
 
     if not str(os.fspath(path)).endswith((".safetensors", ".safetensors.index.json")):
         return {}
@@ -60,8 +60,9 @@ def _recorded_errors(path: Any) -> dict[str, dict[str, Any]]:
         said = describe_export(path).get("quantized") or {}
     except (StoreError, OSError, ValueError):
         return {}
-    return {
-        n: {"sqnr_db": q["sqnr_db"]}
-        for n, q in said.items()
-        if isinstance(q, dict) and isinstance(q.get("sqnr_db"), int | float)
-    }
+    out = {}
+    for n, q in said.items():
+        db = recorded_db(q.get("sqnr_db")) if isinstance(q, dict) else None
+        if db is not None:
+            out[n] = {"sqnr_db": db}
+    return out

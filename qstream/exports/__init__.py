@@ -1,6 +1,6 @@
 """Files for other loaders: safetensors, compressed-tensors folders, GGUF."""
 
-from .entries import exported_nbytes
+from .entries import exported_nbytes, recorded_db
 from .model_files import MODEL_FILES, files_to_copy, find_model_files, plan_copies
 from .safetensors import FORMATS, describe_export, export_safetensors, source_config
 from .targets import check_targets, finished_export, shard_pattern
@@ -18,6 +18,7 @@ __all__ = [
     "find_model_files",
     "finished_export",
     "plan_copies",
+    "recorded_db",
     "safetensors",
     "scheme_export",
     "shard_pattern",

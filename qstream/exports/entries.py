@@ -253,39 +253,54 @@ def param_shape(arr: QuantizedArray) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def tensor_bytes(listed: list[dict[str, Any]], quantized: Mapping[str, Any]) -> dict[str, int]:
     """Each tensor's stored bytes, as convert and export count them: a quantized tensor's
     codes and its parameters' entries (``NAME_scale``, ``NAME_zero_point``, a packed form's
-    ``NAME_packed``...: the entries named after it), every other entry its own; in the
-    file's order. Each entry of ``listed`` gets its ``tensor``."""
-    owners = sorted((n for n in quantized if isinstance(n, str)), key=len, reverse=True)
-    names = {e["name"] for e in listed}
+    ``NAME_packed``, ``NAME_global_scale``...), every other entry its own; in the file's
+    order. A parameter belongs to NAME when NAME is quantized (the file's metadata says so),
+    packed (``NAME_packed``) or stored as codes (an integer or 8-bit float entry): a float
+    tensor ``x`` beside an ``x_scale`` of its own, or an ``rnn.w_l0_reverse`` beside
+    ``rnn.w_l0``, stays apart. Each entry of ``listed`` gets its ``tensor``."""
+    by_name = {e["name"]: e for e in listed}
     out: dict[str, int] = {}
     for e in listed:
         name = e["name"]
-        owner = name if name in quantized else next(
-            (q for q in owners if name.startswith((f"{q}_", f"{q}."))), None
-        )  # fmt: skip
-        if owner is None:  # (a compressed-tensors preset's: NAME_packed, NAME_scale, ...)
-            base = next((name[: -len(x)] for x in _PARAMETERS if name.endswith(x)), None)
-            owned = base is not None and (base in names or f"{base}_packed" in names)
-            owner = base if owned and base is not None else name
+        base = next((name[: -len(x)] for x in _PARAMETERS if name.endswith(x)), None)
+        owned = base is not None and (
+            base in quantized
+            or f"{base}_packed" in by_name
+            or str((by_name.get(base) or {}).get("dtype")) in _CODE_TAGS
+        )
+        owner = base if owned and base is not None else name
         e["tensor"] = owner
         out[owner] = out.get(owner, 0) + int(e["bytes"])
     return out
 
 
-# the entries compressed-tensors stores beside a weight NAME: its codes and parameters
+# the entries stored beside a quantized weight NAME: its packed codes and its parameters
 _PARAMETERS = ("_packed", "_global_scale", "_scale", "_zero_point", "_shape", "_g_idx")
+# the safetensors dtypes quantized codes are stored as (float weights are not codes)
+_CODE_TAGS = {"I8", "U8", "I16", "U16", "I32", "F8_E4M3", "F8_E5M2"}
 
 
-def recorded_sqnr(opened: Any, name: str) -> float | None:
+def recorded_sqnr(opened: Any, name: str) -> float | str | None:
     """The SQNR (dB) the conversion measured for the tensor ``name`` of ``opened`` (a
-    checkpoint's index row, or one array's report), rounded to 0.01 dB; None where it has
-    none or it is not finite."""
+    checkpoint's index row, or one array's report), rounded to 0.01 dB, as an export's
+    metadata records it: ``"inf"`` for an exact tensor (JSON has no infinity); None where
+    it has none."""
     if isinstance(opened, QuantizedCheckpoint):
         row = opened.tensors.get(name) or {}
         error = row.get("error")
     else:
         error = (getattr(opened, "report", None) or {}).get("error")
     value = error.get("sqnr_db") if isinstance(error, dict) else None
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
         return None
-    return round(float(value), 2)
+    return "inf" if math.isinf(value) else round(float(value), 2)
+
+
+def recorded_db(value: object) -> float | None:
+    """An SQNR as an export's metadata records it (:func:`recorded_sqnr`), as a number
+    (``"inf"``: infinity); None for anything else."""
+    if value == "inf":
+        return math.inf
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

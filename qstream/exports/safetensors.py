@@ -64,6 +64,7 @@ from .entries import (
     entries,
     float_entry,
     quantized_entries,
+    recorded_db,
     recorded_sqnr,
     tensor_bytes,
 )
@@ -320,7 +321,7 @@ def export_safetensors(
         "quantized": list(described),
         "untied": untied,
         "bytes": sum(e.nbytes for e in found),
-        "file_bytes": sum(os.path.getsize(f) for f in targets if f.endswith(".safetensors")),
+        "file_bytes": sum(os.path.getsize(f) for f in targets if os.path.isfile(f)),
         "format": format,
         "loader": LOADERS[format],
         "config": config_path if model_config is not None else None,
@@ -469,19 +470,21 @@ def describe_export(path: str | os.PathLike[str]) -> dict[str, Any]:
         quantized.update(said if isinstance(said, dict) else {})
     listed = []
     for name, v in entries:
-        q = quantized.get(name) if isinstance(quantized.get(name), dict) else None
-        target = sqnr = None
-        if q is not None:
-            axis, block = q.get("axis"), q.get("block_size")
-            where = f"block {block}" if block else f"axis {axis}" if axis is not None else (
-                "per tensor")  # fmt: skip
-            target = f"{q.get('dtype')} {where}"
-            sqnr = q.get("sqnr_db", (q.get("error") or {}).get("sqnr_db"))
         start, stop = v["data_offsets"]
         listed.append({"name": name, "dtype": v["dtype"], "shape": list(v["shape"]),
-                       "bytes": stop - start, "target": target, "sqnr_db": sqnr})  # fmt: skip
+                       "bytes": stop - start, "target": None, "sqnr_db": None})  # fmt: skip
     config = os.path.join(os.path.dirname(path), CONFIG)
     owned = tensor_bytes(listed, quantized)  # (and each entry's "tensor": the one it is of)
+    seen: set[str] = set()
+    for e in listed:  # a quantized tensor's target and SQNR: on its first entry (its codes)
+        q = quantized.get(e["tensor"])
+        if not isinstance(q, dict) or e["tensor"] in seen:
+            continue
+        seen.add(e["tensor"])
+        axis, block = q.get("axis"), q.get("block_size")
+        where = f"block {block}" if block else f"axis {axis}" if axis is not None else "per tensor"
+        e["target"] = f"{q.get('dtype')} {where}"
+        e["sqnr_db"] = recorded_db(q.get("sqnr_db", (q.get("error") or {}).get("sqnr_db")))
     return {
         "file": path,
         "format": fmt,

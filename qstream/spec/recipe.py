@@ -416,13 +416,16 @@ def _spec(where: str, fields: dict[str, Any]) -> QuantSpec:
 
 
 def _like(pattern: str, names: Iterable[str]) -> str:
-    """The hint ``(names look like 'NAME')``: a name holding the longest plain piece of ``pattern``
-    (what the pattern meant to match, most likely: ``layers.*.mlp.*`` shows a name with
-    ``.mlp.``, and its missing prefix), else the first name."""
-    pieces = sorted(re.split(r"[*?\[\]]", pattern), key=len, reverse=True)
-    first = None
+    """The hint ``(names look like 'NAME')``: the first name holding the most of
+    ``pattern``'s plain pieces (what it meant to match, most likely: ``layers.*.mlp.*``
+    shows a name with ``layers.`` and ``.mlp.``, and its missing prefix), else the first."""
+    plain = re.sub(r"\[[^\]]*\]", "*", pattern)  # (a class [abc] is no plain text)
+    pieces = [p for p in re.split(r"[*?]", plain) if p]
+    best, score = None, -1
     for n in names:
-        first = n if first is None else first
-        if pieces[0] and pieces[0] in n:
-            return f" (names look like {n!r})"
-    return f" (names look like {first if first is not None else '?'!r})"
+        held = sum(p in n for p in pieces)
+        if held > score:
+            best, score = n, held
+            if held == len(pieces):
+                break
+    return f" (names look like {best if best is not None else '?'!r})"

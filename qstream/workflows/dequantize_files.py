@@ -98,16 +98,22 @@ def _decoded_rows(
         stored = _stored_form(t)
         if stored is not None:
             kind, nbytes = stored
-            r = {**r, "dtype": kind, "target": f"decode/{dtype}", "bytes_before": nbytes}
+            r = {**r, "dtype": kind, "bytes_before": nbytes}
+            if kind not in _GGUF_FLOATS:  # (a float type is read as it is: kept, cast)
+                r["target"] = f"decode/{dtype}"
         out.append(r)
     return out
 
 
+_GGUF_FLOATS = ("F32", "F16", "BF16", "F64")
+
+
 def _stored_form(t: Any) -> tuple[str, int] | None:
-    """(stored type, stored bytes) of a tensor a decoding reads quantized, else None."""
+    """(stored type, stored bytes) of a GGUF tensor, or of an exported one a decoding reads
+    quantized; None for another."""
     gtype = getattr(t, "type", None)
     if isinstance(gtype, str) and hasattr(t, "row_bytes"):  # (a GGUF tensor)
-        return None if gtype in ("F32", "F16", "BF16", "F64") else (gtype, int(t.nbytes))
+        return gtype, int(t.nbytes)
     qt = getattr(t, "qtype", None)
     codes = getattr(t, "codes", None)
     if qt is not None and codes is not None:  # (an exported tensor: codes and parameters)

@@ -190,3 +190,67 @@ def test_a_safetensors_export_records_the_sqnr_its_conversion_measured(tmp_path)
         opened = qs.open_quantized(path).tensors
         assert {n: opened[n]["error"]["sqnr_db"] for n in said} == said
         assert all(opened[n]["error"] is None for n in opened if n not in said)
+
+
+def test_an_export_groups_only_a_tensors_own_parameters_with_it(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(2)
+    save_file({"rnn.weight_ih_l0": rng.standard_normal((64, 32)).astype(np.float32),
+               "rnn.weight_ih_l0_reverse": rng.standard_normal((64, 32)).astype(np.float32),
+               "rnn.bias_ih_l0": rng.standard_normal(64).astype(np.float32)},
+              str(tmp_path / "rnn.safetensors"))  # fmt: skip
+    out = tmp_path / "rnn-q.safetensors"
+    r = run("convert", tmp_path / "rnn.safetensors", out, "--format", "qstream",
+            "--exclude", "*reverse", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = inspected(out)
+    entries = {t["name"]: t["bytes"] for t in doc["tensor_list"]}
+    assert doc["tensors"] == 3
+    want = {
+        "rnn.bias_ih_l0": entries["rnn.bias_ih_l0"],
+        "rnn.weight_ih_l0": entries["rnn.weight_ih_l0"] + entries["rnn.weight_ih_l0_scale"],
+        "rnn.weight_ih_l0_reverse": 64 * 32 * 4,  # (kept: not a parameter of weight_ih_l0)
+    }
+    assert doc["tensor_bytes"] == want, doc["tensor_bytes"]
+
+
+def test_a_packed_int4_export_says_each_tensors_target_and_sqnr(tmp_path):
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(3)
+    names = ("model.layers.0.attn.weight", "model.layers.0.mlp.weight")
+    save_file({n: rng.standard_normal((64, 64)).astype(np.float32) for n in names},
+              str(tmp_path / "m.safetensors"))  # fmt: skip
+    out = tmp_path / "e4" / "model.safetensors"
+    r = run("convert", tmp_path / "m.safetensors", out, "--dtype", "int4", "--block-size", "32")
+    assert r.exit_code == 0, r.output
+    doc = inspected(out)
+    firsts = {}
+    for t in doc["tensor_list"]:
+        firsts.setdefault(t["tensor"], t)
+    for n in names:  # (its first entry: the packed codes, saying what the tensor is)
+        assert firsts[n]["target"] == "int4 block 32" and firsts[n]["sqnr_db"] > 10
+    shown = run("inspect", out)
+    assert all(any(n in ln and "int4 block 32" in ln for ln in shown.stdout.splitlines())
+               for n in names), shown.stdout  # fmt: skip
+
+
+def test_dequantize_dry_run_of_a_gguf_shows_each_tensors_stored_type_and_bytes(tmp_path):
+    path = tmp_path / "other.gguf"
+    w = GGUFWriter(str(path), "foo")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w.add_tensor("blk.0.attn_q.weight", gguf_quants.quantize(x, GGMLQuantizationType.Q8_0),
+                 raw_dtype=GGMLQuantizationType.Q8_0)  # fmt: skip
+    w.add_tensor("token_embd.weight", x.astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run("dequantize", path, tmp_path / "d.zarr", "--dry-run", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {p["name"]: p for p in json.loads(r.stdout)["plan"]}
+    q, f16 = rows["blk.0.attn_q.weight"], rows["token_embd.weight"]
+    assert (q["dtype"], q["target"], q["bytes_before"]) == ("Q8_0", "decode/float32", 8 * 68)
+    assert (f16["dtype"], f16["target"], f16["bytes_before"]) == ("F16", "keep/float32", 8 * 128)

@@ -214,7 +214,10 @@ def unlisted_tensors(root: str, listed: Container[str]) -> set[str]:
     for entry in folders:
         if entry.startswith("_"):
             continue
-        doc = read_local_doc(os.path.join(root, entry, "zarr.json")) or {}
+        try:
+            doc = read_local_doc(os.path.join(root, entry, "zarr.json")) or {}
+        except StoreError:  # (a link or a FIFO: not a tensor qstream wrote; its reads refuse it)
+            continue
         attrs = doc.get("attributes")
         meta = attrs.get("qstream") if isinstance(attrs, dict) else None
         source = meta.get("source") if isinstance(meta, dict) else None
