@@ -205,10 +205,10 @@ def error_summary(cols: dict[str, Any], i: int) -> dict[str, Any]:
 
 def unlisted_tensors(root: str, listed: Container[str]) -> set[str]:
     """The tensors the interrupted conversion in the local folder ``root`` finished but had
-    not listed in its index (:func:`finished_unlisted`), found without the checkpoint: the
-    names its complete tensor groups record as their source (a group under its name's own
-    key) and its complete packs list."""
-    names = []
+    not listed in its index (:func:`finished_unlisted`), found without the checkpoint: those
+    whose own group (under its name's key) says it is complete, naming its source tensor, and
+    those its complete packs list. One read of each folder's document."""
+    done: set[str] = set()
     with os.scandir(confined(root)) as it:
         folders = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
     for entry in folders:
@@ -220,11 +220,15 @@ def unlisted_tensors(root: str, listed: Container[str]) -> set[str]:
             continue
         attrs = doc.get("attributes")
         meta = attrs.get("qstream") if isinstance(attrs, dict) else None
-        source = meta.get("source") if isinstance(meta, dict) else None
+        if doc.get("node_type") != "group" or not isinstance(meta, dict):
+            continue
+        source = meta.get("source")
         name = source.get("path") if isinstance(source, dict) else None
-        if isinstance(name, str) and tensor_key(name) == entry:
-            names.append(name)
-    return finished_unlisted(root, names, listed)
+        if not isinstance(name, str) or tensor_key(name) != entry:
+            continue
+        if meta.get("complete") and name not in listed:
+            done.add(name)
+    return done | finished_unlisted(root, (), listed)  # (and the packs')
 
 
 def finished_unlisted(root: str, names: Iterable[str], listed: Container[str]) -> set[str]:
