@@ -36,3 +36,15 @@ def test_gzip_chunks_of_two_runs_are_byte_identical_and_read_by_plain_zarr(tmp_p
     scale = np.asarray(zarr.open_array(first / "scale"))
     want = codes.reshape(x.shape).astype(np.float32) * scale[:, None]
     assert np.array_equal(np.asarray(qs.open_quantized(first)[:]), want)
+
+
+def test_the_gzip_codec_without_time_goes_to_a_worker_process_as_it_is():
+    import pickle
+
+    from qstream.io.storage.chunkcodecs import _gzip_codec
+
+    codec = _gzip_codec(6)
+    copy = pickle.loads(pickle.dumps(codec))  # (as a Dask worker receives a chunk writer)
+    data = np.arange(1000, dtype=np.int8)
+    assert copy.level == 6 and copy.encode(data) == codec.encode(data)
+    assert copy.encode(data)[4:8] == b"\0\0\0\0"

@@ -283,6 +283,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         """How the codes of this (local) checkpoint's first quantized tensor are compressed,
         from its codes' document, in ``--compression``'s spelling; None where it cannot say."""
         from ..storage import read_local_doc
+        from ..storage.compression import describe_docs
 
         local = local_path(self.path)
         row = next((r for r in self.tensors.values() if not r.get("kept")), None)
@@ -294,18 +295,10 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             return None
         doc = read_local_doc(os.path.join(local, where, "data", "zarr.json")) or {}
         codecs = [c for c in doc.get("codecs") or () if isinstance(c, dict)]
-        said = []
-        for c in codecs:
-            name, cfg = c.get("name"), c.get("configuration") or {}
-            if name in ("bytes", "transpose") or not isinstance(name, str):
-                continue
-            if name in ("zstd", "gzip") and "level" in cfg:
-                said.append(f"{name}:{cfg['level']}")
-            elif name == "blosc" and "cname" in cfg:
-                said.append(f"blosc:{cfg['cname']}:{cfg.get('clevel')}")
-            else:
-                said.append(name)
-        return "+".join(said) or "none" if codecs else None
+        if not codecs:
+            return None
+        # (the codecs but the serializer: what --compression names)
+        return describe_docs([c for c in codecs if c.get("name") not in ("bytes", "transpose")])
 
     def unlisted(self) -> list[str]:
         """The tensors this (local, interrupted) conversion finished but had not listed in

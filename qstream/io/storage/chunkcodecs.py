@@ -114,6 +114,9 @@ def _gzip_codec(level: int) -> Any:
                 mtime=0,
             )
 
+        def __reduce__(self) -> tuple[Any, tuple[int]]:  # (sent to a worker process: remade)
+            return _gzip_codec, (self.level,)
+
     return GZipNoTime(level=level)
 
 

@@ -98,18 +98,23 @@ def codec_config(codec: Any) -> dict[str, Any]:
 def describe(codecs: Any) -> str:
     """How an array's chunks are compressed, in the option's spelling (``"none"``,
     ``"zstd:3"``, ``"blosc:lz4:5"``); other codecs by their names."""
-    if not codecs:
-        return NONE
+    docs = [
+        c.to_dict() if hasattr(c, "to_dict") else {"name": type(c).__name__.lower()}
+        for c in codecs or ()
+    ]  # (a numcodecs codec, Zarr v2: its name)
+    return describe_docs(docs)
+
+
+def describe_docs(docs: list[dict[str, Any]]) -> str:
+    """:func:`describe` of compressors as an array's ``zarr.json`` lists them (``{"name":
+    ..., "configuration": ...}``)."""
     out = []
-    for c in codecs:
-        if not hasattr(c, "to_dict"):  # a numcodecs codec (Zarr v2)
-            out.append(type(c).__name__.lower())
-            continue
-        name, cfg = c.to_dict().get("name"), codec_config(c)
+    for d in docs:
+        name, cfg = d.get("name"), d.get("configuration") or {}
         if name in ("zstd", "gzip") and "level" in cfg:
             out.append(f"{name}:{cfg['level']}")
         elif name == "blosc" and "cname" in cfg:
             out.append(f"blosc:{cfg['cname']}:{cfg.get('clevel')}")
         else:
             out.append(str(name))
-    return "+".join(out)
+    return "+".join(out) or NONE
