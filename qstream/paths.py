@@ -22,13 +22,15 @@ at a time with ``O_NOFOLLOW`` relative to the one before (:func:`opened_dir`,
 to its folder's descriptor, so a folder swapped for a link between a check and a use is refused
 too, never followed. Nothing is kept across calls: a few more system calls a file (measured
 with ``strace -c``: ~4 more a chunk file or document written, openat and close of each
-component, than the ``lstat`` walk).
+component, than the ``lstat`` walk), except by a node being built in a folder no reader sees
+yet, which holds that folder's descriptor (:func:`made_folder`) and makes what it holds
+relative to it.
 
 Every deletion goes through :func:`remove_child`, which removes only a direct child of a
 directory, never follows a link (a link is unlinked, never its target). Files qstream reads
-are opened by :func:`open_regular`, which refuses FIFOs, devices and sockets without blocking
-on them (and, with ``follow=False``, links). Whether a destination is a local directory at
-all (not a URL, a zip file or a store object) is :func:`local_path`.
+are opened by :func:`~qstream.input_files.open_regular`, which refuses FIFOs, devices and
+sockets without blocking on them (and, with ``follow=False``, links). Whether a destination
+is a local directory at all (not a URL, a zip file or a store object) is :func:`local_path`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import shutil
 import stat
 import threading
 from collections.abc import Iterator
-from typing import IO
 
 from .errors import StoreError
 
@@ -246,6 +247,31 @@ def opened_dir(
     if create and not names:
         os.makedirs(root, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    fd = _walk(fd, root, names, create, what)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def opened_in(
+    dfd: int, folder: str, parts: list[str], *, create: bool = False, what: str = "the output"
+) -> Iterator[int]:
+    """:func:`opened_dir` from ``dfd``, a descriptor the caller holds of the folder ``folder``
+    (named in errors), instead of from a path: its descriptor is not closed."""
+    fd = _walk(os.dup(dfd), folder, _parts_of(folder, parts), create, what)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _walk(
+    fd: int, root: str, names: list[str], create: bool = False, what: str = "the output"
+) -> int:
+    """The descriptor of ``root/names...`` walked from ``fd`` (of ``root``, taken over: closed
+    here) as :func:`opened_dir` walks."""
     try:
         here = root.rstrip(os.sep) or os.sep
         for name in names:
@@ -267,9 +293,52 @@ def opened_dir(
                 raise _not_a_folder(fd, name, here, root, what) from None
             os.close(fd)
             fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def made_folder(dfd: int, name: str, path: str) -> Iterator[int]:
+    """Make the new folder ``name`` in the folder ``dfd`` (``path``: its path, named in errors)
+    and hold its descriptor while the body runs: what is made in it is made relative to that
+    descriptor, with no path walked again (a node built in a folder no reader sees yet,
+    :mod:`qstream.io.outputs.publish`)."""
+    os.mkdir(name, 0o777, dir_fd=dfd)
+    try:
+        fd = os.open(name, _DIR, dir_fd=dfd)
+    except OSError as e:  # (a link swapped in since the mkdir)
+        if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise StoreError(f"{path} was replaced while qstream wrote it; remove it") from None
+    try:
         yield fd
     finally:
         os.close(fd)
+
+
+def write_new_in(dfd: int, name: str, data: bytes | memoryview, path: str) -> None:
+    """Write ``data`` to the new file ``name`` of the folder ``dfd`` (refused if anything is
+    there, a link included; ``path``: its path, named in errors)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o666, dir_fd=dfd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StoreError(f"{path} is a link; qstream never writes through a link") from None
+        raise
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to the open file ``fd``."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def open_below(
@@ -344,18 +413,10 @@ def write_new(path: str, data: bytes | memoryview) -> None:
     """Write ``data`` to the new local file ``path`` (refused if anything is there, a link
     included), without following a link on its way (:func:`open_file`)."""
     fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with open(fd, "wb", buffering=0) as f:
-        view = memoryview(data).cast("B")
-        while view:
-            view = view[f.write(view) :]
-
-
-def mkdir_new(path: str) -> None:
-    """Make the new local folder ``path`` (its parent must exist), relative to its parent's
-    descriptor walked from a held root (:func:`opened`)."""
-    parent, name = os.path.split(path)
-    with opened(parent) as dfd:
-        os.mkdir(name, 0o777, dir_fd=dfd)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)
 
 
 def rename_in(folder: str, src: str, dst: str) -> None:
@@ -400,101 +461,3 @@ def remove_child(root: str, name: str) -> None:
                     os.unlink(name, dir_fd=dfd)
     except (FileNotFoundError, NotADirectoryError):
         return  # (no such folder: nothing to delete)
-
-
-def check_tree(root: str, what: str, *, links: str = "refuse", sizes: dict | None = None) -> None:
-    """Refuse a local tree that holds a FIFO, device or socket (reading one could block
-    forever), or a link: any link (``links="refuse"``: qstream never writes one into an
-    output), or one that resolves outside ``root`` (``"inside"``: a source's own links stay
-    in it). Walked without following links, the entries' kinds from the listing (no
-    ``lstat``): a finished checkpoint of 16,384 tensors in packs (102 entries) 0.3 ms, the
-    same without packs (164,100 entries in 65,666 folders) ~0.85 s, nearly all of it the
-    kernel listing the folders (``find`` takes as long); ``sizes``: gets each file's size."""
-    stack = [root]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            if entry.is_symlink():
-                if links == "refuse" or not is_inside(entry.path, root):
-                    where = "a link" if links == "refuse" else "a link to a place outside it"
-                    raise StoreError(
-                        f"{what} {root} holds {where} ({os.path.relpath(entry.path, root)});"
-                        " qstream will not read or write through it"
-                    )
-                if kind_of(entry.path) == "special":
-                    raise StoreError(
-                        f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular"
-                        " file (a FIFO, device or socket)"
-                    )
-            elif entry.is_dir(follow_symlinks=False):
-                stack.append(entry.path)
-            elif not entry.is_file(follow_symlinks=False):
-                raise StoreError(
-                    f"{what} {root}: {os.path.relpath(entry.path, root)} is not a regular file"
-                    " (a FIFO, device or socket)"
-                )
-            elif sizes is not None:  # (keys "a/b/c" below root; relpath costs 17 us each)
-                key = entry.path[len(root.rstrip(os.sep)) + 1 :].replace(os.sep, "/")
-                sizes[key] = entry.stat(follow_symlinks=False).st_size
-
-
-def kind_of(path: str) -> str | None:
-    """``file``, ``dir``, ``special`` (FIFO, device, socket) or None (absent), links
-    followed, without opening the path."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as e:
-        raise StoreError(f"cannot read {path}: {e.strerror or e}") from None
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    return "special"
-
-
-def refuse_special(path: str, what: str = "input") -> None:
-    """Refuse ``path`` if it is a FIFO, a device or a socket (reading one could block
-    forever or never end)."""
-    if kind_of(path) == "special":
-        raise StoreError(
-            f"{what} {path} is not a regular file (a FIFO, device or socket); qstream reads"
-            " only files and directories"
-        )
-
-
-def open_regular(path: str, what: str = "file", *, follow: bool = True) -> IO[bytes]:
-    """``open(path, "rb", buffering=0)``, refused (without blocking) unless ``path`` is a
-    regular file: the open does not wait for a FIFO's writer, and the opened file is checked,
-    so a file swapped for a FIFO between a check and the open is refused too. ``follow=False``
-    (a file inside an output): a link at ``path`` is refused, not followed; below a root this
-    process holds, no link on the way or at ``path`` is followed (:func:`open_below`)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if not follow:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
-    # below a held root: opened from its descriptor, no link on the way or at it followed
-    split = below_held(path) if AT_SUPPORTED and _ROOTS else None
-    try:
-        fd = os.open(path, flags) if split is None else open_below(*split, flags)
-    except OSError as e:
-        if not follow and e.errno == errno.ELOOP:
-            raise StoreError(
-                f"{what} {path} is a link; qstream never reads through a link in its outputs"
-            ) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise StoreError(
-                f"{what} {path} is not a regular file (a FIFO, device, socket or directory);"
-                " qstream reads only files"
-            )
-        if hasattr(os, "O_NONBLOCK"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise

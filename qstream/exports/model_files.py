@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import StoreError
+from ..input_files import kind_of
 from ..io.checkpoints import CONFIG, read_json
-from ..paths import kind_of
 
 #: the non-weight files a transformers / vLLM loader reads from a model folder
 MODEL_FILES = (

@@ -50,11 +50,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidParameterError, StoreError
+from ..input_files import kind_of, open_regular
 from ..io.checkpoints import CONFIG, export_metadata, read_json
 from ..io.checkpoints import source_config as source_config
 from ..io.outputs import QuantizedArray, QuantizedCheckpoint, check_writable, open_quantized
 from ..io.storage import location
-from ..paths import kind_of, open_regular
 from ..qtypes import did_you_mean
 from . import compressed_tensors as ct
 from .entries import (

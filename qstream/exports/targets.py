@@ -15,9 +15,9 @@ import re
 from collections.abc import Iterator
 
 from ..errors import DestinationBusyError, StoreError
+from ..input_files import kind_of
 from ..io.checkpoints import CONFIG, export_metadata, qstream_meta, read_json
 from ..io.outputs import locked
-from ..paths import kind_of
 
 
 @contextlib.contextmanager

@@ -63,10 +63,15 @@ def njit(fn: None = None, **options: Any) -> Callable[[Callable[..., Any]], Any]
 
 def njit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """``numba.njit(**options)``, as a decorator with or without options, whose cached
-    builds load lean (:func:`lean_load`)."""
+    builds load lean (:func:`lean_load`) from an on-disk cache made when the kernel first
+    needs a build (:class:`LazyCache`)."""
     if fn is None:
         return lambda f: njit(f, **options)
-    return lean(numba.njit(**options)(fn))
+    cache = options.pop("cache", False)
+    dispatcher = numba.njit(**options)(fn)
+    if cache:
+        dispatcher._cache = LazyCache(dispatcher.py_func)  # (what ``cache=True`` sets, later)
+    return dispatcher
 
 
 @overload
@@ -103,16 +108,67 @@ def parallel_kernel(
     options = {"error_model": "numpy", **options}
 
     def wrap(f: Callable[..., Any]) -> Any:
-        kernel = njit(parallel=True, cache=True, nogil=True, **options)(f)
-        # A distinct qualified name gives the twin its own entries in Numba's cache (the cache
-        # index does not key on the parallel flag).
-        kernel.serial = njit(cache=True, nogil=True, **options)(_copy(f, "serial"))
-        kernel.serial_scale = serial_scale
-        kernel.inputs = inputs
-        kernel.kernel_options = options
-        return kernel
+        return ParallelKernel(f, serial_scale, inputs, options)
 
     return wrap(fn) if fn is not None else wrap
+
+
+class ParallelKernel:
+    """A :func:`parallel_kernel`: its two Numba dispatchers, the parallel build and its serial
+    twin (``serial``), made when the kernel is first used. A conversion imports 47 parallel
+    kernels and calls 3 to 6: making a dispatcher takes ~0.2 ms (its signature, options and
+    cache), 94 of them ~20 ms of every start. Calls, attributes (``signatures``,
+    ``py_func``, ...) and Numba's typing (a kernel named inside another) reach the parallel
+    build."""
+
+    def __init__(
+        self, f: Callable[..., Any], serial_scale: int, inputs: int, options: dict[str, Any]
+    ) -> None:
+        self.py_func = f
+        self.serial_scale = serial_scale
+        self.inputs = inputs
+        self.kernel_options = options
+        self.__name__ = f.__name__
+        self.__qualname__ = f.__qualname__
+        self.__module__ = f.__module__
+        self.__doc__ = f.__doc__
+        self._builds: tuple[Any, Any] | None = None
+
+    def builds(self) -> tuple[Any, Any]:
+        """``(parallel build, serial twin)``: Numba's dispatchers, made on the first call."""
+        if self._builds is None:
+            with _making:
+                if self._builds is None:
+                    f, options = self.py_func, self.kernel_options
+                    kernel = njit(parallel=True, cache=True, nogil=True, **options)(f)
+                    # A distinct qualified name gives the twin its own entries in Numba's
+                    # cache (the cache index does not key on the parallel flag).
+                    twin = njit(cache=True, nogil=True, **options)(_copy(f, "serial"))
+                    self._builds = (kernel, twin)
+        return self._builds
+
+    @property
+    def serial(self) -> Any:
+        """The serial twin: the same source, ``prange`` run as ``range``."""
+        return self.builds()[1]
+
+    @property
+    def _numba_type_(self) -> Any:  # (how Numba types a value: the parallel build)
+        return self.builds()[0]._numba_type_
+
+    def __call__(self, *args: Any) -> Any:
+        return self.builds()[0](*args)
+
+    def __getattr__(self, name: str) -> Any:  # (the rest of a dispatcher: signatures, ...)
+        if name == "_builds":  # (not set: a copy being made)
+            raise AttributeError(name)
+        return getattr(self.builds()[0], name)
+
+    def __repr__(self) -> str:
+        return f"<qstream parallel kernel {self.__module__}.{self.__qualname__}>"
+
+
+_making = threading.RLock()
 
 
 def _copy(
@@ -305,13 +361,45 @@ class LeanCache(FunctionCache):
         return lean_load(self, sig, target_context)
 
 
-def lean(dispatcher: Any) -> Any:
-    """``dispatcher`` with its cache a :class:`LeanCache` (unchanged when it has no on-disk
-    cache, or a cache of another kind, or this Numba's cache lacks a part used here)."""
-    cache = getattr(dispatcher, "_cache", None)
-    if type(cache) is FunctionCache and all(hasattr(cache, a) for a in _PARTS):
-        cache.__class__ = LeanCache
-    return dispatcher
+class LazyCache:
+    """A qstream kernel's on-disk cache, made when the kernel first loads or compiles a build.
+
+    Numba makes a kernel's cache where the kernel is defined (``cache=True``), and checks
+    there that its folder is writable by creating a temporary file: 182 kernels are defined
+    by the modules a conversion imports, which calls 5 to 8 of them. Each such file is an
+    inode made and freed: 10-16 ms of the 35-45 ms those modules took to import on the test
+    machine, and more on a file system where inodes freed a moment before make new ones
+    slow (``benchmarks/README.md``). The cache is the one Numba makes, lean
+    (:class:`LeanCache`); a kernel whose cache cannot be made (no writable cache folder)
+    raises Numba's error at its first build rather than at import."""
+
+    __slots__ = ("_made", "_py_func")
+
+    def __init__(self, py_func: Callable[..., Any]) -> None:
+        self._py_func = py_func
+        self._made: FunctionCache | None = None
+
+    def made(self) -> FunctionCache:
+        """The cache itself, made on the first call (Numba calls it under its compiler lock)."""
+        if self._made is None:
+            cache = FunctionCache(self._py_func)
+            if all(hasattr(cache, a) for a in _PARTS):
+                cache.__class__ = LeanCache
+            self._made = cache
+        return self._made
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        """The build of ``sig`` in the cache, or None."""
+        return self.made().load_overload(sig, target_context)
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        """Save the build ``data`` of ``sig``."""
+        self.made().save_overload(sig, data)
+
+    def __getattr__(self, name: str) -> Any:  # (the rest of Numba's cache: flush, cache_path)
+        if name in LazyCache.__slots__:  # (not set: a copy being made)
+            raise AttributeError(name)
+        return getattr(self.made(), name)
 
 
 # the parts of Numba's cache lean_load uses
@@ -398,5 +486,5 @@ def cached_somewhere(kernel: Any) -> bool:
     this Numba's cache cannot say)."""
     try:
         return os.path.exists(kernel._cache._cache_file._index_path)
-    except AttributeError:
+    except (AttributeError, RuntimeError):  # (RuntimeError: no cache can be made)
         return True  # unknown: do not start anything

@@ -46,7 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidDTypeError, InvalidParameterError, StoreError
-from ..paths import open_regular
+from ..input_files import open_regular
 from ..qtypes import is_float_dtype
 from .json_helpers import check_keys, jsonable_dict
 from .quantspec import QuantSpec

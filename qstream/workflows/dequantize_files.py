@@ -171,7 +171,7 @@ def config_for(
     where = os.path.join(os.fspath(src), "config.json")
     if not os.path.isfile(where):
         return None, False
-    from ..paths import open_regular
+    from ..input_files import open_regular
 
     with open_regular(where, "model config") as f:
         config = json.loads(f.read())

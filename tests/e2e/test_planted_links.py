@@ -423,6 +423,42 @@ def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path
     assert list(user.iterdir()) == []
 
 
+def test_chunk_files_made_from_a_held_descriptor_are_never_written_through_a_link(tmp_path):
+    """A node being built (``root_fd``: its array folder's descriptor, held by the publisher)
+    makes its chunk files relative to that descriptor: a nested chunk folder that is a link
+    is refused the same, naming it; flat keys land in the folder itself."""
+    from dataclasses import replace
+
+    from qstream.io.storage.arraydoc import ChunkKey
+    from qstream.io.storage.chunks import ChunkFiles
+
+    root = tmp_path / "node" / "data"
+    root.mkdir(parents=True)
+    user = tmp_path / "user"
+    user.mkdir()
+    (root / "c").symlink_to("../../user")
+    files = ChunkFiles(
+        root=str(root),
+        shape=(4, 4),
+        chunks=(2, 4),
+        dtype=np.dtype("int8"),
+        fill_value=0,
+        codec=None,
+        encode_key=ChunkKey("/"),
+        atomic=False,
+    )
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(StoreError, match=r"data/c is a link inside"):
+            replace(files, root_fd=fd).write((slice(0, 4), slice(0, 4)), np.ones((4, 4), np.int8))
+        assert list(user.iterdir()) == []
+        flat = replace(files, encode_key=ChunkKey("."), root_fd=fd)
+        flat.write((slice(0, 4), slice(0, 4)), np.arange(16, dtype=np.int8).reshape(4, 4))
+    finally:
+        os.close(fd)
+    assert (root / "c.1.0").read_bytes() == bytes(range(8, 16))
+
+
 # ---------------------------------------------------------------- a link swapped in meanwhile
 
 RENAME_EXCHANGE = 2  # renameat2(2): swap two entries atomically (Linux)

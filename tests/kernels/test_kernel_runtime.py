@@ -187,3 +187,57 @@ def test_cached_kernels_load_without_numbas_registry_refresh_and_compute_the_sam
             np.clip(np.rint(x.astype(np.float64) / 0.01), -128, 127).astype(np.int8).tobytes()
         ).hexdigest()
     )
+
+
+def test_parallel_kernels_are_made_on_first_use_and_typed_inside_other_kernels():
+    import numba
+
+    @runtime.parallel_kernel
+    def add_one(x, out):
+        for i in numba.prange(x.shape[0]):
+            out[i] = x[i] + 1.0
+
+    assert add_one._builds is None  # defined: no Numba dispatcher made yet
+
+    @runtime.njit
+    def twice(x, out):
+        add_one(x, out)  # a parallel kernel named inside another: typed as its parallel build
+        add_one(out, out)
+
+    x = np.arange(6.0)
+    out = np.zeros(6)
+    twice(x, out)
+    np.testing.assert_array_equal(out, x + 2.0)
+    assert add_one.signatures and add_one.serial is add_one.builds()[1]
+    runtime.run(add_one, x, out)  # small: the serial twin
+    np.testing.assert_array_equal(out, x + 1.0)
+    assert add_one.serial.signatures
+
+
+def test_kernel_caches_are_made_when_a_kernel_first_needs_a_build(tmp_path):
+    # Numba makes a cache (and checks its folder with a temporary file) where a kernel is
+    # defined; qstream's are made at a kernel's first build: importing every kernel module
+    # touches no cache folder, the first call writes the kernel's index there
+    code = textwrap.dedent(
+        """
+        import os, sys
+        import numpy as np
+        from qstream.engine.run.worker_imports import KERNELS
+        for name in KERNELS:
+            __import__(name)
+        cache = os.environ["NUMBA_CACHE_DIR"]
+        print(len(list(os.walk(cache))) if os.path.isdir(cache) else 0)
+        from qstream.kernels.stats import channel_ranges
+        x = np.ones((1, 3, 4), np.float32)
+        mins, maxs = np.full(3, np.inf), np.full(3, -np.inf)
+        counts = [np.zeros(3, np.int64) for _ in range(4)]
+        channel_ranges(x, mins, maxs, *counts)
+        print(sum(f.endswith(".nbi") for _, _, fs in os.walk(cache) for f in fs))
+        """
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    folders, indexes = map(int, r.stdout.split())
+    assert folders == 0
+    assert indexes >= 1

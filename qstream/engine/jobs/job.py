@@ -32,10 +32,10 @@ from typing import Any
 from ...budget import Block, check_fits, fit_workers, memory_limit, plan_blocks
 from ...core import dimension_names
 from ...errors import InvalidDTypeError, InvalidParameterError, StoreError
+from ...input_files import check_tree
 from ...io.outputs import Action, Destination, Existing, Lease, destination, qarray
 from ...io.storage import compression as compressions
 from ...io.storage import display, imported_zarr, open_group, open_source
-from ...paths import check_tree
 from ...qtypes import is_float_dtype
 from ...spec import Calibration, QuantReport, QuantSpec, RangeStats
 from ..run import SourceRef, check_shared, pipeline, resolve

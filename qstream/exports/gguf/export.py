@@ -36,7 +36,7 @@ from typing import Any
 
 from ...compat import gguf as q
 from ...errors import InvalidParameterError, QStreamWarning, StoreError
-from ...paths import kind_of
+from ...input_files import kind_of
 from ...spec import QuantSpec, Recipe
 from ..files import SLAB, byte_ticks
 from ..targets import export_lock

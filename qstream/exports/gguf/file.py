@@ -20,7 +20,7 @@ import numpy as np
 
 from ...compat import gguf as q
 from ...errors import StoreError
-from ...paths import open_regular
+from ...input_files import open_regular
 from ..files import ReadRows, Tick, remove_stale_partials
 
 ALIGN = 32

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidParameterError
-from ...paths import open_regular
+from ...input_files import open_regular
 
 _U32 = (1 << 32) - 1
 _F32_MAX = float(np.finfo(np.float32).max)

@@ -12,7 +12,7 @@ import os
 import struct
 from typing import Any
 
-from ...paths import kind_of, open_regular
+from ...input_files import kind_of, open_regular
 
 CONFIG = "config.json"
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import open_regular
+from ...input_files import open_regular
 from .remote import RangedTensor, RemoteFolder, is_url, split_url
 
 MAGIC = b"GGUF"

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import open_regular
+from ...input_files import open_regular
 from ..storage import one_line
 from .dtypes import BF16, FLOAT8_DTYPES, native
 from .mapped_files import FileMap, memmap_tensor

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import is_inside, kind_of, refuse_special
+from ...input_files import kind_of, refuse_special
+from ...paths import is_inside
 from ..storage import location
 from .ct_formats import (
     CT_FORMATS,

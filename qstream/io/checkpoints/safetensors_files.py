@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import is_inside, kind_of, open_regular
+from ...input_files import kind_of, open_regular
+from ...paths import is_inside
 from .mapped_files import FileMap, memmap_tensor
 from .safetensors_header import MAX_HEADER, header_tensors, json_object
 from .tensor import CheckpointTensor

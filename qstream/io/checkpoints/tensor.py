@@ -21,7 +21,7 @@ import numpy as np
 
 from ...core import expand_key
 from ...errors import StoreError
-from ...paths import open_regular
+from ...input_files import open_regular
 from ..storage import map_bytes
 
 _PRIVATE_MAPS = hasattr(mmap, "MAP_PRIVATE")  # POSIX

@@ -9,7 +9,7 @@ import zipfile
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import check_tree
+from ...input_files import check_tree
 from ..storage import one_line
 from .dtypes import BF16
 from .tensor import CheckpointTensor

@@ -31,7 +31,8 @@ from typing import Any
 
 from ... import paths
 from ...errors import DestinationBusyError, StoreError
-from ...paths import check_tree, child, local_path
+from ...input_files import check_tree
+from ...paths import child, local_path
 from ..storage import inside, location
 from .cleanup import clean_partials, remove_output
 from .existing import Existing, inspect_destination
@@ -369,7 +370,7 @@ class Destination:
         if action is Action.COMPLETE and self.local is not None:
             # a finished output holding a link (made by someone else) anywhere is refused,
             # naming it, not reported finished: its whole tree, listed without following
-            # links (the cost: see paths.check_tree)
+            # links (the cost: see input_files.check_tree)
             check_tree(self.local, "the finished output")
         return action, existing
 

@@ -40,7 +40,8 @@ from collections.abc import Container, Iterable
 from typing import Any
 
 from ...errors import StoreError
-from ...paths import check_tree, confined, remove_child, walk_below
+from ...input_files import check_tree
+from ...paths import confined, remove_child, walk_below
 from ..storage import (
     float_values,
     group_doc,

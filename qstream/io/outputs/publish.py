@@ -5,11 +5,14 @@ written at
 once, with its values, instead of member by member: the node is made in a folder named
 ``.qstream-tmp-*`` (:data:`~qstream.io.outputs.ondisk.TMP_PREFIX`) next to where it goes and renamed
 into place, so it is whole or absent. A killed writer's folder is never published; it is
-removed by :func:`~qstream.io.outputs.cleanup.clean_partials` of the root. Local outputs only. Every
-folder and file of the node is made, and the node renamed, relative to its folder's descriptor
-opened from the root this process holds (:func:`~qstream.paths.opened`): a link on the way,
-even one swapped in while the node is written, is refused, never followed, and one at the
-place itself (which the rename never follows) is named when the rename fails.
+removed by :func:`~qstream.io.outputs.cleanup.clean_partials` of the root. Local outputs only. The
+node's folder is opened once from the root this process holds (:func:`~qstream.paths.opened`),
+the hidden folder made and held open in it (:func:`~qstream.paths.made_folder`), and every
+folder and file of the node made relative to the descriptors held, the node renamed relative
+to its folder's: a link on the way, even one swapped in while the node is written, is refused,
+never followed, and one at the place itself (which the rename never follows) is named when
+the rename fails. No path is walked again inside the node (a pack of 10 files and folders: 12
+``openat`` calls, 45 when each file walked its path from the root).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import local_path, mkdir_new, remove_child, rename_in, write_new
+from ...paths import local_path, made_folder, opened, remove_child, write_new_in
 from ..storage import chunk_files, encode_doc, group_doc, plain_array
 from .ondisk import TMP_PREFIX, WRITE_ALL_CHUNKS, array_metadata
 
@@ -67,10 +70,11 @@ def write_array(
     """A new array at the local ``path`` (absent) holding ``values``, complete at once (built
     beside its place and renamed into it, as :func:`write_group` does). ``empty=False``:
     chunks of zero bytes are left out, as ``zarr.create_array`` and a write leave them."""
-    _publish(path, lambda tmp: _write_member(tmp, kw, values, attrs, empty=empty))
+    _publish(path, lambda fd, where: _fill_array(fd, where, kw, values, attrs, empty=empty))
 
 
-def _write_member(
+def _fill_array(
+    fd: int,
     where: str,
     kw: dict[str, Any],
     values: Any,
@@ -79,26 +83,26 @@ def _write_member(
     empty: bool = True,
 ) -> None:
     """The array made with ``kw`` and ``attrs``, holding ``values`` (or none), written into the
-    new folder ``where``."""
+    new folder ``where``, whose descriptor ``fd`` is held."""
     meta, doc, files = _prepared({k: v for k, v in kw.items() if k != "config"})
     if attrs:  # (the prepared document with these attributes, by the C encoder)
         parsed = json.loads(doc)
         parsed["attributes"] = attrs
         doc = json.dumps(parsed, allow_nan=True, separators=(",", ":")).encode()
-    mkdir_new(where)
-    write_new(os.path.join(where, "zarr.json"), doc)
+    write_new_in(fd, "zarr.json", doc, os.path.join(where, "zarr.json"))
     if values is None:
         return
     values = np.asarray(values)
     if files is None or not values.shape:
         _zarr_write(os.path.dirname(where), os.path.basename(where), meta, values, empty)
     else:
-        out = dataclasses.replace(files, root=where, atomic=False)
+        out = dataclasses.replace(files, root=where, atomic=False, root_fd=fd)
         out.write(tuple(slice(0, n) for n in values.shape), values, made={where}, empty=empty)
 
 
-def _publish(path: str, build: Callable[[str], None]) -> None:
-    """``build(folder)`` a node in a hidden folder beside the local ``path``, then rename it
+def _publish(path: str, build: Callable[[int, str], None]) -> None:
+    """``build(fd, folder)`` a node in a hidden folder beside the local ``path`` (``fd``: the
+    folder's descriptor, which every file of the node is made relative to), then rename it
     into place (an existing node is never replaced); nothing is left if it fails."""
     local = local_path(path)
     if local is None:
@@ -107,8 +111,10 @@ def _publish(path: str, build: Callable[[str], None]) -> None:
     folder, name = os.path.split(local)
     hidden = f"{TMP_PREFIX}{uuid.uuid4().hex}"
     try:
-        build(os.path.join(folder, hidden))  # (each file made below the folder's descriptor)
-        rename_in(folder, hidden, name)  # published whole
+        with opened(folder) as dfd:
+            with made_folder(dfd, hidden, os.path.join(folder, hidden)) as fd:
+                build(fd, os.path.join(folder, hidden))
+            os.replace(hidden, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # published whole
     except BaseException as e:
         with contextlib.suppress(OSError, StoreError):
             remove_child(folder, hidden)
@@ -148,11 +154,11 @@ def write_group(path: str, attrs: dict[str, Any], members: dict[str, Member]) ->
     absent (a killed writer's folder, ``.qstream-tmp-*``, is removed by
     :func:`~qstream.io.outputs.cleanup.clean_partials` of the root)."""
 
-    def build(tmp: str) -> None:
-        mkdir_new(tmp)
+    def build(fd: int, where: str) -> None:
         for name, (kw, values, member_attrs) in members.items():
-            _write_member(os.path.join(tmp, name), kw, values, member_attrs)
-        write_new(os.path.join(tmp, "zarr.json"), group_doc(attrs))
+            with made_folder(fd, name, os.path.join(where, name)) as member:
+                _fill_array(member, os.path.join(where, name), kw, values, member_attrs)
+        write_new_in(fd, "zarr.json", group_doc(attrs), os.path.join(where, "zarr.json"))
 
     _publish(path, build)
 

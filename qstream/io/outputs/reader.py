@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ...errors import StoreError
-from ...paths import check_tree, child, local_path
+from ...input_files import check_tree
+from ...paths import child, local_path
 from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks
 from .ondisk import gaps
 from .pack_layout import PACKS, check_pack_name, finished_unlisted, unlisted_tensors

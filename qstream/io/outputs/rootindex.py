@@ -35,7 +35,8 @@ import os
 from typing import Any
 
 from ...errors import StoreError
-from ...paths import local_path, open_regular, walk_below
+from ...input_files import open_regular
+from ...paths import local_path, walk_below
 from ..storage import check_key, float_values, group_doc, listed_floats, write_doc
 
 INDEX = "_index"

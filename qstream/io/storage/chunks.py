@@ -38,7 +38,8 @@ import numpy as np
 
 from ...core import ALIGN, scratch
 from ...errors import StoreError
-from ...paths import open_regular, opened
+from ...input_files import open_regular
+from ...paths import opened, opened_in, write_all
 from ..zarr_types.packing import packed_nbytes
 from .chunkcodecs import decode_bounded, is_bounded, numcodecs_of
 from .compression import codec_config
@@ -73,6 +74,10 @@ class ChunkFiles:
     # every chunk was written (a finished quantized output's codes and scales): an absent one
     # is damage, refused, never read as the fill value
     required: bool = False
+    # a descriptor of ``root`` held by the caller while it writes (a node being built in a
+    # folder no reader sees yet, :mod:`qstream.io.outputs.publish`): chunk files are made
+    # relative to it, no path walked again
+    root_fd: int | None = None
 
     def path(self, coords: tuple[int, ...]) -> str:
         """The file of chunk ``coords``."""
@@ -228,7 +233,15 @@ class ChunkFiles:
         through. (``made``: folders known to exist, made without a look at them first.)"""
         parent, name = os.path.split(path)
         view = memoryview(payload).cast("B")
-        with opened(parent, create=parent not in made) as dfd:
+        folder: Any
+        if self.root_fd is not None and parent == self.root:
+            folder = contextlib.nullcontext(self.root_fd)
+        elif self.root_fd is not None:
+            below = os.path.relpath(parent, self.root).split(os.sep)
+            folder = opened_in(self.root_fd, self.root, below, create=True)
+        else:
+            folder = opened(parent, create=parent not in made)
+        with folder as dfd:
             made.add(parent)
             # readers never see a torn chunk
             tmp = f"{name}.{os.getpid()}-{threading.get_ident()}{PARTIAL}" if self.atomic else name
@@ -237,8 +250,11 @@ class ChunkFiles:
                     self.direct and len(view) >= DIRECT_MIN and self._write_direct(dfd, tmp, view)
                 ):
                     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW | _CLOEXEC
-                    with open(os.open(tmp, flags, 0o644, dir_fd=dfd), "wb", buffering=0) as f:
-                        _write_all(f.fileno(), view)
+                    fd = os.open(tmp, flags, 0o644, dir_fd=dfd)
+                    try:
+                        write_all(fd, view)
+                    finally:
+                        os.close(fd)
                 if self.atomic:
                     os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
             except OSError as e:
@@ -269,14 +285,14 @@ class ChunkFiles:
                 view = buf.data
             head = len(view) // ALIGN * ALIGN
             try:
-                _write_all(fd, view[:head])
+                write_all(fd, view[:head])
             except OSError:  # e.g. EINVAL: alignment rules stricter than ALIGN
                 self.direct = False
                 os.lseek(fd, 0, os.SEEK_SET)
                 head = 0
             # the unaligned tail (and any refused part) through the page cache
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-            _write_all(fd, view[head:])
+            write_all(fd, view[head:])
         finally:
             os.close(fd)
         return True
@@ -380,11 +396,6 @@ def chunk_files(arr: Any, *, required: bool = False) -> ChunkFiles | None:
         signed=signed,
         required=required,
     )
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _check_size(f: Any, nbytes: int, path: str) -> int:

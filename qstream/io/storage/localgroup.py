@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ...paths import local_path, open_regular, walk_below
+from ...input_files import open_regular
+from ...paths import local_path, walk_below
 from .chunks import chunk_files
 from .localmeta import read_local_doc
 from .stores import all_chunks, open_store, read_region

@@ -25,7 +25,8 @@ import threading
 from typing import Any
 
 from ...errors import StoreError
-from ...paths import confined, open_regular, opened
+from ...input_files import open_regular
+from ...paths import confined, opened
 from .chunks import PARTIAL
 
 DOC = "zarr.json"

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ...errors import StoreError
-from ...paths import check_tree, refuse_special
+from ...input_files import check_tree, refuse_special
 from .backends import (
     BACKENDS,
     fsspec_options,
