@@ -19,15 +19,15 @@ word of first-run compilation.
 - :func:`~qstream.compile_events.on_compile` lets a front end say "compiling kernels (first run
   only)" while Numba compiles one (a cache miss), instead of pausing silently (listening loads
   no Numba: the listeners are told once this module is loaded). In a Jupyter kernel qstream says
-  it itself (:func:`notebook_notice`): one output line, updated in place.
+  it itself (:func:`~qstream.jupyter.notebook_notice`): one output line, updated in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
-import time
 import types
 from collections.abc import Callable, Iterable
 from typing import Any, overload
@@ -41,12 +41,39 @@ from numba.core.runtime import rtsys
 
 from .. import budget, compile_events
 from ..compile_events import on_compile as on_compile  # (its users import it from here too)
+from ..jupyter import notebook_notice
 
 if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
     # (numba.config sets its settings at import: no declared attributes)
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ignore[attr-defined]
 
 _lock = threading.Lock()
+
+
+def _set_up_runtime(context: Any) -> None:
+    """Numba's runtime (``rtsys``), set up as the first kernel load would set it up: its
+    LLVM code compiled (~16 ms), which frees the GIL, in a thread of its own started when
+    this module is imported, so the importing thread goes on meanwhile (the modules of the
+    kernels, a conversion's plan) instead of every worker waiting for it at the first
+    kernel. A failure is left to that first load, which sets it up again and raises."""
+    with contextlib.suppress(Exception):  # (the first kernel load raises it, as Numba does)
+        rtsys.initialize(context)
+
+
+def _start_runtime_set_up() -> None:
+    from numba.core.registry import cpu_target
+
+    context = cpu_target.target_context  # (made here: a property of Numba's, not thread-safe)
+    thread = threading.Thread(
+        target=_set_up_runtime, args=(context,), name="qstream-numba-runtime", daemon=True
+    )
+    thread.start()
+    # a fork while the thread holds Numba's compiler lock would leave the lock held in the
+    # child for good: a fork waits for the thread
+    os.register_at_fork(before=thread.join)
+
+
+_start_runtime_set_up()
 _serial: bool | None = None  # unknown until the first parallel call has chosen a layer
 
 
@@ -280,49 +307,7 @@ class _CompileListener(numba.core.event.Listener):
 numba.core.event.register("numba:compile", _CompileListener())
 
 
-class _NotebookNotice:
-    """The line a notebook cell shows while qstream's kernels compile: "compiling kernels
-    (first run only): N so far, S s", updated in place through an ``IPython.display``
-    handle (the first compile of each cell's run displays it)."""
-
-    def __init__(self, display: Any, shell: Any) -> None:
-        self.display = display
-        self.shell = shell
-        self.handle: Any = None
-        self.cell: Any = None  # (the execution count of the cell the line is in)
-        self.count = 0
-        self.t0 = 0.0
-        self.lock = threading.Lock()
-
-    def text(self) -> str:
-        took = time.perf_counter() - self.t0  # (since the first began: none for the first)
-        return (
-            f"compiling kernels (first run only; later runs load them from the cache):"
-            f" {self.count} so far" + (f", {took:.1f} s" if self.count > 1 else "")
-        )
-
-    def __call__(self, name: str) -> None:
-        with self.lock:
-            cell = getattr(self.shell, "execution_count", None)
-            if self.handle is None or cell != self.cell:
-                self.t0, self.count, self.cell = time.perf_counter(), 1, cell
-                self.handle = self.display({"text/plain": self.text()}, raw=True, display_id=True)
-                return
-            self.count += 1
-            self.handle.update({"text/plain": self.text()}, raw=True)
-
-
-def notebook_notice() -> Callable[[], None] | None:
-    """In a running Jupyter kernel (IPython imported already, its shell attached to a
-    kernel), show qstream's kernel compilations as one line updated in place in the cell's
-    output; elsewhere nothing (None). Returns the function that stops it. Called when this
-    module is imported; IPython is never imported here."""
-    from ..jupyter import jupyter_cell
-
-    cell = jupyter_cell()
-    return None if cell is None else on_compile(_NotebookNotice(*cell))
-
-
+# (in a notebook, qstream says so while kernels compile: one line, updated in place)
 notebook_notice()
 
 

@@ -162,3 +162,31 @@ def test_a_resumed_conversion_into_safetensors_says_so_and_ends_byte_identical(t
     r = run("convert", src, fresh, "--format", "qstream", "-q", "--no-packs")
     assert r.exit_code == 0, r.output
     assert dst.read_bytes() == fresh.read_bytes()
+
+
+def test_an_interrupted_conversion_that_listed_nothing_names_the_compression_it_wrote(tmp_path):
+    # killed before its first batch of index rows: the compression comes from a tensor (or a
+    # pack) it finished, as a finished checkpoint's does, not "auto"
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(6)
+    tensors = {f"layers.{i}.w.weight": rng.standard_normal((8, 16 + i)).astype(np.float32)
+               for i in range(40)}  # fmt: skip
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    dst = tmp_path / "out.zarr"
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "m.safetensors"),
+                             str(dst), "20"], capture_output=True, text=True)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    ck = qs.open_quantized(dst, allow_incomplete=True)
+    assert not ck.tensors and len(ck.unlisted()) == 20
+    done = tmp_path / "done.zarr"
+    assert run("convert", tmp_path / "m.safetensors", done, "-q", "--no-packs").exit_code == 0
+    want = qs.open_quantized(done).summary()["compression"]
+    assert want not in (None, "auto")
+    assert ck.summary()["compression"] == want
+    seen = run("inspect", dst)
+    assert seen.exit_code == 0 and "auto" not in seen.stdout, seen.stdout

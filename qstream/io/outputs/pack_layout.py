@@ -60,7 +60,7 @@ KEY = "qstream_pack"
 VERSION = 2  # 2: floating-point columns as float64 bytes (float_column)
 MEMBERS = ("data", "scale", "zero_point")
 ERROR_COLUMNS = ERROR_KEYS  # the error figures an index row keeps, first of a pack's columns
-_NAME = re.compile(r"p\d{6,}")
+PACK_NAME = re.compile(r"p\d{6,}")  # a pack folder's name
 
 
 def pack_name(seq: int) -> str:
@@ -70,12 +70,12 @@ def pack_name(seq: int) -> str:
 
 def pack_number(name: object) -> int | None:
     """The number of the pack ``name`` (:func:`pack_name`), or None if it names none."""
-    return int(name[1:]) if isinstance(name, str) and _NAME.fullmatch(name) else None
+    return int(name[1:]) if isinstance(name, str) and PACK_NAME.fullmatch(name) else None
 
 
 def check_pack_name(name: object, root: object) -> str:
     """``name`` if it can name a pack (read back from an index row), else refused."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not PACK_NAME.fullmatch(name):
         raise StoreError(f"{root}: an index row names no valid pack ({name!r}); it is damaged")
     return name
 
@@ -115,7 +115,7 @@ def remove_packs(local: str) -> None:
         return
     clean_partial_packs(local)
     for entry in os.scandir(folder):
-        if _NAME.fullmatch(entry.name) and is_plain_dir(folder, entry.name):
+        if PACK_NAME.fullmatch(entry.name) and is_plain_dir(folder, entry.name):
             remove_pack(entry.path)
     with contextlib.suppress(FileNotFoundError):
         remove_child(folder, "zarr.json")

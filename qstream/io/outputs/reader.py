@@ -18,9 +18,15 @@ from typing import TYPE_CHECKING, Any
 from ...errors import StoreError
 from ...input_files import check_tree
 from ...paths import child, local_path
-from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks
+from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks, tensor_key
 from .ondisk import gaps
-from .pack_layout import PACKS, check_pack_name, finished_unlisted, unlisted_tensors
+from .pack_layout import (
+    PACK_NAME,
+    PACKS,
+    check_pack_name,
+    finished_unlisted,
+    unlisted_tensors,
+)
 from .packreader import PackReader
 from .quantized import QuantizedArray
 from .rootindex import RootIndex
@@ -287,11 +293,14 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         from ..storage.compression import describe_docs
 
         local = local_path(self.path)
-        row = next((r for r in self.tensors.values() if not r.get("kept")), None)
-        if local is None or row is None or self.layout == "export":
+        if local is None or self.layout == "export":
             return None
-        pack = row.get("pack")
-        where = f"{PACKS}/{check_pack_name(pack, self.path)}" if pack else row.get("key")
+        row = next((r for r in self.tensors.values() if not r.get("kept")), None)
+        if row is not None:
+            pack = row.get("pack")
+            where = f"{PACKS}/{check_pack_name(pack, self.path)}" if pack else row.get("key")
+        else:  # (an interrupted conversion that listed none yet: a tensor it finished)
+            where = self._first_unlisted(local)
         if not isinstance(where, str):
             return None
         doc = read_local_doc(os.path.join(local, where, "data", "zarr.json")) or {}
@@ -300,6 +309,17 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             return None
         # (the codecs but the serializer: what --compression names)
         return describe_docs([c for c in codecs if c.get("name") not in ("bytes", "transpose")])
+
+    def _first_unlisted(self, local: str) -> str | None:
+        """The folder (below ``local``) of a pack, else of a tensor, that this interrupted
+        conversion finished without listing it; None when there is none."""
+        packs = os.path.join(local, PACKS)
+        names = sorted(os.listdir(packs)) if os.path.isdir(packs) else []
+        for name in names:
+            if PACK_NAME.fullmatch(name) and os.path.isfile(os.path.join(packs, name, "zarr.json")):
+                return f"{PACKS}/{name}"
+        done = self.unlisted()
+        return tensor_key(done[0]) if done else None
 
     def unlisted(self) -> list[str]:
         """The tensors this (local, interrupted) conversion finished but had not listed in
