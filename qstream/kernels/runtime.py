@@ -24,7 +24,6 @@ word of first-run compilation.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import threading
@@ -49,31 +48,6 @@ if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY
 
 _lock = threading.Lock()
 
-
-def _set_up_runtime(context: Any) -> None:
-    """Numba's runtime (``rtsys``), set up as the first kernel load would set it up: its
-    LLVM code compiled (~16 ms), which frees the GIL, in a thread of its own started when
-    this module is imported, so the importing thread goes on meanwhile (the modules of the
-    kernels, a conversion's plan) instead of every worker waiting for it at the first
-    kernel. A failure is left to that first load, which sets it up again and raises."""
-    with contextlib.suppress(Exception):  # (the first kernel load raises it, as Numba does)
-        rtsys.initialize(context)
-
-
-def _start_runtime_set_up() -> None:
-    from numba.core.registry import cpu_target
-
-    context = cpu_target.target_context  # (made here: a property of Numba's, not thread-safe)
-    thread = threading.Thread(
-        target=_set_up_runtime, args=(context,), name="qstream-numba-runtime", daemon=True
-    )
-    thread.start()
-    # a fork while the thread holds Numba's compiler lock would leave the lock held in the
-    # child for good: a fork waits for the thread
-    os.register_at_fork(before=thread.join)
-
-
-_start_runtime_set_up()
 _serial: bool | None = None  # unknown until the first parallel call has chosen a layer
 
 
