@@ -103,7 +103,9 @@ def _files(root: Path) -> dict[str, object]:
     return out
 
 
-def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_reused(tmp_path):
+def _killed_after(tmp_path: Path, count: int, done: int) -> Path:
+    """A checkpoint of ``count`` small tensors at ``tmp_path/m.safetensors``, converted one by
+    one into ``tmp_path/out.zarr`` by a process killed (SIGKILL) once ``done`` were finished."""
     import subprocess
     import sys
 
@@ -112,12 +114,17 @@ def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_r
 
     rng = np.random.default_rng(5)
     tensors = {f"layers.{i}.w.weight": rng.standard_normal((8, 16 + i)).astype(np.float32)
-               for i in range(180)}  # fmt: skip
+               for i in range(count)}  # fmt: skip
     save_file(tensors, str(tmp_path / "m.safetensors"))
     dst = tmp_path / "out.zarr"
     killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "m.safetensors"),
-                             str(dst), "150"], capture_output=True, text=True)  # fmt: skip
+                             str(dst), str(done)], capture_output=True, text=True)  # fmt: skip
     assert killed.returncode == -9, killed.stderr
+    return dst
+
+
+def test_after_a_kill_the_tensors_finished_but_not_listed_are_counted_done_and_reused(tmp_path):
+    dst = _killed_after(tmp_path, 180, 150)
     listed = set(qs.open_quantized(dst, allow_incomplete=True).tensors)
     assert len(listed) == 128  # (the rows of one batch; the rest was pending when killed)
     unlisted = qs.open_quantized(dst, allow_incomplete=True).unlisted()
@@ -167,20 +174,7 @@ def test_a_resumed_conversion_into_safetensors_says_so_and_ends_byte_identical(t
 def test_an_interrupted_conversion_that_listed_nothing_names_the_compression_it_wrote(tmp_path):
     # killed before its first batch of index rows: the compression comes from a tensor (or a
     # pack) it finished, as a finished checkpoint's does, not "auto"
-    import subprocess
-    import sys
-
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    rng = np.random.default_rng(6)
-    tensors = {f"layers.{i}.w.weight": rng.standard_normal((8, 16 + i)).astype(np.float32)
-               for i in range(40)}  # fmt: skip
-    save_file(tensors, str(tmp_path / "m.safetensors"))
-    dst = tmp_path / "out.zarr"
-    killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path / "m.safetensors"),
-                             str(dst), "20"], capture_output=True, text=True)  # fmt: skip
-    assert killed.returncode == -9, killed.stderr
+    dst = _killed_after(tmp_path, 40, 20)
     ck = qs.open_quantized(dst, allow_incomplete=True)
     assert not ck.tensors and len(ck.unlisted()) == 20
     done = tmp_path / "done.zarr"

@@ -397,42 +397,13 @@ def test_held_roots_are_walked_below_and_released(tmp_path):
     assert not paths._HELD and not paths._ROOTS
 
 
-def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path):
-    """The lowest layer of a block's write: a chunk folder that is a link (nested keys,
-    ``c/0``) below a held root is refused, naming it, before anything is written."""
-    from qstream import paths
+def _chunks_into_a_link(tmp_path):
+    """``(files, user)``: the 4 x 4 int8 array at ``tmp_path/dst/data`` in chunks of 2 x 4 under
+    nested keys (``c/0/0``), whose ``c`` folder is a link to the folder ``tmp_path/user``."""
     from qstream.io.storage.arraydoc import ChunkKey
     from qstream.io.storage.chunks import ChunkFiles
 
-    root = tmp_path / "dst"
-    (root / "data").mkdir(parents=True)
-    user = tmp_path / "user"
-    user.mkdir()
-    (root / "data" / "c").symlink_to("../../user")
-    files = ChunkFiles(
-        root=str(root / "data"),
-        shape=(4, 4),
-        chunks=(2, 4),
-        dtype=np.dtype("int8"),
-        fill_value=0,
-        codec=None,
-        encode_key=ChunkKey("/"),
-    )
-    with paths.held(str(root)), pytest.raises(StoreError, match=r"data/c is a link inside"):
-        files.write((slice(0, 4), slice(0, 4)), np.ones((4, 4), np.int8))
-    assert list(user.iterdir()) == []
-
-
-def test_chunk_files_made_from_a_held_descriptor_are_never_written_through_a_link(tmp_path):
-    """A node being built (``root_fd``: its array folder's descriptor, held by the publisher)
-    makes its chunk files relative to that descriptor: a nested chunk folder that is a link
-    is refused the same, naming it; flat keys land in the folder itself."""
-    from dataclasses import replace
-
-    from qstream.io.storage.arraydoc import ChunkKey
-    from qstream.io.storage.chunks import ChunkFiles
-
-    root = tmp_path / "node" / "data"
+    root = tmp_path / "dst" / "data"
     root.mkdir(parents=True)
     user = tmp_path / "user"
     user.mkdir()
@@ -445,8 +416,32 @@ def test_chunk_files_made_from_a_held_descriptor_are_never_written_through_a_lin
         fill_value=0,
         codec=None,
         encode_key=ChunkKey("/"),
-        atomic=False,
     )
+    return files, user
+
+
+def test_chunk_files_below_a_held_root_are_never_written_through_a_link(tmp_path):
+    """The lowest layer of a block's write: a chunk folder that is a link (nested keys,
+    ``c/0``) below a held root is refused, naming it, before anything is written."""
+    from qstream import paths
+
+    files, user = _chunks_into_a_link(tmp_path)
+    with paths.held(str(tmp_path / "dst")), pytest.raises(StoreError, match=r"data/c is a link"):
+        files.write((slice(0, 4), slice(0, 4)), np.ones((4, 4), np.int8))
+    assert list(user.iterdir()) == []
+
+
+def test_chunk_files_made_from_a_held_descriptor_are_never_written_through_a_link(tmp_path):
+    """A node being built (``root_fd``: its array folder's descriptor, held by the publisher)
+    makes its chunk files relative to that descriptor: a nested chunk folder that is a link
+    is refused the same, naming it; flat keys land in the folder itself."""
+    from dataclasses import replace
+
+    from qstream.io.storage.arraydoc import ChunkKey
+
+    files, user = _chunks_into_a_link(tmp_path)
+    files.atomic = False
+    root = tmp_path / "dst" / "data"
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(StoreError, match=r"data/c is a link inside"):
