@@ -311,11 +311,27 @@ def made_folder(dfd: int, name: str, path: str) -> Iterator[int]:
     except OSError as e:  # (a link swapped in since the mkdir)
         if e.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise
-        raise StoreError(f"{path} was replaced while qstream wrote it; remove it") from None
+        raise _replaced(path) from None
     try:
         yield fd
+        # still the folder held (not moved away and a link or another folder put in its
+        # place while the body wrote into the one held): else what is published is not it
+        held = os.fstat(fd)
+        try:
+            now = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise _replaced(path) from None
+        if (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise _replaced(path)
     finally:
         os.close(fd)
+
+
+def _replaced(path: str) -> StoreError:
+    return StoreError(
+        f"{path} was replaced while qstream wrote it (a link or a folder put in its place);"
+        " qstream never writes through a link in an output: remove it"
+    )
 
 
 def write_new_in(dfd: int, name: str, data: bytes | memoryview, path: str) -> None:

@@ -157,8 +157,15 @@ class ParallelKernel:
     def _numba_type_(self) -> Any:  # (how Numba types a value: the parallel build)
         return self.builds()[0]._numba_type_
 
-    def __call__(self, *args: Any) -> Any:
-        return self.builds()[0](*args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.builds()[0](*args, **kwargs)
+
+    def __reduce__(self) -> Any:
+        # pickled by name, as a function is (and unpickled as the same kernel), where the
+        # kernel is its module's; else as its parallel build, as Numba pickles a dispatcher
+        if _kernel_named(self.__module__, self.__qualname__) is self:
+            return _kernel_named, (self.__module__, self.__qualname__)
+        return self.builds()[0].__reduce__()
 
     def __getattr__(self, name: str) -> Any:  # (the rest of a dispatcher: signatures, ...)
         if name == "_builds":  # (not set: a copy being made)
@@ -170,6 +177,16 @@ class ParallelKernel:
 
 
 _making = threading.RLock()
+
+
+def _kernel_named(module: str, qualname: str) -> Any:
+    """The kernel ``qualname`` of the module ``module`` (None when there is none)."""
+    import importlib
+
+    found: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found
 
 
 def _copy(

@@ -184,3 +184,18 @@ def test_an_interrupted_conversion_that_listed_nothing_names_the_compression_it_
     assert ck.summary()["compression"] == want
     seen = run("inspect", dst)
     assert seen.exit_code == 0 and "auto" not in seen.stdout, seen.stdout
+    # a pack planted as a link (to a gzip one written elsewhere) is not read through
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    alike = {f"e.{i}.weight": np.ones((8, 16), np.float32) * (i + 1) for i in range(4)}
+    save_file(alike, str(tmp_path / "alike.safetensors"))
+    other = tmp_path / "other.zarr"
+    made = run(
+        "convert", tmp_path / "alike.safetensors", other, "-q", "--compression", "gzip", "--packs"
+    )
+    assert made.exit_code == 0, made.output
+    (pack,) = sorted((other / "_packs").glob("p*"))[:1]
+    (dst / "_packs").mkdir()
+    (dst / "_packs" / "p000000").symlink_to(pack)
+    assert qs.open_quantized(dst, allow_incomplete=True).summary()["compression"] == want

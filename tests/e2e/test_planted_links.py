@@ -561,3 +561,38 @@ def test_a_folder_swapped_for_a_link_while_a_job_writes_is_never_written_through
     expected = tmp_path / "expected.zarr"
     assert cli("quantize", src, expected, "--axis", "0", "--max-memory", "1MiB").exit_code == 0
     np.testing.assert_array_equal(qs.open_quantized(dst)[...], qs.open_quantized(expected)[...])
+
+
+@pytest.mark.parametrize("member", [False, True])
+def test_a_node_whose_folder_is_swapped_for_a_link_while_built_is_never_published(
+    tmp_path, monkeypatch, member
+):
+    """A published node is built through its folders' held descriptors. If the hidden folder
+    (or a member's) is moved away while it is written and a link put in its place, the
+    build is refused, naming it, and the link is never renamed into the output."""
+    from qstream import paths
+    from qstream.io.outputs import publish
+
+    out = tmp_path / "out.zarr"
+    out.mkdir()
+    user = tmp_path / "user"
+    user.mkdir()
+    real = publish._fill_array
+
+    def racing(fd, where, *args, **kwargs):
+        # (another user who can write in the output, meanwhile)
+        os.rename(where, tmp_path / "moved")
+        os.symlink(user, where)
+        return real(fd, where, *args, **kwargs)
+
+    monkeypatch.setattr(publish, "_fill_array", racing)
+    kw = {"shape": (4, 8), "chunks": (2, 8), "dtype": "int8", "compressors": None}
+    values = np.ones((4, 8), np.int8)
+    with paths.held(str(out)), pytest.raises(StoreError, match="was replaced while qstream"):
+        if member:
+            publish.write_group(str(out / "t"), {}, {"data": (kw, values, None)})
+        else:
+            publish.write_array(str(out / "t"), kw, values, None)
+    assert not os.path.lexists(out / "t")
+    assert [p.name for p in out.iterdir()] == []  # (no hidden folder or link left)
+    assert list(user.iterdir()) == []

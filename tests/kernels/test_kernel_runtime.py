@@ -241,3 +241,18 @@ def test_kernel_caches_are_made_when_a_kernel_first_needs_a_build(tmp_path):
     folders, indexes = map(int, r.stdout.split())
     assert folders == 0
     assert indexes >= 1
+
+
+def test_a_parallel_kernel_pickles_as_itself_and_takes_keywords():
+    import pickle
+
+    from qstream.kernels.affine import QUANTIZE_KERNELS
+    from qstream.kernels.stats import _ranges_channel_rows
+
+    k = QUANTIZE_KERNELS[0]
+    assert pickle.loads(pickle.dumps(k)) is k  # (by name: the same kernel, its builds kept)
+    x = np.ones((1, 2, 4), np.float32)
+    mins, maxs = np.full(2, np.inf), np.full(2, -np.inf)
+    counts = [np.zeros(2, np.int64) for _ in range(4)]
+    _ranges_channel_rows(x, mins, maxs, *counts[:3], neginf=counts[3])
+    np.testing.assert_array_equal(maxs, [1.0, 1.0])

@@ -43,6 +43,7 @@ from ...errors import StoreError
 from ...input_files import check_tree
 from ...paths import confined, remove_child, walk_below
 from ..storage import (
+    entry_kind,
     float_values,
     group_doc,
     is_plain_dir,
@@ -247,8 +248,12 @@ def finished_unlisted(root: str, names: Iterable[str], listed: Container[str]) -
         if doc.get("node_type") == "group" and isinstance(meta, dict) and meta.get("complete"):
             done.add(name)
     folder = os.path.join(root, PACKS)
-    for entry in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-        meta = _pack_doc(os.path.join(folder, entry)) if pack_number(entry) is not None else None
+    plain = entry_kind(folder) == "dir"  # (a link there, or to a pack, is never followed)
+    for entry in sorted(os.listdir(folder)) if plain else ():
+        pack = os.path.join(folder, entry)
+        meta = None
+        if pack_number(entry) is not None and entry_kind(pack) == "dir":
+            meta = _pack_doc(pack)
         if not meta or meta.get("complete") is not True:
             continue
         packed = (meta.get("tensors") or {}).get("name")

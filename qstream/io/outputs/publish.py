@@ -12,7 +12,10 @@ folder and file of the node made relative to the descriptors held, the node rena
 to its folder's: a link on the way, even one swapped in while the node is written, is refused,
 never followed, and one at the place itself (which the rename never follows) is named when
 the rename fails. No path is walked again inside the node (a pack of 10 files and folders: 12
-``openat`` calls, 45 when each file walked its path from the root).
+``openat`` calls, 45 when each file walked its path from the root), but by the arrays
+zarr-python writes itself (a scalar). Each folder held is checked to be still in its place
+when it is done (:func:`~qstream.paths.made_folder`): one moved away and replaced meanwhile
+is refused, so a link swapped in is never renamed into the output.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ public :func:`qstream.open_quantized` (:mod:`qstream.io.outputs.qarray`) opens e
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -18,13 +19,22 @@ from typing import TYPE_CHECKING, Any
 from ...errors import StoreError
 from ...input_files import check_tree
 from ...paths import child, local_path
-from ..storage import LocalGroup, all_chunks, open_group, open_local, require_chunks, tensor_key
+from ..storage import (
+    LocalGroup,
+    all_chunks,
+    entry_kind,
+    open_group,
+    open_local,
+    require_chunks,
+    tensor_key,
+)
 from .ondisk import gaps
 from .pack_layout import (
     PACK_NAME,
     PACKS,
     check_pack_name,
     finished_unlisted,
+    read_pack_doc,
     unlisted_tensors,
 )
 from .packreader import PackReader
@@ -314,10 +324,14 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         """The folder (below ``local``) of a pack, else of a tensor, that this interrupted
         conversion finished without listing it; None when there is none."""
         packs = os.path.join(local, PACKS)
-        names = sorted(os.listdir(packs)) if os.path.isdir(packs) else []
-        for name in names:
-            if PACK_NAME.fullmatch(name) and os.path.isfile(os.path.join(packs, name, "zarr.json")):
-                return f"{PACKS}/{name}"
+        if entry_kind(packs) == "dir":  # (a link there, or to a pack: never followed)
+            for name in sorted(os.listdir(packs)):
+                pack = os.path.join(packs, name)
+                if not (PACK_NAME.fullmatch(name) and entry_kind(pack) == "dir"):
+                    continue
+                with contextlib.suppress(StoreError):  # (a link or a FIFO in it: not qstream's)
+                    if (read_pack_doc(pack) or {}).get("complete") is True:
+                        return f"{PACKS}/{name}"
         done = self.unlisted()
         return tensor_key(done[0]) if done else None
 
