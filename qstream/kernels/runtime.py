@@ -47,7 +47,6 @@ if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY
     numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]  # type: ignore[attr-defined]
 
 _lock = threading.Lock()
-
 _serial: bool | None = None  # unknown until the first parallel call has chosen a layer
 
 

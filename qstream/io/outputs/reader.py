@@ -223,18 +223,21 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         checkpoint it came from, its :attr:`layout` and compression; an unfinished one also
         names the tensors it finished but had not listed yet (``unlisted``, see
         :meth:`unlisted`)."""
+        complete = bool(self.meta.get("complete"))
+        # (finished by an interrupted run, not listed yet: one read of each folder's document)
+        unlisted = [] if complete else self.unlisted()
         compression = self.meta.get("compression")
         if compression == "auto":  # (the source's codecs, else zstd: what was written)
-            compression = self._written_compression() or compression
+            compression = self._written_compression(unlisted) or compression
         out = {
             "checkpoint": self.meta.get("source"),
-            "complete": bool(self.meta.get("complete")),
+            "complete": complete,
             "layout": self.layout,
             "compression": compression,
             "tensors": self.tensors,
         }
-        if not out["complete"]:  # (finished by an interrupted run, not listed yet)
-            out["unlisted"] = self.unlisted()
+        if not complete:
+            out["unlisted"] = unlisted
         return out
 
     def damaged(self) -> list[str]:
@@ -296,9 +299,10 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             return set()
         return finished_unlisted(local, names, self.tensors)
 
-    def _written_compression(self) -> str | None:
+    def _written_compression(self, unlisted: list[str]) -> str | None:
         """How the codes of this (local) checkpoint's first quantized tensor are compressed,
-        from its codes' document, in ``--compression``'s spelling; None where it cannot say."""
+        from its codes' document, in ``--compression``'s spelling (``unlisted``: its
+        :meth:`unlisted` tensors, looked at when none is listed); None where it cannot say."""
         from ..storage import read_local_doc
         from ..storage.compression import describe_docs
 
@@ -310,7 +314,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
             pack = row.get("pack")
             where = f"{PACKS}/{check_pack_name(pack, self.path)}" if pack else row.get("key")
         else:  # (an interrupted conversion that listed none yet: a tensor it finished)
-            where = self._first_unlisted(local)
+            where = self._first_unlisted(local, unlisted)
         if not isinstance(where, str):
             return None
         doc = read_local_doc(os.path.join(local, where, "data", "zarr.json")) or {}
@@ -320,9 +324,9 @@ class QuantizedCheckpoint(Mapping[str, Any]):
         # (the codecs but the serializer: what --compression names)
         return describe_docs([c for c in codecs if c.get("name") not in ("bytes", "transpose")])
 
-    def _first_unlisted(self, local: str) -> str | None:
-        """The folder (below ``local``) of a pack, else of a tensor, that this interrupted
-        conversion finished without listing it; None when there is none."""
+    def _first_unlisted(self, local: str, unlisted: list[str]) -> str | None:
+        """The folder (below ``local``) of a pack, else of a tensor (of ``unlisted``), that
+        this interrupted conversion finished without listing it; None when there is none."""
         packs = os.path.join(local, PACKS)
         if entry_kind(packs) == "dir":  # (a link there, or to a pack: never followed)
             for name in sorted(os.listdir(packs)):
@@ -332,8 +336,7 @@ class QuantizedCheckpoint(Mapping[str, Any]):
                 with contextlib.suppress(StoreError):  # (a link or a FIFO in it: not qstream's)
                     if (read_pack_doc(pack) or {}).get("complete") is True:
                         return f"{PACKS}/{name}"
-        done = self.unlisted()
-        return tensor_key(done[0]) if done else None
+        return tensor_key(unlisted[0]) if unlisted else None
 
     def unlisted(self) -> list[str]:
         """The tensors this (local, interrupted) conversion finished but had not listed in
