@@ -30,7 +30,7 @@ def tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock):
 
 
 @njit(inline="always", cache=True)
-def _quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
+def quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
     """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3.
 
     Loops run over zero-based slices: with a runtime start index Numba keeps negative-index
@@ -71,7 +71,7 @@ def _quantize_all(x, scale, zero_point, cblock, iblock, lo, hi, mask, out, op):
     n_tiles = (n_inner + TILE - 1) // TILE
     for t in prange(n_outer * n_c * n_tiles):
         o, c, po, pc, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock)
-        _quantize_tile(
+        quantize_tile(
             x[o, c],
             scale[po, pc],
             zero_point[po, pc],

@@ -5,12 +5,17 @@ The arithmetic is the same, operation for operation, as the unfused path: ``slot
 (finite min/max by integer order keys), ``params_from_range`` (float64, scale rounded to
 float32, ``rint`` zero point) and the ``half_to_even`` quantize kernel (float32 ``rint(x /
 s) + z``, saturated to ``[lo, hi]``, masked), so the results are bit-identical to it.
+
+:func:`prefetch` is the cache hint its kernels give for the row they read next (Numba has none).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..qtypes import TINY_SCALE
 from .affine import TILE
@@ -36,9 +41,32 @@ from .error_stats import (
     fold_partial,
     run_sums,
 )
-from .prefetch import prefetch
 from .runtime import njit, parallel_kernel, specialize
 from .stats import slot_range_keys32
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Hint the CPU to bring element ``i`` of the contiguous array ``arr`` (counted from its
+    first element, possibly past its end: a prefetch never faults) into its caches.
+
+    For kernels that make two passes over a row, one bound by memory and one by arithmetic:
+    prefetching the next row during the arithmetic lets the two overlap."""
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        p = builder.bitcast(builder.gep(a.data, [args[1]]), i8p)
+        # a read, kept in every cache level, of data
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
 
 SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
 # how scales are rounded (``scale_mode``; ``qstream.core.SCALE_MODES``): float32 values no

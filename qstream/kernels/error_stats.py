@@ -41,16 +41,11 @@ def _dequantized(qv, s, z):
 
 
 @njit(inline="always", cache=True, fastmath=FASTMATH)
-def _sums(xs, qs, s, z, lo, hi):
-    """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped) of a run, as if every
-    value were finite. A NaN or infinite x makes sum x^2 NaN or infinite (its terms are never
-    negative, so nothing cancels): the caller tests that sum instead of counting them here."""
-    return sums_at(xs, qs, np.uint64(0), np.uint64(xs.shape[0]), s, z, lo, hi)
-
-
-@njit(inline="always", cache=True, fastmath=FASTMATH)
 def sums_at(xr, qr, i0, i1, s, z, lo, hi):
-    """:func:`_sums` of the run ``[i0, i1)`` (``uint64`` bounds) of the rows ``xr``/``qr``.
+    """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped) of the run ``[i0, i1)``
+    (``uint64`` bounds) of the rows ``xr``/``qr``, as if every value were finite. A NaN or
+    infinite x makes sum x^2 NaN or infinite (its terms are never negative, so nothing
+    cancels): the caller tests that sum instead of counting them here.
 
     Kernels that take many short runs of one row call this rather than slice it: a slice
     costs two atomic reference-count updates, and threads slicing one array contend for its
@@ -91,6 +86,14 @@ def run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
     return sx2, se2, emax
 
 
+@njit(cache=True, nogil=True, fastmath=FASTMATH)
+def row_sums(xr, qr, s, z, qmin, qmax, acc):
+    """:func:`run_sums` of the whole row ``xr``/``qr`` into ``acc``, compiled on its own with
+    the error kernels' fast-math flags: a kernel compiled without them (one that quantizes
+    too) calls it and gets the sums :func:`_error_sums_channel_rows` gives, bit for bit."""
+    run_sums(xr, qr, np.uint64(0), np.uint64(xr.shape[0]), s, z, qmin, qmax, acc)
+
+
 @njit(inline="always", cache=True, fastmath=FASTMATH)
 def finite_run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
     """:func:`run_sums` of a run whose values are all finite (no second pass for NaN/inf:
@@ -125,20 +128,36 @@ def fold_partial(acc, part):
 
 @njit(cache=True, nogil=True, fastmath=FASTMATH)
 def finite_sums(xs, qs, s, z, lo, hi, acc):
-    """:func:`_sums` of a copy of the run where each NaN/inf is x = 0 with q = zp (so y = 0,
-    e = 0), and the count of finite values; NaN, +inf and -inf are counted into ``acc``. Out
-    of line: the hot loop stays small."""
-    xc = xs.copy()
-    qc = qs.copy()
-    n = xc.shape[0]
-    for i in range(xc.shape[0]):
-        v = np.float64(xc[i])
+    """:func:`sums_at` of the run as if each NaN/inf were x = 0 with q = zp (so y = 0, e = 0),
+    and the count of finite values; NaN, +inf and -inf are counted into ``acc``. Out of line:
+    the hot loop stays small. No copy of the run is made: an array made in a kernel loads
+    Numba's array module (15 ms) in every process that loads the kernel from the cache."""
+    n = np.int64(xs.shape[0])
+    for i in range(xs.shape[0]):
+        v = np.float64(xs[i])
         if _nonfinite(v):
             acc[7 if v != v else (8 if v > 0 else 9)] += 1
             n -= 1
-            xc[i] = 0.0
-            qc[i] = z
-    sx2, se2, sxy, sy2, emax, clip = _sums(xc, qc, s, z, lo, hi)
+    sx2 = 0.0
+    se2 = 0.0
+    sxy = 0.0
+    sy2 = 0.0
+    emax = np.int64(0)
+    clip = np.int32(0)
+    for i in range(xs.shape[0]):
+        x = np.float64(xs[i])
+        fin = _nonfinite(x) == 0
+        x = x if fin else 0.0
+        # computed, then dropped: a call under a condition keeps the loop from vectorising
+        y = _dequantized(qs[i], s, z)
+        y = y if fin else 0.0
+        e = x - y
+        sx2 += x * x
+        se2 += e * e
+        sxy += x * y
+        sy2 += y * y
+        emax = max(emax, _bits(abs(e)))
+        clip += np.int32((x > hi) | (x < lo))
     return sx2, se2, sxy, sy2, emax, clip, n
 
 

@@ -1,8 +1,9 @@
 """A piece whose rows are its channels (per channel on axis 0, each row no longer than a tile)
-is quantized and error-summed a run of rows at a time
-(:func:`~qstream.engine.blocks.blockmath.quantize_rows_with_errors`), so that each run is still in
-the CPU's cache for the second kernel. Each row's codes and sums are its own, so the output
-and every figure of the report are those of the whole piece at once, byte for byte."""
+is quantized and error-summed by one fused kernel, row by row
+(:func:`~qstream.engine.blocks.blockmath.quantize_rows_with_errors`), so that each row is still in
+the CPU's cache for its sums. Each row's codes and sums are the two kernels' own, so the output
+and every figure of the report are those of the two kernels over the whole piece, byte for
+byte."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _source(dtype, nonfinite: bool) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_runs_of_rows_give_the_whole_piece_codes_and_report(tmp_path, monkeypatch, case):
+def test_the_fused_kernel_gives_the_two_kernels_codes_and_report(tmp_path, monkeypatch, case):
     spec_d, dtype = CASES[case]
     spec = QuantSpec.from_dict(spec_d)
     x = _source(dtype, spec.nan_policy != "error")
@@ -65,8 +66,8 @@ def test_runs_of_rows_give_the_whole_piece_codes_and_report(tmp_path, monkeypatc
     # (the kernels: a small array's twins take the whole piece at once)
     monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
     out = {}
-    for label, budget in (("whole", 0), ("runs", 7 * 66)):  # runs of 7 rows of 66 values
-        monkeypatch.setattr(blockmath, "ROWS_IN_CACHE", budget)
+    for label, least in (("whole", x.size + 1), ("runs", 0)):  # (the two kernels; fused)
+        monkeypatch.setattr(blockmath, "FUSED_FROM", least)
         taken.clear()
         report = qs.quantize_store(x, tmp_path / f"{label}.zarr", spec)
         out[label] = (qs.open_quantized(tmp_path / f"{label}.zarr"), report, list(taken))
@@ -83,15 +84,15 @@ def test_runs_of_rows_give_the_whole_piece_codes_and_report(tmp_path, monkeypatc
 @pytest.mark.parametrize(
     "shape, axis, taken",
     [
-        ((2048, 256), 0, True),  # 1024 rows a run
-        ((2047, 256), 0, False),  # fewer than two runs: at once
-        ((64, 1 << 17), 0, False),  # rows of half a run's budget: runs of one row are not made
+        ((2048, 256), 0, True),  # FUSED_FROM values
+        ((2047, 256), 0, False),  # fewer: the two kernels (their twins compile faster)
+        ((64, 1 << 17), 0, False),  # rows longer than a tile
         ((1 << 19,), 0, False),  # a value per row (a parameter per value)
         ((2048, 256), 1, False),  # channels along the rows
         ((2048, 40000), 0, False),  # rows longer than a tile
     ],
 )
-def test_runs_are_taken_only_for_rows_that_are_channels(shape, axis, taken):
+def test_the_fused_kernel_is_taken_only_for_rows_that_are_channels(shape, axis, taken):
     from qstream.core.layout import plan_layout
 
     x = np.ones(shape, np.float32)
@@ -102,3 +103,30 @@ def test_runs_are_taken_only_for_rows_that_are_channels(shape, axis, taken):
     out = np.empty(shape, np.int8)
     got = blockmath.quantize_rows_with_errors(x, s, z, layout, spec.qtype, spec, out, -128.0)
     assert (got is not None) == taken
+
+
+@pytest.mark.parametrize("case", ["int8", "uint8-asymmetric", "half-away", "bfloat16", "nan-fill"])
+def test_the_fused_parallel_build_gives_the_two_kernels_codes_and_report(
+    tmp_path, monkeypatch, case
+):
+    """A piece large enough for the kernels' parallel builds (not their serial twins): the
+    fused kernel's codes and figures are still the two kernels' over the whole piece."""
+    spec_d, dtype = CASES[case]
+    spec = QuantSpec.from_dict(spec_d)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((640, 1000)) * rng.uniform(0.01, 30, (640, 1))
+    x[7] = 0.0
+    if spec.nan_policy != "error":
+        x[9, 5], x[300, 999], x[301, 0] = np.nan, np.inf, -np.inf
+    x = x.astype(dtype)
+    assert x.size >= 2 * qstream_budget.SERIAL_BELOW
+    monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
+    got = {}
+    for label, least in (("two", x.size + 1), ("fused", 0)):
+        monkeypatch.setattr(blockmath, "FUSED_FROM", least)
+        report = qs.quantize_store(x, tmp_path / f"{label}.zarr", spec)
+        got[label] = (qs.open_quantized(tmp_path / f"{label}.zarr"), report)
+    (two, r_two), (fused, r_fused) = got["two"], got["fused"]
+    assert two.quantized(...).tobytes() == fused.quantized(...).tobytes()
+    assert np.asarray(two.scale).tobytes() == np.asarray(fused.scale).tobytes()
+    assert json.dumps(r_two.error) == json.dumps(r_fused.error)

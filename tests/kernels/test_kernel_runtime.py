@@ -124,7 +124,7 @@ def test_prefetch_hints_anywhere_without_faulting_or_changing_data():
     the last one): it never faults and never changes memory."""
     from numba import njit
 
-    from qstream.kernels.prefetch import prefetch
+    from qstream.kernels.blocked import prefetch
 
     @njit
     def hint_and_sum(x, reach):

@@ -299,9 +299,9 @@ def _error_inputs(
     )
 
 
-#: values of a piece :func:`quantize_rows_with_errors` quantizes, then error-sums, at a time
-#: (as many as the kernels' parallel builds take: a run is split among a worker's threads)
-ROWS_IN_CACHE = 1 << 18
+#: values of a piece from which :func:`quantize_rows_with_errors` takes it (a smaller one runs
+#: the two kernels, whose serial twins compile faster)
+FUSED_FROM = 1 << 19
 
 
 def quantize_rows_with_errors(
@@ -315,15 +315,16 @@ def quantize_rows_with_errors(
     lo_q: float,
 ) -> ErrorStats | None:
     """:func:`quantize_spec` then :func:`block_errors_fused` (per channel on axis 0) of a piece
-    whose rows are its channels, each no longer than a tile, a run of rows of about
-    :data:`ROWS_IN_CACHE` values at a time: each run is still in the CPU's cache when its
-    errors are summed (over a 16 MiB pack, the two kernels then take ~35% less time). Each
-    row's codes and sums are its own, so they are the whole piece's, byte for byte. None where
+    of at least :data:`FUSED_FROM` values whose rows are its channels, each no longer than a
+    tile, in one kernel call (:func:`~qstream.kernels.quantize_sums.fused_kernel`): each row is
+    quantized, then its errors summed while it is still in the CPU's cache. Each row's codes
+    and sums are the two kernels', so they are the whole piece's, byte for byte. None where
     this does not apply; the caller then runs both kernels over the whole piece."""
     if numpy_kernels():  # (the twins take the whole piece at once)
         return None
     from ...core import quantize_call
-    from ...kernels.error_stats import N_SUMS, error_sums
+    from ...kernels.error_stats import N_SUMS
+    from ...kernels.quantize_sums import fused_kernel
     from ...kernels.runtime import run
     from ...kernels.stats import channel_rows
     from ...rounding import round_code
@@ -331,16 +332,13 @@ def quantize_rows_with_errors(
     o, c, i = layout.shape3
     if layout.axis != 0 or layout.block_size or o != 1 or i < 2:  # (i == 1: values per row)
         return None
-    if not channel_rows(layout.shape3, c):
-        return None
-    rows = ROWS_IN_CACHE // i
-    if rows < 2 or c < 2 * rows:
+    if x.size < FUSED_FROM or not channel_rows(layout.shape3, c):
         return None
     code = round_code(spec.round_mode)
     call = quantize_call(x, s, z, layout, qt, out, code=code, narrow_range=spec.narrow_range)
     if call is None:
         return None
-    kernel, xq, sq, zq, cb, ib, lo, hi, mask, q3 = call
+    _, xq, sq, zq, cb, _, lo, hi, mask, _ = call
     # (the values the quantize kernel reads, when the error kernel reads the same type: a
     # bfloat16 or float16 piece converted once, not twice)
     wanted = np.float64 if x.dtype == np.float64 else np.float32  # (as _error_inputs)
@@ -349,13 +347,7 @@ def quantize_rows_with_errors(
     if not np.shares_memory(qe, out):  # (sub-byte codes are widened by a copy: made too soon)
         return None
     sums = np.zeros((N_SUMS, c)).T  # (a channel's sums a row, each figure's contiguous)
-    for c0 in range(0, c, rows):
-        c1 = c if c - c0 < 2 * rows else c0 + rows  # (the last run takes the rest)
-        r = slice(c0, c1)
-        run(kernel, xq[:, r], sq[:, r], zq[:, r], cb, ib, lo, hi, mask, q3[:, r])
-        error_sums(xe[:, r], qe[:, r], se[:, r], ze[:, r], cb, ib, qmin, qmax, False, sums[r])
-        if c1 == c:
-            break
+    run(fused_kernel(code), xq, sq, zq, xe, se, ze, cb, lo, hi, mask, qmin, qmax, qe, sums)
     return _stats_of(sums)
 
 

@@ -34,6 +34,7 @@ KERNELS = (
     "qstream.kernels.error_stats",
     "qstream.kernels.offset",
     "qstream.kernels.packing",
+    "qstream.kernels.quantize_sums",
     "qstream.kernels.rounding",
     "qstream.kernels.search",
     "qstream.kernels.stats",
