@@ -31,11 +31,13 @@ SciPy is installed that imports all of ``scipy.linalg``, whose array-API layer w
 attribute of NumPy (importing ``numpy.f2py`` on the way): 0.1-0.15 s of a 1.8 s conversion,
 in every process. Likewise ``numba.core.typing.cffi_utils`` imports ``cffi`` and makes an
 ``FFI()`` (loading ``pycparser``: 20-25 ms) so that kernels may call CFFI functions. No
-qstream kernel uses BLAS or CFFI, and qstream imports neither SciPy nor CFFI.
-:func:`skip_numba_probes` makes those imports, from those probes only, fail as if the
-packages were absent: Numba then leaves ``np.dot``, ``@`` and CFFI calls unsupported in this
-process (as it does without them), and ``import scipy.linalg`` or ``import cffi`` still works
-for anyone else, later too.
+qstream kernel uses BLAS or CFFI, and qstream imports neither SciPy nor CFFI. And when Numba
+is imported, its settings module imports PyYAML (7-10 ms) to read a ``.numba_config.yaml``
+in the current folder, which is seldom there. :func:`skip_numba_probes` makes those imports,
+from those probes only, fail as if the packages were absent (PyYAML's only where there is no
+such file): Numba then leaves ``np.dot``, ``@`` and CFFI calls unsupported in this process
+(as it does without them), and ``import scipy.linalg``, ``import cffi`` or ``import yaml``
+still works for anyone else, later too.
 
 Numba's cached kernels load without its compiler set-up in any process, not only here
 (:func:`qstream.kernels.runtime.lean_load`).
@@ -106,7 +108,19 @@ def keep_freed_memory() -> bool:
 NUMBA_PROBES = {
     "scipy.linalg": ("numba.np.arraymath", "_check_blas"),  # np.dot and @ (BLAS)
     "cffi": ("numba.core.typing.cffi_utils", "<module>"),  # CFFI functions in kernels
+    "yaml": ("numba.core.config", "<module>"),  # to read NUMBA_CONFIG_FILE, where there is one
 }
+#: the settings file Numba reads from the current folder (with PyYAML) when it is imported
+NUMBA_CONFIG_FILE = ".numba_config.yaml"
+
+
+def numba_probes() -> dict[str, tuple[str, str]]:
+    """:data:`NUMBA_PROBES` that find nothing this process needs: PyYAML's only where there is
+    no :data:`NUMBA_CONFIG_FILE` to read."""
+    probes = dict(NUMBA_PROBES)
+    if os.path.isfile(NUMBA_CONFIG_FILE):
+        del probes["yaml"]
+    return probes
 
 
 class _NoNumbaProbes:
@@ -114,7 +128,7 @@ class _NoNumbaProbes:
     once; it is gone once both have been; no other import is touched."""
 
     def __init__(self) -> None:
-        self.waiting = dict(NUMBA_PROBES)
+        self.waiting = numba_probes()
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         prober = self.waiting.get(name)
@@ -133,11 +147,12 @@ class _NoNumbaProbes:
 
 
 def skip_numba_probes() -> bool:
-    """Have Numba's probes for BLAS and CFFI find none, without importing SciPy or CFFI
-    (see the module's docstring); whether the probes are still to come (False: Numba's CPU
-    target is set up already, or those packages are imported already)."""
-    probers = {module for module, _ in NUMBA_PROBES.values()}
-    if any(m in sys.modules for m in (*NUMBA_PROBES, *probers)):
+    """Have Numba's probes for BLAS, CFFI and PyYAML find none, without importing SciPy, CFFI
+    or PyYAML (see the module's docstring); whether the probes are still to come (False: Numba
+    is imported or its CPU target set up already, or those packages are imported already)."""
+    probes = numba_probes()
+    probers = {module for module, _ in probes.values()}
+    if any(m in sys.modules for m in (*probes, *probers)):
         return False
     if not any(isinstance(f, _NoNumbaProbes) for f in sys.meta_path):
         sys.meta_path.insert(0, _NoNumbaProbes())  # type: ignore[arg-type]

@@ -124,13 +124,15 @@ def test_malloc_tunables_given_by_the_user_are_left_alone():
     [
         ("scipy.linalg", "scipy.linalg.solve([[2.0]], [4.0]).tolist() == [2.0]"),
         ("cffi", "cffi.FFI().sizeof('int') == 4"),
+        ("yaml", "yaml.safe_load('a: 1') == {'a': 1}"),
     ],
 )
 def test_numbas_probes_are_skipped_without_importing_the_package_which_still_imports(
     tmp_path, package, check
 ):
-    """Numba's probes for BLAS (SciPy) and CFFI find nothing in the qstream command; the
-    packages themselves still import and work afterwards."""
+    """Numba's probes for BLAS (SciPy), CFFI and PyYAML (with no ``.numba_config.yaml`` to
+    read) find nothing in the qstream command; the packages themselves still import and work
+    afterwards."""
     pytest.importorskip(package)  # (without it there is no probe to skip)
     code = textwrap.dedent(f"""
         import json, sys
@@ -140,9 +142,11 @@ def test_numbas_probes_are_skipped_without_importing_the_package_which_still_imp
         columns(1, 1)  # a kernel's first call: Numba sets up its CPU target
         import numba.np.arraymath as arraymath
         from numba.core.typing import cffi_utils
+        from numba.core import config
         seen = {{"first": first, "again": skip_numba_probes(),
                 "imported": {package!r} in sys.modules,
                 "blas": arraymath._HAVE_BLAS, "cffi": cffi_utils.SUPPORTED,
+                "yaml": config._HAVE_YAML,
                 "waiting": [p for f in sys.meta_path for p in getattr(f, "waiting", ())]}}
         import {package}
         seen["works"] = {check}
@@ -155,6 +159,25 @@ def test_numbas_probes_are_skipped_without_importing_the_package_which_still_imp
     seen = json.loads(r.stdout)
     assert seen["first"] is True and seen["again"] is False
     assert seen["imported"] is False  # the probe did not import the package
-    assert seen["blas"] is False and seen["cffi"] is False  # as without them
+    assert (seen["blas"], seen["cffi"], seen["yaml"]) == (False,) * 3  # as without them
     assert package not in seen["waiting"]  # its probe failed once, and no other import will
     assert seen["works"] is True  # the package imports and works afterwards
+
+
+def test_a_numba_config_file_is_still_read_by_the_qstream_command(tmp_path):
+    """Where the current folder holds a ``.numba_config.yaml``, PyYAML is not kept from Numba:
+    the file's settings hold in the qstream command as in any Numba program."""
+    pytest.importorskip("yaml")
+    (tmp_path / ".numba_config.yaml").write_text("disable_performance_warnings: 1\n")
+    code = textwrap.dedent("""
+        import json, sys
+        from cli.process import skip_numba_probes
+        skip_numba_probes()
+        from numba.core import config
+        print(json.dumps([config._HAVE_YAML, config.DISABLE_PERFORMANCE_WARNINGS]))
+        """)
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [True, 1]
