@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 import qstream as qs
 from cli.main import app
+from qstream.io.outputs.destination import file_system
 
 from ..support.llama_folder import write_llama
 
@@ -186,6 +187,8 @@ CATALOGUE = {
     ),
     "axis-a-tensor-lacks": (None, ["{w}/out.zarr", "--axis", "3"], "axis"),
 }
+if file_system("/proc") == "proc":  # (Linux: no file can be made in its proc file system)
+    CATALOGUE["dst-in-proc"] = (None, ["/proc/qstream-out.zarr"], "proc file system")
 
 
 @pytest.mark.parametrize("case", sorted(CATALOGUE))

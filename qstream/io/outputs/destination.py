@@ -23,6 +23,7 @@ import contextlib
 import enum
 import errno
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -216,7 +217,8 @@ _HELD_LOCK = threading.Lock()
 
 def check_writable(dst: object) -> None:
     """Refuse, before any work, a local destination that cannot be made: its nearest existing
-    ancestor is a file, or a directory this process may not write."""
+    ancestor is a file, a directory this process may not write, or a directory of a kernel's
+    file system where no files are made (``/proc``, ``/sys``: :data:`NO_FILES`)."""
     local = local_path(dst)
     if local is None:
         return
@@ -230,6 +232,55 @@ def check_writable(dst: object) -> None:
         raise StoreError(f"cannot write {dst}: {path} is a file, not a directory")
     if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
         raise StoreError(f"cannot write {dst}: permission denied on {path}")
+    kind = file_system(path)
+    if kind in NO_FILES:
+        raise StoreError(
+            f"cannot write {dst}: {path} is on the kernel's {kind} file system, where no"
+            " files can be made; write the output somewhere else"
+        )
+
+
+#: the kernel's file systems where a program makes no files or folders of its own (a
+#: folder made in a cgroup file system is a new control group)
+NO_FILES = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "cgroup",
+        "cgroup2",
+        "devpts",
+        "securityfs",
+        "debugfs",
+        "tracefs",
+        "pstore",
+        "bpf",
+        "fusectl",
+        "efivarfs",
+        "binfmt_misc",
+    }
+)
+
+
+def file_system(path: str) -> str | None:
+    """The type of the file system that holds ``path`` (Linux's mount table: the mount with
+    the longest mount point above ``path``), or None where the table cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    where = os.path.realpath(path)
+    best, kind = "", None
+    for line in lines:
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # (a later mount over the same point wins)
+            best, kind = point, rest.split()[0]
+    return kind
 
 
 def check_separate(
