@@ -11,6 +11,7 @@ __all__ = [
     "numpy_twins",
     "offset",
     "packing",
+    "quantize_sums",
     "runtime",
     "search",
     "stats",
