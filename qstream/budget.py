@@ -183,6 +183,11 @@ SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 #: loads Numba (``engine.convert.convert_checkpoint.small_job``); ``QSTREAM_NUMPY_JOB`` sets it
 #: (0: never; tests)
 NUMPY_JOB = int(os.environ.get("QSTREAM_NUMPY_JOB", 1 << 22))
+#: values of a piece from which its rows (when they are its channels) are quantized and
+#: error-summed by one fused kernel (``engine.blocks.blockmath.quantize_rows_with_errors``);
+#: a smaller piece runs the two kernels, whose serial twins compile faster. Warm-up sets it
+#: to 0 while it runs its tiny jobs, so that they compile the fused kernel too.
+FUSED_FROM = 1 << 19
 DEFAULT_BLOCK_BYTES = 16 << 20
 DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
 # bytes of working memory per float32 byte of a block held by one worker (the source block,

@@ -31,6 +31,21 @@ if TYPE_CHECKING:
     from ..spec import QuantSpec
 
 
+def _both_paths(run: Callable[[], None]) -> None:
+    """``run()`` twice: as jobs run it, and with every piece of rows that are channels taken
+    by the fused quantize-and-sum kernel (``budget.FUSED_FROM``: 0), which warm-up's tiny
+    jobs would otherwise never reach while a checkpoint's packs always do."""
+    from .. import budget
+
+    before = budget.FUSED_FROM
+    try:
+        for least in (before, 0):
+            budget.FUSED_FROM = least
+            run()
+    finally:
+        budget.FUSED_FROM = before
+
+
 def warm_kernels() -> float:
     """Run tiny float32 -> int8 jobs (per-tensor min/max, per-channel percentile) through the
     engine in this process; returns the seconds it took. Kernels go to ``NUMBA_CACHE_DIR``
@@ -49,11 +64,15 @@ def warm_kernels() -> float:
         QuantSpec(dtype="int8", method="minmax"),
         QuantSpec(dtype="int8", axis=0, method="percentile"),
     ):
-        name = f"qstream-warmup-{uuid.uuid4().hex}"
-        try:
-            QuantizeJob(x, spec).run(f"memory://{name}")
-        finally:
-            MEMORY_STORES.pop(name, None)
+
+        def job(spec: QuantSpec = spec) -> None:
+            name = f"qstream-warmup-{uuid.uuid4().hex}"
+            try:
+                QuantizeJob(x, spec).run(f"memory://{name}")
+            finally:
+                MEMORY_STORES.pop(name, None)
+
+        _both_paths(job)
     return time.perf_counter() - t0
 
 
@@ -82,13 +101,17 @@ def run_full_jobs(
             for serial_below in (1 << 62, 0):
                 runtime.SERIAL_BELOW = serial_below
                 for spec in specs:
-                    names = [f"qstream-warmup-{uuid.uuid4().hex}" for _ in range(2)]
-                    try:
-                        QuantizeJob(x, spec).run(f"memory://{names[0]}")
-                        dequantize(f"memory://{names[0]}", f"memory://{names[1]}")
-                    finally:
-                        for name in names:
-                            MEMORY_STORES.pop(name, None)
+
+                    def job(spec: QuantSpec = spec) -> None:
+                        names = [f"qstream-warmup-{uuid.uuid4().hex}" for _ in range(2)]
+                        try:
+                            QuantizeJob(x, spec).run(f"memory://{names[0]}")
+                            dequantize(f"memory://{names[0]}", f"memory://{names[1]}")
+                        finally:
+                            for name in names:
+                                MEMORY_STORES.pop(name, None)
+
+                    _both_paths(job)
                     _run_fused(spec, x)
                     if per_spec is not None:
                         per_spec(spec, folder)
@@ -159,13 +182,17 @@ def _run_quantize_passes(specs: Sequence[QuantSpec], parallel: bool) -> None:
     x = _Tensor(np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64))
     try:
         for spec in _quantize_pass_specs(specs):
-            name = f"qstream-warmup-{uuid.uuid4().hex}"
-            try:
-                QuantizeJob(x, spec).run(f"memory://{name}")
-            except Exception:  # a spec this tiny array cannot take (e.g. a bad axis): skip
-                pass
-            finally:
-                MEMORY_STORES.pop(name, None)
+
+            def job(spec: QuantSpec = spec) -> None:
+                name = f"qstream-warmup-{uuid.uuid4().hex}"
+                try:
+                    QuantizeJob(x, spec).run(f"memory://{name}")
+                except Exception:  # a spec this tiny array cannot take (e.g. a bad axis): skip
+                    pass
+                finally:
+                    MEMORY_STORES.pop(name, None)
+
+            _both_paths(job)
     finally:
         runtime.SERIAL_BELOW = before
 

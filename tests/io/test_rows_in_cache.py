@@ -67,7 +67,7 @@ def test_the_fused_kernel_gives_the_two_kernels_codes_and_report(tmp_path, monke
     monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
     out = {}
     for label, least in (("whole", x.size + 1), ("runs", 0)):  # (the two kernels; fused)
-        monkeypatch.setattr(blockmath, "FUSED_FROM", least)
+        monkeypatch.setattr(qstream_budget, "FUSED_FROM", least)
         taken.clear()
         report = qs.quantize_store(x, tmp_path / f"{label}.zarr", spec)
         out[label] = (qs.open_quantized(tmp_path / f"{label}.zarr"), report, list(taken))
@@ -123,7 +123,7 @@ def test_the_fused_parallel_build_gives_the_two_kernels_codes_and_report(
     monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
     got = {}
     for label, least in (("two", x.size + 1), ("fused", 0)):
-        monkeypatch.setattr(blockmath, "FUSED_FROM", least)
+        monkeypatch.setattr(qstream_budget, "FUSED_FROM", least)
         report = qs.quantize_store(x, tmp_path / f"{label}.zarr", spec)
         got[label] = (qs.open_quantized(tmp_path / f"{label}.zarr"), report)
     (two, r_two), (fused, r_fused) = got["two"], got["fused"]

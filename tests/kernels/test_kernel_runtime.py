@@ -97,12 +97,14 @@ def test_background_warm_up_compiles_the_quantize_pass_for_the_job_on_a_first_ru
             from qstream.kernels import runtime
             seen = []
             runtime.on_compile(seen.append)
-            x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+            shape = (64, 48) if sys.argv[1] == "job" else (1024, 512)  # (big: the fused kernel)
+            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
             qs.quantize_store(x, sys.argv[2], spec)
             print(",".join(seen))
         """
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    # (the kernels, not their NumPy twins, even for the small job)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "QSTREAM_NUMPY_JOB": "0"}
 
     def child(*args):
         r = subprocess.run(
@@ -116,7 +118,52 @@ def test_background_warm_up_compiles_the_quantize_pass_for_the_job_on_a_first_ru
     # the calibration kernels compile in the job; the quantize pass's were compiled ahead
     assert "_ranges_channel_rows" in compiled
     assert not {"q_half_to_even", "_error_sums_channel_rows"} & set(compiled)
+    # a piece big enough for the fused quantize-and-sum kernel: compiled ahead too
+    compiled = child("big job", str(tmp_path / "big.zarr")).split(",")
+    assert not [k for k in compiled if k.startswith(("quantize_rows_sums", "row_sums"))]
     assert child("warm") == "none"  # cached now: nothing is started
+
+
+def test_warm_up_compiles_the_fused_kernel_a_conversion_runs(tmp_path):
+    """``qstream warm-up``'s jobs are tiny, yet they compile the fused quantize-and-sum kernel
+    that a checkpoint's packs (and any larger piece of rows that are channels) run: a
+    conversion after it compiles nothing."""
+    import os
+
+    from safetensors.numpy import save_file
+
+    ck = tmp_path / "ck.safetensors"
+    rng = np.random.default_rng(0)
+    experts = {f"layers.0.experts.{i}.weight": rng.standard_normal((512, 256)) for i in range(8)}
+    save_file({k: v.astype(np.float32) for k, v in experts.items()}, ck)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "QSTREAM_NUMPY_JOB": "0"}
+    code = textwrap.dedent(
+        """
+        import sys
+        import qstream as qs
+        from qstream.kernels import runtime
+        seen = []
+        runtime.on_compile(seen.append)
+        if sys.argv[1] == "warm":
+            from qstream.engine.warmup import run_full_jobs
+            run_full_jobs([qs.QuantSpec(dtype="int8", axis=0)])
+        else:
+            qs.convert_checkpoint(sys.argv[2], sys.argv[3], packs=True)  # (one pack of 8)
+            print("compiled:" + ",".join(seen))
+        """
+    )
+
+    def child(*args):
+        r = subprocess.run(
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    child("warm")
+    compiled = child("job", str(ck), str(tmp_path / "out.zarr")).removeprefix("compiled:")
+    assert list((tmp_path / "out.zarr" / "_packs").glob("p0*"))  # (converted as a pack)
+    assert not [k for k in compiled.split(",") if k.startswith(("quantize_rows_sums", "row_sums"))]
 
 
 def test_prefetch_hints_anywhere_without_faulting_or_changing_data():

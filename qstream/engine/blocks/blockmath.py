@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ... import budget
 from ...core import scratch
 from ...kernels.numpy_twins import numpy_kernels
 from ...qtypes import QType
@@ -299,11 +300,6 @@ def _error_inputs(
     )
 
 
-#: values of a piece from which :func:`quantize_rows_with_errors` takes it (a smaller one runs
-#: the two kernels, whose serial twins compile faster)
-FUSED_FROM = 1 << 19
-
-
 def quantize_rows_with_errors(
     x: np.ndarray,
     s: np.ndarray,
@@ -315,11 +311,12 @@ def quantize_rows_with_errors(
     lo_q: float,
 ) -> ErrorStats | None:
     """:func:`quantize_spec` then :func:`block_errors_fused` (per channel on axis 0) of a piece
-    of at least :data:`FUSED_FROM` values whose rows are its channels, each no longer than a
-    tile, in one kernel call (:func:`~qstream.kernels.quantize_sums.fused_kernel`): each row is
-    quantized, then its errors summed while it is still in the CPU's cache. Each row's codes
-    and sums are the two kernels', so they are the whole piece's, byte for byte. None where
-    this does not apply; the caller then runs both kernels over the whole piece."""
+    of at least :data:`~qstream.budget.FUSED_FROM` values whose rows are its channels, each no
+    longer than a tile, in one kernel call
+    (:func:`~qstream.kernels.quantize_sums.fused_kernel`): each row is quantized, then its
+    errors summed while it is still in the CPU's cache. Each row's codes and sums are the two
+    kernels', so they are the whole piece's, byte for byte. None where this does not apply;
+    the caller then runs both kernels over the whole piece."""
     if numpy_kernels():  # (the twins take the whole piece at once)
         return None
     from ...core import quantize_call
@@ -332,7 +329,7 @@ def quantize_rows_with_errors(
     o, c, i = layout.shape3
     if layout.axis != 0 or layout.block_size or o != 1 or i < 2:  # (i == 1: values per row)
         return None
-    if x.size < FUSED_FROM or not channel_rows(layout.shape3, c):
+    if x.size < budget.FUSED_FROM or not channel_rows(layout.shape3, c):
         return None
     code = round_code(spec.round_mode)
     call = quantize_call(x, s, z, layout, qt, out, code=code, narrow_range=spec.narrow_range)
