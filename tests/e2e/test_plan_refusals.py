@@ -189,6 +189,12 @@ CATALOGUE = {
 }
 if file_system("/proc") == "proc":  # (Linux: no file can be made in its proc file system)
     CATALOGUE["dst-in-proc"] = (None, ["/proc/qstream-out.zarr"], "proc file system")
+    # (a link and "..": the path as the OS resolves it, /proc/out.zarr, not as it reads)
+    CATALOGUE["dst-in-proc-through-a-link"] = (
+        lambda w, m: os.symlink("/proc/sys", os.path.join(w, "lnk")),
+        ["{w}/lnk/../out.zarr"],
+        "/proc is on the kernel's proc file system",
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CATALOGUE))

@@ -121,11 +121,22 @@ def test_the_fused_parallel_build_gives_the_two_kernels_codes_and_report(
     x = x.astype(dtype)
     assert x.size >= 2 * qstream_budget.SERIAL_BELOW
     monkeypatch.setattr(qstream_budget, "NUMPY_JOB", 0)
+    real = quantize_work.quantize_rows_with_errors
+    taken = []
+
+    def noted(*args):
+        got = real(*args)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(quantize_work, "quantize_rows_with_errors", noted)
     got = {}
     for label, least in (("two", x.size + 1), ("fused", 0)):
         monkeypatch.setattr(qstream_budget, "FUSED_FROM", least)
+        taken.clear()
         report = qs.quantize_store(x, tmp_path / f"{label}.zarr", spec)
         got[label] = (qs.open_quantized(tmp_path / f"{label}.zarr"), report)
+        assert taken == [label == "fused"]  # (one piece: fused, or the two kernels)
     (two, r_two), (fused, r_fused) = got["two"], got["fused"]
     assert two.quantized(...).tobytes() == fused.quantized(...).tobytes()
     assert np.asarray(two.scale).tobytes() == np.asarray(fused.scale).tobytes()

@@ -232,55 +232,59 @@ def check_writable(dst: object) -> None:
         raise StoreError(f"cannot write {dst}: {path} is a file, not a directory")
     if os.path.isdir(path) and not os.access(path, os.W_OK | os.X_OK):
         raise StoreError(f"cannot write {dst}: permission denied on {path}")
-    kind = file_system(path)
+    real = _nearest_existing(os.path.realpath(local))  # (links and ".." resolved as the OS does)
+    kind = file_system(real)
     if kind in NO_FILES:
         raise StoreError(
-            f"cannot write {dst}: {path} is on the kernel's {kind} file system, where no"
+            f"cannot write {dst}: {real} is on the kernel's {kind} file system, where no"
             " files can be made; write the output somewhere else"
         )
 
 
 #: the kernel's file systems where a program makes no files or folders of its own (a
-#: folder made in a cgroup file system is a new control group)
+#: folder made in a cgroup or configfs file system is a new kernel object)
 NO_FILES = frozenset(
-    {
-        "proc",
-        "sysfs",
-        "cgroup",
-        "cgroup2",
-        "devpts",
-        "securityfs",
-        "debugfs",
-        "tracefs",
-        "pstore",
-        "bpf",
-        "fusectl",
-        "efivarfs",
-        "binfmt_misc",
-    }
-)
+    {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
+     "pstore", "bpf", "fusectl", "efivarfs", "binfmt_misc", "mqueue", "configfs",
+     "selinuxfs", "nsfs", "hugetlbfs"}
+)  # fmt: skip
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its nearest ancestor that exists."""
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
 
 
 def file_system(path: str) -> str | None:
-    """The type of the file system that holds ``path`` (Linux's mount table: the mount with
-    the longest mount point above ``path``), or None where the table cannot be read."""
+    """The type of the file system that holds the existing ``path``, from Linux's mount
+    table: the mount of its device (a mount hidden under a later one no longer holds it),
+    else the mount with the longest mount point above it; None where the table cannot be
+    read."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        with open("/proc/self/mountinfo", "rb") as f:
             lines = f.read().splitlines()
+        st = os.stat(path)
     except OSError:
         return None
+    device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}".encode()
     where = os.path.realpath(path)
-    best, kind = "", None
+    best, by_point, by_device = "", None, None
     for line in lines:
-        fields, _, rest = line.partition(" - ")
+        fields, _, rest = line.partition(b" - ")
         parts = fields.split()
         if len(parts) < 5 or not rest:
             continue
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4])
+        kind = os.fsdecode(rest.split()[0])
+        if parts[2] == device:
+            by_device = kind
+        # (mount points are escaped octal in the table, bytes as the file system has them)
+        point = os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), parts[4]))
         inside = where == point or where.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):  # (a later mount over the same point wins)
-            best, kind = point, rest.split()[0]
-    return kind
+            best, by_point = point, kind
+    return by_device or by_point
 
 
 def check_separate(
