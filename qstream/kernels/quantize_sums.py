@@ -23,7 +23,7 @@ from typing import Any
 from numba import prange
 
 from . import rounding as r
-from .affine import quantize_tile
+from .affine import QUANTIZE_KERNELS, quantize_tile
 from .error_stats import row_sums
 from .runtime import parallel_kernel, specialize
 
@@ -49,12 +49,14 @@ _making = threading.Lock()
 
 def fused_kernel(code: int) -> Any:
     """:func:`quantize_rows_sums` for the round code ``code`` (``qstream.rounding``), made on
-    first use: each code's build compiles and is cached apart (``quantize_rows_sums__r<code>``)."""
+    first use with the element operation of that code's quantize kernel (``q_<name>`` applies
+    ``rounding.<name>``): each code's build compiles and is cached apart
+    (``quantize_rows_sums__r<code>``)."""
     kernel = _builds.get(code)
     if kernel is None:
         with _making:
             kernel = _builds.get(code)
             if kernel is None:
-                op = r.QUANTIZE_OPS[code]
+                op = getattr(r, QUANTIZE_KERNELS[code].__name__.removeprefix("q_"))
                 kernel = _builds[code] = specialize(quantize_rows_sums, f"r{code}", ROUND=op)
     return kernel

@@ -142,29 +142,6 @@ def real_half_to_even(x, s, z):
     return (up if np.fmod(up, 2.0) == 0.0 else dn) + z
 
 
-# The quantize element operations, indexed by qstream.rounding codes (as the kernels of
-# qstream.kernels.affine.QUANTIZE_KERNELS are: ``q_<name>`` is the kernel of ``<name>``).
-QUANTIZE_OPS = (
-    half_to_even,
-    half_away_from_zero,
-    half_toward_zero,
-    half_up,
-    half_down,
-    up,
-    down,
-    toward_zero,
-    away_from_zero,
-    mul_add_half_to_even,
-    fma_half_to_even,
-    div_add_half_to_even,
-    real_half_away_from_zero,
-    real_half_toward_zero,
-    real_half_up,
-    real_half_down,
-    real_half_to_even,
-)
-
-
 @_inline
 def dq_float32_difference(q, s, z):
     """ONNX: ``(float32(q) - z) * s`` in the types of ``z`` and ``s``."""

@@ -141,3 +141,17 @@ def test_the_fused_parallel_build_gives_the_two_kernels_codes_and_report(
     assert two.quantized(...).tobytes() == fused.quantized(...).tobytes()
     assert np.asarray(two.scale).tobytes() == np.asarray(fused.scale).tobytes()
     assert json.dumps(r_two.error) == json.dumps(r_fused.error)
+
+
+def test_every_round_code_has_a_fused_build_with_its_quantize_kernels_operation():
+    """Each round code's fused build applies the element operation of that code's quantize
+    kernel (``q_<name>`` applies ``rounding.<name>``): made for every code, without compiling."""
+    from qstream.kernels import rounding
+    from qstream.kernels.affine import QUANTIZE_KERNELS
+    from qstream.kernels.quantize_sums import fused_kernel
+
+    for code, kernel in enumerate(QUANTIZE_KERNELS):
+        built = fused_kernel(code)
+        op = built.py_func.__globals__["ROUND"]
+        assert op is getattr(rounding, kernel.__name__.removeprefix("q_"))
+        assert built.__qualname__ == f"quantize_rows_sums__r{code}"
