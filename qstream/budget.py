@@ -184,7 +184,7 @@ SERIAL_BELOW = int(os.environ.get("QSTREAM_SERIAL_BELOW", 1 << 18))
 #: (0: never; tests)
 NUMPY_JOB = int(os.environ.get("QSTREAM_NUMPY_JOB", 1 << 22))
 #: values of a piece from which its rows (when they are its channels) are quantized and
-#: error-summed by one fused kernel (``engine.blocks.blockmath.quantize_rows_with_errors``);
+#: error-summed by one fused kernel (``engine.blocks.fused_rows.quantize_rows_with_errors``);
 #: a smaller piece runs the two kernels, whose serial twins compile faster. Warm-up sets it
 #: to 0 while it runs its tiny jobs, so that they compile the fused kernel too.
 FUSED_FROM = 1 << 19

@@ -11,7 +11,9 @@
   halved. Nothing is started when those kernels are cached already. Before them it compiles
   the kernels a job of the specs runs after its quantize pass (the worst groups of a
   group-wise report, sub-byte packing): a dynamic spec has no calibration, and its job
-  compiles its fused quantize kernel straight away, then those.
+  compiles its fused quantize kernel straight away, then those. (A checkpoint's packs and
+  small tensors need neither: the job's process compiles the kernel that calibrates them
+  while it quantizes, :func:`~qstream.engine.blocks.calibrate_rows_with_errors`.)
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def warm_kernels() -> float:
 
     t0 = time.perf_counter()
     x = np.linspace(-1.0, 1.0, 64 * 64, dtype=np.float32).reshape(64, 64)
+    _run_calibrating(QuantSpec(dtype="int8", axis=0, method="minmax"), x)  # (a checkpoint's)
     for spec in (
         QuantSpec(dtype="int8", method="minmax"),
         QuantSpec(dtype="int8", axis=0, method="percentile"),
@@ -113,6 +116,7 @@ def run_full_jobs(
 
                     _both_paths(job)
                     _run_fused(spec, x)
+                    _run_calibrating(spec, x)
                     if per_spec is not None:
                         per_spec(spec, folder)
                     print(json.dumps(spec.to_dict()), flush=True)  # (a line for warm_common)
@@ -139,6 +143,25 @@ def _run_fused(spec: QuantSpec, x: np.ndarray) -> None:
     for values in (x, bad):
         for axis in (0, 1):
             dynamic_blocked(values, qt, spec, axis, np.empty(values.shape, qt.dtype), True)
+
+
+def _run_calibrating(spec: QuantSpec, x: np.ndarray) -> None:
+    """For a spec calibrated by its ranges, per tensor or per channel on axis 0, the kernel
+    that takes a one-block job's ranges, parameters and codes at once: a checkpoint's packs
+    (a pack of per-tensor specs is per channel on axis 0: a tensor a row) and small tensors
+    (:func:`~qstream.engine.blocks.calibrate_rows_with_errors`). ``x``: 2-D float32."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from .blocks import calibrate_rows_with_errors
+
+    if spec.method != "minmax" or spec.axis not in (None, 0, -2) or spec.block_size:
+        return
+    if spec.scale is not None or spec.float_offset:
+        return
+    qt = spec.qtype
+    calibrate_rows_with_errors(x, qt, replace(spec, axis=0), np.empty(x.shape, qt.dtype))
 
 
 def _run_after_pass(specs: Sequence[QuantSpec]) -> None:

@@ -13,8 +13,76 @@ import numpy as np
 from numba import prange
 
 from ..budget import TILE
+from ..qtypes import TINY_SCALE
 from . import rounding as r
+from .bits import bits32, from_bits32
 from .runtime import njit, parallel_kernel
+
+PARTS = 256  # runs of work items per call: enough to balance two to a few dozen threads
+# how a range gives its parameters (``range_params``): symmetric with zero point 0 or the
+# mid-range code, or asymmetric
+SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
+# how scales are rounded (``scale_mode``; ``qstream.core.SCALE_MODES``): float32 values no
+# smaller than TINY_SCALE, or float16 or bfloat16 values
+SCALE_F32, SCALE_F16, SCALE_BF16 = 0, 1, 2
+
+
+@njit(inline="always", cache=True)
+def half_scale(s):
+    """A float32 scale as ``qstream.calibration.params.half_scales`` rounds it: clamped to
+    ``[2**-24, 65504]``, then to the nearest float16 value (ties to even), on the float32 bits
+    (no libm call: this runs once per group)."""
+    x = min(max(s, np.float32(2.0**-24)), np.float32(65504.0))
+    if x >= np.float32(2.0**-14):  # a normal float16: keep 10 of the 23 mantissa bits, RNE
+        b = bits32(x)
+        b = (b + np.int32(0xFFF) + ((b >> np.int32(13)) & np.int32(1))) & np.int32(-0x2000)
+        return from_bits32(b)
+    # a subnormal float16: a multiple of 2**-24 (both products are exact)
+    return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
+
+
+@njit(inline="always", cache=True)
+def bf16_scale(s):
+    """A float32 scale as ``qstream.core.bf16_scales`` rounds it: clamped to ``[2**-133,
+    3.3895e38]`` (the smallest positive and the largest finite bfloat16), then to the nearest
+    bfloat16 value (ties to even) on the float32 bits: bfloat16 is float32's upper half, so
+    the 16 low bits are rounded away, subnormals included (the carry moves the exponent)."""
+    x = min(max(s, from_bits32(np.int32(0x00010000))), from_bits32(np.int32(0x7F7F0000)))
+    b = bits32(x)
+    b = (b + np.int32(0x7FFF) + ((b >> np.int32(16)) & np.int32(1))) & np.int32(-0x10000)
+    return from_bits32(b)
+
+
+@njit(inline="always", cache=True)
+def round_scale(s, scale_mode):
+    """A float32 scale as ``scale_mode`` rounds it (:data:`SCALE_F16`: :func:`half_scale`,
+    :data:`SCALE_BF16`: :func:`bf16_scale`, else no smaller than ``TINY_SCALE``)."""
+    if scale_mode == SCALE_F16:
+        return half_scale(s)
+    if scale_mode == SCALE_BF16:
+        return bf16_scale(s)
+    return max(s, TINY_SCALE)
+
+
+@njit(inline="always", cache=True)
+def range_params(vlo, vhi, mode, qmin, qmax, steps, zp_sym, scale_mode):
+    """``(scale, zero_point)`` (float32, float64) of the finite range ``[vlo, vhi]`` (float64;
+    0 where none is finite), operation for operation as
+    ``qstream.calibration.params_from_range`` derives them for an integer type: the range
+    widened to 0; ``mode`` :data:`ASYM`: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin
+    - lo / s)`` clipped to ``[qmin, qmax]``; else ``absmax / steps`` with zero point 0
+    (:data:`SYM_SIGNED`) or ``zp_sym``; 1 for an empty range; the scale rounded as
+    ``scale_mode`` says (:func:`round_scale`) before the zero point is taken."""
+    vlo = min(vlo, 0.0)
+    vhi = max(vhi, 0.0)
+    if mode == ASYM:
+        span = vhi - vlo
+        s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
+        s32 = round_scale(s32, scale_mode)
+        return s32, min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
+    amax = max(-vlo, vhi)
+    s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
+    return round_scale(s32, scale_mode), 0.0 if mode == SYM_SIGNED else zp_sym
 
 
 @njit(inline="always", cache=True)
@@ -30,6 +98,14 @@ def tile_coords(t, n_tiles, n_c, n_inner, p_outer, cblock):
 
 
 @njit(inline="always", cache=True)
+def quantize_run(xs, s, z, os, lo, hi, mask, op):
+    """Quantize the values ``xs`` with one scale and zero point into ``os`` (the element
+    operation ``op``, saturated to ``[lo, hi]``, masked)."""
+    for i in range(xs.shape[0]):
+        os[i] = np.int32(min(max(lo, op(xs[i], s, z)), hi)) & mask
+
+
+@njit(inline="always", cache=True)
 def quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
     """Quantize ``xr[i0:i1]`` into ``outr``; parameters ``sr``/``zr`` are one row of p3.
 
@@ -40,10 +116,7 @@ def quantize_tile(xr, sr, zr, outr, i0, i1, iblock, lo, hi, mask, op):
     os = outr[i0:i1]
     n = xs.shape[0]
     if sr.shape[0] == 1:
-        s = sr[0]
-        z = zr[0]
-        for i in range(n):
-            os[i] = np.int32(min(max(lo, op(xs[i], s, z)), hi)) & mask
+        quantize_run(xs, sr[0], zr[0], os, lo, hi, mask, op)
     elif iblock == 1:
         ss = sr[i0:i1]
         zs = zr[i0:i1]

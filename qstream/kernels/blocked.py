@@ -17,8 +17,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..qtypes import TINY_SCALE
-from .affine import TILE
+from .affine import ASYM, PARTS, TILE, range_params
 from .bits import (
     FINITE_KEY32_MAX,
     FINITE_KEY32_MIN,
@@ -27,7 +26,6 @@ from .bits import (
     MAG32,
     bits32,
     from_bits,
-    from_bits32,
     from_order_key32,
     order_key32,
 )
@@ -68,53 +66,11 @@ def prefetch(typingctx, arr, i):
     return sig, codegen
 
 
-SYM_SIGNED, SYM_UNSIGNED, ASYM = 0, 1, 2
-# how scales are rounded (``scale_mode``; ``qstream.core.SCALE_MODES``): float32 values no
-# smaller than TINY_SCALE, or float16 or bfloat16 values
-SCALE_F32, SCALE_F16, SCALE_BF16 = 0, 1, 2
-PARTS = 256  # runs of work items per call: enough to balance two to a few dozen threads
 # True in the builds of the fused kernels for finite input (``specialize``): a work item
 # holding a NaN or an infinity is marked -1 in ``nonfinite`` and the call's results are
 # void (the caller runs the complete build); without the code for such values they compile
 # ~20% faster
 FINITE = False
-
-
-@njit(inline="always", cache=True)
-def half_scale(s):
-    """A float32 scale as ``qstream.calibration.params.half_scales`` rounds it: clamped to
-    ``[2**-24, 65504]``, then to the nearest float16 value (ties to even), on the float32 bits
-    (no libm call: this runs once per group)."""
-    x = min(max(s, np.float32(2.0**-24)), np.float32(65504.0))
-    if x >= np.float32(2.0**-14):  # a normal float16: keep 10 of the 23 mantissa bits, RNE
-        b = bits32(x)
-        b = (b + np.int32(0xFFF) + ((b >> np.int32(13)) & np.int32(1))) & np.int32(-0x2000)
-        return from_bits32(b)
-    # a subnormal float16: a multiple of 2**-24 (both products are exact)
-    return np.float32(np.rint(x * np.float32(2.0**24)) * np.float32(2.0**-24))
-
-
-@njit(inline="always", cache=True)
-def bf16_scale(s):
-    """A float32 scale as ``qstream.core.bf16_scales`` rounds it: clamped to ``[2**-133,
-    3.3895e38]`` (the smallest positive and the largest finite bfloat16), then to the nearest
-    bfloat16 value (ties to even) on the float32 bits: bfloat16 is float32's upper half, so
-    the 16 low bits are rounded away, subnormals included (the carry moves the exponent)."""
-    x = min(max(s, from_bits32(np.int32(0x00010000))), from_bits32(np.int32(0x7F7F0000)))
-    b = bits32(x)
-    b = (b + np.int32(0x7FFF) + ((b >> np.int32(16)) & np.int32(1))) & np.int32(-0x10000)
-    return from_bits32(b)
-
-
-@njit(inline="always", cache=True)
-def round_scale(s, scale_mode):
-    """A float32 scale as ``scale_mode`` rounds it (:data:`SCALE_F16`: :func:`half_scale`,
-    :data:`SCALE_BF16`: :func:`bf16_scale`, else no smaller than ``TINY_SCALE``)."""
-    if scale_mode == SCALE_F16:
-        return half_scale(s)
-    if scale_mode == SCALE_BF16:
-        return bf16_scale(s)
-    return max(s, TINY_SCALE)
 
 
 @njit(inline="always", cache=True)
@@ -174,22 +130,13 @@ def _column_keys(x, o, c0, c1, symmetric, kmin, kmax):
 
 @njit(inline="always", cache=True)
 def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs):
-    """Each group's scale and zero point from its finite range's order keys (the arithmetic
-    of ``params_from_range``)."""
+    """Each group's scale and zero point from its finite range's order keys
+    (:func:`~qstream.kernels.affine.range_params`)."""
     for pi in range(kmin.size):
         empty = kmin[pi] == KEY32_MAX and kmax[pi] == KEY32_MIN
-        vlo = 0.0 if empty else min(np.float64(from_order_key32(kmin[pi])), 0.0)
-        vhi = 0.0 if empty else max(np.float64(from_order_key32(kmax[pi])), 0.0)
-        if mode == ASYM:
-            span = vhi - vlo
-            s32 = np.float32(span / (qmax - qmin)) if span > 0 else np.float32(1.0)
-            s32 = round_scale(s32, scale_mode)
-            z = min(max(np.rint(qmin - vlo / np.float64(s32)), qmin), qmax)
-        else:
-            amax = max(-vlo, vhi)
-            s32 = np.float32(amax / steps) if amax > 0 else np.float32(1.0)
-            s32 = round_scale(s32, scale_mode)
-            z = 0.0 if mode == SYM_SIGNED else zp_sym
+        vlo = 0.0 if empty else np.float64(from_order_key32(kmin[pi]))
+        vhi = 0.0 if empty else np.float64(from_order_key32(kmax[pi]))
+        s32, z = range_params(vlo, vhi, mode, qmin, qmax, steps, zp_sym, scale_mode)
         ss[pi] = s32
         zs[pi] = np.float32(z)
 
@@ -374,13 +321,10 @@ def dynamic_kernel(iblock: int, finite: bool = False):
     They take ``(x, cblock, iblock, mode, qmin, qmax, steps, zp_sym, lo, hi, mask, scale_mode,
     scale, zero_point, out, nonfinite, errors, sums, gx2, ge2, gmax)``: ``x`` float32 ``[O,
     C, I]``; parameter block ``(o, c // cblock, i // iblock)`` of ``scale`` / ``zero_point``
-    (float32; zero points are integers of at most 16 bits) ``[O, Cp, Ip]``; ``mode``
-    (``SYM_SIGNED``: ``absmax / steps``, zero point 0; ``SYM_UNSIGNED``: ``absmax / steps``,
-    zero point ``zp_sym``; ``ASYM``: ``(hi - lo) / (qmax - qmin)``, zero point ``rint(qmin -
-    lo / s)`` clipped; a scale is never below ``TINY_SCALE``); ``lo``/``hi`` float32
-    saturation bounds; ``scale_mode``: scales rounded to float16 or bfloat16 values
-    (:func:`round_scale`: :data:`SCALE_F16`, :data:`SCALE_BF16`) before the zero point and
-    the values; ``out`` the codes in the widened integer type, ``mask``:
+    (float32; zero points are integers of at most 16 bits) ``[O, Cp, Ip]``; ``mode``,
+    ``steps``, ``zp_sym`` and ``scale_mode`` as
+    :func:`~qstream.kernels.affine.range_params` takes them; ``lo``/``hi`` float32
+    saturation bounds; ``out`` the codes in the widened integer type, ``mask``:
     nonzero for signed sub-byte types, whose stored bytes are the codes masked to their bits;
     ``nonfinite[O * Cp]``: per row of parameter blocks, how many pieces of it held a NaN or
     an infinity (the caller applies its NaN policy to them).

@@ -217,6 +217,15 @@ def specialize(kernel: Any, suffix: str, **constants: Any) -> Any:
     )
 
 
+def specialize_function(function: Any, suffix: str, **constants: Any) -> Any:
+    """:func:`specialize` for a kernel's helper made by :func:`njit` with ``cache=True`` (a
+    function a kernel calls, compiled on its own): its build with the module-level names
+    ``constants`` bound to the given values, cached apart (``<name>__<suffix>``)."""
+    copy = _copy(function.py_func, suffix, constants)
+    options = {k: v for k, v in function.targetoptions.items() if k != "nopython"}
+    return njit(copy, cache=True, **options)
+
+
 def _largest(args: Iterable[Any]) -> int:
     n = 0
     for a in args:

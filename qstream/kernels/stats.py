@@ -78,7 +78,7 @@ def _ranges_tiles(x, mins, maxs, counts, nans, posinf, neginf):
     pcnt = np.zeros((total, 4, 1), np.int64)
     for t in prange(total):
         o, c, _, _, i0, i1 = tile_coords(t, n_tiles, n_c, n_inner, 1, 1)
-        mn, mx, n, nan, pinf, ninf = _row_range(x[o, c][i0:i1])
+        mn, mx, n, nan, pinf, ninf = row_range(x[o, c][i0:i1])
         pmin[t, 0] = mn
         pmax[t, 0] = mx
         pcnt[t, 0, 0] = n
@@ -98,12 +98,12 @@ def _ranges_channel_rows(x, mins, maxs, counts, nans, posinf, neginf):
     goes straight to its channel, as :func:`_ranges_tiles` folds it (the row is its only
     tile), without a partial per row."""
     for c in prange(x.shape[1]):
-        mn, mx, n, nan, pinf, ninf = _row_range(x[0, c])
-        _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
+        mn, mx, n, nan, pinf, ninf = row_range(x[0, c])
+        fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
 
 
 @njit(inline="always", cache=True)
-def _row_range(xs):
+def row_range(xs):
     """``(min, max, finite, NaN, +inf, -inf)`` of the values ``xs``: the finite min/max
     (``inf``/``-inf`` when none is finite) and the counts of each kind."""
     # integer min/max of order keys, as if every value were finite: vectorises (a float
@@ -245,11 +245,11 @@ def _update(v, pmin, pmax, pcnt, p, c):
 @njit(inline="always", cache=True)
 def _fold_one(mn, mx, cnt, c, mins, maxs, counts, nans, posinf, neginf):
     n, nan, pinf, ninf = cnt[0], cnt[1], cnt[2], cnt[3]
-    _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
+    fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
 
 
 @njit(inline="always", cache=True)
-def _fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf):
+def fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf):
     """Fold one part's range (``mn``, ``mx``) and counts into channel ``c``."""
     if mn < mins[c]:
         mins[c] = mn

@@ -389,7 +389,7 @@ def test_kernel_half_scale_rounds_like_numpy_float16_at_ties_and_boundaries():
     from numba import njit
 
     from qstream.calibration.params import half_scales
-    from qstream.kernels.blocked import half_scale
+    from qstream.kernels.affine import half_scale
 
     @njit
     def each(a):

@@ -70,7 +70,7 @@ def test_bf16_scales_round_to_nearest_even_as_torch_and_stay_positive_and_finite
 def test_kernel_bf16_scale_rounds_like_the_numpy_path():
     from numba import njit
 
-    from qstream.kernels.blocked import SCALE_BF16, SCALE_F16, SCALE_F32, round_scale
+    from qstream.kernels.affine import SCALE_BF16, SCALE_F16, SCALE_F32, round_scale
 
     @njit
     def each(a, mode):

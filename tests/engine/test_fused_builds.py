@@ -11,7 +11,7 @@ import pytest
 
 import qstream as qs
 from qstream.engine.blocks.blockmath import block_errors_fused, dynamic_blocked
-from qstream.kernels import blocked, runtime
+from qstream.kernels import affine, blocked, runtime
 from qstream.qtypes import qtype
 
 
@@ -24,10 +24,10 @@ def _args(x, qt, spec, axis):
     bs = spec.block_size
     layout = plan_layout(x.shape, blocked_param_shape(x.shape, axis, bs), axis, bs)
     qmin, qmax = qt.qrange(False)
-    mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
+    mode = affine.SYM_SIGNED if qt.signed else affine.SYM_UNSIGNED
     steps, zp = symmetric_steps(qt, False, False)
     if not spec.symmetric:
-        mode, steps, zp = blocked.ASYM, 1.0, 0.0
+        mode, steps, zp = affine.ASYM, 1.0, 0.0
     p = layout.pshape3
     return layout, (
         layout.view(x), layout.cblock, layout.iblock, mode, float(qmin), float(qmax), steps,

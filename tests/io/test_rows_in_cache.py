@@ -1,6 +1,6 @@
 """A piece whose rows are its channels (per channel on axis 0, each row no longer than a tile)
 is quantized and error-summed by one fused kernel, row by row
-(:func:`~qstream.engine.blocks.blockmath.quantize_rows_with_errors`), so that each row is still in
+(:func:`~qstream.engine.blocks.fused_rows.quantize_rows_with_errors`), so that each row is still in
 the CPU's cache for its sums. Each row's codes and sums are the two kernels' own, so the output
 and every figure of the report are those of the two kernels over the whole piece, byte for
 byte."""
@@ -15,7 +15,7 @@ import pytest
 
 import qstream as qs
 from qstream import budget as qstream_budget
-from qstream.engine.blocks import blockmath, quantize_work
+from qstream.engine.blocks import fused_rows, quantize_work
 from qstream.spec import QuantSpec
 
 CASES = {
@@ -88,6 +88,7 @@ def test_the_fused_kernel_gives_the_two_kernels_codes_and_report(tmp_path, monke
         ((2047, 256), 0, False),  # fewer: the two kernels (their twins compile faster)
         ((64, 1 << 17), 0, False),  # rows longer than a tile
         ((1 << 19,), 0, False),  # a value per row (a parameter per value)
+        ((1 << 19, 1), 0, False),  # one row of a parameter per value (not one a row)
         ((2048, 256), 1, False),  # channels along the rows
         ((2048, 40000), 0, False),  # rows longer than a tile
     ],
@@ -101,7 +102,7 @@ def test_the_fused_kernel_is_taken_only_for_rows_that_are_channels(shape, axis, 
     layout = plan_layout(shape, (c,), axis, None)
     spec = QuantSpec(dtype="int8", axis=axis)
     out = np.empty(shape, np.int8)
-    got = blockmath.quantize_rows_with_errors(x, s, z, layout, spec.qtype, spec, out, -128.0)
+    got = fused_rows.quantize_rows_with_errors(x, s, z, layout, spec.qtype, spec, out, -128.0)
     assert (got is not None) == taken
 
 
@@ -144,8 +145,9 @@ def test_the_fused_parallel_build_gives_the_two_kernels_codes_and_report(
 
 
 def test_every_round_code_has_a_fused_build_with_its_quantize_kernels_operation():
-    """Each round code's fused build applies the element operation of that code's quantize
-    kernel (``q_<name>`` applies ``rounding.<name>``): made for every code, without compiling."""
+    """Each round code's fused builds (the one that calibrates too, through its rows'
+    function) apply the element operation of that code's quantize kernel (``q_<name>`` applies
+    ``rounding.<name>``): made for every code, without compiling."""
     from qstream.kernels import rounding
     from qstream.kernels.affine import QUANTIZE_KERNELS
     from qstream.kernels.quantize_sums import fused_kernel
@@ -155,3 +157,8 @@ def test_every_round_code_has_a_fused_build_with_its_quantize_kernels_operation(
         op = built.py_func.__globals__["ROUND"]
         assert op is getattr(rounding, kernel.__name__.removeprefix("q_"))
         assert built.__qualname__ == f"quantize_rows_sums__r{code}"
+        calibrating = fused_kernel(code, calibrate=True)
+        rows = calibrating.py_func.__globals__["CALIBRATE_ROWS"]
+        assert rows.py_func.__globals__["ROUND"] is op
+        assert calibrating.__qualname__ == f"calibrate_rows_sums__r{code}"
+        assert rows.py_func.__qualname__ == f"calibrate_rows__r{code}"

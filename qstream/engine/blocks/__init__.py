@@ -10,8 +10,9 @@ from .blockmath import (
 )
 from .chunking import check_chunks
 from .dequantize_work import DequantizeWork
-from .quantize_work import NonFiniteBlock, QuantizeWork, fill_nan
-from .regions import JobPlan, channel_pieces
+from .fused_rows import calibrate_rows_with_errors
+from .quantize_work import NonFiniteBlock, QuantizeWork, apply_nan_policy, fill_nan
+from .regions import JobPlan, channel_pieces, read_region
 from .stats_work import HistogramWork, RangesWork
 
 # the names the folders above may use
@@ -22,8 +23,10 @@ __all__ = [
     "NonFiniteBlock",
     "QuantizeWork",
     "RangesWork",
+    "apply_nan_policy",
     "block_errors_fused",
     "block_ranges",
+    "calibrate_rows_with_errors",
     "channel_pieces",
     "check_chunks",
     "dynamic_blocked",
@@ -31,4 +34,5 @@ __all__ = [
     "fill_nan",
     "fused_applies",
     "nan_to_zero_point",
+    "read_region",
 ]

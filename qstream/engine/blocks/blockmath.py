@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ... import budget
 from ...core import scratch
 from ...kernels.numpy_twins import numpy_kernels
 from ...qtypes import QType
@@ -20,7 +19,7 @@ from ...spec import ErrorStats, GroupSQNR, QuantSpec, RangeStats, WorstGroups
 if TYPE_CHECKING:
     from ...core import Layout
 
-#: what the error kernels take first (see :func:`_error_inputs`)
+#: what the error kernels take first (see :func:`error_inputs`)
 ErrorInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int, float, float]
 #: each parameter group's ``(x2, e2, emax)`` sums
 GroupSums = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -123,7 +122,7 @@ def dynamic_blocked(
     as :func:`block_errors_fused` would give them; else None."""
     from ...calibration import symmetric_steps
     from ...core import blocked_param_shape, buffers, plan_layout
-    from ...kernels import blocked
+    from ...kernels import affine, blocked
     from ...kernels.error_stats import N_SUMS, NO_GROUPS, groups_in_pass
     from ...kernels.runtime import run
 
@@ -135,9 +134,9 @@ def dynamic_blocked(
     layout = plan_layout(x.shape, pshape, axis, bs)
     qmin, qmax = qt.qrange(spec.narrow_range)
     if not spec.symmetric:
-        mode, steps, zp = blocked.ASYM, 1.0, 0.0
+        mode, steps, zp = affine.ASYM, 1.0, 0.0
     else:
-        mode = blocked.SYM_SIGNED if qt.signed else blocked.SYM_UNSIGNED
+        mode = affine.SYM_SIGNED if qt.signed else affine.SYM_UNSIGNED
         steps, zp = symmetric_steps(qt, spec.narrow_range, spec.full_levels)
     s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
     z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
@@ -178,7 +177,7 @@ def dynamic_blocked(
     if nonfinite.min(initial=0) < 0:  # NaN or inf: the build that handles them, from the start
         sums[:] = 0.0
         run(blocked.dynamic_kernel(layout.iblock), *args)
-    stats = (_stats_of(sums), groups) if errors else None
+    stats = (stats_of(sums), groups) if errors else None
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
 
 
@@ -269,7 +268,7 @@ def block_errors(
     return stats
 
 
-def _error_inputs(
+def error_inputs(
     x: np.ndarray,
     q: np.ndarray,
     s: np.ndarray,
@@ -300,54 +299,6 @@ def _error_inputs(
     )
 
 
-def quantize_rows_with_errors(
-    x: np.ndarray,
-    s: np.ndarray,
-    z: np.ndarray,
-    layout: Layout,
-    qt: QType,
-    spec: QuantSpec,
-    out: np.ndarray,
-    lo_q: float,
-) -> ErrorStats | None:
-    """:func:`quantize_spec` then :func:`block_errors_fused` (per channel on axis 0) of a piece
-    of at least :data:`~qstream.budget.FUSED_FROM` values whose rows are its channels, each no
-    longer than a tile, in one kernel call
-    (:func:`~qstream.kernels.quantize_sums.fused_kernel`): each row is quantized, then its
-    errors summed while it is still in the CPU's cache. Each row's codes and sums are the two
-    kernels', so they are the whole piece's, byte for byte. None where this does not apply;
-    the caller then runs both kernels over the whole piece."""
-    if numpy_kernels():  # (the twins take the whole piece at once)
-        return None
-    from ...core import quantize_call
-    from ...kernels.error_stats import N_SUMS
-    from ...kernels.quantize_sums import fused_kernel
-    from ...kernels.runtime import run
-    from ...kernels.stats import channel_rows
-    from ...rounding import round_code
-
-    o, c, i = layout.shape3
-    if layout.axis != 0 or layout.block_size or o != 1 or i < 2:  # (i == 1: values per row)
-        return None
-    if x.size < budget.FUSED_FROM or not channel_rows(layout.shape3, c):
-        return None
-    code = round_code(spec.round_mode)
-    call = quantize_call(x, s, z, layout, qt, out, code=code, narrow_range=spec.narrow_range)
-    if call is None:
-        return None
-    _, xq, sq, zq, cb, _, lo, hi, mask, _ = call
-    # (the values the quantize kernel reads, when the error kernel reads the same type: a
-    # bfloat16 or float16 piece converted once, not twice)
-    wanted = np.float64 if x.dtype == np.float64 else np.float32  # (as _error_inputs)
-    xs = xq.reshape(x.shape) if xq.dtype == wanted else x
-    xe, qe, se, ze, _, _, qmin, qmax = _error_inputs(xs, out, s, z, layout, qt, lo_q)
-    if not np.shares_memory(qe, out):  # (sub-byte codes are widened by a copy: made too soon)
-        return None
-    sums = np.zeros((N_SUMS, c)).T  # (a channel's sums a row, each figure's contiguous)
-    run(fused_kernel(code), xq, sq, zq, xe, se, ze, cb, lo, hi, mask, qmin, qmax, qe, sums)
-    return _stats_of(sums)
-
-
 def block_errors_fused(
     x: np.ndarray,
     q: np.ndarray,
@@ -371,11 +322,11 @@ def block_errors_fused(
     )
     c = 1 if axis is None else x.shape[axis]
     sums = np.zeros((c, N_SUMS))
-    error_sums(*_error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)
-    return _stats_of(sums)
+    error_sums(*error_inputs(x, q, s, z, layout, qt, lo_q), chan_inner, sums, groups)
+    return stats_of(sums)
 
 
-def _stats_of(sums: np.ndarray) -> ErrorStats:
+def stats_of(sums: np.ndarray) -> ErrorStats:
     """The :class:`ErrorStats` of the error kernels' ``sums[channels, N_SUMS]``, each figure
     a contiguous array (read many times after): views of ``sums`` where each of its
     figures is contiguous already (``sums`` the transpose of ``[N_SUMS, channels]``), else
@@ -412,7 +363,7 @@ def block_worst_groups(
     from ...kernels.runtime import run
 
     x2, e2, emax = (np.empty(layout.pshape3) for _ in range(3))
-    run(group_sums, *_error_inputs(x, q, s, z, layout, qt, lo_q), x2, e2, emax)
+    run(group_sums, *error_inputs(x, q, s, z, layout, qt, lo_q), x2, e2, emax)
     return _worst_of(x2, e2, emax, layout, first, param_shape)
 
 

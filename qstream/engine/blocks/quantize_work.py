@@ -11,7 +11,7 @@ import numpy as np
 from ...budget import Block
 from ...core import Layout, blocked_param_shape, param_region, plan_layout, scratch
 from ...qtypes import QType
-from ...spec import ErrorStats, MergedStats, WorstGroups
+from ...spec import ErrorStats, MergedStats, QuantSpec, WorstGroups
 from ..run import SourceRef
 from .blockmath import (
     block_errors,
@@ -20,9 +20,9 @@ from .blockmath import (
     dynamic_blocked,
     dynamic_params,
     nan_to_zero_point,
-    quantize_rows_with_errors,
     quantize_spec,
 )
+from .fused_rows import quantize_rows_with_errors
 from .regions import JobPlan, Key, read_pieces, read_region, relative_key
 
 if TYPE_CHECKING:
@@ -240,10 +240,7 @@ class QuantizeWork:
                 x2, e2, emax = (scratch(f"group-{k}", layout.pshape3, np.float64) for k in range(3))
                 sums = (x2, e2, emax)
             err = block_errors_fused(x, out, s, z, layout, qt, lo_q, plan.stat_axis, sums)
-        if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
-            nan_to_zero_point(x, out, z, layout, qt)
-        if err.nonfinite.any() and spec.nan_policy == "fill":
-            fill_nan(x, out, qt)
+        apply_nan_policy(x, out, z, layout, qt, spec, err)
         return err, sums
 
     def _offset_errors(
@@ -267,6 +264,24 @@ class QuantizeWork:
         if err.nonfinite.any() and spec.nan_policy == "fill":
             fill_nan(x, out, qt)
         return err, None
+
+
+def apply_nan_policy(
+    x: np.ndarray,
+    out: np.ndarray,
+    z: np.ndarray,
+    layout: Layout,
+    qt: QType,
+    spec: QuantSpec,
+    err: ErrorStats,
+) -> None:
+    """Set the codes in ``out`` of ``x``'s NaN values as the spec's ``nan_policy`` says
+    (``zero_point``: the zero point ``z``, for integer types; ``fill``: the type's minimum;
+    ``min``: the kernel's minimum, left as it is) when ``err`` counted non-finite values."""
+    if err.nonfinite.any() and spec.nan_policy == "zero_point" and not qt.is_float:
+        nan_to_zero_point(x, out, z, layout, qt)
+    if err.nonfinite.any() and spec.nan_policy == "fill":
+        fill_nan(x, out, qt)
 
 
 def groups_in(layout: Layout) -> bool:

@@ -7,7 +7,7 @@ tensor whose job is one block is read, calibrated, quantized and written by one 
 thread (or one Dask task) with nothing else in between: the same :class:`QuantizeJob` plans
 and computes it, its passes run inline (:class:`~qstream.engine.run.executors.InlineExecutor`),
 so values, parameters and report are those of the job's own run, bit for bit; its members
-are kept in memory (:func:`~qstream.engine.jobs.job_memory.quantize_in_memory`) and its group is
+are kept in memory (:func:`~qstream.engine.jobs.job_memory.calibrated_in_memory`) and its group is
 written whole and published by one rename (:func:`qstream.io.outputs.qarray.write_group`): a
 tensor's folder is complete or absent.
 """
@@ -24,7 +24,7 @@ import numpy as np
 from ...budget import block_budget
 from ...io.outputs import Action, Destination, destination, qarray
 from ...spec import QuantSpec
-from ..jobs import QuantizeJob, quantize_in_memory
+from ..jobs import QuantizeJob, calibrated_in_memory
 from ..run import InlineExecutor, worker_cached
 from .kept import keep_tensor
 
@@ -78,8 +78,7 @@ def convert_small(
             return _result(job, existing.meta["report"])
         if action is not Action.CREATE:
             destination.remove_output(path, existing)
-        cal = job.calibration()
-        out = quantize_in_memory(job, cal)
+        cal, out = calibrated_in_memory(job)
         summary = cal.summary()
         meta = {**job.new_meta(fp, path), "calibration": summary, "ready": True}
         meta, report, data_attrs = job.finished(

@@ -47,7 +47,7 @@ from ...io.outputs import ERROR_COLUMNS, qarray
 from ...io.outputs import pack_layout as packs
 from ...spec import QuantSpec
 from ..blocks import NonFiniteBlock
-from ..jobs import quantize_in_memory
+from ..jobs import calibrated_in_memory
 from ..run import InlineExecutor, worker_cached
 from .pack_figures import blocked_errors, brief_errors, tensor_ranges
 from .pack_plan import PackItem
@@ -182,12 +182,8 @@ def convert_pack(
     try:
         job.source.pinned = stacked
         try:
-            cal = job.calibration()
-        except NonFiniteInputError:
-            raise _nonfinite(item, x) from None
-        try:
-            out = quantize_in_memory(job, cal)
-        except NonFiniteBlock:
+            cal, out = calibrated_in_memory(job)
+        except (NonFiniteInputError, NonFiniteBlock):
             raise _nonfinite(item, x) from None
         members = out.members
         scale, zero_point, data = out.scale, out.zero_point, out.data

@@ -8,7 +8,7 @@ from .dequantize_job import (
     look_dequantize,
 )
 from .job import QuantizeJob
-from .job_memory import quantize_in_memory
+from .job_memory import calibrated_in_memory, quantize_in_memory
 from .kernel_choice import small_array_job, twins_cover
 from .passes import report_stage
 
@@ -17,6 +17,7 @@ __all__ = [
     "DIRECT_BELOW",
     "QuantizeJob",
     "array_jobs",
+    "calibrated_in_memory",
     "comparison",
     "dequantize",
     "dequantize_direct",

@@ -56,7 +56,20 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
         return Calibration(spec, None, {}, explicit_params(plan, job.layout))
     if plan.dynamic:  # one pass: each block takes its own range while quantizing
         return Calibration(spec, None, {"method": "per-block ranges"}, None)
-    st = ranges(job, progress)
+    return from_ranges(job, ranges(job, progress), progress)
+
+
+def from_ranges(
+    job: JobView,
+    st: RangeStats,
+    progress: Progress | None = None,
+    params: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Calibration:
+    """:func:`calibration` from the ranges pass's result ``st``: the refusal of non-finite
+    values (``nan_policy="error"``), the method's passes and the parameters (``params``:
+    ``(scale, zero_point)`` as ``params_from_range`` gives them, taken already with the
+    ranges by a kernel that calibrates while it quantizes)."""
+    spec, plan = job.spec, job.plan
     check_nonfinite(job, st)
     lo, hi = np.where(st.count > 0, st.min, 0.0), np.where(st.count > 0, st.max, 0.0)
     thresholds: dict[str, Any] = {"min": lo, "max": hi}
@@ -72,7 +85,7 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
     view = calibration_view(spec, st, lo, hi, view_hist) if job.views else None
     if spec.float_offset:
         return Calibration(spec, st, thresholds, offset_params(lo, hi, plan, job.layout), view)
-    scale, zp = params_from_range(
+    scale, zp = params or params_from_range(
         lo,
         hi,
         plan.qt,
@@ -81,10 +94,10 @@ def calibration(job: JobView, progress: Progress | None = None) -> Calibration:
         scale_mode=spec.scale_mode,
         full_levels=spec.full_levels,
     )
-    params = QuantParams(
+    quant = QuantParams(
         scale.reshape(plan.param_shape), zp.reshape(plan.param_shape), plan.axis, None
     )
-    return Calibration(spec, st, thresholds, params, view)
+    return Calibration(spec, st, thresholds, quant, view)
 
 
 def histogram_ranges(

@@ -17,7 +17,7 @@ import numpy as np
 
 from ...budget import Block
 from ...core import ALIGN, aligned_empty
-from ...spec import Calibration, ErrorStats, MergedStats, WorstGroups
+from ...spec import Calibration, ErrorStats, MergedStats, RangeStats, WorstGroups
 from ..blocks import QuantizeWork
 
 if TYPE_CHECKING:
@@ -100,6 +100,80 @@ class MemoryOutput:
     zero_point: np.ndarray | None
     errors: ErrorStats
     worst: WorstGroups | None
+
+
+def calibrated_in_memory(job: QuantizeJob) -> tuple[Calibration, MemoryOutput]:
+    """``job.calibration()`` then :func:`quantize_in_memory`: in one pass over the values
+    where :func:`~qstream.engine.blocks.calibrate_rows_with_errors` applies (a job of one
+    block, its values read once and kept (``source.pinned``), calibrated per channel on
+    axis 0 by the channels' ranges, whose rows are its channels): each row's range,
+    parameters, codes and error sums are taken by one kernel call while the row is in the
+    CPU's cache, the same results bit for bit, the report included: they count as the two
+    passes they are (``passes``, ``bytes_read``), made row by row. Raises
+    :class:`~qstream.errors.NonFiniteInputError` as the calibration does."""
+    out = _calibrated_rows(job)
+    if out is not None:
+        return out
+    cal = job.calibration()
+    return cal, quantize_in_memory(job, cal)
+
+
+def _calibrated_rows(job: QuantizeJob) -> tuple[Calibration, MemoryOutput] | None:
+    """:func:`calibrated_in_memory` by the kernel that calibrates too, or None where it
+    does not apply."""
+    from dataclasses import replace
+
+    from ...core import plan_layout, scratch
+    from ..blocks import apply_nan_policy, calibrate_rows_with_errors, read_region
+    from .calibration_passes import from_ranges
+
+    plan, spec = job.plan, job.spec
+    if (
+        job.source.pinned is None
+        or len(job.blocks) != 1
+        or plan.axis != 0
+        or plan.stat_axis != 0
+        or plan.dynamic
+        or spec.method != "minmax"
+        or spec.scale is not None
+        or spec.float_offset
+        or len(plan.shape) < 2
+        or (job.view_histogram and plan.channels == 1)
+    ):
+        return None
+    (b,) = job.blocks
+    x = read_region(job.source, b.key)
+    q = scratch("quantized", b.shape, plan.qt.dtype)
+    got = calibrate_rows_with_errors(x, plan.qt, spec, q)
+    if got is None:
+        return None
+    st, scale, zero_point, err = got
+    job.passes += 2  # (the ranges pass and the quantize pass, row by row)
+    job.bytes_read += 2 * x.size * job.source.dtype.itemsize
+    ranges = MergedStats(RangeStats, plan.channels)
+    ranges.add(st)
+    cal = from_ranges(
+        job, replace(ranges.total, first_nonfinite=st.first_nonfinite), None, (scale, zero_point)
+    )
+    layout = plan_layout(x.shape, scale.shape, 0, None)
+    apply_nan_policy(x, q, zero_point, layout, plan.qt, spec, err)
+    errors = MergedStats(ErrorStats, plan.channels)
+    errors.add(err)
+    members = job.member_arrays(progress_log=False)
+    dest = MemoryDest(members)
+    data = dest.writer("data")
+    stored = data.array.dtype
+    data[b.key] = q.view(stored) if q.dtype != stored else q
+    assert cal.params is not None  # (from the kernel)
+    out = MemoryOutput(
+        members,
+        dest.values("data"),
+        cal.params.scale.astype(members["scale"]["dtype"]),
+        cal.params.zero_point.astype(members["zero_point"]["dtype"]),
+        errors.total,
+        None,
+    )
+    return cal, out
 
 
 def quantize_in_memory(job: QuantizeJob, cal: Calibration) -> MemoryOutput:
