@@ -24,7 +24,7 @@ from .options import (
     parse_size,
     require_input,
 )
-from .output import done_already, emit_json, fmt_bytes, fmt_db, table
+from .output import done_already, emit_json, fmt_bytes, fmt_db, fmt_g, table
 from .progress import progress, resumed
 from .scheduler import open_executor
 
@@ -390,8 +390,8 @@ def print_quantized(report: dict[str, Any]) -> None:
                 str(r["shape"]),
                 r["target"],
                 fmt_db(r["error"]["sqnr_db"]),
-                f"{r['error']['max_abs']:.3g}",
-                f"{100 * r['error']['clip_fraction']:.3f}",
+                fmt_g(r["error"]["max_abs"]),
+                f"{100 * float(r['error']['clip_fraction']):.3f}",
             ]
             for name, r in sorted(rows, key=worst_first)
         ],

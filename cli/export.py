@@ -13,7 +13,7 @@ import qstream as qs
 from .failures import library_errors
 from .helptext import examples
 from .options import JSON, MAX_MEMORY, QUIET, parse_size, require_input
-from .output import done_already, emit_json, fmt_bytes
+from .output import done_already, emit_json, fmt_bytes, fmt_g
 from .progress import progress
 
 
@@ -239,9 +239,7 @@ def gguf_summary(src: str, result: dict[str, Any]) -> str:
                     str(result["tensors"].get(name, "")),
                     fmt_db(errors[name].get("sqnr_db")),
                     *(compared(errors[name]) if imx else []),
-                    "-"
-                    if errors[name].get("max_abs") is None
-                    else f"{errors[name]['max_abs']:.3g}",
+                    fmt_g(errors[name].get("max_abs")),
                 ]
                 for name in sorted(errors, key=worst_first)
             ],

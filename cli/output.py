@@ -131,6 +131,12 @@ def fmt_db(v: float | str | None) -> str:
     return "inf" if db == math.inf else f"{db:.2f}"
 
 
+def fmt_g(v: float | str | None, digits: int = 3) -> str:
+    """A figure to ``digits`` significant digits ("-": none); JSON's text for a non-finite
+    value (``"inf"``, ``"-inf"``, ``"nan"``) reads as that value."""
+    return "-" if v is None else f"{float(v):.{digits}g}"
+
+
 def fmt_compression(text: object) -> str:
     """How chunks are compressed, as a user reads it: ``zstd (level 0: default)`` for the
     option's ``zstd:0``, ``blosc lz4 (level 5)``, ``none (raw)`` (``--json`` keeps the
@@ -312,7 +318,7 @@ def error_table(title: str, error: dict[str, Any] | None, *, worst: bool = True)
         table(
             f"worst {key}s",
             [key, "sqnr_db", "max_abs"],
-            [[str(w[key]), fmt_db(w["sqnr_db"]), f"{w['max_abs']:.4g}"] for w in listed],
+            [[str(w[key]), fmt_db(w["sqnr_db"]), fmt_g(w["max_abs"], 4)] for w in listed],
         )
 
 

@@ -9,7 +9,9 @@ Its keys, each present only where the report says it:
   those stored as they were; ``entries``: an inspected export's file entries, parameters
   included;
 * ``worst_sqnr_db`` and ``worst_tensor``: the lowest SQNR over the quantized tensors (of one
-  array: its SQNR; ``null``: no error at all), and which tensor has it;
+  array: its SQNR; ``null``, as every non-finite figure of a strict JSON report: no error at
+  all, or, rarely, error sums that overflowed for codes that dequantize beyond the float
+  range, -inf dB), and which tensor has it;
 * ``predicted_sqnr_db``: a calibration's predicted SQNR for its method (``--show``,
   ``--compare``);
 * ``bytes_before``, ``bytes_after``, ``bytes_written``, ``bytes``, ``files``, ``seconds``,

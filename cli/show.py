@@ -16,7 +16,7 @@ import typer
 
 import qstream as qs
 
-from .output import console, fmt_bytes, fmt_db, table
+from .output import console, fmt_bytes, fmt_db, fmt_g, table
 
 ROWS = 26  # at most, for a histogram
 WIDTH = 40  # bar characters, at most
@@ -176,7 +176,7 @@ def _worst_table(ch: Any, title: str = "worst channels") -> None:
             "-" if clip is None else f"{100 * clip:.3f}",
         ]
         if with_err:
-            row.append("-" if w.get("max_abs") is None else f"{w['max_abs']:.4g}")
+            row.append(fmt_g(w.get("max_abs"), 4))
         rows.append(row)
     table(title, [*cols, "max err"] if with_err else cols, rows)
 
@@ -309,7 +309,7 @@ def show_report(view: Any, what: str) -> None:
                 ",".join(str(i) for i in w["group"]),
                 ",".join(str(i) for i in w["first_element"]),
                 fmt_db(w["sqnr_db"]),
-                "-" if w.get("max_abs") is None else f"{w['max_abs']:.4g}",
+                fmt_g(w.get("max_abs"), 4),
             ]
             for w in g.worst
         ]

@@ -46,7 +46,7 @@ def quantize_rows_sums(xq, sq, zq, xe, se, ze, cblock, lo, hi, mask, qmin, qmax,
         row_sums(xe[0, c], q[0, c], se[0, pc, 0], ze[0, pc, 0], qmin, qmax, sums[c])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")  # (as parallel_kernel's builds)
 def calibrate_rows(
     c0, c1, xq, xe, mode, pmin, pmax, steps, zp_sym, scale_mode, lo, hi, mask, qmin, qmax,
     mins, maxs, counts, nans, posinf, neginf, scale, zero_point, sq, zq, se, ze, q, sums,

@@ -269,13 +269,15 @@ def error_metrics(
     (``sx2``), of the error's square (``se2``), of ``x * x_hat`` (``sxy``), of ``x_hat^2``
     (``sy2``)."""
     n = int(n)
-    mse = float(se2 / n) if n else 0.0
+    sx2, se2, sxy, sy2 = float(sx2), float(se2), float(sxy), float(sy2)  # (inf / inf: NaN)
+    mse = se2 / n if n else 0.0
     if se2 == 0:
         sqnr = math.inf
     elif sx2 == 0:
         sqnr = -math.inf
-    else:
-        sqnr = 10.0 * math.log10(sx2 / se2)
+    else:  # (an error sum that overflowed, x_hat beyond the float range: -inf dB, as NumPy)
+        ratio = sx2 / se2
+        sqnr = 10.0 * math.log10(ratio) if ratio > 0 else -math.inf if ratio == 0 else math.nan
     denom = math.sqrt(sx2 * sy2)
-    cosine = float(sxy / denom) if denom > 0 else (1.0 if sx2 == sy2 == 0 else 0.0)
+    cosine = sxy / denom if denom > 0 else (1.0 if sx2 == sy2 == 0 else 0.0)
     return {"sqnr_db": sqnr, "mse": mse, "cosine": cosine, "count": n}

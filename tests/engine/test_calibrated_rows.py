@@ -50,9 +50,11 @@ CASES = {
     ),
     "nan-fill": ({"dtype": "int8", "nan_policy": "fill"}, np.float32),
     "nan-min": ({"dtype": "uint8", "nan_policy": "min", "symmetric": False}, np.float32),
+    "uint4": ({"dtype": "uint4", "symmetric": False}, np.float32),  # (codes widened by a view)
+    "uint2-nan-fill": ({"dtype": "uint2", "nan_policy": "fill"}, np.float32),
 }
-#: specs the calibrating kernel does not take (the two passes run): sub-byte codes (widened
-#: by a copy for the error sums), float types, a parameter per value, histogram methods
+#: specs the calibrating kernel does not take (the two passes run): signed sub-byte codes
+#: (sign-extended by a copy for the error sums), float types, histogram methods
 NOT_TAKEN = {
     "int4": ({"dtype": "int4"}, np.float32),
     "float8": ({"dtype": "float8_e4m3fn"}, np.float32),
@@ -184,3 +186,34 @@ def test_non_finite_values_under_the_error_policy_are_refused_as_the_ranges_pass
             job.close()
     assert messages[0] == messages[1]
     assert "first at index (17, 4)" in messages[0]
+
+
+def test_a_kept_source_read_in_pieces_runs_the_two_passes(tmp_path, monkeypatch):
+    """A job whose source is read piece by piece (a chunked Zarr array, kept in memory all
+    the same) sums each channel's errors piece by piece: the two passes run, whose figures
+    are those sums (not the kernel's, row by row)."""
+    import zarr
+
+    monkeypatch.setattr(budget, "NUMPY_JOB", 0)
+    x = _source(np.float32, False, (64, 3000))
+    z = zarr.create_array(str(tmp_path / "x.zarr"), shape=x.shape, chunks=(64, 7), dtype="f4")
+    z[...] = x
+    spec = QuantSpec(dtype="int8", axis=0)
+    jobs = [QuantizeJob(str(tmp_path / "x.zarr"), spec, executor=InlineExecutor()) for _ in "ab"]
+    taken = []
+    real = blocks.calibrate_rows_with_errors
+    monkeypatch.setattr(
+        blocks, "calibrate_rows_with_errors", lambda *a: taken.append(a) or real(*a)
+    )
+    try:
+        for job in jobs:
+            job.source.pinned = x
+        assert len(jobs[0].blocks) == 1 and len(jobs[0].source.pieces(jobs[0].blocks[0].key)) > 1
+        got = calibrated_in_memory(jobs[0])
+        cal = jobs[1].calibration()
+        want = (cal, quantize_in_memory(jobs[1], cal))
+    finally:
+        for job in jobs:
+            job.close()
+    assert not taken
+    _same(got, want)

@@ -58,9 +58,9 @@ def calibrate_rows_with_errors(
     is finite) and :func:`quantize_rows_with_errors` of a piece calibrated per channel on axis
     0 whose rows are its channels, in one kernel call that takes each row's range, parameters,
     codes and error sums while the row is in the CPU's cache: ``(ranges, scale (float32),
-    zero_point (float64), errors)``, each as the separate passes give it, bit for bit. None
-    where this does not apply (a float type, sub-byte codes, rows longer than a tile, the
-    NumPy twins); the caller then runs the passes."""
+    zero_point (float64), errors)``, each as the separate passes give it over the piece, bit
+    for bit. None where this does not apply (a float type, signed sub-byte codes, rows longer
+    than a tile, a parameter per value, the NumPy twins); the caller then runs the passes."""
     if numpy_kernels() or x.ndim < 2 or qt.is_float:
         return None
     from ...calibration import symmetric_steps
@@ -119,6 +119,8 @@ def _rows_call(
     # of one value per channel has, nor of one row per value, i == 1)
     if layout.axis != 0 or layout.block_size or layout.pshape3 != (1, c, 1) or i < 2:
         return None
+    if qt.bits < 8 and qt.signed:  # (int4/int2 codes are sign-extended by a copy: made too soon)
+        return None
     if not channel_rows(layout.shape3, c):
         return None
     code = round_code(spec.round_mode)
@@ -131,7 +133,7 @@ def _rows_call(
     wanted = np.float64 if x.dtype == np.float64 else np.float32  # (as error_inputs)
     xs = xq.reshape(x.shape) if xq.dtype == wanted else x
     xe, qe, se, ze, _, _, qmin, qmax = error_inputs(xs, out, s, z, layout, qt, lo_q)
-    if not np.shares_memory(qe, out):  # (sub-byte codes are widened by a copy: made too soon)
+    if not np.shares_memory(qe, out):  # (codes widened by a copy: made too soon)
         return None
     sums = np.zeros((N_SUMS, c)).T  # (a channel's sums a row, each figure's contiguous)
     kernel = fused_kernel(code, calibrate)

@@ -105,8 +105,8 @@ class MemoryOutput:
 def calibrated_in_memory(job: QuantizeJob) -> tuple[Calibration, MemoryOutput]:
     """``job.calibration()`` then :func:`quantize_in_memory`: in one pass over the values
     where :func:`~qstream.engine.blocks.calibrate_rows_with_errors` applies (a job of one
-    block, its values read once and kept (``source.pinned``), calibrated per channel on
-    axis 0 by the channels' ranges, whose rows are its channels): each row's range,
+    block taken as one piece, its values read once and kept (``source.pinned``), calibrated
+    per channel on axis 0 by the channels' ranges, whose rows are its channels): each row's range,
     parameters, codes and error sums are taken by one kernel call while the row is in the
     CPU's cache, the same results bit for bit, the report included: they count as the two
     passes they are (``passes``, ``bytes_read``), made row by row. Raises
@@ -131,6 +131,7 @@ def _calibrated_rows(job: QuantizeJob) -> tuple[Calibration, MemoryOutput] | Non
     if (
         job.source.pinned is None
         or len(job.blocks) != 1
+        or job.source.pieces(job.blocks[0].key) != [job.blocks[0].key]  # (passes sum by pieces)
         or plan.axis != 0
         or plan.stat_axis != 0
         or plan.dynamic
