@@ -246,6 +246,9 @@ class Recipe:
         from ..budget import block_budget, default_chunks, memory_limit
         from ..core import normalize_axis
 
+        given = [self.defaults, *(r.spec for r in self.rules if r.spec is not None)]
+        if not any(s.block_size for s in given):  # (no tensor's spec is blocked: nothing to walk)
+            return
         for name, t in tensors.items():
             shape = tuple(int(d) for d in t.shape)
             spec = self.spec_for(name, shape, t.dtype)
