@@ -146,22 +146,23 @@ def _run_fused(spec: QuantSpec, x: np.ndarray) -> None:
 
 
 def _run_calibrating(spec: QuantSpec, x: np.ndarray) -> None:
-    """For a spec calibrated by its ranges, per tensor or per channel on axis 0, the kernel
-    that takes a one-block job's ranges, parameters and codes at once: a checkpoint's packs
-    (a pack of per-tensor specs is per channel on axis 0: a tensor a row) and small tensors
-    (:func:`~qstream.engine.blocks.calibrate_rows_with_errors`). ``x``: 2-D float32."""
+    """A one-block job of ``spec`` kept in memory, as a checkpoint's packs and small tensors
+    run (:func:`~qstream.engine.jobs.calibrated_in_memory`): for a spec calibrated by its
+    ranges, the kernel that takes a job's ranges, parameters and codes at once (a per-tensor
+    spec's packs are per channel on axis 0: a tensor a row)."""
     from dataclasses import replace
 
-    import numpy as np
+    from .jobs import QuantizeJob, calibrated_in_memory
+    from .run import InlineExecutor
 
-    from .blocks import calibrate_rows_with_errors
-
-    if spec.method != "minmax" or spec.axis not in (None, 0, -2) or spec.block_size:
-        return
-    if spec.scale is not None or spec.float_offset:
-        return
-    qt = spec.qtype
-    calibrate_rows_with_errors(x, qt, replace(spec, axis=0), np.empty(x.shape, qt.dtype))
+    if spec.block_size or spec.scale is not None or spec.axis not in (None, 0, -2):
+        return  # (not calibrated by ranges, or not per channel on the rows of 2-D ``x``)
+    job = QuantizeJob(x, replace(spec, axis=0), executor=InlineExecutor())
+    try:
+        job.source.pinned = x
+        calibrated_in_memory(job)
+    finally:
+        job.close()
 
 
 def _run_after_pass(specs: Sequence[QuantSpec]) -> None:

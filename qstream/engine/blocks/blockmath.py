@@ -120,9 +120,8 @@ def dynamic_blocked(
     takes the error sums: ``sums`` is then ``(stats, (x2, e2, emax))``, the block's
     :class:`ErrorStats` (NaN not yet counted against ``nan_policy``) and each group's sums,
     as :func:`block_errors_fused` would give them; else None."""
-    from ...calibration import symmetric_steps
     from ...core import blocked_param_shape, buffers, plan_layout
-    from ...kernels import affine, blocked
+    from ...kernels import blocked
     from ...kernels.error_stats import N_SUMS, NO_GROUPS, groups_in_pass
     from ...kernels.runtime import run
 
@@ -133,11 +132,7 @@ def dynamic_blocked(
     pshape = blocked_param_shape(x.shape, axis, bs)
     layout = plan_layout(x.shape, pshape, axis, bs)
     qmin, qmax = qt.qrange(spec.narrow_range)
-    if not spec.symmetric:
-        mode, steps, zp = affine.ASYM, 1.0, 0.0
-    else:
-        mode = affine.SYM_SIGNED if qt.signed else affine.SYM_UNSIGNED
-        steps, zp = symmetric_steps(qt, spec.narrow_range, spec.full_levels)
+    mode, steps, zp = range_mode(qt, spec)
     s = buffers.empty(layout.pshape3, np.float32)  # large ones from the pool, as results
     z = buffers.empty(layout.pshape3, np.float32)  # integers of at most 16 bits: exact
     nonfinite = np.zeros(layout.pshape3[0] * layout.pshape3[1], np.int64)
@@ -179,6 +174,18 @@ def dynamic_blocked(
         run(blocked.dynamic_kernel(layout.iblock), *args)
     stats = (stats_of(sums), groups) if errors else None
     return s.reshape(pshape), z.reshape(pshape), layout, int(nonfinite.sum()), stats
+
+
+def range_mode(qt: QType, spec: QuantSpec) -> tuple[int, float, float]:
+    """``(mode, steps, zp_sym)``: how :func:`~qstream.kernels.affine.range_params` derives an
+    integer spec's parameters from a range in a kernel, as ``params_from_range`` does."""
+    from ...calibration import symmetric_steps
+    from ...kernels.affine import ASYM, SYM_SIGNED, SYM_UNSIGNED
+
+    if not spec.symmetric:
+        return ASYM, 1.0, 0.0
+    steps, zp = symmetric_steps(qt, spec.narrow_range, spec.full_levels)
+    return SYM_SIGNED if qt.signed else SYM_UNSIGNED, steps, zp
 
 
 def quantize_spec(

@@ -15,7 +15,7 @@ from ... import budget
 from ...kernels.numpy_twins import numpy_kernels
 from ...qtypes import QType
 from ...spec import ErrorStats, QuantSpec, RangeStats
-from .blockmath import error_inputs, stats_of
+from .blockmath import error_inputs, range_mode, stats_of
 
 if TYPE_CHECKING:
     from ...core import Layout
@@ -63,9 +63,7 @@ def calibrate_rows_with_errors(
     than a tile, a parameter per value, the NumPy twins); the caller then runs the passes."""
     if numpy_kernels() or x.ndim < 2 or qt.is_float:
         return None
-    from ...calibration import symmetric_steps
     from ...core import plan_layout
-    from ...kernels.affine import ASYM, SYM_SIGNED, SYM_UNSIGNED
     from ...kernels.runtime import run
 
     c = x.shape[0]
@@ -76,11 +74,7 @@ def calibrate_rows_with_errors(
     if call is None:
         return None
     kernel, (xq, sq, zq, _, lo, hi, mask), (xe, se, ze, qmin, qmax, qe), sums = call
-    if spec.symmetric:
-        mode = SYM_SIGNED if qt.signed else SYM_UNSIGNED
-        steps, zp = symmetric_steps(qt, spec.narrow_range, spec.full_levels)
-    else:
-        mode, steps, zp = ASYM, 1.0, 0.0
+    mode, steps, zp = range_mode(qt, spec)
     st = RangeStats.empty(c)
     derive = (mode, float(lo_q), float(hi_q), steps, zp, spec.scale_mode)
     ranges = (st.min, st.max, st.count, st.nan, st.posinf, st.neginf)
