@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from cli.main import app
 from qstream.exports.gguf.imatrix import importance_weights, read_imatrix
 from tests.support.activations import dump_activations, tiny_llama
-from tests.support.gguf_models import read_gguf_keys, run_converter
+from tests.support.gguf_models import load_llama, read_gguf_keys, run_converter
 
 zarr = pytest.importorskip("zarr")
 torch = pytest.importorskip("torch")
@@ -154,7 +154,7 @@ def test_pure_k_type_equals_llama_quantize_pure(wide: dict[str, Path]) -> None:
 
 
 def _logits(path: Path) -> np.ndarray:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False)
+    llm = load_llama(llama_cpp, path, n_ctx=64, logits_all=True, verbose=False)
     tokens = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
     llm.eval(tokens)
     return np.array(llm.scores[: len(tokens)])

@@ -21,6 +21,7 @@ from cli.main import app
 from tests.support.gguf_models import (
     TENSORS,
     build_model,
+    load_llama,
     read_gguf_keys,
     read_gguf_tensors,
     run_converter,
@@ -116,7 +117,7 @@ def test_tensors_and_metadata_equal_the_converters_q8_0_file(
 
 
 def _tokens_and_logits(llama_cpp: Any, path: Path) -> tuple[list[int], np.ndarray, Any]:
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False)
+    llm = load_llama(llama_cpp, path, n_ctx=64, logits_all=True, verbose=False)
     tokens = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
     llm.eval(tokens)
     return tokens, np.array(llm.scores[: len(tokens)]), llm
@@ -160,4 +161,4 @@ def test_no_tokenizer_writes_tensors_only_and_says_llama_cpp_will_not_load_it(
     assert not [k for k in keys if k.startswith("tokenizer.")]
     assert keys[TENSORS] == read_gguf_keys(mine)[TENSORS]
     with pytest.raises(ValueError):
-        lib.Llama(model_path=str(out), n_ctx=64, verbose=False)
+        load_llama(lib, out, n_ctx=64, verbose=False)

@@ -138,6 +138,29 @@ def llama_cpp_converter() -> Path:
     return root / CONVERTER
 
 
+def load_llama(lib: Any, path: str | os.PathLike[str], **kw: Any) -> Any:
+    """``lib.Llama`` (``lib``: the ``llama_cpp`` module) of the GGUF file ``path``, with
+    llama.cpp's extra buffer types off (``use_extra_bufts``: its AMX and repacked weight
+    layouts). llama-cpp-python built where the CPU has AMX (``pip`` builds it for the machine)
+    crashes in ``ggml_backend_amx_mul_mat`` on the first batch of any Q8_0 model, the
+    converter's own files as much as qstream's (seen on a 2-core Xeon VM with ``amx_int8``,
+    2026-11-30). Every file a test compares is loaded this way, so their logits are compared
+    under one computation as before."""
+    raw = lib.llama_cpp
+    default = raw.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    raw.llama_model_default_params = params  # (what Llama() asks for its model's parameters)
+    try:
+        return lib.Llama(model_path=str(path), **kw)
+    finally:
+        raw.llama_model_default_params = default
+
+
 # --- a minimal GGUF key reader (the vocabularies; gguf-py's reader takes seconds) ---------
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
