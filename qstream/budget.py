@@ -188,6 +188,9 @@ NUMPY_JOB = int(os.environ.get("QSTREAM_NUMPY_JOB", 1 << 22))
 #: a smaller piece runs the two kernels, whose serial twins compile faster. Warm-up sets it
 #: to 0 while it runs its tiny jobs, so that they compile the fused kernel too.
 FUSED_FROM = 1 << 19
+#: bytes of one group of channels' histograms that a block searched in place counts at once
+#: (``engine.blocks.stats_work.HistogramWork``): 64 channels at 2048 bins
+HISTOGRAM_GROUP_BYTES = 1 << 20
 DEFAULT_BLOCK_BYTES = 16 << 20
 DEFAULT_MAX_MEMORY = 1 << 30  # working-memory bound when max_memory is not given
 # bytes of working memory per float32 byte of a block held by one worker (the source block,

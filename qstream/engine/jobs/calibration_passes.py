@@ -130,21 +130,14 @@ def histogram_ranges(
     workers = job.worker_count()
     per_block = plan.block_channels(job.blocks[0]) * spec.num_bins * 8  # (the largest)
     if whole_channels(plan) and workers * per_block <= budget:
-        # on a cluster the workers search too (in parallel processes); here each block's
-        # channels are searched in this thread as the block comes back, by the parallel
-        # search kernel (one call per block)
-        on_workers = (lo, hi) if job.executor.distributed else None
-        work = HistogramWork(plan, job.ref, edges_lo, edges_hi, sym, 0, plan.channels, on_workers)
+        # each block's channels are searched by the worker that counted them (on a cluster,
+        # in parallel processes; only the channels' ranges come back), a group of channels
+        # at a time where the block is one piece (HistogramWork: one small histogram reused)
+        work = HistogramWork(plan, job.ref, edges_lo, edges_hi, sym, 0, plan.channels, (lo, hi))
 
         def found(b: Block, part: tuple[Any, ...]) -> None:
-            if on_workers is None:
-                at, h = part
-                c = slice(at, at + h.shape[0])
-                counts = {"counts": h, "lo": edges_lo[c], "hi": edges_hi[c], "abs": sym}
-                out_lo[c], out_hi[c] = method_range(counts, lo[c], hi[c], spec, plan.qt.bits)
-            else:
-                at, glo, ghi = part
-                out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
+            at, glo, ghi = part
+            out_lo[at : at + glo.size], out_hi[at : at + ghi.size] = glo, ghi
 
         job.scan(job.blocks, work, found, progress, stage="histograms", workers=workers)
         return out_lo, out_hi, view_hist
