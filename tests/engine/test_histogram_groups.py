@@ -52,11 +52,17 @@ def _run(x: np.ndarray, spec: QuantSpec, twins: bool) -> tuple[str, list[bytes]]
     ],
     ids=["percentile", "percentile-asymmetric", "entropy", "mse"],
 )
-@pytest.mark.parametrize("shape", [(203, 96), (70, 6, 11)], ids=["rows", "3-d"])
+@pytest.mark.parametrize(
+    ("shape", "axis"),
+    [((203, 96), 0), ((70, 6, 11), 0), ((40, 90), 1)],
+    ids=["rows", "3-d", "columns"],  # (columns: channels not the rows, counted all at once)
+)
 def test_channels_searched_in_groups_give_the_ranges_of_all_at_once(
-    monkeypatch, twins, spec_d, shape
+    monkeypatch, twins, spec_d, shape, axis
 ):
-    spec = QuantSpec.from_dict({"dtype": "int8", "axis": 0, "nan_policy": "zero_point", **spec_d})
+    spec = QuantSpec.from_dict(
+        {"dtype": "int8", "axis": axis, "nan_policy": "zero_point", **spec_d}
+    )
     x = _source(shape)
     monkeypatch.setattr(budget, "HISTOGRAM_GROUP_BYTES", 1 << 40)  # (every channel at once)
     whole = _run(x, spec, twins)

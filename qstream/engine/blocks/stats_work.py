@@ -66,12 +66,14 @@ class HistogramWork:
         if c1 <= c0:
             return None
         source = self.source.open()
+        pieces = channel_pieces(plan, source, b.key, c0, c1)
         if self.ranges is not None and source.pieces(b.key) == [b.key]:
-            ((v, p0, p1),) = channel_pieces(plan, source, b.key, c0, c1)
+            pieces = list(pieces)  # (the block, read once: searched in groups or counted)
+            ((v, p0, p1),) = pieces
             if v.shape[0] == 1 and (p0, p1) == (c0, c1):
                 return self._searched(v, c0, c1)
         h = np.zeros((c1 - c0, plan.spec.num_bins), np.int64)
-        for v, p0, p1 in channel_pieces(plan, source, b.key, c0, c1):
+        for v, p0, p1 in pieces:
             self._count(v, p0, p1, h[p0 - c0 : p1 - c0])
         if self.ranges is None:
             return c0, h
