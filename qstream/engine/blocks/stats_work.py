@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ class HistogramWork:
         if c1 <= c0:
             return None
         source = self.source.open()
-        pieces = channel_pieces(plan, source, b.key, c0, c1)
+        pieces: Iterable[tuple[np.ndarray, int, int]] = channel_pieces(plan, source, b.key, c0, c1)
         if self.ranges is not None and source.pieces(b.key) == [b.key]:
             pieces = list(pieces)  # (the block, read once: searched in groups or counted)
             ((v, p0, p1),) = pieces
