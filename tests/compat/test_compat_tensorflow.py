@@ -6,15 +6,30 @@ here is far below the ~20 000 elements at which TF starts to split the work acro
 except in the two large-tensor tests, which say what they check.
 """
 
+import importlib
+import importlib.util
 import re
 
 import ml_dtypes
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from qstream.compat import tensorflow as qtf
 from qstream.errors import InvalidDTypeError, InvalidParameterError
+
+if importlib.util.find_spec("tensorflow") is None:
+    pytest.skip("tensorflow is not installed", allow_module_level=True)
+
+
+class _Lazy:
+    """``tensorflow``, imported by the first test that uses it (~10 s and ~1 GiB): the test
+    workers all collect this module, and only the one that runs its tests loads TF."""
+
+    def __getattr__(self, name: str):
+        return getattr(importlib.import_module("tensorflow"), name)
+
+
+tf = _Lazy()
 
 TYPES = {
     "qint8": np.int8,
@@ -463,7 +478,12 @@ def test_dequantize_semantics_vectors_e6(q, lo, hi, kw, want):
 
 X2 = np.zeros((2, 3), F32)
 V2, V3 = np.zeros(2, F32), np.zeros(3, F32)
-TF_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, TypeError, ValueError)
+
+
+def tf_errors() -> tuple[type[BaseException], ...]:
+    """What TF raises on arguments it refuses."""
+    return (tf.errors.InvalidArgumentError, tf.errors.UnimplementedError, TypeError, ValueError)
+
 
 QUANTIZE_ERRORS = [
     (
@@ -550,7 +570,7 @@ def test_quantize_errors_match_tf(args, kw, error, message):
     x, lo, hi, T = args
     with pytest.raises(error, match=re.escape(message)):
         qtf.quantize(x, lo, hi, T, **kw)
-    with pytest.raises(TF_ERRORS) as tf_error:
+    with pytest.raises(tf_errors()) as tf_error:
         tf.quantization.quantize(tf.constant(x), lo, hi, getattr(tf, T), **kw)
     if error is InvalidParameterError:
         assert message in str(tf_error.value)
@@ -615,7 +635,7 @@ def test_dequantize_errors_match_tf(args, kw, error, message):
     q, lo, hi = args
     with pytest.raises(error, match=re.escape(message)):
         qtf.dequantize(q, lo, hi, **kw)
-    with pytest.raises(TF_ERRORS) as tf_error:
+    with pytest.raises(tf_errors()) as tf_error:
         tf_dequantize(q, lo, hi, **kw)
     assert message in str(tf_error.value)
 
@@ -631,7 +651,7 @@ def test_numpy_inputs_of_other_float_dtypes_are_refused():
     itself only takes float32 tensors, and so do we (a float64 tf.Tensor is refused by TF)."""
     with pytest.raises(InvalidDTypeError):
         qtf.quantize(np.zeros(3), -1.0, 1.0, "qint8")
-    with pytest.raises(TF_ERRORS):
+    with pytest.raises(tf_errors()):
         tf.quantization.quantize(tf.zeros(3, tf.float64), -1.0, 1.0, tf.qint8)
     # Python lists and scalars are converted, as TF converts them.
     check_quantize([0.25, -1.0, 3.0], -1.0, 1.0, "qint8")

@@ -128,8 +128,27 @@ def _same(got, want) -> None:
     assert out_a.worst is None and out_b.worst is None
 
 
-@pytest.mark.parametrize("build", ["serial", "parallel"])
-@pytest.mark.parametrize("case", list(CASES))
+#: cases whose parallel build runs by default; every case's serial build does (the two builds
+#: are one source, and tests/kernels/test_kernel_runtime.py holds them to the same bytes), the
+#: other parallel builds under ``-m slow`` (~1.5 s of first compiles each)
+PARALLEL_BY_DEFAULT = {"int8", "uint8-asymmetric", "int32-float64", "bfloat16", "nan-fill", "uint4"}
+
+
+@pytest.mark.parametrize(
+    ("case", "build"),
+    [
+        pytest.param(
+            case,
+            build,
+            id=f"{case}-{build}",
+            marks=[pytest.mark.slow]
+            if build == "parallel" and case not in PARALLEL_BY_DEFAULT
+            else [],
+        )
+        for case in CASES
+        for build in ("serial", "parallel")
+    ],
+)
 def test_the_calibrating_kernel_gives_the_two_passes_calibration_codes_and_figures(
     monkeypatch, case, build
 ):

@@ -21,19 +21,28 @@ _TEST = "_qstream_compile_log_test"
 
 
 def name_test(test: str) -> None:
-    """Label this process's next compilations with ``test``."""
+    """Label this process's next compilations (and, with the log on, the subprocesses it
+    starts) with ``test``."""
     setattr(sys, _TEST, test)
+    if os.environ.get("QSTREAM_COMPILE_LOG"):
+        os.environ["QSTREAM_LOG_TEST"] = test
 
 
 @contextlib.contextmanager
 def timed(test: str) -> Iterator[None]:
     """With the log on, the test's start and end (``DIR/tests-<pid>.jsonl``): the workers'
-    timelines, to see how long one waits for the other at the end of a run."""
+    timelines, to see how long one waits for the other at the end of a run), with the CPU
+    seconds the test process and its finished children spent (a test that waits costs the
+    run less than its wall time)."""
     folder = os.environ.get("QSTREAM_COMPILE_LOG")
-    t0 = time.time()
+    t0, c0 = time.time(), os.times()
     yield
     if folder:
+        c1 = os.times()
         line = {"test": test, "start": t0, "end": time.time(),
+                "cpu": round(c1.user + c1.system - c0.user - c0.system, 3),
+                "children_cpu": round(c1.children_user + c1.children_system
+                                      - c0.children_user - c0.children_system, 3),
                 "worker": os.environ.get("PYTEST_XDIST_WORKER", "")}  # fmt: skip
         with open(os.path.join(folder, f"tests-{os.getpid()}.jsonl"), "a") as f:
             f.write(json.dumps(line) + "\n")

@@ -30,5 +30,24 @@ class _After(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _log_lifetime(folder: str) -> None:
+    """One line per child process at its exit (``procs-<pid>.jsonl``): its command, start,
+    end and the test that started it, to count what the suite's subprocesses cost."""
+    import atexit
+    import json
+    import time
+
+    line = {"argv": " ".join(sys.argv)[:200], "start": time.time(),
+            "test": os.environ.get("QSTREAM_LOG_TEST", "")}  # fmt: skip
+
+    def write() -> None:
+        line["end"] = time.time()
+        with open(os.path.join(folder, f"procs-{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    atexit.register(write)
+
+
 if os.environ.get("QSTREAM_COMPILE_LOG"):
     sys.meta_path.insert(0, _After())
+    _log_lifetime(os.environ["QSTREAM_COMPILE_LOG"])
