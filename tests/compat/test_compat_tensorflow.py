@@ -22,7 +22,7 @@ if importlib.util.find_spec("tensorflow") is None:
 
 
 class _Lazy:
-    """``tensorflow``, imported by the first test that uses it (~10 s and ~1 GiB): the test
+    """``tensorflow``, imported by the first test that uses it (~10 s of imports here): the test
     workers all collect this module, and only the one that runs its tests loads TF."""
 
     def __getattr__(self, name: str):

@@ -31,7 +31,7 @@ def name_test(test: str) -> None:
 @contextlib.contextmanager
 def timed(test: str) -> Iterator[None]:
     """With the log on, the test's start and end (``DIR/tests-<pid>.jsonl``): the workers'
-    timelines, to see how long one waits for the other at the end of a run), with the CPU
+    timelines, to see how long one waits for the other at the end of a run, with the CPU
     seconds the test process and its finished children spent (a test that waits costs the
     run less than its wall time)."""
     folder = os.environ.get("QSTREAM_COMPILE_LOG")
