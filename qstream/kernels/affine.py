@@ -16,7 +16,7 @@ from ..budget import TILE
 from ..qtypes import TINY_SCALE
 from . import rounding as r
 from .bits import bits32, from_bits32
-from .runtime import njit, parallel_kernel
+from .runtime import helper, njit, parallel_kernel
 
 PARTS = 256  # runs of work items per call: enough to balance two to a few dozen threads
 # how a range gives its parameters (``range_params``): symmetric with zero point 0 or the
@@ -64,7 +64,7 @@ def round_scale(s, scale_mode):
     return max(s, TINY_SCALE)
 
 
-@njit(inline="always", cache=True)
+@helper
 def range_params(vlo, vhi, mode, qmin, qmax, steps, zp_sym, scale_mode):
     """``(scale, zero_point)`` (float32, float64) of the finite range ``[vlo, vhi]`` (float64;
     0 where none is finite), operation for operation as

@@ -39,7 +39,7 @@ from .error_stats import (
     fold_partial,
     run_sums,
 )
-from .runtime import njit, parallel_kernel, specialize
+from .runtime import helper, parallel_kernel, specialize
 from .stats import slot_range_keys32
 
 
@@ -73,7 +73,7 @@ def prefetch(typingctx, arr, i):
 FINITE = False
 
 
-@njit(inline="always", cache=True)
+@helper
 def _row_keys(xr, iblock, symmetric, kmin, kmax):
     """The order keys of each group's min/max along the row ``xr`` (groups of ``iblock``),
     counting NaN/inf like any value; whether a group held one (then the caller computes the
@@ -105,7 +105,7 @@ def _row_keys(xr, iblock, symmetric, kmin, kmax):
     return bad
 
 
-@njit(inline="always", cache=True)
+@helper
 def _column_keys(x, o, c0, c1, symmetric, kmin, kmax):
     """:func:`_row_keys` for a parameter per element along the rows (groups are columns of
     rows ``c0 .. c1`` of ``x[o]``): vertical min/max, so the loop vectorises."""
@@ -128,7 +128,7 @@ def _column_keys(x, o, c0, c1, symmetric, kmin, kmax):
     return bad
 
 
-@njit(inline="always", cache=True)
+@helper
 def _params(kmin, kmax, mode, qmin, qmax, steps, zp_sym, scale_mode, ss, zs):
     """Each group's scale and zero point from its finite range's order keys
     (:func:`~qstream.kernels.affine.range_params`)."""

@@ -23,7 +23,7 @@ from .bits import bits as _bits
 from .bits import from_bits as _from_bits
 from .bits import nonfinite as _nonfinite
 from .numpy_twins import N_SUMS
-from .runtime import njit, parallel_kernel, run
+from .runtime import helper, njit, parallel_kernel, run
 from .stats import channel_rows
 
 # (N_SUMS: the columns of the result, count, sum x^2, sum e^2, sum x*y, sum y^2, max |e|,
@@ -40,7 +40,7 @@ def _dequantized(qv, s, z):
     return np.float64(np.float32((qv - z) * s))
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
+@helper(fastmath=FASTMATH)
 def sums_at(xr, qr, i0, i1, s, z, lo, hi):
     """(sum x^2, sum e^2, sum x*y, sum y^2, max |e| bits, clipped) of the run ``[i0, i1)``
     (``uint64`` bounds) of the rows ``xr``/``qr``, as if every value were finite. A NaN or
@@ -70,7 +70,7 @@ def sums_at(xr, qr, i0, i1, s, z, lo, hi):
     return sx2, se2, sxy, sy2, emax, clip
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
+@helper(fastmath=FASTMATH)
 def run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
     """Add the sums of the run ``[i0, i1)`` (``uint64`` bounds) of the rows ``xr``/``qr``,
     whose elements share the scale ``s`` and zero point ``z``, to the row ``acc``; returns
@@ -94,7 +94,7 @@ def row_sums(xr, qr, s, z, qmin, qmax, acc):
     run_sums(xr, qr, np.uint64(0), np.uint64(xr.shape[0]), s, z, qmin, qmax, acc)
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
+@helper(fastmath=FASTMATH)
 def finite_run_sums(xr, qr, i0, i1, s, z, qmin, qmax, acc):
     """:func:`run_sums` of a run whose values are all finite (no second pass for NaN/inf:
     the sum of x^2 of finite float32 values cannot overflow), for kernels compiled for
@@ -161,7 +161,7 @@ def finite_sums(xs, qs, s, z, lo, hi, acc):
     return sx2, se2, sxy, sy2, emax, clip, n
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
+@helper(fastmath=FASTMATH)
 def _row_sums(xr, qr, j0, ss, zs, s0, qmin, qmax, n, x2, e2, xy, y2, emax, clip):
     """Channels along the row: element ``j0 + j`` of ``xr``/``qr`` (``uint64`` offsets, no
     slices) is channel ``j`` of the accumulators (one array per sum, vertical updates, so the
@@ -246,7 +246,7 @@ def column_scratch(n):
     )  # fmt: skip
 
 
-@njit(inline="always", cache=True, fastmath=FASTMATH)
+@helper(fastmath=FASTMATH)
 def column_sums(x, q, o, c0, c1, ss, zs, qmin, qmax, cols, acc, gx2, ge2, gmax, groups):
     """The error sums of rows ``c0 .. c1`` of ``x[o]``/``q[o]`` whose element ``j`` uses
     ``ss[j]``/``zs[j]``: down each column, a strip of ``STRIP`` columns at a time, into the

@@ -74,6 +74,25 @@ def njit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     return dispatcher
 
 
+def helper(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """A larger function that kernels call, compiled on its own once per signature and
+    process (and cached): ``njit(cache=True, error_model="numpy", **options)``, the kernels'
+    error model (``x / 0`` is inf or NaN), and its own fastmath flags where it gives them.
+
+    Not ``inline="always"``: Numba inlines such a function into its IR, then types, lowers
+    and (inside a ``prange`` loop) runs its parallel passes over the body again at every
+    call site of every kernel, and those passes grow faster than the loop they analyse. A
+    called function is compiled once and linked into each kernel, where LLVM inlines it:
+    kernels as fast, their first compiles up to half as long (the parallel builds of the
+    fused and calibrating kernels; ``benchmarks/README.md``). Small helpers (a few
+    lines, no loop of their own) stay ``inline="always"``: a function of its own costs a
+    compile pipeline, which they do not repay; so do those that hold a kernel's ``prange``
+    loop (parfors must see it) or take an element operation as an argument (a kernel passing
+    a function could not be cached)."""
+    options = {"cache": True, "error_model": "numpy", **options}
+    return njit(**options) if fn is None else njit(fn, **options)
+
+
 @overload
 def parallel_kernel(
     fn: Callable[..., Any], *, serial_scale: int = 1, inputs: int = 0, **options: Any

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .runtime import njit, parallel_kernel
+from .runtime import helper, njit, parallel_kernel
 
 
 @njit(cache=True, nogil=True)
@@ -192,7 +192,7 @@ def mse_search(hist, hi, max_bound, start_bin, stride):
     return mse_search_fast(hist, hi, max_bound, start_bin, stride, mse_scratch(hist.shape[0]))
 
 
-@njit(inline="always", cache=True)
+@helper
 def _l2_term(hist, k, start, bin_width, dst_w, dst_nbins):
     """Bin ``k``'s share of PyTorch's analytic L2 error for the range ``start ..`` on a grid of
     ``dst_nbins`` bins of width ``dst_w``."""

@@ -23,7 +23,7 @@ from .bits import (
     order_key,
     order_key32,
 )
-from .runtime import njit, parallel_kernel, run
+from .runtime import helper, njit, parallel_kernel, run
 
 
 def channel_ranges(x, mins, maxs, counts, nans, posinf, neginf):
@@ -102,7 +102,7 @@ def _ranges_channel_rows(x, mins, maxs, counts, nans, posinf, neginf):
         fold_counts(mn, mx, n, nan, pinf, ninf, c, mins, maxs, counts, nans, posinf, neginf)
 
 
-@njit(inline="always", cache=True)
+@helper
 def row_range(xs):
     """``(min, max, finite, NaN, +inf, -inf)`` of the values ``xs``: the finite min/max
     (``inf``/``-inf`` when none is finite) and the counts of each kind."""
@@ -140,7 +140,7 @@ def row_range(xs):
     return mn, mx, n, nan, pinf, ninf
 
 
-@njit(inline="always", cache=True)
+@helper
 def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
     """Fold rows ``c0 .. c1`` of ``x[o]`` into ``kmin``/``kmax``: the order keys of the finite
     min/max of each parameter slot ``i // iblock`` (left as they were where none is finite).
@@ -175,7 +175,7 @@ def slot_range_keys(x, o, c0, c1, iblock, kmin, kmax):
     return pieces
 
 
-@njit(inline="always", cache=True)
+@helper
 def slot_range_keys32(x, o, c0, c1, iblock, kmin, kmax):
     """:func:`slot_range_keys` for float32 ``x`` on int32 keys (:func:`order_key32`)."""
     n_inner = np.uint64(x.shape[2])
@@ -323,7 +323,7 @@ def _histograms_split(x, lo, hi, use_abs, hist):
 _RUN = 1024
 
 
-@njit(inline="always", cache=True)
+@helper
 def _hist_run(xr, lo, hi, use_abs, acc, idx):
     """Count the finite values of ``xr`` into ``acc[:nbins]`` (``acc[nbins]`` collects the
     non-finite ones). Bin indices are computed for a run of values first (a loop that
