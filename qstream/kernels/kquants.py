@@ -52,6 +52,10 @@ _F1 = np.float32(1.0)
 # the trial-scale parameters (rmin, rdelta) of the scale searches
 _M1, _M09, _M05, _D01, _D005 = (np.float32(v) for v in (-1.0, -0.9, -0.5, 0.1, 0.05))
 _OPTS: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
+# Sizes and flags reach the scale searches as typed values (``np.int64(16)``, ``np.bool_(True)``),
+# not literals: Numba compiles a function called with literal arguments once per distinct
+# value (``qkx_scale_min`` six times in this kernel, which then took 26 s to compile; 16 s so,
+# as fast to run: ``benchmarks/README.md``).
 
 
 @njit(**_OPTS)
@@ -74,17 +78,17 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
             for i in range(16):
                 wts[i] = np.abs(xs[i])
             sc, mn = qkx_scale_min(
-                16,
-                3,
+                np.int64(16),
+                np.int64(3),
                 xs,
                 wts,
                 L[16 * j :],
                 kwork,
                 np.float32(-0.5),
                 np.float32(0.1),
-                15,
-                True,
-                False,
+                np.int64(15),
+                np.bool_(True),
+                np.bool_(False),
             )
             scales[j] = sc
             mins[j] = mn
@@ -116,22 +120,22 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 total += wts[i]
             sw[j] = total
             sc, mn = qkx_scale_min(
-                16,
-                3,
+                np.int64(16),
+                np.int64(3),
                 xs,
                 wts,
                 L[16 * j :],
                 kwork,
                 np.float32(-0.9),
                 np.float32(0.05),
-                36,
-                False,
-                True,
+                np.int64(36),
+                np.bool_(False),
+                np.bool_(True),
             )
             scales[j] = sc
             mins[j] = mn
-        dbits = fp16_bits(qp_scale(16, 15, scales, Ls, sw))
-        mbits = fp16_bits(qp_scale(16, 15, mins, Lm, sw))
+        dbits = fp16_bits(qp_scale(np.int64(16), np.int64(15), scales, Ls, sw))
+        mbits = fp16_bits(qp_scale(np.int64(16), np.int64(15), mins, Lm, sw))
         for j in range(16):
             sb[j] = (np.int32(Ls[j]) | (np.int32(Lm[j]) << 4)) & 0xFF
     put_half(out, 80, dbits)
@@ -158,7 +162,7 @@ def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8, work):
         mx_s = _F0
         amax = _F0
         for j in range(16):
-            scales[j] = q3_scale(16, 4, x[16 * j : 16 * j + 16], L8[16 * j :])
+            scales[j] = q3_scale(np.int64(16), np.int64(4), x[16 * j : 16 * j + 16], L8[16 * j :])
             a = np.abs(scales[j])
             if a > amax:
                 amax = a
@@ -180,8 +184,8 @@ def _q3_k(x, qw, has_w, out, L8, wts, scales, sw, Ls8, work):
             for i in range(16):
                 total += wts[i]
             sw[j] = total
-            scales[j] = qx_scale(16, 4, xs, L8[16 * j :], wts, work)
-        d_block = qx_scale(16, 32, scales, Ls8, sw, work)
+            scales[j] = qx_scale(np.int64(16), np.int64(4), xs, L8[16 * j :], wts, work)
+        d_block = qx_scale(np.int64(16), np.int64(32), scales, Ls8, sw, work)
         for j in range(16):
             pack_k3(s, j, np.int32(Ls8[j]))
         dbits = fp16_bits(d_block)
@@ -223,7 +227,17 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
             for i in range(32):
                 wts[i] = av_x + np.abs(xs[i])
             sc, mn = qkx_scale_min(
-                32, nmax, xs, wts, L[32 * j :], kwork, rmin, _D01, nstep, False, False
+                np.int64(32),
+                nmax,
+                xs,
+                wts,
+                L[32 * j :],
+                kwork,
+                rmin,
+                _D01,
+                nstep,
+                np.bool_(False),
+                np.bool_(False),
             )
             scales[j] = sc
             mins[j] = mn
@@ -250,7 +264,7 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 total += wts[i]
             sw[j] = total
             sc, mn = qkx_scale_min(
-                32,
+                np.int64(32),
                 nmax,
                 xs,
                 wts,
@@ -258,14 +272,14 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 kwork,
                 _M09,
                 _D005,
-                36,
-                False,
-                True,
+                np.int64(36),
+                np.bool_(False),
+                np.bool_(True),
             )
             scales[j] = sc
             mins[j] = mn
-        d_block = qp_scale(8, 63, scales, Ls, sw)
-        m_block = qp_scale(8, 63, mins, Lm, sw)
+        d_block = qp_scale(np.int64(8), np.int64(63), scales, Ls, sw)
+        m_block = qp_scale(np.int64(8), np.int64(63), mins, Lm, sw)
         for j in range(8):
             ls = np.int32(Ls[j])
             lm = np.int32(Lm[j])
@@ -319,11 +333,11 @@ def _q6_k(x, qw, has_w, out, L8, wts, scales, work):
     for j in range(16):
         xs = x[16 * j : 16 * j + 16]
         if has_w:
-            sc = qx_scale(16, 32, xs, L8[16 * j :], qw[16 * j :], work)
+            sc = qx_scale(np.int64(16), np.int64(32), xs, L8[16 * j :], qw[16 * j :], work)
         else:
             for i in range(16):
                 wts[i] = xs[i] * xs[i]
-            sc = qx_scale(16, 32, xs, L8[16 * j :], wts, work)
+            sc = qx_scale(np.int64(16), np.int64(32), xs, L8[16 * j :], wts, work)
         scales[j] = sc
         if np.abs(sc) > amax:
             amax = np.abs(sc)
@@ -384,9 +398,9 @@ def quantize_blocks(x, qw, has_w, per_row, kind, out):
             elif kind == Q3_K:
                 _q3_k(xb, wb, has_w, ob, L8, wts, scales, sw, Ls8, work)
             elif kind == Q4_K:
-                _q45_k(xb, wb, has_w, ob, 15, L, kwork, wts, scales, mins, sw, Ls, Lm)
+                _q45_k(xb, wb, has_w, ob, np.int64(15), L, kwork, wts, scales, mins, sw, Ls, Lm)
             elif kind == Q5_K:
-                _q45_k(xb, wb, has_w, ob, 31, L, kwork, wts, scales, mins, sw, Ls, Lm)
+                _q45_k(xb, wb, has_w, ob, np.int64(31), L, kwork, wts, scales, mins, sw, Ls, Lm)
             else:
                 _q6_k(xb, wb, has_w, ob, L8, wts, scales, work)
 

@@ -126,7 +126,7 @@ def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work):
     for j in range(QK):
         wts[j] = wb[j] * np.sqrt(sigma2 + xb[j] * xb[j])
     if kind in (Q4_0, Q5_0):
-        d = qx_scale(QK, 8 if kind == Q4_0 else 16, xb, L8, wts, work)
+        d = qx_scale(np.int64(QK), 8 if kind == Q4_0 else 16, xb, L8, wts, work)
         put_half(ob, 0, fp16_bits(d))
         if kind == Q4_0:
             for j in range(16):
@@ -135,8 +135,9 @@ def _weighted_block(xb, wb, sigma2, kind, ob, L8, L, kwork, wts, work):
             _store5(ob, 2, L8)
         return
     nmax = 15 if kind == Q4_1 else 31
-    scale, the_min = qkx_scale_min(QK, nmax, xb, wts, L, kwork, np.float32(-0.9),
-                                   np.float32(0.05), 36, False, True)  # fmt: skip
+    scale, the_min = qkx_scale_min(np.int64(QK), nmax, xb, wts, L, kwork, np.float32(-0.9),
+                                   np.float32(0.05), np.int64(36), np.bool_(False),
+                                   np.bool_(True))  # fmt: skip
     put_half(ob, 0, fp16_bits(scale))
     put_half(ob, 2, fp16_bits(-the_min))
     if kind == Q4_1:
