@@ -77,19 +77,9 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
             xs = x[16 * j : 16 * j + 16]
             for i in range(16):
                 wts[i] = np.abs(xs[i])
-            sc, mn = qkx_scale_min(
-                np.int64(16),
-                np.int64(3),
-                xs,
-                wts,
-                L[16 * j :],
-                kwork,
-                np.float32(-0.5),
-                np.float32(0.1),
-                np.int64(15),
-                np.bool_(True),
-                np.bool_(False),
-            )
+            sc, mn = qkx_scale_min(np.int64(16), np.int64(3), xs, wts, L[16 * j :], kwork,
+                                   np.float32(-0.5), np.float32(0.1), np.int64(15), np.bool_(True),
+                                   np.bool_(False))  # fmt: skip
             scales[j] = sc
             mins[j] = mn
             if sc > mx_s:
@@ -119,19 +109,9 @@ def _q2_k(x, qw, has_w, out, L, kwork, wts, scales, mins, sw, Ls, Lm):
                 wts[i] = qw[16 * j + i] * np.sqrt(sigma2 + xs[i] * xs[i])
                 total += wts[i]
             sw[j] = total
-            sc, mn = qkx_scale_min(
-                np.int64(16),
-                np.int64(3),
-                xs,
-                wts,
-                L[16 * j :],
-                kwork,
-                np.float32(-0.9),
-                np.float32(0.05),
-                np.int64(36),
-                np.bool_(False),
-                np.bool_(True),
-            )
+            sc, mn = qkx_scale_min(np.int64(16), np.int64(3), xs, wts, L[16 * j :], kwork,
+                                   np.float32(-0.9), np.float32(0.05), np.int64(36),
+                                   np.bool_(False), np.bool_(True))  # fmt: skip
             scales[j] = sc
             mins[j] = mn
         dbits = fp16_bits(qp_scale(np.int64(16), np.int64(15), scales, Ls, sw))
@@ -226,19 +206,8 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
             av_x = np.sqrt(sum_x2 / np.float32(32.0))
             for i in range(32):
                 wts[i] = av_x + np.abs(xs[i])
-            sc, mn = qkx_scale_min(
-                np.int64(32),
-                nmax,
-                xs,
-                wts,
-                L[32 * j :],
-                kwork,
-                rmin,
-                _D01,
-                nstep,
-                np.bool_(False),
-                np.bool_(False),
-            )
+            sc, mn = qkx_scale_min(np.int64(32), nmax, xs, wts, L[32 * j :], kwork, rmin, _D01,
+                                   nstep, np.bool_(False), np.bool_(False))  # fmt: skip
             scales[j] = sc
             mins[j] = mn
             if sc > mx_s:
@@ -263,19 +232,8 @@ def _q45_k(x, qw, has_w, out, nmax, L, kwork, wts, scales, mins, sw, Ls, Lm):
             for i in range(32):
                 total += wts[i]
             sw[j] = total
-            sc, mn = qkx_scale_min(
-                np.int64(32),
-                nmax,
-                xs,
-                wts,
-                L[32 * j :],
-                kwork,
-                _M09,
-                _D005,
-                np.int64(36),
-                np.bool_(False),
-                np.bool_(True),
-            )
+            sc, mn = qkx_scale_min(np.int64(32), nmax, xs, wts, L[32 * j :], kwork, _M09, _D005,
+                                   np.int64(36), np.bool_(False), np.bool_(True))  # fmt: skip
             scales[j] = sc
             mins[j] = mn
         d_block = qp_scale(np.int64(8), np.int64(63), scales, Ls, sw)
