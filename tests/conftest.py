@@ -116,6 +116,19 @@ MOVED_TO_SLOW = (
 )
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores this process may run on (``--maxprocesses``
+    still caps it; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it). A fifth of a worker's
+    time goes to waiting, on subprocesses, the S3 server, deadlines and the disk: with as many
+    workers as cores, a measured run from an empty cache on 2 cores kept them 80% busy, with
+    one more 98% busy (the same CPU time, 19:08 -> 15:17 the same hour)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # (xdist's own hook reads it)
+    if hasattr(os, "sched_getaffinity"):  # (Linux: the cores this process may use)
+        return len(os.sched_getaffinity(0)) + 1
+    return (os.cpu_count() or 1) + 1
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 

@@ -23,9 +23,13 @@ if importlib.util.find_spec("tensorflow") is None:
 
 class _Lazy:
     """``tensorflow``, imported by the first test that uses it (~10 s of imports here): the test
-    workers all collect this module, and only the one that runs its tests loads TF."""
+    workers all collect this module, and only the one that runs its tests loads TF. Dunder
+    names are not forwarded: collection asks every module-level object for ``__test__``, which
+    would otherwise import TF in each worker."""
 
     def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
         return getattr(importlib.import_module("tensorflow"), name)
 
 
