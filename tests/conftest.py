@@ -118,10 +118,11 @@ MOVED_TO_SLOW = (
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker more than the cores this process may run on (``--maxprocesses``
-    still caps it; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it). A fifth of a worker's
-    time goes to waiting, on subprocesses, the S3 server, deadlines and the disk: with as many
-    workers as cores, a measured run from an empty cache on 2 cores kept them 80% busy, with
-    one more 98% busy (the same CPU time, 19:08 -> 15:17 the same hour)."""
+    still caps it; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it). A worker also waits,
+    on subprocesses, the S3 server, deadlines and the disk: from an empty cache on 2 cores, in a
+    slow hour two workers kept the cores 80% busy and three 97-98% (wall 19:08 -> 15:17 for the
+    same CPU time); in a fast hour both took the same time (8:22 and 8:24-8:25 on fresh clones:
+    the third worker's own collection and first compiles cost what its filling idle time won)."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # (xdist's own hook reads it)
     if hasattr(os, "sched_getaffinity"):  # (Linux: the cores this process may use)
