@@ -238,7 +238,10 @@ def plot_export_bytes(listed: list[dict[str, Any]], path: str, plot: Path) -> No
     bars = ax.bar(kinds, [per[k] / 2**20 for k in kinds], color="tab:blue")
     ax.bar_label(bars, labels=[fmt_bytes(per[k]) for k in kinds], padding=2)
     ax.set_ylabel("MiB stored")
-    ax.set_title(f"{Path(path).name}: bytes per stored type ({len(listed)} tensors)")
+    count = f"{len({t.get('tensor', t['name']) for t in listed})} tensors"
+    if any(t.get("tensor", t["name"]) != t["name"] for t in listed):
+        count += f", {len(listed)} entries"  # (a quantized tensor's codes and parameters)
+    ax.set_title(f"{Path(path).name}: bytes per stored type ({count})")
     ax.margins(y=0.15)
     figure_folder(plot)
     fig.savefig(plot)

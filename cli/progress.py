@@ -40,6 +40,7 @@ class Progress:
         self.unit = "blocks"
         self.last = -1
         self.subject = ""  # the tensor the passes are on, restoring a checkpoint
+        self._lock = threading.Lock()  # (the compile line: kernels compile in worker threads)
 
     def tensor(self, subject: str) -> None:
         """Name the tensor the next passes are on (e.g. ``[3/251] lm_head.weight``)."""
@@ -97,18 +98,31 @@ class Progress:
             return f"{fmt_bytes(done)} of {fmt_bytes(total)}"
         return f"{done}/{total} {self.unit}"
 
-    waiting: rich.progress.TaskID | None = None  # the "starting" line, until a pass starts
+    # the "starting" line, until a pass starts or its blocks land; the "compiling kernels"
+    # line while Numba compiles, whenever it does (a later pass's kernels compile after the
+    # bar of the one before has finished)
+    waiting: rich.progress.TaskID | None = None
 
     def started(self) -> None:
-        """A pass has started: the "starting" / "compiling kernels" line goes."""
+        """A pass has started, or its blocks land: the "starting" / "compiling kernels" line
+        goes."""
         if self.bar is not None and self.waiting is not None:
-            self.bar.remove_task(self.waiting)
-            self.waiting = None
+            with self._lock:
+                if self.waiting is not None:
+                    self.bar.remove_task(self.waiting)
+                    self.waiting = None
 
     def compiling(self) -> None:
-        """Numba compiles a kernel: the "starting" line says so (a pass's bar stays)."""
-        if self.bar is not None and self.waiting is not None:
-            self.bar.update(self.waiting, description=f"{self.label}: {COMPILING}")
+        """Numba starts compiling a kernel: a live line says so, with the seconds spent, until
+        the next blocks land (a pass's bar stays)."""
+        if self.bar is None:
+            return
+        with self._lock:
+            description = f"{self.label}: {COMPILING}"
+            if self.waiting is None:
+                self.waiting = self.bar.add_task(description, total=None, count="")
+            else:
+                self.bar.update(self.waiting, description=description)
 
     def __call__(self, done: int, total: int) -> None:
         """``done`` of the pass's ``total`` blocks have landed."""
@@ -167,8 +181,8 @@ def progress(label: str, quiet: bool) -> Iterator[Progress | None]:
 
 @contextmanager
 def compile_notice(err: Console, also: Callable[[], None] | None = None) -> Iterator[None]:
-    """Print one line the first time a kernel compiles in this process (and call ``also``,
-    once)."""
+    """Print one line the first time a kernel compiles in this process (and call ``also``
+    each time one starts compiling)."""
     said: list[bool] = []
 
     def notice(_name: str) -> None:
@@ -178,8 +192,8 @@ def compile_notice(err: Console, also: Callable[[], None] | None = None) -> Iter
                 "compiling kernels (first run only; later runs load them from the cache;"
                 " 'qstream warm-up' compiles the common ones at once)"
             )
-            if also is not None:
-                also()
+        if also is not None:
+            also()
 
     remove = qs.on_compile(notice)
     try:

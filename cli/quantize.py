@@ -223,7 +223,13 @@ def dequantize(
     with library_errors():
         require_input(src, "SRC")
         if dtype not in ("float32", "float16", "bfloat16"):
-            raise typer.BadParameter(f"--dtype must be float32, float16 or bfloat16, not {dtype}")
+            import difflib
+
+            near = difflib.get_close_matches(dtype, ["float32", "float16", "bfloat16"], n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise typer.BadParameter(
+                f"--dtype must be float32, float16 or bfloat16, not {dtype}{hint}"
+            )
     with library_errors(refusals=True):  # (every refusal: here, before any tensor is read)
         plan = qs.plan_dequantize(
             src, dst, dtype=dtype, max_memory=parse_size(max_memory, "--max-memory"),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # what the names below load lazily, for type checkers (keep t
     from .api.arrays import quantize as quantize
     from .api.arrays import quantize_dynamic as quantize_dynamic
     from .api.convert import ConversionPlan as ConversionPlan
+    from .api.convert import ConversionResult as ConversionResult
     from .api.convert import TensorEvent as TensorEvent
     from .api.convert import convert_checkpoint as convert_checkpoint
     from .api.convert import open_checkpoint as open_checkpoint
@@ -89,6 +90,7 @@ _EXPORTS = {
     "plan_conversion": "qstream.api.convert",
     "plan_convert": "qstream.api.convert",
     "ConversionPlan": "qstream.api.convert",
+    "ConversionResult": "qstream.api.convert",
     "TensorEvent": "qstream.api.convert",
     "Recipe": "qstream.spec.recipe",
     "QuantSpec": "qstream.spec",

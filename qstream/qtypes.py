@@ -147,7 +147,8 @@ def float_dtype(spec: npt.DTypeLike) -> np.dtype:
         dt = None
     if dt is None or dt not in FLOAT_DTYPES.values():
         raise InvalidDTypeError(
-            f"unsupported floating dtype {spec!r}; expected one of: {', '.join(FLOAT_DTYPES)}"
+            f"unsupported floating dtype {spec!r}{did_you_mean(spec, FLOAT_DTYPES)};"
+            f" expected one of: {', '.join(FLOAT_DTYPES)}"
         )
     return dt
 

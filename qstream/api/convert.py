@@ -16,12 +16,40 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConversionPlan",
+    "ConversionResult",
     "TensorEvent",
     "convert_checkpoint",
     "open_checkpoint",
     "plan_conversion",
     "plan_convert",
 ]
+
+
+class ConversionResult(dict[str, Any]):
+    """What :func:`convert_checkpoint` returns: the conversion's report, a dict as ``convert
+    --json`` writes it (``destination``, ``tensors``, sizes, ...), with the views of the
+    output it made: :meth:`output` (:func:`qstream.open_quantized` of the destination),
+    :meth:`plot` and the notebook table."""
+
+    def __init__(self, report: dict[str, Any], storage_options: StorageOptions | None = None):
+        super().__init__(report)
+        self.storage_options = storage_options
+
+    def output(self) -> Any:
+        """The converted output, opened as :func:`qstream.open_quantized` opens it (a
+        :class:`~qstream.QuantizedCheckpoint`: a Zarr group, a safetensors export, a GGUF)."""
+        from .readers import open_quantized
+
+        return open_quantized(self["destination"], storage_options=self.storage_options)
+
+    def plot(self, ax: Any = None) -> Any:
+        """The output's figure (sizes before and after, the worst tensors' SQNR) on ``ax``
+        (a new figure when None), with matplotlib (``pip install 'qstream-zarr[plot]'``);
+        returns the figure."""
+        return self.output().plot(ax)
+
+    def _repr_html_(self) -> str:
+        return str(self.output()._repr_html_())
 
 
 def convert_checkpoint(
@@ -48,7 +76,7 @@ def convert_checkpoint(
     pure: bool = False,
     imatrix: PathLike | None = None,
     scale_dtype: str | None = None,
-) -> dict[str, Any]:
+) -> ConversionResult:
     """Quantize every tensor of ``checkpoint`` the recipe selects into the group ``dst``.
 
     Everything the conversion can refuse is decided first, before a tensor byte is read or
@@ -120,7 +148,7 @@ def convert_checkpoint(
     """
     check_max_memory(max_memory)  # (a refused bound writes nothing)
     with reporting(progress, "convert") as shown:
-        return conversion_run.convert(
+        report = conversion_run.convert(
             checkpoint,
             dst,
             recipe,
@@ -144,6 +172,7 @@ def convert_checkpoint(
             imatrix=imatrix,
             scale_dtype=scale_dtype,
         )
+    return ConversionResult(report, storage_options)
 
 
 def plan_conversion(

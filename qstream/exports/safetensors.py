@@ -248,7 +248,7 @@ def export_safetensors(
         write = model_config is not None and not same_config(config_path, model_config, copied)
         written = paths + ([config_path] if write else [])
         written += [index] if len(shards) > 1 else []
-        check_targets(written, replace, marker=last or index)
+        check_targets(written, replace, last or index, out if write else None)
         todo = plan_copies(files, folder, recorded_files(config_path)) if copied else {}
         return write, written, other_forms(out, index, written, replace), todo
 
@@ -289,7 +289,8 @@ def export_safetensors(
         copy_files(todo, folder)
         targets += [os.path.join(folder, n) for n in todo]
         if write_config and model_config is not None:
-            model_config["qstream_export"] = {"format": format, **({"job": job} if job else {})}
+            own = {"format": format, "weights": os.path.basename(out)}  # (what it describes)
+            model_config["qstream_export"] = {**own, **({"job": job} if job else {})}
             if copied:
                 model_config["qstream_export"]["files"] = copied
             write_json(config_path, model_config)

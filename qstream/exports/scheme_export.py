@@ -272,6 +272,7 @@ def run_scheme(
         doc = dict(job.config)
         doc["qstream_export"] = {
             "format": "compressed-tensors",
+            "weights": os.path.basename(out),  # (the export this config describes)
             "job": digest,
             **({"files": manifest(job.files)} if job.files else {}),
         }
@@ -327,7 +328,7 @@ def _targets(job: SchemeJob, n: int, replace: bool) -> tuple[list[str], str, str
     config_path = os.path.join(os.path.dirname(out), CONFIG)
     written = paths + [config_path] + ([index] if n > 1 else [])
     marker = paths[0] if n == 1 else index
-    check_targets(written, replace, marker=marker)
+    check_targets(written, replace, marker=marker, described=out, job=job_digest(job.job))
     return paths, index, config_path, other_forms(out, index, written, replace)
 
 

@@ -78,19 +78,45 @@ def finished_export(out: str | os.PathLike[str], job: str) -> list[str] | None:
         if not all(isinstance(n, str) and shard_pattern(out).fullmatch(n) for n in names):
             return None  # not an index this export writes
         if meta.get("qstream_format") == "compressed-tensors":
+            if not _config_describes(out):
+                return None
             names.append(CONFIG)
         return [os.path.join(os.path.dirname(out), n) for n in names] + [index]
     found = export_metadata(out) if os.path.lexists(out) else None
     if found is None or found.get("qstream_job") != job:
         return None
-    config = os.path.join(os.path.dirname(out), CONFIG)
-    return [out, config] if found.get("qstream_format") == "compressed-tensors" else [out]
+    if found.get("qstream_format") != "compressed-tensors":
+        return [out]
+    return [out, os.path.join(os.path.dirname(out), CONFIG)] if _config_describes(out) else None
 
 
-def check_targets(targets: list[str], replace: bool, marker: str | None = None) -> None:
+def _config_describes(out: str) -> bool:
+    """Whether the ``config.json`` beside ``out`` is qstream's and does not record another
+    export as the one it describes (one written before it recorded one describes ``out``)."""
+    doc = read_json(os.path.join(os.path.dirname(out), CONFIG))
+    export = (doc or {}).get("qstream_export")
+    if not isinstance(export, dict):
+        return False
+    weights = export.get("weights")
+    return not isinstance(weights, str) or weights == os.path.basename(out)
+
+
+def check_targets(
+    targets: list[str],
+    replace: bool,
+    marker: str | None = None,
+    described: str | None = None,
+    job: str | None = None,
+) -> None:
     """Refuse an export over files qstream did not write (whatever ``overwrite`` says) and,
     unless ``replace``, over a finished export (its ``marker``, the last file it writes: the
-    index or the only file; by default the last of ``targets``, exists)."""
+    index or the only file; by default the last of ``targets``, exists). ``described``: the
+    compressed-tensors export ``out`` whose ``config.json`` is written, which must not
+    describe another export still in its folder (whatever ``replace`` says: a folder holds
+    one model config, which loaders read for the weights beside it), unless one of the same
+    ``job`` (its digest: the same config) wrote it."""
+    if described is not None:
+        _check_config_owner(described, job)
     marker = targets[-1] if marker is None else marker
     for f in targets:
         kind = kind_of(f)
@@ -106,6 +132,60 @@ def check_targets(targets: list[str], replace: bool, marker: str | None = None) 
         # of an interrupted one (ours: they carry qstream's metadata) are written again
         if not (replace or f != marker):
             raise StoreError(f"{f} exists; pass overwrite=True to replace it")
+
+
+_SHARD = re.compile(r".*-\d{5}-of-\d{5}\.safetensors")
+
+
+def _exports_described(folder: str, export: dict[str, object]) -> list[str]:
+    """The export file names (as given to the export) a ``config.json`` of ``folder`` that
+    qstream wrote describes: the one it records, or (written before it recorded one) every
+    compressed-tensors export of qstream's in the folder."""
+    weights = export.get("weights")
+    if isinstance(weights, str):
+        return [os.path.basename(weights)]
+    found = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for n in names:
+        if n.endswith(".safetensors.index.json"):
+            doc = read_json(os.path.join(folder, n))
+            meta = qstream_meta(doc.get("metadata") if doc else None)
+            out = n[: -len(".index.json")]
+        elif n.endswith(".safetensors") and not _SHARD.fullmatch(n):
+            meta = export_metadata(os.path.join(folder, n))
+            out = n
+        else:
+            continue
+        if meta is not None and meta.get("qstream_format") == "compressed-tensors":
+            found.append(out)
+    return found
+
+
+def _check_config_owner(out: str | os.PathLike[str], job: str | None) -> None:
+    """Refuse a compressed-tensors export to ``out`` when the ``config.json`` beside it
+    describes another export still in the folder (see :func:`check_targets`)."""
+    out = os.fspath(out)
+    folder = os.path.dirname(out) or "."
+    config = os.path.join(folder, CONFIG)
+    if kind_of(config) != "file":
+        return
+    export = (read_json(config) or {}).get("qstream_export")
+    if not isinstance(export, dict) or (job is not None and export.get("job") == job):
+        return  # (not qstream's: check_targets refuses it; or the same job's, the same config)
+    for name in _exports_described(folder, export):
+        if name == os.path.basename(out):
+            continue
+        other = os.path.join(folder, name)
+        if os.path.lexists(other) or os.path.lexists(other + ".index.json"):
+            raise StoreError(
+                f"{config} describes the export {other}, still in that folder: a folder holds"
+                f" one model config, so {out} would leave {name} described by another"
+                f" quantization; export into a folder of its own (or remove {name}, its"
+                " shards and index first)"
+            )
 
 
 def other_forms(out: str, index: str, targets: list[str], replace: bool) -> list[str]:

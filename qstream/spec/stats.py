@@ -41,7 +41,8 @@ class RangeStats:
         if self.first_nonfinite >= 0:
             at = str(tuple(int(i) for i in np.unravel_index(self.first_nonfinite, shape)))
         return NonFiniteInputError(
-            f"{name}: {self.nonfinite} non-finite values ({int(self.nan.sum())} NaN,"
+            f"{name}: {self.nonfinite} non-finite value{'' if self.nonfinite == 1 else 's'}"
+            f" ({int(self.nan.sum())} NaN,"
             f" {int(self.posinf.sum())} +inf, {int(self.neginf.sum())} -inf); first at index"
             f" {at}. Use nan_policy='zero_point' or nan_policy='min' to quantize them anyway"
         )

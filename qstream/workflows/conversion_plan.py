@@ -283,7 +283,8 @@ def _plan_safetensors(
     opts: dict[str, Any],
 ) -> ConversionPlan:
     from ..engine.convert import prepare
-    from ..exports import FORMATS, check_targets, finished_export, shard_pattern
+    from ..exports import FORMATS, check_targets, finished_export, job_digest, shard_pattern
+    from ..io.checkpoints import CONFIG
     from ..io.outputs import check_separate, inspect_destination
     from ..io.storage import location
     from ..paths import local_path
@@ -352,6 +353,9 @@ def _plan_safetensors(
     # files qstream did not write are never replaced: refused here, not after the work
     check_targets([dst, index], replace=True)
     job = export_job(checkpoint, recipe, format)
+    if format == "compressed-tensors":  # (its config.json: not another export's, refused now)
+        config = os.path.join(os.path.dirname(dst), CONFIG)
+        check_targets([config], replace=True, described=dst, job=job_digest(job))
     action = "resume" if resuming else "create"
     if not overwrite and not resuming:
         if finished_export(dst, job) is not None:

@@ -145,13 +145,19 @@ def _to_safetensors(
 
     work = work_group(dst)
     if plan.action == "complete":  # a finished run of this conversion: nothing to do
-        from ..exports import finished_export
+        from ..exports import describe_export, finished_export
 
+        files = finished_export(dst, export_job(checkpoint, recipe, export["format"])) or []
+        index = dst.removesuffix(".safetensors") + ".safetensors.index.json"
+        described = describe_export(index if index in files else dst)
+        tensors = finished_rows(plan.tensors, described)
         return {
             "checkpoint": str(checkpoint),
             "destination": dst,
-            "files": finished_export(dst, export_job(checkpoint, recipe, export["format"])),
-            "tensors": {},
+            "files": files,
+            "tensors": tensors,
+            "bytes_before": sum(r["bytes_before"] for r in tensors.values()),
+            "bytes_after": sum(described["tensor_bytes"].values()),
             "already_complete": True,
             "seconds": 0.0,
         }
@@ -214,6 +220,31 @@ def _export_locked(
         "file_bytes": on_disk,  # (and their headers)
         "already_complete": False,
     }
+
+
+def finished_rows(rows: list[dict[str, Any]], described: dict[str, Any]) -> dict[str, Any]:
+    """The rows of a finished export, as its conversion reported them: the plan's ``rows``
+    with each tensor's "after" as the file holds it and its SQNR as the export recorded it
+    (to 0.01 dB), and a row for a tensor the export added (an untied ``lm_head.weight``)."""
+    from ..exports import recorded_db
+
+    owned: dict[str, int] = described["tensor_bytes"]
+    quantized: dict[str, Any] = described["quantized"]
+
+    def error(name: str) -> dict[str, Any] | None:
+        q = quantized.get(name)
+        return {"sqnr_db": recorded_db(q.get("sqnr_db"))} if isinstance(q, dict) else None
+
+    out = {}
+    for r in rows:
+        kept = r["target"] == "keep"
+        out[r["name"]] = {**r, "kept": kept, "bytes_after": owned.get(r["name"], r["bytes_after"]),
+                          **({} if kept else {"error": error(r["name"])})}  # fmt: skip
+    for name in owned.keys() - out.keys():  # (written by the export: an untied lm_head)
+        out[name] = {"name": name, "target": "untied", "kept": name not in quantized,
+                     "bytes_before": 0, "bytes_after": owned[name],
+                     "error": error(name)}  # fmt: skip
+    return out
 
 
 def exported_rows(rows: dict[str, Any], exported: dict[str, Any]) -> dict[str, Any]:

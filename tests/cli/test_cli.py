@@ -572,13 +572,28 @@ def qstream_scale(path):
 def test_rerun_of_a_finished_safetensors_conversion_says_already_complete(tmp_path):
     ckpt = SAMPLES / "tiny-transformer.safetensors"
     out = tmp_path / "t.safetensors"
-    assert run("convert", ckpt, out, "-q").exit_code == 0
+    first = run("convert", ckpt, out, "-q", "--json")
+    assert first.exit_code == 0
     before = out.read_bytes()
     r = run("convert", ckpt, out)
     assert r.exit_code == 0
     assert r.stdout.strip() == f"{out}: already complete (same job); nothing to do"
     r = run("convert", ckpt, out, "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["already_complete"] is True
+    # the same tensors, sizes and worst tensor as the run that made it (SQNR as the export
+    # recorded it, to 0.01 dB)
+    made, found = json.loads(first.stdout), json.loads(r.stdout)
+    assert set(found["tensors"]) == set(made["tensors"])
+    for name, row in made["tensors"].items():
+        got = found["tensors"][name]
+        assert (got["kept"], got["bytes_before"], got["bytes_after"]) == (
+            row["kept"], row["bytes_before"], row["bytes_after"]
+        )  # fmt: skip
+        if not row["kept"]:
+            assert got["error"]["sqnr_db"] == round(row["error"]["sqnr_db"], 2)
+    want = {k: v for k, v in made["summary"].items() if k not in ("seconds", "resumed")}
+    want |= {"already_complete": True, "worst_sqnr_db": round(want["worst_sqnr_db"], 2)}
+    assert {k: v for k, v in found["summary"].items() if k != "seconds"} == want
     r = run("convert", ckpt, out, "--recipe", SAMPLES / "recipe-int8.toml")  # another job
     assert r.exit_code == 2  # (refused by the plan, before any work)
     assert r.stderr.strip() == (

@@ -170,6 +170,13 @@ def test_plot_of_an_export_writes_a_bar_chart(exports, tmp_path, kind):
     assert r.exit_code == 0, r.output
     assert f"figure written to {png}" in r.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    # the title counts tensors as inspect's table does (a quantized one's entries: one tensor)
+    svg = tmp_path / f"{kind}.svg"
+    assert run("inspect", exports[kind], "--plot", svg).exit_code == 0
+    title = next(t for t in svg.read_text().split("<!-- ")[1:] if "bytes per stored type" in t)
+    lines = run("inspect", exports[kind]).stdout.splitlines()
+    rows = [line for line in lines if " tensors" in line]
+    assert f"({rows[0].split(' tensors')[0].split()[-1]} tensors" in title, (title[:120], rows)
 
 
 def test_a_safetensors_export_records_the_sqnr_its_conversion_measured(tmp_path):

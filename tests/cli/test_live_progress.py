@@ -228,3 +228,39 @@ def test_a_notebook_cell_shows_one_compile_line_updated_in_place_on_a_first_run(
     n = int(re.search(r": (\d+) so far", text).group(1))
     assert n >= 2  # (float32 and float64 builds: the line was updated in place)
     assert not [o for o in nb.cells[2].outputs if o["output_type"] == "display_data"]
+
+
+def test_a_kernel_compiling_after_a_pass_finished_shows_a_live_compile_line_until_blocks_land():
+    """A later pass's kernels compile after the bar of the pass before has finished (``quantize
+    --method entropy``: ranges, then histograms, then the codes): a live "compiling kernels"
+    line shows meanwhile, not a finished bar with its clock stopped, and goes when the next
+    blocks land."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress as Bars
+
+    from cli.progress import COMPILING, Progress
+
+    def live() -> list[str]:  # the descriptions of the lines still being timed
+        return [t.description for t in bars.tasks if t.visible and not t.finished]
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    with Bars(console=console, transient=True, auto_refresh=False) as bars:
+        reporter = Progress("quantize", bars)
+        reporter.waiting = bars.add_task("quantize: starting", total=None)
+        reporter.compiling()  # (the first pass's kernels)
+        assert live() == [f"quantize: {COMPILING}"]
+        reporter.stage("ranges", 1)
+        reporter(1, 1)
+        assert live() == []
+        reporter.compiling()  # (the next pass's kernels, the bar of ranges finished)
+        assert live() == [f"quantize: {COMPILING}"]
+        reporter.compiling()  # (another kernel of it: still one line)
+        assert live() == [f"quantize: {COMPILING}"]
+        reporter.stage("histograms", 1)
+        assert live() == ["quantize: histograms"]
+        reporter.compiling()  # (compiling as its first block runs)
+        assert live() == ["quantize: histograms", f"quantize: {COMPILING}"]
+        reporter(1, 1)
+        assert live() == []

@@ -185,6 +185,46 @@ def test_a_config_json_qstream_did_not_write_is_never_replaced(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["config.json"]
 
 
+def test_an_export_never_replaces_the_config_json_of_another_export_in_its_folder(tmp_path):
+    """A folder holds one model config: an export of another name there (a conversion, an
+    export, a scheme) is refused before any work while the first export is there (with
+    overwrite too), and the first stays described by its own config; once it is gone, the
+    second is written."""
+    rng = np.random.default_rng(0)
+    weights = {f"l{i}.weight": rng.standard_normal((32, 64)).astype(np.float32) for i in range(2)}
+    save_file(weights, str(tmp_path / "m.safetensors"))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    qs.convert_checkpoint(tmp_path / "m.safetensors", folder / "a.safetensors")
+    config = (folder / "config.json").read_bytes()
+    assert json.loads(config)["qstream_export"]["weights"] == "a.safetensors"
+    before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    int4 = qs.Recipe.from_dict({"defaults": INT4_G128["defaults"] | {"block_size": 32}})
+    runner = CliRunner()
+    for overwrite in (False, True):
+        with pytest.raises(qs.StoreError, match=r"describes the export .*a\.safetensors"):
+            qs.convert_checkpoint(
+                tmp_path / "m.safetensors", folder / "b.safetensors", int4, overwrite=overwrite
+            )
+        args = ["convert", str(tmp_path / "m.safetensors"), str(folder / "c.safetensors")]
+        r = runner.invoke(app, [*args, "--scheme", "FP8_DYNAMIC", *(["--overwrite"] * overwrite)])
+        assert r.exit_code == 2 and "a.safetensors" in r.output, r.output
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before
+    # the first export's rerun is still complete, described by its own config
+    qs.convert_checkpoint(tmp_path / "m.safetensors", folder / "a.safetensors")
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before
+    # the same conversion under another name: the same config, shared as it is
+    qs.convert_checkpoint(tmp_path / "m.safetensors", folder / "a2.safetensors")
+    assert (folder / "config.json").read_bytes() == config
+    assert (folder / "a2.safetensors").read_bytes() == before["a.safetensors"]
+    (folder / "a.safetensors").unlink()
+    (folder / "a2.safetensors").unlink()
+    qs.convert_checkpoint(tmp_path / "m.safetensors", folder / "b.safetensors", int4)
+    written = json.loads((folder / "config.json").read_text())
+    assert written["qstream_export"]["weights"] == "b.safetensors"
+    assert written["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+
+
 @pytest.mark.parametrize(
     "spec,named",
     [

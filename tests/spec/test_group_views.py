@@ -421,6 +421,31 @@ def test_checkpoint_plot_and_figure(checkpoint, tmp_path):
     assert "named" in "".join(ET.parse(tmp_path / "ck2.svg").getroot().itertext())
 
 
+def test_a_conversions_result_draws_and_shows_its_output(tmp_path):
+    """``convert_checkpoint`` returns its report (a dict, as ``--json`` writes it) with the
+    views of its output: ``plot()`` returns the output's figure, and a notebook shows its
+    table, for a Zarr output and for a safetensors export alike."""
+    pytest.importorskip("matplotlib")
+    import json
+    from pathlib import Path
+
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    matplotlib.use("Agg")
+    src = Path(__file__).resolve().parents[2] / "samples" / "tiny-transformer.safetensors"
+    for name in ("tiny.zarr", "tiny.safetensors"):
+        result = qs.convert_checkpoint(str(src), str(tmp_path / name))
+        assert isinstance(result, dict) and json.loads(json.dumps(result)) == dict(result)
+        opened = result.output()
+        assert isinstance(opened, qs.QuantizedCheckpoint)
+        assert set(result["tensors"]) <= set(opened.tensors)  # (an export: lm_head untied)
+        fig = result.plot()
+        assert isinstance(fig, Figure)
+        assert fig.axes[0].get_xlabel() == "SQNR dB of a tensor"
+        assert result._repr_html_() == opened._repr_html_()
+
+
 def _rows(n: int) -> list[dict]:
     """Index rows of a checkpoint of ``n`` tensors (as QuantizedCheckpoint.tensors holds)."""
     rng = np.random.default_rng(1)

@@ -222,6 +222,15 @@ def open_source(
 _CHECKPOINT = "; checkpoints are read by qstream.convert_checkpoint"
 
 
+_FILE_KINDS = {
+    ".npy": "a NumPy .npy file",
+    ".npz": "a NumPy .npz archive",
+    ".safetensors": "a safetensors checkpoint",
+    ".pt": "a torch checkpoint",
+    ".bin": "a torch checkpoint",
+}
+
+
 def _what_is(src: object) -> str:
     """What a path that is not a Zarr array is, and what reads it (for error messages)."""
     text = str(src)
@@ -231,15 +240,8 @@ def _what_is(src: object) -> str:
     if not p.exists():
         return "does not exist"
     if p.is_file():
-        kinds = {
-            ".npy": "a NumPy .npy file",
-            ".npz": "a NumPy .npz archive",
-            ".safetensors": "a safetensors checkpoint",
-            ".pt": "a torch checkpoint",
-            ".bin": "a torch checkpoint",
-        }
-        if p.suffix in kinds:
-            return f"is {kinds[p.suffix]}, not a Zarr array{_CHECKPOINT}"
+        if p.suffix in _FILE_KINDS:
+            return f"is {_FILE_KINDS[p.suffix]}, not a Zarr array{_CHECKPOINT}"
         if p.name.endswith(".index.json"):
             return f"is a sharded checkpoint index, not a Zarr array{_CHECKPOINT}"
         return "is a file, not a Zarr array"
@@ -314,6 +316,11 @@ def open_group(
             f"{dst} is a plain Zarr array{what}, not a qstream quantized array (a group)"
         ) from None
     except FileNotFoundError as e:
+        text = str(dst)
+        local = Path(text.removeprefix("file://"))
+        if ("://" not in text or text.startswith("file://")) and local.is_file():
+            kind = _FILE_KINDS.get(local.suffix, "a file")
+            raise StoreError(f"{dst} is {kind}, not a Zarr group") from None
         raise StoreError(f"no Zarr group at {dst}: {e}") from None
     except PermissionError as e:
         raise StoreError(f"cannot write {dst}: {e}") from None
