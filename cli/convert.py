@@ -11,7 +11,7 @@ import typer
 import qstream as qs
 
 from .export import gguf_summary, tokenizer_note
-from .failures import library_errors
+from .failures import library_errors, quiet_pipe
 from .helptext import examples
 from .options import (
     JSON,
@@ -24,7 +24,16 @@ from .options import (
     parse_size,
     require_input,
 )
-from .output import done_already, emit_json, fmt_bytes, fmt_db, fmt_g, table
+from .output import (
+    done_already,
+    emit_json,
+    fit_line,
+    fmt_bytes,
+    fmt_db,
+    fmt_g,
+    table,
+    terminal_width,
+)
 from .progress import progress, resumed
 from .scheduler import open_executor
 
@@ -239,7 +248,8 @@ def convert(
         )
     with library_errors():
         if dry_run:
-            print_plan(plan, as_json)
+            if as_json or not quiet:  # (quiet: the exit code says whether it would run)
+                print_plan(plan, as_json)
             return
         show = not (quiet or as_json)
         complete = plan.action == "complete"
@@ -250,6 +260,7 @@ def convert(
             typer.echo(again.line(), err=True)
 
         finished = [again.done if again is not None else 0]
+        width = terminal_width()
 
         def on_tensor(ev: qs.TensorEvent) -> None:
             if ev.result is None or (again is not None and ev.name in again.names):
@@ -260,11 +271,19 @@ def convert(
             r = ev.result
             tag = "kept" if r["kept"] else ev.target
             sq = "" if r["kept"] else f"  SQNR {fmt_db(r['error']['sqnr_db'])} dB"
-            typer.echo(
-                f"[{ev.index + 1:>{len(str(ev.total))}}/{ev.total}] {ev.name}"
-                f" {list(ev.shape)} {ev.dtype} -> {tag}: {fmt_bytes(r['bytes_before'])}"
-                f" -> {fmt_bytes(r['bytes_after'])}{sq}"
-            )
+            after = f"{fmt_bytes(r['bytes_after'])}{sq}"
+            sizes = f": {fmt_bytes(r['bytes_before'])} -> {after}"
+            forms = [
+                f" {list(ev.shape)} {ev.dtype} -> {tag}{sizes}",
+                f" -> {tag}{sizes}",
+                f" {tag} {after}",
+            ]  # fmt: skip (on a narrow terminal: fewer words)
+            head = f"[{ev.index + 1:>{len(str(ev.total))}}/{ev.total}] "
+            try:
+                typer.echo(fit_line(head, ev.name, forms, width))
+            except BrokenPipeError:  # (stdout's reader is gone, ``| head``: ended as a pipe is)
+                quiet_pipe()
+                raise typer.Exit(141) from None
 
         with open_executor(scheduler) as ex, progress("convert", not show or complete) as reporter:
             report = qs.convert_checkpoint(

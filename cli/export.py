@@ -112,7 +112,8 @@ def export(
                 planned = qs.export_gguf(src, out, dry_run=True, **gguf)
             else:
                 planned = qs.export_safetensors(src, out, dry_run=True, **safetensors)
-        print_export_plan(out, planned, as_json)
+        if as_json or not quiet:  # (quiet: the exit code says whether it would run)
+            print_export_plan(out, planned, as_json)
         return
     # (an error before the export writes a byte is its plan's refusal: exit 2, see failures)
     with library_errors():

@@ -42,7 +42,9 @@ MAX_MEMORY = typer.Option(
     None, "--max-memory", metavar="SIZE", help="Working-memory bound, e.g. 512MiB [default: 1GiB]."
 )
 JSON = typer.Option(False, "--json", help="Print one strict JSON report on stdout.")
-QUIET = typer.Option(False, "--quiet", "-q", help="No progress, no tables.")
+QUIET = typer.Option(
+    False, "--quiet", "-q", help="No progress, no tables (with --dry-run: the exit code alone)."
+)
 SCHEDULER = typer.Option(
     None,
     "--scheduler",

@@ -221,6 +221,24 @@ def column_widths(total: int, columns: list[str], rows: list[list[str]]) -> list
     return None
 
 
+def fit_line(head: str, name: str, forms: list[str], width: int | None) -> str:
+    """``head name form`` with the first of ``forms`` (fullest first) that fits in ``width``
+    columns (a terminal's; None: not a terminal, the fullest), the name abbreviated
+    (:func:`abbreviate`) where even the last does not."""
+    for form in forms:
+        line = f"{head}{name}{form}"
+        if width is None or len(line) <= width:
+            return line
+    room = (width or 0) - len(head) - len(forms[-1])
+    return f"{head}{abbreviate(name, max(room, NAME_MIN))}{forms[-1]}"
+
+
+def terminal_width() -> int | None:
+    """The width of the terminal stdout writes to (None: stdout is not a terminal)."""
+    out = console()
+    return out.width if out.is_terminal else None
+
+
 def readable(short: str) -> bool:
     """Whether an :func:`abbreviate`d name still says what it names: every part it cuts
     keeps at least :data:`PART_KEPT` characters (``model.langu….layers.0``, not

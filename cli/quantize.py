@@ -152,7 +152,8 @@ def quantize(
     with library_errors(refusals=True):  # (every refusal: here, before any value is read)
         plan = qs.plan_quantize(src, dst, spec, **job)
     if dry_run:
-        print_plan(plan, as_json, "quantization plan (nothing written)")
+        if as_json or not quiet:  # (quiet: the exit code says whether it would run)
+            print_plan(plan, as_json, "quantization plan (nothing written)")
         return
     with library_errors():
         if plan.loads_kernels:  # (not a finished output, nor a small array's NumPy twins)
@@ -236,7 +237,8 @@ def dequantize(
             overwrite=overwrite, store=store, compression=compression,
         )  # fmt: skip
     if dry_run:
-        print_plan(plan, as_json, "dequantization plan (nothing written)", ("decoded", "kept"))
+        if as_json or not quiet:  # (quiet: the exit code says whether it would run)
+            print_plan(plan, as_json, "dequantization plan (nothing written)", ("decoded", "kept"))
         return
     with library_errors():
         show = not (quiet or as_json)

@@ -168,3 +168,58 @@ def test_a_numpy_source_is_named_as_one_in_the_notebook_view():
     view = qs.open_quantized(where).view
     assert view.title == "int8 [64, 32] (from numpy array [64, 32] float32)"
     assert "memory://" not in qs.open_quantized(where)._repr_html_()
+
+
+def test_a_misspelt_dequantize_dtype_and_a_file_where_a_group_goes_are_named(src, tmp_path):
+    q = tmp_path / "q.zarr"
+    assert run("quantize", src, q, "-q").exit_code == 0
+    r = run("dequantize", q, tmp_path / "y.zarr", "--dtype", "flaot32")
+    assert r.exit_code == 2 and "(did you mean 'float32'?)" in r.output, r.output
+    with pytest.raises(qs.InvalidDTypeError, match=r"did you mean 'float16'"):
+        qs.plan_dequantize(q, tmp_path / "y.zarr", dtype="flaot16")
+    r = run("inspect", ROOT / "samples" / "weights.npy")
+    assert r.exit_code == 1
+    assert r.output.strip().endswith("weights.npy is a NumPy .npy file, not a Zarr group"), r.output
+
+
+def test_a_conversions_tensor_lines_fit_a_narrow_terminal_with_fewer_words():
+    from cli.output import fit_line
+
+    head, name = "[29/34] ", "layers.3.self_attn.o_proj.weight"
+    forms = [
+        " [128, 128] bfloat16 -> int8/axis0/minmax: 32.0 KiB -> 16.5 KiB  SQNR 43.66 dB",
+        " -> int8/axis0/minmax: 32.0 KiB -> 16.5 KiB  SQNR 43.66 dB",
+        " int8/axis0/minmax 16.5 KiB  SQNR 43.66 dB",
+    ]
+    assert fit_line(head, name, forms, None) == head + name + forms[0]  # (not a terminal)
+    assert fit_line(head, name, forms, 120) == head + name + forms[0]
+    assert fit_line(head, name, forms, 100) == head + name + forms[1]
+    assert fit_line(head, name, forms, 85) == head + name + forms[2]
+    short = fit_line(head, name, forms, 80)
+    assert len(short) <= 80 and short.endswith(forms[2]) and ".o_proj.weight" in short
+
+
+def test_a_conversion_whose_output_reader_goes_away_ends_as_a_cut_pipe_does(tmp_path):
+    """``qstream convert ... | head -1``: exit 141 and no error line (SIGPIPE's way), and the
+    same command resumes what it had done."""
+    out = tmp_path / "o.zarr"
+    argv = [sys.executable, "-m", "cli.main", "convert", str(SAMPLE), str(out)]
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout is not None and p.stdout.readline().startswith(b"[ 1/34] ")
+    p.stdout.close()
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 141 and b"error" not in err, err.decode()[-2000:]
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "resuming: " in again.stderr, again.stderr[-2000:]
+
+
+def test_a_quiet_dry_run_prints_nothing_and_exits_as_the_run_would(src, tmp_path):
+    r = run("quantize", src, tmp_path / "q.zarr", "--dry-run", "-q")
+    assert r.exit_code == 0 and r.output == ""
+    r = run("convert", SAMPLE, tmp_path / "c.zarr", "--dry-run", "-q")
+    assert r.exit_code == 0 and r.output == ""
+    r = run("convert", SAMPLE, tmp_path / "c.bin", "--dry-run", "-q")  # refused: said, exit 2
+    assert r.exit_code == 2 and r.stderr.startswith("error: ")
+    r = run("convert", SAMPLE, tmp_path / "c.zarr", "--dry-run", "-q", "--json")  # JSON stays
+    assert r.exit_code == 0 and json.loads(r.stdout)["action"] == "create"
+    assert not (tmp_path / "q.zarr").exists() and not (tmp_path / "c.zarr").exists()
