@@ -62,6 +62,9 @@ def summarize(report: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(report.get("quantized"), Mapping):
             out["quantized"] = len(report["quantized"])
             _worst(out, {n: q for n, q in report["quantized"].items() if isinstance(q, Mapping)})
+        elif isinstance(report.get("tensor_list"), list):  # a GGUF: the SQNR qstream recorded
+            listed = [t for t in report["tensor_list"] if isinstance(t, Mapping)]
+            _worst(out, {t["name"]: t for t in listed if "sqnr_db" in t})
     if "tensors" not in out and isinstance(tensors, Mapping) and tensors:  # GGUF: name -> type
         out["tensors"] = len(tensors)
     errors = report.get("error")

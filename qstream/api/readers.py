@@ -3,6 +3,7 @@ every layout (the readers are in :mod:`qstream.io.outputs`)."""
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any
 
@@ -45,15 +46,29 @@ def open_quantized(
         max_memory=max_memory,
     )
     if isinstance(opened, dict):  # an export: its tensors by name
-        return exported_checkpoint(path, opened, _recorded_errors(path))
+        return exported_checkpoint(path, opened, _recorded_errors(path, opened))
     return opened
 
 
-def _recorded_errors(path: Any) -> dict[str, dict[str, Any]]:
-    """The error figures a qstream ``.safetensors`` export records for its quantized tensors
-    (the SQNR its conversion measured), by name; none for another file."""
+def _recorded_errors(path: Any, opened: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The error figures a qstream export records for its quantized tensors (the SQNR its
+    conversion measured), by the names ``opened`` gives them; none for another file (nor
+    for the experts a GGUF file's 3-D tensor is split into: its SQNR is the whole one's)."""
     from ..exports import describe_export, recorded_db  # (loaded when an export is opened)
 
+    if str(os.fspath(path)).lower().endswith(".gguf"):
+        try:
+            listed = describe_export(path).get("tensor_list") or []
+        except (StoreError, OSError, ValueError):
+            return {}
+        measured = {t["name"]: t["sqnr_db"] for t in listed if "sqnr_db" in t}
+        gguf = [getattr(t, "gguf_name", None) for t in opened.values()]
+        split = {g for g, n in collections.Counter(gguf).items() if n > 1}
+        return {
+            n: {"sqnr_db": measured[g]}
+            for n, g in zip(opened, gguf, strict=True)
+            if g in measured and g not in split
+        }
     if not str(os.fspath(path)).endswith((".safetensors", ".safetensors.index.json")):
         return {}
     try:

@@ -290,7 +290,12 @@ def recorded_sqnr(opened: Any, name: str) -> float | str | None:
         error = row.get("error")
     else:
         error = (getattr(opened, "report", None) or {}).get("error")
-    value = error.get("sqnr_db") if isinstance(error, dict) else None
+    return sqnr_value(error.get("sqnr_db") if isinstance(error, dict) else None)
+
+
+def sqnr_value(value: object) -> float | str | None:
+    """An SQNR (dB) as exports record it: rounded to 0.01 dB, ``"inf"`` for an exact tensor
+    (JSON has no infinity), None for anything but a number."""
     if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
         return None
     return "inf" if math.isinf(value) else round(float(value), 2)

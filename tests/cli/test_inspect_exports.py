@@ -199,6 +199,39 @@ def test_a_safetensors_export_records_the_sqnr_its_conversion_measured(tmp_path)
         assert all(opened[n]["error"] is None for n in opened if n not in said)
 
 
+def test_a_gguf_export_records_the_sqnr_it_measured_for_inspect_and_the_reader(tmp_path):
+    """A GGUF file qstream wrote carries each quantized tensor's SQNR (measured as it was
+    written, in the header after, to 0.01 dB): from a float source (measured by the export)
+    and from a converted output (its conversion's figures, copied with its codes)."""
+    import qstream as qs
+
+    measured = tmp_path / "m.zarr"
+    recipe = tmp_path / "q8.toml"
+    recipe.write_text('[defaults]\ndtype = "int8"\nblock_size = 32\naxis = -1\n'
+                      'method = "dynamic"\nscale_dtype = "float16"\n')  # fmt: skip
+    assert run("convert", SAMPLE, measured, "--recipe", recipe, "-q").exit_code == 0
+    rows = qs.open_quantized(measured).tensors
+    from_zarr = {n: round(r["error"]["sqnr_db"], 2) for n, r in rows.items() if not r["kept"]}
+    for src, name in ((SAMPLE, "direct.gguf"), (measured, "copied.gguf")):
+        out = tmp_path / name
+        r = run("export", src, out, "--json")
+        assert r.exit_code == 0, r.output
+        report = json.loads(r.stdout)
+        want = {n: round(e["sqnr_db"], 2) for n, e in report["error"].items()}
+        assert want and set(want) == set(from_zarr)
+        if src == measured:  # (the conversion's own figures)
+            assert want == from_zarr
+        doc = inspected(out)
+        said = {t["name"]: t["sqnr_db"] for t in doc["tensor_list"] if "sqnr_db" in t}
+        assert said == want
+        assert doc["summary"]["worst_sqnr_db"] == min(said.values())
+        opened = qs.open_quantized(out).tensors
+        assert {n: opened[n]["error"]["sqnr_db"] for n in said} == said
+        assert all(opened[n]["error"] is None for n in opened if n not in said)
+        table = run("inspect", out).stdout
+        assert "SQNR dB" in table and f"{min(said.values()):.2f}" in table
+
+
 def test_an_export_groups_only_a_tensors_own_parameters_with_it(tmp_path):
     from safetensors.numpy import save_file
 

@@ -49,7 +49,7 @@ PARAMS = [
 ]
 TEXT = "Hello world, the quick brown fox 12345!"
 #: keys only one of the two files has by design: the file's name, qstream's provenance
-OWN_KEYS = {"general.name", "qstream.export"}
+OWN_KEYS = {"general.name", "qstream.export", "qstream.sqnr_db"}
 
 
 def llama_cpp() -> Any:

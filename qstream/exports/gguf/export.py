@@ -38,9 +38,10 @@ from ...compat import gguf as q
 from ...errors import InvalidParameterError, QStreamWarning, StoreError
 from ...input_files import kind_of
 from ...spec import QuantSpec, Recipe
+from ..entries import sqnr_value
 from ..files import SLAB, byte_ticks
 from ..targets import export_lock
-from .file import MARK, STR, GGUFTensor, Value, identity, write_gguf
+from .file import MARK, SQNR, STR, GGUFTensor, Later, Value, identity, write_gguf
 from .plan import GGUFPlan, is_output, plan_gguf, spec_type
 from .tensors import ErrorSums, experts_tensor, float_tensor, quantized_tensor
 
@@ -227,6 +228,15 @@ def _write_locked(
     for item in plan.meta:
         kv[item.key] = (item.type, item.value) if item.element is None else (
             item.type, item.value, item.element)  # fmt: skip
+    named = {t.name: t.gguf_name for t in plan.tensors if t.name in sums or t.name in errors}
+    if named:  # each one's SQNR, measured as it is written (recorded in the header after)
+
+        def sqnr_text() -> str:
+            found = {**errors, **{n: s.summary() for n, s in sums.items()}}
+            return json.dumps({g: sqnr_value(found[n].get("sqnr_db")) for n, g in named.items()})
+
+        size = sum(len(json.dumps(g)) + 14 for g in named.values()) + 2  # (': ' value ', ')
+        kv[SQNR] = (STR, Later(size, sqnr_text))
     write_gguf(out, kv, tensors, byte_ticks(progress, sum(t.nbytes for t in tensors)))
     for name, s in sums.items():
         errors[name] = s.summary()

@@ -13,7 +13,8 @@ import json
 import math
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..files import ReadRows, Tick, remove_stale_partials
 ALIGN = 32
 VERSION = 3
 MARK = "qstream.export"  # a key every GGUF qstream writes carries
+SQNR = "qstream.sqnr_db"  # the SQNR of each tensor qstream quantized (JSON: GGUF name -> dB)
 # GGUF's value types
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 
@@ -33,6 +35,16 @@ U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 Value = tuple[int, Any] | tuple[int, Any, int]
 _FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q",
             11: "q", 12: "d"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Later:
+    """A string value known once the tensors are written (error figures, measured as they
+    stream): ``size`` bytes reserved in the header, then ``fill()``'s text, padded with
+    spaces to that size (a JSON text reads the same)."""
+
+    size: int
+    fill: Callable[[], str]
 
 
 class GGUFTensor:
@@ -75,11 +87,17 @@ def write_gguf(
     path: str, kv: dict[str, Value], tensors: list[GGUFTensor], tick: Tick | None = None
 ) -> None:
     """Write the GGUF file ``path``: the keys ``kv`` (in order; arrays of strings and
-    numbers too), then ``tensors`` (``tick``: told the bytes of each slab written)."""
+    numbers too; a :class:`Later` string filled in once the tensors are written), then
+    ``tensors`` (``tick``: told the bytes of each slab written)."""
     parts = [struct.pack("<4sIQQ", b"GGUF", VERSION, len(tensors), len(kv))]
+    later: list[tuple[int, Later]] = []  # (where each Later's text goes)
     for k, value in kv.items():
         kind, v = value[0], value[1]
         element = value[2] if len(value) > 2 else None
+        if isinstance(v, Later):
+            at = sum(len(p) for p in parts) + len(_string(k)) + 4 + 8
+            later.append((at, v))
+            v = " " * v.size  # (a placeholder, of the text's size)
         parts.append(_string(k) + struct.pack("<I", kind) + _value(kind, v, element))
     offset = 0
     for t in tensors:
@@ -105,6 +123,12 @@ def write_gguf(
                 if written != t.nbytes:
                     raise StoreError(f"{t.name}: wrote {written} bytes, expected {t.nbytes}")
                 f.write(b"\0" * (-t.nbytes % ALIGN))
+            for at, deferred in later:
+                text = deferred.fill().encode()
+                if len(text) > deferred.size:
+                    raise StoreError(f"{path}: {len(text)} bytes for {deferred.size} reserved")
+                f.seek(at)
+                f.write(text.ljust(deferred.size))
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):

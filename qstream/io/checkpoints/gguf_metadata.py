@@ -10,6 +10,8 @@ key or another architecture is refused in one line naming it.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 import numpy as np
@@ -202,11 +204,14 @@ def describe_gguf(
     types: dict[str, int] = {}
     params = 0
     listed = []
+    kv = header.kv
+    measured = _recorded_sqnr(kv.get("qstream.sqnr_db"))
     for t in header.tensors:
         types[t.type] = types.get(t.type, 0) + 1
         params += t.rows * t.shape[-1]
         listed.append({"name": t.name, "type": t.type, "shape": list(t.shape), "bytes": t.nbytes})
-    kv = header.kv
+        if t.name in measured:
+            listed[-1]["sqnr_db"] = measured[t.name]
 
     def count(key: str) -> int | None:
         v = kv.get(f"{arch}.{key}") if arch else None
@@ -239,6 +244,25 @@ def describe_gguf(
         "quantization": gguf_quantization(kv.get("general.file_type"), types),
         "tensor_list": listed,
     }
+
+
+def _recorded_sqnr(text: object) -> dict[str, float]:
+    """The SQNR (dB) qstream recorded for each tensor it quantized into a GGUF file
+    (``qstream.sqnr_db``: JSON, GGUF name -> dB to 0.01, ``"inf"`` for an exact tensor);
+    nothing for a file without it, or with anything else there."""
+    try:
+        found = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    out = {}
+    for name, v in found.items():
+        if v == "inf":
+            out[name] = math.inf
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out
 
 
 # llama.cpp's ``general.file_type`` (enum llama_ftype) -> its name
