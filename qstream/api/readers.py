@@ -57,6 +57,8 @@ def _recorded_errors(path: Any, opened: dict[str, Any]) -> dict[str, dict[str, A
     from ..exports import describe_export, recorded_db  # (loaded when an export is opened)
 
     if str(os.fspath(path)).lower().endswith(".gguf"):
+        if "://" in str(os.fspath(path)):  # (a URL's header: read by open_quantized alone)
+            return {}
         try:
             listed = describe_export(path).get("tensor_list") or []
         except (StoreError, OSError, ValueError):

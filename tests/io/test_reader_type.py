@@ -4,6 +4,7 @@ or not, GGUF files), with ``.tensors``, iteration, the mapping protocol, ``summa
 ``view``, and the same values whichever layout it reads."""
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -141,3 +142,26 @@ def test_a_gguf_file_opens_as_a_quantized_checkpoint_with_the_values_gguf_py_dec
         np.testing.assert_array_equal(ck[name][...], want)
         np.testing.assert_array_equal(ck[name][...], ref[name][...].astype(np.float32))
     assert ck.view.quantized == sum(not r["kept"] for r in ref.tensors.values())
+
+
+def test_a_gguf_header_is_parsed_once_to_open_and_describe_and_again_once_changed(
+    tmp_path, monkeypatch
+):
+    """``open_quantized`` of a GGUF file reads its header to open it and to describe it
+    (the SQNR qstream recorded): one parse while the file is unchanged; a file written anew
+    at the same path is parsed anew."""
+    from qstream.io.checkpoints import gguf_header
+
+    parsed = []
+    real = gguf_header._parse
+    monkeypatch.setattr(gguf_header, "_parse", lambda *a: parsed.append(a[2]) or real(*a))
+    path = tmp_path / "model.gguf"
+    qs.export_gguf(SAMPLE, path)
+    ck = qs.open_quantized(path)
+    assert len(parsed) == 1 and any(r["error"] for r in ck.tensors.values())
+    q4 = tmp_path / "q4.gguf"
+    qs.export_gguf(SAMPLE, q4, type="Q4_0", pure=True)
+    os.replace(q4, path)  # (another file at the same path)
+    again = qs.open_quantized(path)
+    assert len(parsed) == 2
+    assert {r["target"] for r in again.tensors.values()} - {"keep"} == {"Q4_0"}
