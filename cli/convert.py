@@ -260,7 +260,7 @@ def convert(
             typer.echo(again.line(), err=True)
 
         finished = [again.done if again is not None else 0]
-        width = terminal_width()
+        width = terminal_width() if show else None  # (quiet: no line, no Rich loaded)
 
         def on_tensor(ev: qs.TensorEvent) -> None:
             if ev.result is None or (again is not None and ev.name in again.names):

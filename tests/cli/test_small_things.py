@@ -223,3 +223,16 @@ def test_a_quiet_dry_run_prints_nothing_and_exits_as_the_run_would(src, tmp_path
     r = run("convert", SAMPLE, tmp_path / "c.zarr", "--dry-run", "-q", "--json")  # JSON stays
     assert r.exit_code == 0 and json.loads(r.stdout)["action"] == "create"
     assert not (tmp_path / "q.zarr").exists() and not (tmp_path / "c.zarr").exists()
+
+
+def test_a_quiet_conversion_loads_no_rich(tmp_path):
+    """``convert -q`` prints no line, so it loads no Rich (~20 ms of the sample's ~0.26 s
+    conversion: `benchmarks/bench_startup.py`)."""
+    code = (
+        "import sys\nfrom cli.main import main\n"
+        f"sys.argv = ['qstream', 'convert', {str(SAMPLE)!r}, {str(tmp_path / 'o.zarr')!r}, '-q']\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert run.stdout.split() == ["0", "[]"], (run.stdout, run.stderr[-2000:])
