@@ -48,8 +48,15 @@ class ConversionResult(dict[str, Any]):
         returns the figure."""
         return self.output().plot(ax)
 
-    def _repr_html_(self) -> str:
-        return str(self.output()._repr_html_())
+    def _repr_html_(self) -> str | None:
+        """The output's notebook table; None (the dict's own text) where qstream does not
+        read the output back (a ``scheme`` export: compressed-tensors' own layout)."""
+        from ..errors import QStreamError
+
+        try:
+            return str(self.output()._repr_html_())
+        except QStreamError:
+            return None
 
 
 def convert_checkpoint(

@@ -444,6 +444,10 @@ def test_a_conversions_result_draws_and_shows_its_output(tmp_path):
         assert isinstance(fig, Figure)
         assert fig.axes[0].get_xlabel() == "SQNR dB of a tensor"
         assert result._repr_html_() == opened._repr_html_()
+    # an output qstream does not read back (compressed-tensors' own layout): the dict's text
+    scheme = qs.convert_checkpoint(str(src), str(tmp_path / "fp8" / "m.safetensors"),
+                                   scheme="FP8_DYNAMIC")  # fmt: skip
+    assert scheme._repr_html_() is None and "destination" in repr(scheme)
 
 
 def _rows(n: int) -> list[dict]:
